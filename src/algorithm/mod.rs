@@ -1,0 +1,239 @@
+//! The pure math of every limit: `(limit, state, now, cost, mode) → outcome (+ new state)`.
+//!
+//! Nothing here knows about I/O, clocks, async or HTTP: time is an argument (nanoseconds since the
+//! Unix epoch), and every function is deterministic. The stores call these functions; the Redis
+//! store runs the same formulas in Lua, kept equal by a differential test.
+//!
+//! Each algorithm works in two steps so that a store can decide several rules at once and commit all
+//! or none of them: [`evaluate`](TokenBucket::evaluate) looks at a state without changing it, and
+//! `commit` applies an allowed (or reserved) charge.
+//!
+//! All arithmetic is integer. Token buckets keep their state as an absolute time (GCRA's theoretical
+//! arrival time), so there is no drift; when `period / rate` is not a whole number of nanoseconds, a
+//! charge is rounded up to the next nanosecond, which errs on the strict side.
+
+mod burst_pool;
+mod fixed_window;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+use std::time::Duration;
+
+pub use burst_pool::{BurstPool, BurstPoolState};
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use sliding_log::{SlidingLog, SlidingLogState};
+pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use token_bucket::TokenBucket;
+
+/// Nanoseconds since the Unix epoch: the time every algorithm works in.
+pub type Nanos = u64;
+
+/// What a caller asks of one rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Charge if the cost fits now, otherwise deny and charge nothing.
+    #[default]
+    Charge,
+    /// Look only: the outcome a charge would have, with nothing charged.
+    Check,
+    /// Charge if the cost fits now; otherwise reserve it (the balance goes negative) when the
+    /// reservation stays within the bound, and report how long the caller must wait. Only token
+    /// buckets reserve; other algorithms treat this as [`Mode::Charge`].
+    Reserve(ReserveBound),
+}
+
+/// How far into the future a reservation may reach. `None` on both sides means unbounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ReserveBound {
+    /// At most this many units may be owed (the balance may go down to `-max_units`).
+    pub max_units: Option<u64>,
+    /// A reservation whose wait would exceed this is denied instead.
+    pub max_wait: Option<Duration>,
+}
+
+/// The answer for one rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The cost fits now and was charged.
+    Allowed,
+    /// The cost was reserved: the work may start after `wait`.
+    Reserved {
+        /// Time until the reserved slot.
+        wait: Duration,
+    },
+    /// The cost does not fit; nothing was charged.
+    Denied {
+        /// The earliest moment, from now, at which the same cost would fit.
+        retry_after: Duration,
+    },
+}
+
+impl Verdict {
+    /// `true` unless the request was denied.
+    pub fn is_admitted(&self) -> bool {
+        !matches!(self, Verdict::Denied { .. })
+    }
+}
+
+/// The answer for one rule, with everything the response headers need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Allowed, reserved or denied.
+    pub verdict: Verdict,
+    /// The most units the limit can hold (`q` in `RateLimit-Policy`).
+    pub limit: u64,
+    /// Whole units available after this decision (`r` in `RateLimit`).
+    pub remaining: u64,
+    /// Time until the available quota grows by at least one unit; zero when it is full (`t`).
+    pub reset: Duration,
+}
+
+/// A cost that can never pass: more than the limit can ever hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostTooLarge {
+    /// The requested cost.
+    pub cost: u64,
+    /// The largest cost that could ever pass in this mode.
+    pub max: u64,
+}
+
+impl std::fmt::Display for CostTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cost {} can never pass: at most {} fits",
+            self.cost, self.max
+        )
+    }
+}
+
+impl std::error::Error for CostTooLarge {}
+
+/// Where a window-based limit starts its windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WindowStart {
+    /// Each key gets its own start, derived from a stable hash of (rule, key): every instance
+    /// computes the same start, and keys don't all reset at the same instant.
+    #[default]
+    PerKey,
+    /// Windows start at `offset + k·period` after the Unix epoch (offset zero aligns a one-minute
+    /// window to whole UTC minutes, a one-day window to UTC midnight).
+    Aligned(Duration),
+}
+
+/// Every algorithm, as a store sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Continuous refill with a burst capacity.
+    TokenBucket(TokenBucket),
+    /// Counter per window, optional roll-over.
+    FixedWindow(FixedWindow),
+    /// Weighted previous + current window counter.
+    SlidingWindow(SlidingWindow),
+    /// Exact log of admitted units in the last period.
+    SlidingLog(SlidingLog),
+    /// A steady bucket with a fallback pool.
+    BurstPool(BurstPool),
+}
+
+impl Algorithm {
+    /// The most units the limit can hold (`q`).
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Algorithm::TokenBucket(a) => a.capacity(),
+            Algorithm::FixedWindow(a) => a.capacity(),
+            Algorithm::SlidingWindow(a) => a.limit(),
+            Algorithm::SlidingLog(a) => a.limit(),
+            Algorithm::BurstPool(a) => a.capacity(),
+        }
+    }
+
+    /// The policy window (`w`): the period for windows, the time to refill from empty for buckets.
+    pub fn window(&self) -> Duration {
+        match self {
+            Algorithm::TokenBucket(a) => a.refill_time(),
+            Algorithm::FixedWindow(a) => a.period(),
+            Algorithm::SlidingWindow(a) => a.period(),
+            Algorithm::SlidingLog(a) => a.period(),
+            Algorithm::BurstPool(a) => a.steady().refill_time(),
+        }
+    }
+
+    /// The largest cost that can ever pass in `mode`.
+    pub fn max_cost(&self, mode: Mode) -> u64 {
+        match self {
+            Algorithm::TokenBucket(a) => a.max_cost(mode),
+            other => other.capacity(),
+        }
+    }
+
+    /// Whether `mode` can reserve with this algorithm (only token buckets do).
+    pub fn reserves(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket(_))
+    }
+
+    /// Checks `cost` against [`max_cost`](Self::max_cost).
+    pub fn check_cost(&self, cost: u64, mode: Mode) -> Result<(), CostTooLarge> {
+        let max = self.max_cost(mode);
+        if cost > max {
+            Err(CostTooLarge { cost, max })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+pub(crate) fn duration(ns: u64) -> Duration {
+    Duration::from_nanos(ns)
+}
+
+/// `a * b / c`, rounded down, saturating at `u64::MAX`.
+pub(crate) fn mul_div_floor(a: u64, b: u64, c: u64) -> u64 {
+    let q = u128::from(a) * u128::from(b) / u128::from(c);
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
+/// `a * b / c`, rounded up, saturating at `u64::MAX`.
+pub(crate) fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
+    let q = (u128::from(a) * u128::from(b)).div_ceil(u128::from(c));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
+/// The start of the window that contains `now`, for windows at `offset + k·period`.
+pub(crate) fn window_containing(now: Nanos, offset: Nanos, period: Nanos) -> Nanos {
+    let offset = offset % period;
+    // `now + period - offset` stays positive even when `now < offset`.
+    let into = (u128::from(now) + u128::from(period) - u128::from(offset)) % u128::from(period);
+    now - into as u64
+}
+
+/// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes, versions and
+/// machines, so every instance of a fleet derives the same per-key window start.
+pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET;
+    for &b in rule.as_bytes().iter().chain(&[0xff]).chain(key) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+impl WindowStart {
+    /// The window offset in `[0, period)` for `(rule, key)`.
+    pub fn offset(&self, period: Nanos, rule: &str, key: &[u8]) -> Nanos {
+        match self {
+            WindowStart::PerKey => stable_key_hash(rule, key) % period,
+            WindowStart::Aligned(offset) => nanos(*offset) % period,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

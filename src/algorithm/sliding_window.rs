@@ -1,0 +1,194 @@
+use std::time::Duration;
+
+use super::{duration, nanos, window_containing, Nanos, Outcome, Verdict, WindowStart};
+
+/// Sliding window counter (the approximation Cloudflare and Upstash use): the previous window's
+/// count weighted by how much of it still overlaps the sliding period, plus the current count.
+///
+/// `estimate = previous·(1 − elapsed/period) + current`; a cost `n` fits when
+/// `estimate + n ≤ limit`. Denied requests are not counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    limit: u64,
+    period: Nanos,
+    start: WindowStart,
+}
+
+/// The state of one key under a [`SlidingWindow`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingWindowState {
+    /// Start of the current window.
+    pub window_start: Nanos,
+    /// Units admitted in the current window.
+    pub current: u64,
+    /// Units admitted in the window before it.
+    pub previous: u64,
+}
+
+impl SlidingWindow {
+    /// `limit` units per sliding `period`.
+    pub fn new(limit: u64, period: Duration) -> Self {
+        SlidingWindow {
+            limit,
+            period: nanos(period),
+            start: WindowStart::PerKey,
+        }
+    }
+
+    /// Sets where the underlying fixed windows start.
+    pub fn with_start(mut self, start: WindowStart) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Units per sliding period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The sliding period.
+    pub fn period(&self) -> Duration {
+        duration(self.period)
+    }
+
+    /// Where the underlying windows start.
+    pub fn start(&self) -> WindowStart {
+        self.start
+    }
+
+    pub(crate) fn period_nanos(&self) -> Nanos {
+        self.period
+    }
+
+    /// The state of a key never seen before.
+    pub fn fresh(&self, now: Nanos, offset: Nanos) -> SlidingWindowState {
+        SlidingWindowState {
+            window_start: window_containing(now, offset, self.period),
+            current: 0,
+            previous: 0,
+        }
+    }
+
+    fn roll(&self, state: SlidingWindowState, now: Nanos) -> SlidingWindowState {
+        let windows = now.saturating_sub(state.window_start) / self.period;
+        let window_start = state.window_start + windows * self.period;
+        match windows {
+            0 => state,
+            1 => SlidingWindowState {
+                window_start,
+                current: 0,
+                previous: state.current,
+            },
+            _ => SlidingWindowState {
+                window_start,
+                current: 0,
+                previous: 0,
+            },
+        }
+    }
+
+    /// `estimate·period`, exact.
+    fn weighted(&self, state: SlidingWindowState, now: Nanos) -> u128 {
+        let left = u128::from(self.period - (now - state.window_start));
+        u128::from(state.previous) * left + u128::from(state.current) * u128::from(self.period)
+    }
+
+    fn fits(&self, state: SlidingWindowState, now: Nanos, units: u64) -> bool {
+        let p = u128::from(self.period);
+        self.weighted(state, now) + u128::from(units) * p <= u128::from(self.limit) * p
+    }
+
+    /// Smallest wait until `units` (≤ limit) fit, from a rolled state.
+    fn wait_for(&self, state: SlidingWindowState, now: Nanos, units: u64) -> Nanos {
+        if self.fits(state, now, units) {
+            return 0;
+        }
+        let p = u128::from(self.period);
+        // Later in this window, as the previous window's weight decays.
+        if state.previous > 0 {
+            if let Some(room) = self.limit.checked_sub(state.current.saturating_add(units)) {
+                // Need previous·(p − e) ≤ room·p, i.e. e ≥ p − floor(room·p / previous).
+                let keep = (u128::from(room) * p / u128::from(state.previous)).min(p);
+                let at = state.window_start + (p - keep) as u64;
+                if at < state.window_start + self.period {
+                    return at - now;
+                }
+            }
+        }
+        // Early in the next window, where the current count becomes the previous one.
+        let next = state.window_start + self.period;
+        let into = if state.current == 0 {
+            0
+        } else {
+            let room = u128::from(self.limit - units);
+            let keep = (room * p / u128::from(state.current)).min(p);
+            (p - keep) as u64
+        };
+        next + into - now
+    }
+
+    fn remaining(&self, state: SlidingWindowState, now: Nanos) -> u64 {
+        let p = u128::from(self.period);
+        let free = (u128::from(self.limit) * p).saturating_sub(self.weighted(state, now)) / p;
+        free as u64
+    }
+
+    /// The outcome of charging `cost` at `now`, without changing the state.
+    pub fn evaluate(&self, state: SlidingWindowState, now: Nanos, cost: u64) -> Outcome {
+        let rolled = self.roll(state, now);
+        let (verdict, left) = if self.fits(rolled, now, cost) {
+            let left = SlidingWindowState {
+                current: rolled.current + cost,
+                ..rolled
+            };
+            (Verdict::Allowed, left)
+        } else {
+            let retry_after = duration(self.wait_for(rolled, now, cost));
+            (Verdict::Denied { retry_after }, rolled)
+        };
+        let remaining = self.remaining(left, now);
+        let reset = if remaining >= self.limit {
+            Duration::ZERO
+        } else {
+            duration(self.wait_for(left, now, remaining + 1))
+        };
+        Outcome {
+            verdict,
+            limit: self.limit,
+            remaining,
+            reset,
+        }
+    }
+
+    /// Applies an allowed charge.
+    pub fn commit(&self, state: SlidingWindowState, now: Nanos, cost: u64) -> SlidingWindowState {
+        let rolled = self.roll(state, now);
+        SlidingWindowState {
+            current: rolled.current.saturating_add(cost),
+            ..rolled
+        }
+    }
+
+    /// Gives `units` back: from the current window first, then the previous one.
+    pub fn refund(&self, state: SlidingWindowState, now: Nanos, units: u64) -> SlidingWindowState {
+        let rolled = self.roll(state, now);
+        let from_current = units.min(rolled.current);
+        SlidingWindowState {
+            window_start: rolled.window_start,
+            current: rolled.current - from_current,
+            previous: rolled.previous.saturating_sub(units - from_current),
+        }
+    }
+
+    /// The moment the state becomes equal to a fresh key's: neither count weighs any more.
+    pub fn expires_at(&self, state: SlidingWindowState) -> Nanos {
+        let windows = if state.current > 0 {
+            2
+        } else if state.previous > 0 {
+            1
+        } else {
+            0
+        };
+        state.window_start.saturating_add(windows * self.period)
+    }
+}

@@ -1,0 +1,122 @@
+//! `Decision`: what the limiter decided for one request, for headers and for handlers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::algorithm::{Outcome, Verdict};
+
+/// What the limiter decided for a request: one entry per rule that applied.
+///
+/// The middleware puts it in the request's extensions, so a handler can read it (with axum, take
+/// `Decision` as an extractor, or `Extension<Decision>`).
+#[derive(Clone, Debug, Default)]
+pub struct Decision {
+    rules: SmallVec<[RuleDecision; 2]>,
+}
+
+/// One rule's part of a [`Decision`].
+#[derive(Clone, Debug)]
+pub struct RuleDecision {
+    /// The rule's name.
+    pub rule: Arc<str>,
+    /// What the rule decided, with the numbers the headers carry.
+    pub outcome: Outcome,
+    pub(crate) index: usize,
+}
+
+impl Decision {
+    pub(crate) fn new(rules: SmallVec<[RuleDecision; 2]>) -> Self {
+        Decision { rules }
+    }
+
+    pub(crate) fn entry(index: usize, rule: Arc<str>, outcome: Outcome) -> RuleDecision {
+        RuleDecision {
+            rule,
+            outcome,
+            index,
+        }
+    }
+
+    /// Every rule that applied, in the layer's order.
+    pub fn rules(&self) -> &[RuleDecision] {
+        &self.rules
+    }
+
+    /// The entry of the rule named `name`, if it applied.
+    pub fn rule(&self, name: &str) -> Option<&RuleDecision> {
+        self.rules.iter().find(|r| &*r.rule == name)
+    }
+
+    /// Whether the request passes (now or after a queue-mode wait).
+    pub fn is_allowed(&self) -> bool {
+        self.rules.iter().all(|r| r.outcome.verdict.is_admitted())
+    }
+
+    /// For a denied request: when the request could pass, the longest wait over the rules that
+    /// denied it.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.rules
+            .iter()
+            .filter_map(|r| match r.outcome.verdict {
+                Verdict::Denied { retry_after } => Some(retry_after),
+                _ => None,
+            })
+            .max()
+    }
+
+    /// For a request admitted in queue mode: how long it waits for its slot (zero otherwise).
+    pub fn wait(&self) -> Duration {
+        self.rules
+            .iter()
+            .filter_map(|r| match r.outcome.verdict {
+                Verdict::Reserved { wait } => Some(wait),
+                _ => None,
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The fewest units left over the rules (`None` when no rule applied).
+    pub fn remaining(&self) -> Option<u64> {
+        self.rules.iter().map(|r| r.outcome.remaining).min()
+    }
+
+    /// The rule that binds hardest: the denying rule with the longest `retry_after`, or, when
+    /// allowed, the rule with the fewest units left.
+    pub fn most_restrictive(&self) -> Option<&RuleDecision> {
+        let denied = self.rules.iter().filter_map(|r| match r.outcome.verdict {
+            Verdict::Denied { retry_after } => Some((retry_after, r)),
+            _ => None,
+        });
+        denied
+            .max_by_key(|(wait, _)| *wait)
+            .map(|(_, r)| r)
+            .or_else(|| self.rules.iter().min_by_key(|r| r.outcome.remaining))
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum::extract::FromRequestParts;
+    use http::request::Parts;
+    use http::StatusCode;
+
+    use super::Decision;
+
+    /// Reads the decision the layer left in the request's extensions.
+    impl<S: Send + Sync> FromRequestParts<S> for Decision {
+        type Rejection = (StatusCode, &'static str);
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _state: &S,
+        ) -> Result<Self, Self::Rejection> {
+            parts.extensions.get::<Decision>().cloned().ok_or((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "no rate-limit decision: is a RateLimitLayer applied to this route?",
+            ))
+        }
+    }
+}

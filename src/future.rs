@@ -1,0 +1,155 @@
+//! `ResponseFuture`: waits for the store when it needs I/O, then for the inner service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::layer::Shared;
+use crate::limiter::Plan;
+use crate::response::AllowedHeaders;
+use crate::service::decide;
+use crate::store::{Outcomes, StoreFuture};
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    pub(crate) enum State<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        // The store is deciding (only stores that need I/O get here).
+        Checking {
+            store: StoreFuture<Outcomes>,
+            waiting: Option<Waiting<S, B>>,
+        },
+        // The request passed: the inner service is running.
+        Calling {
+            #[pin]
+            future: S::Future,
+            headers: Option<AllowedHeaders>,
+        },
+        // The layer answers itself.
+        Respond {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+/// What a request waiting for the store keeps.
+pub(crate) struct Waiting<S, B> {
+    inner: S,
+    request: Request<B>,
+    plan: Plan,
+    shared: Arc<Shared>,
+}
+
+impl<S, B> State<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn checking(
+        store: StoreFuture<Outcomes>,
+        inner: S,
+        request: Request<B>,
+        plan: Plan,
+        shared: Arc<Shared>,
+    ) -> Self {
+        State::Checking {
+            store,
+            waiting: Some(Waiting {
+                inner,
+                request,
+                plan,
+                shared,
+            }),
+        }
+    }
+
+    pub(crate) fn calling(future: S::Future, headers: Option<AllowedHeaders>) -> Self {
+        State::Calling { future, headers }
+    }
+
+    pub(crate) fn respond(response: Response<Bytes>) -> Self {
+        State::Respond {
+            response: Some(response),
+        }
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(crate) fn new(state: State<S, B>) -> Self {
+        ResponseFuture { state }
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let mut this = self.as_mut().project();
+            let next = match this.state.as_mut().project() {
+                StateProj::Checking { store, waiting } => {
+                    let result = ready!(Pin::new(store).poll(cx));
+                    let Some(Waiting {
+                        mut inner,
+                        request,
+                        plan,
+                        shared,
+                    }) = waiting.take()
+                    else {
+                        // Polled again after completion.
+                        return Poll::Pending;
+                    };
+                    decide(&mut inner, &shared, request, &plan, result)
+                }
+                StateProj::Calling { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Respond { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(Ok(response.map(ResponseBody::own))),
+                        None => Poll::Pending,
+                    };
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,492 @@
+//! The client's IP address behind trusted reverse proxies, and the grouping of addresses into
+//! keys.
+
+use std::net::IpAddr;
+
+use http::{Extensions, HeaderMap};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::forwarded::{Entries, ForwardedHeader};
+use super::{peer_addr, KeyValue};
+
+/// A [`Key`](super::Key) for the client's IP address, read through trusted reverse proxies.
+///
+/// Built by [`Key::client_ip`](super::Key::client_ip) and turned into a `Key` with `.into()`.
+///
+/// # How the client is found
+///
+/// 1. The peer address is read as for [`Key::peer_ip`](super::Key::peer_ip); without one the
+///    key is missing.
+/// 2. If the peer is **not** in a trusted network, the peer is the client. Forwarding headers
+///    sent by anyone but a trusted proxy are ignored: clients can write whatever they like in
+///    them.
+/// 3. Otherwise the configured header ([`ClientIp::header`], `X-Forwarded-For` by default) is
+///    read, all its field lines in order as one list, and walked from the **right**, skipping
+///    addresses in trusted networks. The first untrusted address is the client: everything to
+///    its left was written by the client itself and proves nothing. If every address is
+///    trusted, the leftmost one is the client.
+/// 4. If the header is absent, longer than 8 KiB, or an entry met during the walk is not an
+///    address (`unknown`, an obfuscated `_name`, a host name, non-UTF-8 bytes...), the peer
+///    is the client. So it is if more than 64 trusted entries would have to be walked.
+///
+/// # Only one header is read
+///
+/// **Configure the header your proxy sets, and only that one.** A proxy that manages, say,
+/// `X-Forwarded-For` passes any `Forwarded` or `X-Real-IP` header from the client through
+/// untouched, so reading one of those would let every client choose its own key and escape
+/// its limit. That is why there is no fallback from one header to another.
+///
+/// # Keys
+///
+/// IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`) count as IPv4, both for the trust check and
+/// in the key. IPv4 addresses are the key as text (`203.0.113.7`), or their network with
+/// [`ClientIp::ipv4_prefix`] below 32 (`203.0.113.0/24`). IPv6 addresses are grouped by
+/// [`ClientIp::ipv6_prefix`], /64 by default (`2001:db8:1:2::/64`): a single host usually
+/// owns a whole /64 and could otherwise rotate addresses to escape its limit.
+///
+/// ```
+/// use tollgate::Key;
+///
+/// let key: Key = Key::client_ip()
+///     .try_trust(["10.0.0.0/8", "192.0.2.10"])
+///     .unwrap()
+///     .into();
+///
+/// let mut req = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.7, 10.1.2.3")
+///     .body(())
+///     .unwrap();
+/// req.extensions_mut().insert("192.0.2.10:41234".parse::<std::net::SocketAddr>().unwrap());
+/// assert_eq!(key.extract(&req).unwrap().as_bytes(), b"198.51.100.7");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientIp {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+    ipv6_prefix: u8,
+    ipv4_prefix: u8,
+}
+
+impl ClientIp {
+    pub(super) fn new() -> Self {
+        ClientIp {
+            trusted: Vec::new(),
+            header: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: 64,
+            ipv4_prefix: 32,
+        }
+    }
+
+    /// Adds trusted proxy networks: peers and forwarded addresses in them are proxies.
+    pub fn trust(mut self, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted.extend(networks.into_iter().map(normalize_net));
+        self
+    }
+
+    /// Trusts the loopback networks, `127.0.0.0/8` and `::1/128`: a proxy on the same host.
+    pub fn trust_loopback(self) -> Self {
+        self.trust([
+            IpNet::V4(Ipv4Net::new_assert([127, 0, 0, 0].into(), 8)),
+            IpNet::V6(Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128)),
+        ])
+    }
+
+    /// Adds trusted proxy networks written as text: `"10.0.0.0/8"`, `"2001:db8::/32"`, or a
+    /// bare address such as `"10.1.2.3"` for that one address.
+    ///
+    /// Fails on the first entry that is neither; nothing is added then.
+    pub fn try_trust<I, S>(self, networks: I) -> Result<Self, ipnet::AddrParseError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let parsed = networks
+            .into_iter()
+            .map(|s| {
+                let s = s.as_ref().trim();
+                s.parse::<IpNet>()
+                    .or_else(|e| s.parse::<IpAddr>().map(IpNet::from).map_err(|_| e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.trust(parsed))
+    }
+
+    /// The header the trusted proxies set; `X-Forwarded-For` by default.
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The prefix length IPv6 clients are grouped by; 64 by default, at most 128.
+    pub fn ipv6_prefix(mut self, len: u8) -> Self {
+        self.ipv6_prefix = len.min(128);
+        self
+    }
+
+    /// The prefix length IPv4 clients are grouped by; 32 (one address) by default, at most 32.
+    pub fn ipv4_prefix(mut self, len: u8) -> Self {
+        self.ipv4_prefix = len.min(32);
+        self
+    }
+
+    pub(super) fn extract(&self, headers: &HeaderMap, extensions: &Extensions) -> Option<KeyValue> {
+        let peer = normalize(peer_addr(extensions)?);
+        let client = self.client(peer, headers);
+        Some(group(client, self.ipv4_prefix, self.ipv6_prefix))
+    }
+
+    fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        self.forwarded_client(headers).unwrap_or(peer)
+    }
+
+    /// The client according to the forwarding header, or `None` to fall back to the peer.
+    fn forwarded_client(&self, headers: &HeaderMap) -> Option<IpAddr> {
+        let entries = Entries::read(headers, self.header)?;
+        let mut leftmost = None;
+        for entry in entries.right_to_left() {
+            let ip = normalize(entry?);
+            if !self.is_trusted(ip) {
+                return Some(ip);
+            }
+            leftmost = Some(ip);
+        }
+        // All walked entries were trusted; unless the walk was cut short, the leftmost one is
+        // the client.
+        if entries.complete() {
+            leftmost
+        } else {
+            None
+        }
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// IPv4-mapped IPv6 addresses become IPv4: dual-stack sockets report IPv4 peers that way, and
+/// one client must get one key (and match IPv4 trusted networks) however it connected.
+pub(super) fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Trusted networks are compared with normalized addresses, so an IPv4-mapped network
+/// (`::ffff:10.0.0.0/104`) is turned into its IPv4 form.
+fn normalize_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net {
+        if let (Some(v4), Some(len)) = (
+            v6.network().to_ipv4_mapped(),
+            v6.prefix_len().checked_sub(96),
+        ) {
+            if let Ok(v4net) = Ipv4Net::new(v4, len) {
+                return IpNet::V4(v4net);
+            }
+        }
+    }
+    net.trunc()
+}
+
+/// The key of `ip`: the address itself at full length, else its network (`203.0.113.0/24`,
+/// `2001:db8:1:2::/64`).
+pub(super) fn group(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> KeyValue {
+    match ip {
+        IpAddr::V4(a) if ipv4_prefix < 32 => match Ipv4Net::new(a, ipv4_prefix) {
+            Ok(net) => KeyValue::from_display(&net.trunc()),
+            Err(_) => KeyValue::from_display(&a),
+        },
+        IpAddr::V6(a) if ipv6_prefix < 128 => match Ipv6Net::new(a, ipv6_prefix) {
+            Ok(net) => KeyValue::from_display(&net.trunc()),
+            Err(_) => KeyValue::from_display(&a),
+        },
+        ip => KeyValue::from_display(&ip),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+    use http::{HeaderValue, Request};
+    use std::net::SocketAddr;
+
+    fn request(peer: Option<&str>, headers: &[(&str, &str)]) -> Request<()> {
+        let mut req = Request::new(());
+        for (name, value) in headers {
+            let name = http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+            req.headers_mut()
+                .append(name, HeaderValue::from_str(value).unwrap());
+        }
+        if let Some(peer) = peer {
+            req.extensions_mut()
+                .insert(peer.parse::<SocketAddr>().unwrap());
+        }
+        req
+    }
+
+    fn key_of(c: ClientIp, req: &Request<()>) -> Option<String> {
+        Key::from(c).extract(req).map(|v| v.to_string())
+    }
+
+    fn behind_proxies() -> ClientIp {
+        Key::client_ip()
+            .try_trust(["10.0.0.0/8", "2001:db8:ffff::/48"])
+            .unwrap()
+    }
+
+    const PROXY: &str = "10.0.0.2:443";
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_the_headers_say() {
+        let req = request(
+            Some("198.51.100.9:5000"),
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("forwarded", "for=1.1.1.1"),
+                ("x-real-ip", "1.1.1.1"),
+            ],
+        );
+        for h in [
+            ForwardedHeader::XForwardedFor,
+            ForwardedHeader::Forwarded,
+            ForwardedHeader::XRealIp,
+        ] {
+            assert_eq!(
+                key_of(behind_proxies().header(h), &req).as_deref(),
+                Some("198.51.100.9")
+            );
+        }
+    }
+
+    #[test]
+    fn without_trusted_networks_it_is_the_peer() {
+        let req = request(Some(PROXY), &[("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(key_of(Key::client_ip(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn trusted_peer_gives_rightmost_untrusted_address() {
+        let req = request(Some(PROXY), &[("x-forwarded-for", "6.6.6.6, 203.0.113.7")]);
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn chains_of_trusted_hops_are_skipped() {
+        let req = request(
+            Some(PROXY),
+            &[(
+                "x-forwarded-for",
+                "6.6.6.6, 203.0.113.7, 10.9.9.9, 2001:db8:ffff:1::1, 10.0.0.3",
+            )],
+        );
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn all_trusted_gives_the_leftmost() {
+        let req = request(Some(PROXY), &[("x-forwarded-for", "10.1.1.1, 10.2.2.2")]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.1.1.1"));
+    }
+
+    #[test]
+    fn more_trusted_hops_than_the_walk_limit_fall_back_to_peer() {
+        let many = vec!["10.1.1.1"; 100].join(",");
+        let req = request(Some(PROXY), &[("x-forwarded-for", &many)]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn malformed_entry_met_in_the_walk_falls_back_to_peer() {
+        for xff in [
+            "203.0.113.7, garbage",
+            "203.0.113.7, unknown, 10.0.0.3",
+            "203.0.113.7, _hidden",
+        ] {
+            let req = request(Some(PROXY), &[("x-forwarded-for", xff)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("10.0.0.2"),
+                "{xff}"
+            );
+        }
+        // Garbage left of the client is never looked at.
+        let req = request(Some(PROXY), &[("x-forwarded-for", "garbage, 203.0.113.7")]);
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn non_utf8_entry_falls_back_to_peer() {
+        let mut req = request(Some(PROXY), &[]);
+        req.headers_mut().insert(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"203.0.113.\xff").unwrap(),
+        );
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn absent_header_falls_back_to_peer() {
+        let req = request(Some(PROXY), &[("forwarded", "for=1.1.1.1")]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn several_xff_lines_are_one_list_in_order() {
+        let req = request(
+            Some(PROXY),
+            &[
+                ("x-forwarded-for", "6.6.6.6, 203.0.113.7"),
+                ("x-forwarded-for", "10.0.0.9"),
+            ],
+        );
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+        let req = request(
+            Some(PROXY),
+            &[
+                ("x-forwarded-for", "10.0.0.9"),
+                ("x-forwarded-for", "6.6.6.6, 203.0.113.7"),
+            ],
+        );
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn forwarded_header() {
+        let c = || behind_proxies().header(ForwardedHeader::Forwarded);
+        let cases = [
+            (
+                r#"for=6.6.6.6, For="[2001:db8:cafe::17]:4711";proto=https, for=10.0.0.7"#,
+                "2001:db8:cafe::/64",
+            ),
+            (r#"FOR="192.0.2.43:47011";by=10.0.0.1"#, "192.0.2.43"),
+            ("for=unknown", "10.0.0.2"),
+            ("for=_hidden, for=10.0.0.5", "10.0.0.2"),
+            ("proto=https", "10.0.0.2"),
+            ("for=_hidden, for=192.0.2.1", "192.0.2.1"),
+        ];
+        for (value, want) in cases {
+            let req = request(Some(PROXY), &[("forwarded", value)]);
+            assert_eq!(key_of(c(), &req).as_deref(), Some(want), "{value}");
+        }
+    }
+
+    #[test]
+    fn x_real_ip_header() {
+        let c = || behind_proxies().header(ForwardedHeader::XRealIp);
+        let req = request(Some(PROXY), &[("x-real-ip", "203.0.113.7")]);
+        assert_eq!(key_of(c(), &req).as_deref(), Some("203.0.113.7"));
+        let req = request(Some(PROXY), &[("x-real-ip", "203.0.113.7, 6.6.6.6")]);
+        assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        let req = request(
+            Some(PROXY),
+            &[("x-real-ip", "203.0.113.7"), ("x-real-ip", "6.6.6.6")],
+        );
+        assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        // The configured header only: X-Forwarded-For is not a fallback.
+        let req = request(Some(PROXY), &[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_prefix() {
+        let req = request(Some(PROXY), &[("x-forwarded-for", "2001:db8:1:2:aaaa::1")]);
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("2001:db8:1:2::/64")
+        );
+        assert_eq!(
+            key_of(behind_proxies().ipv6_prefix(48), &req).as_deref(),
+            Some("2001:db8:1::/48")
+        );
+        assert_eq!(
+            key_of(behind_proxies().ipv6_prefix(200), &req).as_deref(),
+            Some("2001:db8:1:2:aaaa::1")
+        );
+    }
+
+    #[test]
+    fn ipv4_prefix_groups_networks() {
+        let req = request(Some(PROXY), &[("x-forwarded-for", "203.0.113.77")]);
+        assert_eq!(
+            key_of(behind_proxies().ipv4_prefix(24), &req).as_deref(),
+            Some("203.0.113.0/24")
+        );
+        assert_eq!(
+            key_of(behind_proxies().ipv4_prefix(99), &req).as_deref(),
+            Some("203.0.113.77")
+        );
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        // A dual-stack listener reports IPv4 peers as mapped addresses; trust must still match.
+        let req = request(
+            Some("[::ffff:10.0.0.2]:443"),
+            &[("x-forwarded-for", "::ffff:203.0.113.7")],
+        );
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("203.0.113.7")
+        );
+        let mapped_trust = Key::client_ip().try_trust(["::ffff:10.0.0.0/104"]).unwrap();
+        let req = request(Some(PROXY), &[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(key_of(mapped_trust, &req).as_deref(), Some("203.0.113.7"));
+    }
+
+    #[test]
+    fn oversized_header_falls_back_to_peer() {
+        let big = format!("{}203.0.113.7", " ".repeat(9000));
+        let req = request(Some(PROXY), &[("x-forwarded-for", &big)]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn missing_peer_is_a_missing_key() {
+        let req = request(None, &[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(key_of(behind_proxies(), &req), None);
+    }
+
+    #[test]
+    fn trust_loopback_and_bare_addresses() {
+        let req = request(Some("127.0.0.1:1"), &[("x-forwarded-for", "203.0.113.7")]);
+        let c = Key::client_ip().trust_loopback();
+        assert_eq!(key_of(c.clone(), &req).as_deref(), Some("203.0.113.7"));
+        let req6 = request(Some("[::1]:1"), &[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(key_of(c, &req6).as_deref(), Some("203.0.113.7"));
+
+        let bare = Key::client_ip().try_trust(["127.0.0.1"]).unwrap();
+        assert_eq!(key_of(bare.clone(), &req).as_deref(), Some("203.0.113.7"));
+        let other = request(Some("127.0.0.2:1"), &[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(key_of(bare, &other).as_deref(), Some("127.0.0.2"));
+    }
+
+    #[test]
+    fn try_trust_rejects_bad_networks() {
+        for bad in ["10.0.0.0/33", "not-an-ip", "10.0.0/8", ""] {
+            assert!(Key::client_ip().try_trust([bad]).is_err(), "{bad}");
+        }
+        assert!(Key::client_ip()
+            .try_trust(["10.0.0.0/8", " 2001:db8::/32 ", "::1"])
+            .is_ok());
+    }
+}

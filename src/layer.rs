@@ -1,0 +1,209 @@
+//! `RateLimitLayer` and its builder.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use tower_layer::Layer;
+
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::headers::PolicyItem;
+use crate::limiter::{Limiter, LimiterBuilder};
+use crate::response::Responder;
+use crate::rule::Rule;
+use crate::service::RateLimit;
+use crate::store::Store;
+
+/// What the layer does when its store fails or times out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Forward the request without limiting it, with a `tracing` warning (default). A limiter
+    /// outage then degrades protection instead of taking the whole service down with it.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable` with a problem+json body: for limits that guard something
+    /// that must never be overrun (a paid upstream with a hard cap).
+    Closed,
+}
+
+/// Rate-limits the services it wraps.
+///
+/// Every clone of the layer, and every service it builds, shares the same limits (they live
+/// behind an `Arc`), so axum's per-connection clones all count against one budget.
+///
+/// ```
+/// use axum::{routing::get, Router};
+/// use tollgate::{Key, Limit, RateLimitLayer};
+///
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+/// ```
+#[derive(Clone, Debug)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every service of one layer shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) limiter: Limiter,
+    pub(crate) responder: Responder,
+    pub(crate) failure: FailurePolicy,
+}
+
+impl RateLimitLayer {
+    /// A layer with one rule and a new in-memory store: the common case.
+    ///
+    /// # Panics
+    /// If the rule cannot work (a zero rate or period, a cost above the capacity…), with a message
+    /// naming the rule and the field. Use [`builder`](Self::builder) to get the error instead.
+    pub fn new(rule: impl Into<Rule>) -> Self {
+        match Self::builder().rule(rule).build() {
+            Ok(layer) => layer,
+            Err(error) => panic!("invalid rate-limit rule: {error}"),
+        }
+    }
+
+    /// Configures a layer: several rules, a store, response options.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter: Limiter::builder(),
+            limiter_given: None,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            on_allowed: true,
+            legacy: false,
+            jitter: Duration::ZERO,
+            rejection: None,
+            failure: FailurePolicy::default(),
+        }
+    }
+
+    /// The limiter behind this layer: check, charge, refund or reset keys from handlers and jobs.
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_shared(inner, self.shared.clone())
+    }
+}
+
+/// Builds a [`RateLimitLayer`].
+#[must_use]
+pub struct RateLimitLayerBuilder {
+    limiter: LimiterBuilder,
+    limiter_given: Option<Limiter>,
+    status: StatusCode,
+    on_allowed: bool,
+    legacy: bool,
+    jitter: Duration,
+    rejection: Option<Arc<crate::response::RejectionFn>>,
+    failure: FailurePolicy,
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds a rule; a request is charged by every rule whose scope it is in, all or nothing.
+    pub fn rule(mut self, rule: impl Into<Rule>) -> Self {
+        self.limiter = self.limiter.rule(rule);
+        self
+    }
+
+    /// The store (default: a new [`MemoryStore`](crate::MemoryStore)).
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.limiter = self.limiter.store(store);
+        self
+    }
+
+    /// Uses an existing limiter (its rules and store) instead of `rule` and `store`: several layers
+    /// can then share one limiter, or a handler can hold the same limiter as the layer.
+    pub fn limiter(mut self, limiter: Limiter) -> Self {
+        self.limiter_given = Some(limiter);
+        self
+    }
+
+    /// The status of a denied request (default `429 Too Many Requests`; some APIs prefer `503`).
+    pub fn status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Whether allowed responses carry `RateLimit` and `RateLimit-Policy` (default: yes).
+    pub fn headers_on_allowed(mut self, on: bool) -> Self {
+        self.on_allowed = on;
+        self
+    }
+
+    /// Adds the legacy `X-RateLimit-Limit`, `-Remaining` and `-Reset` (Unix seconds) fields for the
+    /// most restrictive rule (default: off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.legacy = on;
+        self
+    }
+
+    /// Adds a random delay of up to `max` to `Retry-After`, so that many denied clients don't all
+    /// come back at the same instant (default: none).
+    pub fn jitter(mut self, max: Duration) -> Self {
+        self.jitter = max;
+        self
+    }
+
+    /// Builds the rejection response yourself (default: a problem+json body with
+    /// `violated-policies`). `Retry-After` and the `RateLimit` fields are still added unless your
+    /// response sets them.
+    pub fn rejection<F>(mut self, build: F) -> Self
+    where
+        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.rejection = Some(Arc::new(build));
+        self
+    }
+
+    /// What to do when the store fails (default: [`FailurePolicy::Open`]).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// Validates every rule and builds the layer.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        let limiter = match self.limiter_given {
+            Some(limiter) => limiter,
+            None => self.limiter.build()?,
+        };
+        let items = limiter
+            .rules()
+            .iter()
+            .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut responder = Responder::new(items);
+        responder.status = self.status;
+        responder.on_allowed = self.on_allowed;
+        responder.legacy = self.legacy;
+        responder.jitter = self.jitter;
+        responder.rejection = self.rejection;
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter,
+                responder,
+                failure: self.failure,
+            }),
+        })
+    }
+}
+
+impl std::fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("limiter", &self.limiter)
+            .field("status", &self.status)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,63 @@
+//! Rate limiting for Tower services: axum, hyper, tonic, anything that is a
+//! `tower::Service<http::Request<B>>`.
+//!
+//! One [`RateLimitLayer`] wraps a service. For every request it finds the [`Rule`]s that apply,
+//! derives each rule's [`Key`] (user id, API key, client IP, session, or one global key), charges
+//! all of them in one atomic step in a [`Store`], and then forwards the request with
+//! `RateLimit` / `RateLimit-Policy` fields on the response, or answers `429 Too Many Requests` with
+//! `Retry-After` and a problem+json body.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tollgate::{Key, Limit, RateLimitLayer};
+//!
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+//! ```
+//!
+//! The way a request travels, one module per step:
+//!
+//! | step | module |
+//! |---|---|
+//! | which rules apply, with which key and cost | [`rule`](Rule), [`key`](Key), [`Cost`] |
+//! | one atomic charge of every rule | [`store`] ([`MemoryStore`]) using the pure [`algorithm`]s |
+//! | forward with headers, or answer 429 | [`RateLimit`] service, `headers`, `response` |
+//!
+//! The README describes how to pick an algorithm, keys behind proxies, and the headers.
+
+pub mod algorithm;
+mod body;
+mod clock;
+mod cost;
+mod decision;
+mod error;
+mod future;
+mod headers;
+mod key;
+mod layer;
+mod limit;
+mod limiter;
+mod response;
+mod rule;
+mod service;
+pub mod store;
+
+pub use algorithm::Outcome;
+pub use body::ResponseBody;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use cost::{Cost, CostError};
+pub use decision::{Decision, RuleDecision};
+pub use error::ConfigError;
+pub use future::ResponseFuture;
+pub use headers::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
+pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use limit::Limit;
+pub use limiter::{LimitError, Limiter, LimiterBuilder};
+pub use response::{RejectionFn, QUOTA_EXCEEDED};
+pub use rule::{MissingKey, Rule};
+pub use service::RateLimit;
+pub use store::{MemoryStore, Store};

@@ -1,0 +1,159 @@
+//! `Limit`: which algorithm, with which numbers.
+
+use std::time::Duration;
+
+use crate::algorithm::{
+    Algorithm, BurstPool, FixedWindow, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
+};
+use crate::cost::Cost;
+use crate::key::Key;
+use crate::rule::Rule;
+
+/// How much traffic a rule lets through: an algorithm and its numbers.
+///
+/// The `per_*` constructors build a token bucket: `Limit::per_minute(60)` refills one unit every
+/// second and holds at most 60 (so a quiet client may burst 60 at once). Use [`burst`](Self::burst)
+/// for a different capacity, or pick a window algorithm with the other constructors.
+///
+/// Nonsense values (a zero rate, a zero period, an initial balance above the capacity) are reported
+/// when the layer is built, naming the rule and the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    algorithm: Algorithm,
+}
+
+impl Limit {
+    /// A token bucket of `n` units per second, capacity `n`.
+    pub fn per_second(n: u64) -> Limit {
+        Limit::token_bucket(n, Duration::from_secs(1))
+    }
+
+    /// A token bucket of `n` units per minute, capacity `n`.
+    pub fn per_minute(n: u64) -> Limit {
+        Limit::token_bucket(n, Duration::from_secs(60))
+    }
+
+    /// A token bucket of `n` units per hour, capacity `n`.
+    pub fn per_hour(n: u64) -> Limit {
+        Limit::token_bucket(n, Duration::from_secs(3600))
+    }
+
+    /// A token bucket of `n` units per day, capacity `n`.
+    pub fn per_day(n: u64) -> Limit {
+        Limit::token_bucket(n, Duration::from_secs(86_400))
+    }
+
+    /// A token bucket refilling `rate` units per `period` continuously; capacity `rate`.
+    pub fn token_bucket(rate: u64, period: Duration) -> Limit {
+        Limit {
+            algorithm: Algorithm::TokenBucket(TokenBucket::new(rate, period)),
+        }
+    }
+
+    /// A fixed window: `limit` units per window of `period`. Windows start at a per-key offset
+    /// unless [`aligned`](Self::aligned).
+    pub fn fixed_window(limit: u64, period: Duration) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow(FixedWindow::new(limit, period)),
+        }
+    }
+
+    /// A sliding window counter: about `limit` units in any `period` (weighted approximation).
+    pub fn sliding_window(limit: u64, period: Duration) -> Limit {
+        Limit {
+            algorithm: Algorithm::SlidingWindow(SlidingWindow::new(limit, period)),
+        }
+    }
+
+    /// A sliding window log: exactly at most `limit` units in any `period`. Memory per key grows
+    /// with `limit`.
+    pub fn sliding_log(limit: u64, period: Duration) -> Limit {
+        Limit {
+            algorithm: Algorithm::SlidingLog(SlidingLog::new(limit, period)),
+        }
+    }
+
+    /// The capacity: the largest burst of a token bucket, or how far a fixed window may roll unused
+    /// units over. A burst pool's steady bucket takes it.
+    pub fn burst(mut self, capacity: u64) -> Limit {
+        self.algorithm = match self.algorithm {
+            Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(tb.with_capacity(capacity)),
+            Algorithm::FixedWindow(w) => Algorithm::FixedWindow(w.with_capacity(capacity)),
+            Algorithm::BurstPool(p) => Algorithm::BurstPool(BurstPool::new(
+                p.steady().clone().with_capacity(capacity),
+                p.pool().clone(),
+            )),
+            other => other,
+        };
+        self
+    }
+
+    /// The balance a new key starts with (token buckets; default: full).
+    pub fn initial(mut self, units: u64) -> Limit {
+        if let Algorithm::TokenBucket(tb) = self.algorithm {
+            self.algorithm = Algorithm::TokenBucket(tb.with_initial(units));
+        }
+        self
+    }
+
+    /// Adds a fallback pool to a token bucket: a pool of `capacity` units refilling `rate` per
+    /// `period`, used only for what the steady bucket cannot pay.
+    pub fn pool(mut self, capacity: u64, rate: u64, period: Duration) -> Limit {
+        let pool = TokenBucket::new(rate, period).with_capacity(capacity);
+        self.algorithm = match self.algorithm {
+            Algorithm::TokenBucket(steady) => Algorithm::BurstPool(BurstPool::new(steady, pool)),
+            Algorithm::BurstPool(p) => {
+                Algorithm::BurstPool(BurstPool::new(p.steady().clone(), pool))
+            }
+            other => other,
+        };
+        self
+    }
+
+    /// Aligns windows to multiples of the period since the Unix epoch (UTC minutes, hours,
+    /// midnight) instead of a per-key start.
+    pub fn aligned(self) -> Limit {
+        self.window_start(WindowStart::Aligned(Duration::ZERO))
+    }
+
+    /// Windows start at `offset + k·period` after the Unix epoch (e.g. midnight in UTC+2 for a daily
+    /// window: `Duration::from_secs(22 * 3600)`).
+    pub fn aligned_at(self, offset: Duration) -> Limit {
+        self.window_start(WindowStart::Aligned(offset))
+    }
+
+    fn window_start(mut self, start: WindowStart) -> Limit {
+        self.algorithm = match self.algorithm {
+            Algorithm::FixedWindow(w) => Algorithm::FixedWindow(w.with_start(start)),
+            Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(w.with_start(start)),
+            other => other,
+        };
+        self
+    }
+
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// A rule with this limit, keyed by `key`.
+    pub fn key(self, key: impl Into<Key>) -> Rule {
+        Rule::from(self).key(key)
+    }
+
+    /// A rule with this limit and `cost` per request.
+    pub fn cost(self, cost: impl Into<Cost>) -> Rule {
+        Rule::from(self).cost(cost)
+    }
+
+    /// A rule with this limit, named `name` (the name appears in headers and logs).
+    pub fn named(self, name: impl Into<String>) -> Rule {
+        Rule::new(name, self)
+    }
+}
+
+impl From<Algorithm> for Limit {
+    fn from(algorithm: Algorithm) -> Self {
+        Limit { algorithm }
+    }
+}

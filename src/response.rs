@@ -1,0 +1,205 @@
+//! The responses the layer writes itself (429, 400, 503) and the fields it adds to the inner
+//! service's responses.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::headers::{self, PolicyItem, RATELIMIT, RATELIMIT_POLICY};
+use crate::limiter::Refusal;
+use crate::store::StoreError;
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers for a denied request.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Builds the rejection response from the decision (replaces the default problem+json 429). The
+/// layer still adds `Retry-After` and the `RateLimit` fields unless the response sets them.
+pub type RejectionFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+
+/// How the layer answers and what it adds.
+#[derive(Clone)]
+pub(crate) struct Responder {
+    pub(crate) items: Arc<[PolicyItem]>,
+    /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
+    all_rules_policy: Option<HeaderValue>,
+    pub(crate) status: StatusCode,
+    pub(crate) on_allowed: bool,
+    pub(crate) legacy: bool,
+    pub(crate) jitter: Duration,
+    pub(crate) rejection: Option<Arc<RejectionFn>>,
+}
+
+/// The fields to add to an allowed response, prepared before the inner service runs.
+#[derive(Debug)]
+pub(crate) struct AllowedHeaders {
+    policy: HeaderValue,
+    ratelimit: HeaderValue,
+    decision: Option<Decision>,
+}
+
+impl AllowedHeaders {
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        headers.insert(RATELIMIT_POLICY.clone(), self.policy);
+        headers.insert(RATELIMIT.clone(), self.ratelimit);
+        if let Some(decision) = &self.decision {
+            headers::insert_legacy(headers, decision);
+        }
+    }
+}
+
+impl Responder {
+    pub(crate) fn new(items: Vec<PolicyItem>) -> Self {
+        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
+        Responder {
+            items: items.into(),
+            all_rules_policy,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            on_allowed: true,
+            legacy: false,
+            jitter: Duration::ZERO,
+            rejection: None,
+        }
+    }
+
+    fn policy(&self, decision: &Decision) -> Option<HeaderValue> {
+        if decision.rules().len() == self.items.len() {
+            return self.all_rules_policy.clone();
+        }
+        let items = decision
+            .rules()
+            .iter()
+            .filter_map(|r| self.items.get(r.index));
+        headers::join(items.map(|i| i.policy.as_str()))
+    }
+
+    fn insert_fields(&self, headers: &mut HeaderMap, decision: &Decision) {
+        if let Some(policy) = self.policy(decision) {
+            headers.entry(RATELIMIT_POLICY.clone()).or_insert(policy);
+        }
+        if let Some(value) = headers::ratelimit_value(&self.items, decision) {
+            headers.entry(RATELIMIT.clone()).or_insert(value);
+        }
+        if self.legacy {
+            headers::insert_legacy(headers, decision);
+        }
+    }
+
+    /// The fields for an allowed response, if the layer sends them.
+    pub(crate) fn allowed(&self, decision: &Decision) -> Option<AllowedHeaders> {
+        if !self.on_allowed || decision.rules().is_empty() {
+            return None;
+        }
+        Some(AllowedHeaders {
+            policy: self.policy(decision)?,
+            ratelimit: headers::ratelimit_value(&self.items, decision)?,
+            decision: self.legacy.then(|| decision.clone()),
+        })
+    }
+
+    /// The response to a denied request.
+    pub(crate) fn denied(&self, decision: &Decision) -> Response<Bytes> {
+        let wait = decision.retry_after().unwrap_or_default() + self.jitter();
+        let mut response = match &self.rejection {
+            Some(build) => build(decision),
+            None => {
+                let violated: Vec<&str> = decision
+                    .rules()
+                    .iter()
+                    .filter(|r| !r.outcome.verdict.is_admitted())
+                    .map(|r| &*r.rule)
+                    .collect();
+                let detail = format!(
+                    "Rate limit exceeded ({}); retry in {} s.",
+                    violated.join(", "),
+                    headers::whole_seconds(wait).max(1)
+                );
+                let body = serde_json::json!({
+                    "type": QUOTA_EXCEEDED,
+                    "title": "Too Many Requests",
+                    "status": self.status.as_u16(),
+                    "detail": detail,
+                    "violated-policies": violated,
+                });
+                problem(self.status, &body)
+            }
+        };
+        let headers = response.headers_mut();
+        if !headers.contains_key(http::header::RETRY_AFTER) {
+            headers::insert_retry_after(headers, wait);
+        }
+        self.insert_fields(headers, decision);
+        response
+    }
+
+    fn jitter(&self) -> Duration {
+        if self.jitter.is_zero() {
+            Duration::ZERO
+        } else {
+            self.jitter.mul_f64(fastrand::f64())
+        }
+    }
+
+    /// The response to a request refused before the store was asked.
+    pub(crate) fn refused(&self, refusal: &Refusal) -> Response<Bytes> {
+        let (status, detail) = match refusal {
+            Refusal::MissingKey { rule, key, status } => (
+                *status,
+                format!("Rate-limit rule \"{rule}\" counts requests by {key}, and this request has none."),
+            ),
+            Refusal::BadCost { rule, error } => (
+                StatusCode::BAD_REQUEST,
+                format!("Rate-limit rule \"{rule}\": {error}."),
+            ),
+            Refusal::CostTooLarge { rule, error } => (
+                StatusCode::BAD_REQUEST,
+                format!("Rate-limit rule \"{rule}\": {error}."),
+            ),
+        };
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        problem(status, &body)
+    }
+
+    /// The response when the store failed and the layer fails closed.
+    pub(crate) fn unavailable(&self, error: &StoreError) -> Response<Bytes> {
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": "Service Unavailable",
+            "status": status.as_u16(),
+            "detail": format!("The rate limiter cannot decide right now ({:?}); try again shortly.", error.kind()),
+        });
+        problem(status, &body)
+    }
+}
+
+fn problem(status: StatusCode, body: &serde_json::Value) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("status", &self.status)
+            .field("on_allowed", &self.on_allowed)
+            .field("legacy", &self.legacy)
+            .field("jitter", &self.jitter)
+            .field("custom_rejection", &self.rejection.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,392 @@
+//! `Rule`: a named limit, the key it counts by, what a request costs, and which requests it
+//! applies to.
+
+use http::{Method, StatusCode};
+
+use crate::algorithm::{Algorithm, Mode};
+use crate::cost::Cost;
+use crate::error::ConfigError;
+use crate::key::{Key, RequestHead};
+use crate::limit::Limit;
+
+/// A named limit applied per key to the requests in its scope.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::Method;
+/// use tollgate::{Key, Limit, Rule};
+///
+/// let login = Rule::new("login", Limit::per_minute(5))
+///     .key(Key::client_ip())
+///     .methods([Method::POST])
+///     .path("/login");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Rule {
+    name: Option<String>,
+    limit: Limit,
+    key: Key,
+    cost: Cost,
+    scope: Scope,
+    missing_key: MissingKey,
+}
+
+/// What a rule does with a request whose key is missing (no API key header, no user id, no peer
+/// address).
+#[derive(Clone, Debug, Default)]
+pub enum MissingKey {
+    /// Answer `400 Bad Request` with a problem+json body naming the rule and the key (default).
+    #[default]
+    Reject,
+    /// Answer with this status (e.g. `401 Unauthorized` for a missing API key).
+    RejectWith(StatusCode),
+    /// Let the request through without this rule.
+    Skip,
+    /// Use this key instead (e.g. the client IP when there is no API key).
+    Fallback(Key),
+}
+
+impl Rule {
+    /// A rule named `name` (used in the `RateLimit` headers, in logs and as the store namespace)
+    /// with `limit`, one global key and a cost of 1.
+    pub fn new(name: impl Into<String>, limit: Limit) -> Rule {
+        Rule {
+            name: Some(name.into()),
+            ..Rule::from(limit)
+        }
+    }
+
+    /// Counts per `key` (default: one global key).
+    pub fn key(mut self, key: impl Into<Key>) -> Rule {
+        self.key = key.into();
+        self
+    }
+
+    /// Charges `cost` per request (default 1).
+    pub fn cost(mut self, cost: impl Into<Cost>) -> Rule {
+        self.cost = cost.into();
+        self
+    }
+
+    /// Names the rule (default: derived from the key, e.g. `client-ip`).
+    pub fn named(mut self, name: impl Into<String>) -> Rule {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Applies only to these methods (default: all).
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Rule {
+        self.scope.methods.extend(methods);
+        self
+    }
+
+    /// Applies only to paths matching `pattern` (may be called several times; default: all paths).
+    ///
+    /// A pattern is matched segment by segment: `*` matches one segment, and a final `*` matches
+    /// one or more remaining segments. `/login` matches only `/login`; `/users/*/avatar` matches
+    /// `/users/7/avatar`; `/api/*` matches `/api/v1/chat` but not `/api` itself.
+    ///
+    /// The path is the one the layer sees: under axum's `Router::nest`, the nested part.
+    pub fn path(mut self, pattern: impl Into<String>) -> Rule {
+        self.scope.paths.push(pattern.into());
+        self
+    }
+
+    /// What to do when the request has no key (default: [`MissingKey::Reject`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Rule {
+        self.missing_key = missing;
+        self
+    }
+
+    /// The rule's name (derived from the key when not set).
+    pub fn name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.key.describe())
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// Checks that the rule can work; the error names the rule and the field.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let name = self.name();
+        let err =
+            |field: &'static str, message: String| Err(ConfigError::new(&name, field, message));
+        if name.is_empty() || !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return err(
+                "name",
+                "must be non-empty printable ASCII (it is sent in headers)".into(),
+            );
+        }
+        let capacity = self.limit.algorithm().capacity();
+        match self.limit.algorithm() {
+            Algorithm::TokenBucket(tb) => {
+                positive(&name, "rate", tb.rate())?;
+                positive(&name, "period", tb.period().as_nanos())?;
+                positive(&name, "capacity", tb.capacity())?;
+                if tb.initial() > tb.capacity() {
+                    return err(
+                        "initial",
+                        format!("must be at most the capacity ({})", tb.capacity()),
+                    );
+                }
+            }
+            Algorithm::FixedWindow(w) => {
+                positive(&name, "limit", w.limit())?;
+                positive(&name, "period", w.period().as_nanos())?;
+                if w.capacity() < w.limit() {
+                    return err(
+                        "capacity",
+                        format!("must be at least the per-window limit ({})", w.limit()),
+                    );
+                }
+            }
+            Algorithm::SlidingWindow(w) => {
+                positive(&name, "limit", w.limit())?;
+                positive(&name, "period", w.period().as_nanos())?;
+            }
+            Algorithm::SlidingLog(w) => {
+                positive(&name, "limit", w.limit())?;
+                positive(&name, "period", w.period().as_nanos())?;
+            }
+            Algorithm::BurstPool(p) => {
+                for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
+                    positive(&name, field_of(part, "rate"), tb.rate())?;
+                    positive(&name, field_of(part, "period"), tb.period().as_nanos())?;
+                    positive(&name, field_of(part, "capacity"), tb.capacity())?;
+                }
+            }
+        }
+        if let Some(cost) = self.cost.as_fixed() {
+            if cost > capacity {
+                return err(
+                    "cost",
+                    format!("{cost} exceeds the capacity ({capacity}): no request could ever pass"),
+                );
+            }
+        }
+        if let MissingKey::RejectWith(status) = self.missing_key {
+            if !status.is_client_error() && !status.is_server_error() {
+                return err(
+                    "on_missing_key",
+                    format!("status {status} is not an error status"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn compile(self) -> Result<CompiledRule, ConfigError> {
+        self.validate()?;
+        Ok(CompiledRule {
+            name: self.name().into(),
+            limit: self.limit,
+            key: self.key,
+            cost: self.cost,
+            scope: self.scope.compile(),
+            missing_key: self.missing_key,
+            mode: Mode::Charge,
+        })
+    }
+}
+
+fn field_of(part: &'static str, field: &'static str) -> &'static str {
+    match (part, field) {
+        ("steady", "rate") => "rate",
+        ("steady", "period") => "period",
+        ("steady", _) => "capacity",
+        (_, "rate") => "pool.rate",
+        (_, "period") => "pool.period",
+        _ => "pool.capacity",
+    }
+}
+
+fn positive(rule: &str, field: &'static str, value: impl Into<u128>) -> Result<(), ConfigError> {
+    if value.into() == 0 {
+        Err(ConfigError::new(
+            rule,
+            field,
+            "must be greater than 0".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl From<Limit> for Rule {
+    fn from(limit: Limit) -> Self {
+        Rule {
+            name: None,
+            limit,
+            key: Key::global(),
+            cost: Cost::default(),
+            scope: Scope::default(),
+            missing_key: MissingKey::default(),
+        }
+    }
+}
+
+/// Which requests a rule applies to.
+#[derive(Clone, Debug, Default)]
+struct Scope {
+    methods: Vec<Method>,
+    paths: Vec<String>,
+}
+
+impl Scope {
+    fn compile(self) -> CompiledScope {
+        CompiledScope {
+            methods: self.methods,
+            paths: self
+                .paths
+                .iter()
+                .map(|p| segments(p).map(str::to_owned).collect())
+                .collect(),
+        }
+    }
+}
+
+/// A validated rule, ready to serve requests.
+#[derive(Debug)]
+pub(crate) struct CompiledRule {
+    pub(crate) name: std::sync::Arc<str>,
+    pub(crate) limit: Limit,
+    pub(crate) key: Key,
+    pub(crate) cost: Cost,
+    scope: CompiledScope,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) mode: Mode,
+}
+
+impl CompiledRule {
+    pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
+        self.scope.matches(head.method, head.uri.path())
+    }
+
+    pub(crate) fn algorithm(&self) -> &Algorithm {
+        self.limit.algorithm()
+    }
+}
+
+#[derive(Debug)]
+struct CompiledScope {
+    methods: Vec<Method>,
+    paths: Vec<Vec<String>>,
+}
+
+impl CompiledScope {
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && (self.paths.is_empty() || self.paths.iter().any(|p| path_matches(p, path)))
+    }
+}
+
+fn segments(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+fn path_matches(pattern: &[String], path: &str) -> bool {
+    let mut path = segments(path);
+    for (i, want) in pattern.iter().enumerate() {
+        let last = i + 1 == pattern.len();
+        match path.next() {
+            None => return false,
+            Some(_) if want == "*" && last => return true,
+            Some(seg) if want == "*" || want == seg => {}
+            Some(_) => return false,
+        }
+    }
+    path.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn matches(pattern: &str, path: &str) -> bool {
+        let scope = Scope {
+            methods: vec![],
+            paths: vec![pattern.into()],
+        }
+        .compile();
+        scope.matches(&Method::GET, path)
+    }
+
+    #[test]
+    fn path_patterns() {
+        assert!(matches("/login", "/login"));
+        assert!(matches("/login", "/login/"));
+        assert!(!matches("/login", "/login/x"));
+        assert!(!matches("/login", "/logins"));
+        assert!(matches("/api/*", "/api/v1"));
+        assert!(matches("/api/*", "/api/v1/chat"));
+        assert!(!matches("/api/*", "/api"));
+        assert!(!matches("/api/*", "/apix/v1"));
+        assert!(matches("/users/*/avatar", "/users/7/avatar"));
+        assert!(!matches("/users/*/avatar", "/users/7/name"));
+        assert!(matches("/", "/"));
+        assert!(!matches("/", "/x"));
+    }
+
+    #[test]
+    fn methods_narrow_the_scope() {
+        let scope = Scope {
+            methods: vec![Method::POST],
+            paths: vec![],
+        }
+        .compile();
+        assert!(scope.matches(&Method::POST, "/anything"));
+        assert!(!scope.matches(&Method::GET, "/anything"));
+    }
+
+    fn error_of(rule: Rule) -> String {
+        rule.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn invalid_rules_name_the_rule_and_field() {
+        assert_eq!(
+            error_of(Rule::new("api", Limit::per_second(0))),
+            "rule \"api\": rate: must be greater than 0"
+        );
+        assert_eq!(
+            error_of(Rule::new("api", Limit::token_bucket(5, Duration::ZERO))),
+            "rule \"api\": period: must be greater than 0"
+        );
+        assert_eq!(
+            error_of(Rule::new(
+                "w",
+                Limit::fixed_window(0, Duration::from_secs(1))
+            )),
+            "rule \"w\": limit: must be greater than 0"
+        );
+        assert_eq!(
+            error_of(Rule::new("llm", Limit::per_minute(100)).cost(101)),
+            "rule \"llm\": cost: 101 exceeds the capacity (100): no request could ever pass"
+        );
+        assert_eq!(
+            error_of(Rule::new("b", Limit::per_second(5).burst(10).initial(11))),
+            "rule \"b\": initial: must be at most the capacity (10)"
+        );
+        assert_eq!(
+            error_of(Rule::new(
+                "p",
+                Limit::per_second(5).pool(0, 1, Duration::from_secs(1))
+            )),
+            "rule \"p\": pool.capacity: must be greater than 0"
+        );
+        assert_eq!(
+            error_of(Rule::new("bad\nname", Limit::per_second(1))),
+            "rule \"bad\\nname\": name: must be non-empty printable ASCII (it is sent in headers)"
+        );
+        assert!(Rule::new("ok", Limit::per_second(1)).validate().is_ok());
+    }
+
+    #[test]
+    fn default_name_comes_from_the_key() {
+        assert_eq!(Rule::from(Limit::per_second(1)).name(), "global");
+        assert_eq!(Limit::per_second(1).key(Key::peer_ip()).name(), "peer-ip");
+    }
+}

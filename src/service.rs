@@ -1,0 +1,172 @@
+//! `RateLimit<S>`: the middleware service.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::decision::Decision;
+use crate::future::{ResponseFuture, State};
+use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
+use crate::limiter::{Limiter, Plan};
+use crate::rule::Rule;
+use crate::store::{Outcomes, StoreError};
+
+/// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
+///
+/// For each request it finds the rules that apply, derives their keys and costs, charges the store
+/// in one atomic step, and then calls the inner service (adding `RateLimit` fields to its response)
+/// or answers `429` itself. A rejection is a response, so `Error = S::Error`.
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>) -> Self {
+        RateLimit { inner, shared }
+    }
+
+    /// A layer with one rule and an in-memory store (see [`RateLimitLayer::new`]).
+    pub fn layer(rule: impl Into<Rule>) -> RateLimitLayer {
+        RateLimitLayer::new(rule)
+    }
+
+    /// The limiter this service asks.
+    pub fn limiter(&self) -> &Limiter {
+        &self.shared.limiter
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for RateLimit<S> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.shared.limiter)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let plan = match self.shared.limiter.plan(&request) {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                return ResponseFuture::new(State::respond(self.shared.responder.refused(&refusal)))
+            }
+        };
+        if plan.is_empty() {
+            return ResponseFuture::new(State::calling(self.inner.call(request), None));
+        }
+        match self.shared.limiter.apply(&plan).into_ready() {
+            Ok(result) => ResponseFuture::new(decide(
+                &mut self.inner,
+                &self.shared,
+                request,
+                &plan,
+                result,
+            )),
+            Err(store) => {
+                // The store needs I/O: the ready inner service goes into the future and a clone
+                // takes its place (the contract of `poll_ready` is per instance).
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::new(State::checking(
+                    store,
+                    inner,
+                    request,
+                    plan,
+                    self.shared.clone(),
+                ))
+            }
+        }
+    }
+}
+
+/// Turns the store's answer into the next state: call the inner service, or answer.
+pub(crate) fn decide<S, B>(
+    inner: &mut S,
+    shared: &Shared,
+    mut request: Request<B>,
+    plan: &Plan,
+    result: Result<Outcomes, StoreError>,
+) -> State<S, B>
+where
+    S: Service<Request<B>>,
+{
+    let outcomes = result.and_then(|outcomes| {
+        if outcomes.len() == plan.len() {
+            Ok(outcomes)
+        } else {
+            Err(StoreError::new(
+                crate::store::StoreErrorKind::Protocol,
+                format!("{} outcomes for {} rules", outcomes.len(), plan.len()),
+            ))
+        }
+    });
+    let outcomes = match outcomes {
+        Ok(outcomes) => outcomes,
+        Err(error) => {
+            return match shared.failure {
+                FailurePolicy::Open => {
+                    tracing::warn!(%error, "rate-limit store failed; request forwarded unlimited (fail open)");
+                    State::calling(inner.call(request), None)
+                }
+                FailurePolicy::Closed => {
+                    tracing::warn!(%error, "rate-limit store failed; request refused (fail closed)");
+                    State::respond(shared.responder.unavailable(&error))
+                }
+            };
+        }
+    };
+    let rules = shared.limiter.rules();
+    let decision = Decision::new(
+        plan.iter()
+            .zip(outcomes)
+            .map(|(p, outcome)| Decision::entry(p.rule, rules[p.rule].name.clone(), outcome))
+            .collect(),
+    );
+    if !decision.is_allowed() {
+        return State::respond(shared.responder.denied(&decision));
+    }
+    let headers = shared.responder.allowed(&decision);
+    request.extensions_mut().insert(decision);
+    State::calling(inner.call(request), headers)
+}

@@ -1,0 +1,611 @@
+//! The in-memory store: sharded tables of tiny per-key states.
+//!
+//! Each key's state lives in one shard, a `Mutex<HashMap>` chosen by the key's hash. A request
+//! locks the shards of all its keys in one global order (so batches never deadlock), decides every
+//! rule, commits all or nothing, and unlocks: a lock is held only for that arithmetic, never across
+//! an await. (A concurrent map such as DashMap gives no way to hold several shards at once in a
+//! fixed order, which all-or-nothing batches need, hence this small table of its own.)
+//!
+//! Token-bucket states are a single `u64` (the bucket's `tat`) in a table of their own, so a tracked
+//! key costs about as much memory as in governor's keyed limiter; the other algorithms share a
+//! second table.
+//!
+//! Keys are identified by a 64-bit hash of `(rule, key)`, seeded at random per store so nobody can
+//! aim a collision at another client's key.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
+
+use super::{Charge, Outcomes, Store, StoreFuture};
+use crate::algorithm::{
+    Algorithm, BurstPoolState, FixedWindowState, Mode, Nanos, Outcome, SlidingLogState,
+    SlidingWindowState, Verdict,
+};
+use crate::clock::{Clock, SystemClock};
+
+/// The default bound on tracked keys per table.
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// A shard is swept for idle keys when it has grown past twice its size after the last sweep, and
+/// never below this many keys.
+const MIN_SWEEP: usize = 64;
+
+/// The default store: in process, no setup.
+///
+/// Clones share the same state. Idle keys — those whose state has become equal to a new key's, so
+/// forgetting them changes no decision — are dropped as the tables grow, with no background task.
+///
+/// # Memory bound
+/// At most [`max_keys`](MemoryStoreBuilder::max_keys) keys are tracked per table (token buckets in
+/// one, the other algorithms in the other; default one million). When a shard reaches its share of
+/// the bound it first drops idle keys; if it is still full, it forgets the eighth of its keys that
+/// are closest to being idle — those the limiter restricts least, so a flood of new keys cannot
+/// free a key that is currently being held back much. Those forgotten keys start again as new
+/// keys, which may let them through a little early; memory never grows past the bound.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    hasher: foldhash::fast::RandomState,
+    buckets: Table<Nanos>,
+    others: Table<Timed>,
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug)]
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    max_keys: usize,
+    shards: usize,
+}
+
+impl MemoryStoreBuilder {
+    /// The clock to read time from (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The most keys tracked per table (default one million); see [`MemoryStore`].
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// The number of shards (rounded up to a power of two; default eight per CPU, at least 16).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.clamp(1, 1 << 16).next_power_of_two();
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let per_shard = self.max_keys.div_ceil(self.shards);
+        MemoryStore {
+            inner: Arc::new(Inner {
+                clock: self.clock,
+                hasher: foldhash::fast::RandomState::default(),
+                buckets: Table::new(self.shards, per_shard),
+                others: Table::new(self.shards, per_shard),
+            }),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// A store with the system clock and default bounds.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        MemoryStoreBuilder {
+            clock: Arc::new(SystemClock::new()),
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: (cpus * 8).clamp(16, 1024).next_power_of_two(),
+        }
+    }
+
+    /// The number of keys currently tracked.
+    pub fn len(&self) -> usize {
+        self.inner.buckets.len() + self.inner.others.len()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The current time of the store's clock.
+    pub fn now(&self) -> Nanos {
+        self.inner.clock.now()
+    }
+
+    fn hash(&self, rule: &str, key: &[u8]) -> u64 {
+        let mut h = self.inner.hasher.build_hasher();
+        h.write(rule.as_bytes());
+        h.write_u8(0xff);
+        h.write(key);
+        h.finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("keys", &self.len())
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MemoryStore {
+    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+        StoreFuture::ready(Ok(self.apply_now(batch)))
+    }
+
+    fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
+        let now = self.now();
+        let hash = self.hash(charge.rule, charge.key);
+        let mut locked = Locked::lock(&self.inner, [(table_of(charge.algorithm), hash)]);
+        let cell = Cell::new(charge, hash, now);
+        cell.refund(&mut locked, charge.cost);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()> {
+        let hash = self.hash(rule, key);
+        match table_of(algorithm) {
+            Which::Buckets => self.inner.buckets.shard(hash).map.remove(&hash).map(drop),
+            Which::Others => self.inner.others.shard(hash).map.remove(&hash).map(drop),
+        };
+        StoreFuture::ready(Ok(()))
+    }
+}
+
+impl MemoryStore {
+    /// Decides a batch against the current time; see [`Store::apply`].
+    fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
+        let now = self.now();
+        let cells: SmallVec<[Cell<'_, '_>; 2]> = batch
+            .iter()
+            .map(|charge| Cell::new(charge, self.hash(charge.rule, charge.key), now))
+            .collect();
+        let mut locked = Locked::lock(&self.inner, cells.iter().map(|c| (c.table, c.hash)));
+        let mut outcomes: Outcomes = cells
+            .iter()
+            .map(|c| c.evaluate(&mut locked, c.charge.cost))
+            .collect();
+        if outcomes.iter().all(|o| o.verdict.is_admitted()) {
+            for cell in cells.iter().filter(|c| c.charge.mode != Mode::Check) {
+                cell.commit(&mut locked);
+            }
+        } else {
+            // All or nothing: report what the admitted rules have left, uncharged.
+            for (cell, outcome) in cells.iter().zip(outcomes.iter_mut()) {
+                if outcome.verdict.is_admitted() {
+                    let peek = cell.evaluate(&mut locked, 0);
+                    *outcome = Outcome {
+                        verdict: Verdict::Allowed,
+                        ..peek
+                    };
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+/// Which table a state lives in.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Which {
+    Buckets,
+    Others,
+}
+
+fn table_of(algorithm: &Algorithm) -> Which {
+    match algorithm {
+        Algorithm::TokenBucket(_) => Which::Buckets,
+        _ => Which::Others,
+    }
+}
+
+/// A state of any algorithm but the token bucket, with the moment it becomes idle.
+struct Timed {
+    state: Slot,
+    expires: Nanos,
+}
+
+enum Slot {
+    Window(FixedWindowState),
+    Sliding(SlidingWindowState),
+    Pool(BurstPoolState),
+    Log(Box<SlidingLogState>),
+}
+
+/// What the sweeper needs to know about a state.
+trait Expiring {
+    /// The moment the state equals a fresh key's.
+    fn expires(&self) -> Nanos;
+}
+
+impl Expiring for Nanos {
+    fn expires(&self) -> Nanos {
+        *self
+    }
+}
+
+impl Expiring for Timed {
+    fn expires(&self) -> Nanos {
+        self.expires
+    }
+}
+
+/// One charge bound to its key's hash and the time of the batch.
+struct Cell<'c, 'a> {
+    charge: &'c Charge<'a>,
+    hash: u64,
+    table: Which,
+    now: Nanos,
+}
+
+impl<'c, 'a> Cell<'c, 'a> {
+    fn new(charge: &'c Charge<'a>, hash: u64, now: Nanos) -> Self {
+        Cell {
+            charge,
+            hash,
+            table: table_of(charge.algorithm),
+            now,
+        }
+    }
+
+    fn window_offset(&self, period: Nanos, start: crate::algorithm::WindowStart) -> Nanos {
+        start.offset(period, self.charge.rule, self.charge.key)
+    }
+
+    /// The state of a key never seen before.
+    fn fresh(&self) -> Slot {
+        let now = self.now;
+        match self.charge.algorithm {
+            Algorithm::FixedWindow(a) => {
+                Slot::Window(a.fresh(now, self.window_offset(a.period_nanos(), a.start())))
+            }
+            Algorithm::SlidingWindow(a) => {
+                Slot::Sliding(a.fresh(now, self.window_offset(a.period_nanos(), a.start())))
+            }
+            Algorithm::BurstPool(a) => Slot::Pool(a.fresh(now)),
+            Algorithm::SlidingLog(_) | Algorithm::TokenBucket(_) => Slot::Log(Box::default()),
+        }
+    }
+
+    /// The outcome of charging `cost` now, without changing anything.
+    fn evaluate(&self, locked: &mut Locked<'_>, cost: u64) -> Outcome {
+        let (now, mode) = (self.now, self.charge.mode);
+        match self.charge.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                let tat = locked.buckets(self.hash).map.get(&self.hash).copied();
+                tb.evaluate(tat.unwrap_or_else(|| tb.fresh(now)), now, cost, mode)
+            }
+            algorithm => {
+                let shard = locked.others(self.hash);
+                let stored = shard.map.get(&self.hash).map(|t| &t.state);
+                let fresh;
+                let slot = match stored {
+                    Some(slot) if slot_matches(slot, algorithm) => slot,
+                    _ => {
+                        fresh = self.fresh();
+                        &fresh
+                    }
+                };
+                match (algorithm, slot) {
+                    (Algorithm::FixedWindow(a), Slot::Window(s)) => a.evaluate(*s, now, cost),
+                    (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => a.evaluate(*s, now, cost),
+                    (Algorithm::BurstPool(a), Slot::Pool(s)) => a.evaluate(*s, now, cost),
+                    (Algorithm::SlidingLog(a), Slot::Log(s)) => a.evaluate(s, now, cost),
+                    _ => unreachable_outcome(algorithm),
+                }
+            }
+        }
+    }
+
+    /// Charges the cost (the batch was admitted).
+    fn commit(&self, locked: &mut Locked<'_>) {
+        let (now, cost) = (self.now, self.charge.cost);
+        match self.charge.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                let shard = locked.buckets(self.hash);
+                let tat = shard
+                    .map
+                    .get(&self.hash)
+                    .copied()
+                    .unwrap_or_else(|| tb.fresh(now));
+                shard.put(self.hash, tb.commit(tat, now, cost), now);
+            }
+            algorithm => self.update(locked, |slot| match (algorithm, slot) {
+                (Algorithm::FixedWindow(a), Slot::Window(s)) => {
+                    *s = a.commit(*s, now, cost);
+                    a.expires_at(*s)
+                }
+                (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
+                    *s = a.commit(*s, now, cost);
+                    a.expires_at(*s)
+                }
+                (Algorithm::BurstPool(a), Slot::Pool(s)) => {
+                    *s = a.commit(*s, now, cost);
+                    a.expires_at(*s)
+                }
+                (Algorithm::SlidingLog(a), Slot::Log(s)) => {
+                    a.commit(s, now, cost);
+                    a.expires_at(s)
+                }
+                _ => now,
+            }),
+        }
+    }
+
+    /// Gives units back.
+    fn refund(&self, locked: &mut Locked<'_>, units: u64) {
+        let now = self.now;
+        match self.charge.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                let shard = locked.buckets(self.hash);
+                if let Some(tat) = shard.map.get_mut(&self.hash) {
+                    *tat = tb.refund(*tat, now, units);
+                }
+            }
+            algorithm => self.update(locked, |slot| match (algorithm, slot) {
+                (Algorithm::FixedWindow(a), Slot::Window(s)) => {
+                    *s = a.refund(*s, now, units);
+                    a.expires_at(*s)
+                }
+                (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
+                    *s = a.refund(*s, now, units);
+                    a.expires_at(*s)
+                }
+                (Algorithm::BurstPool(a), Slot::Pool(s)) => {
+                    *s = a.refund(*s, now, units);
+                    a.expires_at(*s)
+                }
+                (Algorithm::SlidingLog(a), Slot::Log(s)) => {
+                    a.refund(s, now, units);
+                    a.expires_at(s)
+                }
+                _ => now,
+            }),
+        }
+    }
+
+    /// Changes the key's non-bucket state in place (creating it fresh if needed); `change` returns
+    /// the state's new expiry.
+    fn update(&self, locked: &mut Locked<'_>, change: impl FnOnce(&mut Slot) -> Nanos) {
+        let algorithm = self.charge.algorithm;
+        let shard = locked.others(self.hash);
+        if !shard.map.contains_key(&self.hash) {
+            shard.make_room(self.now);
+        }
+        let timed = shard.map.entry(self.hash).or_insert_with(|| Timed {
+            state: self.fresh(),
+            expires: 0,
+        });
+        if !slot_matches(&timed.state, algorithm) {
+            // A rule changed its algorithm under the same name: start over.
+            timed.state = self.fresh();
+        }
+        timed.expires = change(&mut timed.state);
+    }
+}
+
+fn slot_matches(slot: &Slot, algorithm: &Algorithm) -> bool {
+    matches!(
+        (algorithm, slot),
+        (Algorithm::FixedWindow(_), Slot::Window(_))
+            | (Algorithm::SlidingWindow(_), Slot::Sliding(_))
+            | (Algorithm::BurstPool(_), Slot::Pool(_))
+            | (Algorithm::SlidingLog(_), Slot::Log(_))
+    )
+}
+
+/// `fresh` always builds the variant `slot_matches` accepts, so this is never reached; answering
+/// "denied" keeps even a broken invariant on the safe side instead of panicking.
+fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
+    Outcome {
+        verdict: Verdict::Denied {
+            retry_after: algorithm.window(),
+        },
+        limit: algorithm.capacity(),
+        remaining: 0,
+        reset: algorithm.window(),
+    }
+}
+
+/// The shards one batch holds, locked in (table, shard index) order.
+struct Locked<'s> {
+    shift: u32,
+    buckets: SmallVec<[(usize, MutexGuard<'s, ShardMap<Nanos>>); 2]>,
+    others: SmallVec<[(usize, MutexGuard<'s, ShardMap<Timed>>); 2]>,
+}
+
+impl<'s> Locked<'s> {
+    fn lock(inner: &'s Inner, keys: impl IntoIterator<Item = (Which, u64)>) -> Self {
+        let shift = inner.buckets.shift;
+        let mut order: SmallVec<[(Which, usize); 4]> = keys
+            .into_iter()
+            .map(|(which, hash)| (which, shard_index(hash, shift)))
+            .collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut locked = Locked {
+            shift,
+            buckets: SmallVec::new(),
+            others: SmallVec::new(),
+        };
+        for (which, index) in order {
+            match which {
+                Which::Buckets => locked.buckets.push((index, inner.buckets.lock(index))),
+                Which::Others => locked.others.push((index, inner.others.lock(index))),
+            }
+        }
+        locked
+    }
+
+    fn buckets(&mut self, hash: u64) -> &mut ShardMap<Nanos> {
+        let index = shard_index(hash, self.shift);
+        find(&mut self.buckets, index)
+    }
+
+    fn others(&mut self, hash: u64) -> &mut ShardMap<Timed> {
+        let index = shard_index(hash, self.shift);
+        find(&mut self.others, index)
+    }
+}
+
+fn find<'a, 's, S>(
+    guards: &'a mut [(usize, MutexGuard<'s, ShardMap<S>>)],
+    index: usize,
+) -> &'a mut ShardMap<S> {
+    // Every cell's shard was locked in `Locked::lock`.
+    let position = guards.iter().position(|(i, _)| *i == index).unwrap_or(0);
+    &mut guards[position].1
+}
+
+/// Shard selection uses the hash's upper-middle bits: the map inside the shard uses the low bits for
+/// the bucket and the top seven for its tags.
+fn shard_index(hash: u64, shift: u32) -> usize {
+    ((hash >> 32) as usize) & ((1usize << shift) - 1)
+}
+
+/// Keys are already hashes: the map uses them as they are.
+#[derive(Default, Clone, Copy)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `u64` keys; fold anything else so nothing is lost.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+struct Table<S> {
+    shards: Box<[Shard<S>]>,
+    shift: u32,
+}
+
+/// Cache-line aligned, so neighbouring shards' locks don't share a line.
+#[repr(align(128))]
+struct Shard<S>(Mutex<ShardMap<S>>);
+
+struct ShardMap<S> {
+    map: HashMap<u64, S, BuildHasherDefault<PreHashed>>,
+    sweep_at: usize,
+    max: usize,
+}
+
+impl<S: Expiring> Table<S> {
+    fn new(shards: usize, max_per_shard: usize) -> Self {
+        let shards: Box<[Shard<S>]> = (0..shards)
+            .map(|_| {
+                Shard(Mutex::new(ShardMap {
+                    map: HashMap::default(),
+                    sweep_at: MIN_SWEEP.min(max_per_shard),
+                    max: max_per_shard,
+                }))
+            })
+            .collect();
+        Table {
+            shift: shards.len().trailing_zeros(),
+            shards,
+        }
+    }
+
+    fn lock(&self, index: usize) -> MutexGuard<'_, ShardMap<S>> {
+        // A panic cannot happen while a shard is held (pure arithmetic), but if one ever did, the
+        // state is still consistent: keep serving rather than poison every later request.
+        self.shards[index]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, ShardMap<S>> {
+        self.lock(shard_index(hash, self.shift))
+    }
+
+    fn len(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.lock(i).map.len()).sum()
+    }
+}
+
+impl<S: Expiring> ShardMap<S> {
+    /// Stores a state, making room first if the key is new.
+    fn put(&mut self, hash: u64, state: S, now: Nanos) {
+        if let Some(slot) = self.map.get_mut(&hash) {
+            *slot = state;
+            return;
+        }
+        self.make_room(now);
+        self.map.insert(hash, state);
+    }
+
+    /// Called before a new key goes in: drops idle keys when the shard has grown enough, and
+    /// evicts the least-limited keys when it is at its bound.
+    fn make_room(&mut self, now: Nanos) {
+        if self.map.len() < self.sweep_at {
+            return;
+        }
+        self.map.retain(|_, state| state.expires() > now);
+        if self.map.len() >= self.max {
+            self.evict_least_limited();
+        }
+        if self.map.capacity() > 4 * self.map.len().max(MIN_SWEEP) {
+            self.map.shrink_to(2 * self.map.len());
+        }
+        self.sweep_at = (2 * self.map.len()).clamp(MIN_SWEEP.min(self.max), self.max);
+    }
+
+    /// Forgets the eighth of the keys that become idle soonest.
+    fn evict_least_limited(&mut self) {
+        let count = (self.map.len() / 8).max(1);
+        let mut expiries: Vec<Nanos> = self.map.values().map(Expiring::expires).collect();
+        let (below, &mut cutoff, _) = expiries.select_nth_unstable(count - 1);
+        let strictly_below = below.iter().filter(|&&e| e < cutoff).count();
+        let mut at_cutoff = count - strictly_below;
+        self.map.retain(|_, state| {
+            let expires = state.expires();
+            if expires < cutoff {
+                false
+            } else if expires == cutoff && at_cutoff > 0 {
+                at_cutoff -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

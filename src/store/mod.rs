@@ -1,0 +1,169 @@
+//! Where limits keep their state, and the one atomic step that charges a request.
+//!
+//! A [`Store`] applies a batch of [`Charge`]s — one per rule that applies to a request — as a single
+//! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; other stores
+//! (Redis) plug into the same trait.
+
+mod memory;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use smallvec::SmallVec;
+
+use crate::algorithm::{Algorithm, Mode, Outcome};
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+/// One rule's part of a request: charge `cost` units to `key` under `rule`.
+#[derive(Clone, Copy, Debug)]
+pub struct Charge<'a> {
+    /// The rule's name: the namespace of its keys.
+    pub rule: &'a str,
+    /// The rule's algorithm and parameters.
+    pub algorithm: &'a Algorithm,
+    /// The key's bytes.
+    pub key: &'a [u8],
+    /// Units to charge (for a refund: units to give back).
+    pub cost: u64,
+    /// Charge, check, or reserve.
+    pub mode: Mode,
+}
+
+/// The outcomes of a batch, in the order of its charges.
+pub type Outcomes = SmallVec<[Outcome; 2]>;
+
+/// The state store behind a limiter.
+///
+/// # Contract
+/// - [`apply`](Store::apply) decides every charge of the batch in one atomic step: if any charge is
+///   denied, none is charged, and the admitted ones report what they would leave without charging.
+///   Concurrent batches never over-admit.
+/// - A key's state may be dropped once it equals a fresh key's state.
+/// - The store never panics on any input and never blocks a caller past its own timeout.
+///
+/// Futures are [`StoreFuture`]s so that a synchronous store answers without allocating.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Decides and charges a batch atomically (see the contract above). Costs have been checked
+    /// against [`Algorithm::max_cost`].
+    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes>;
+
+    /// Gives `charge.cost` units back to the key, never above the limit's capacity.
+    fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()>;
+
+    /// Forgets the key: its next request is treated like a new key's.
+    fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()>;
+}
+
+/// A store failed to answer (unreachable, timed out, or an unexpected reply).
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// What went wrong in a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer within its timeout.
+    Timeout,
+    /// The store could not be reached.
+    Unavailable,
+    /// The store answered something unexpected.
+    Protocol,
+}
+
+impl StoreError {
+    /// An error of `kind` caused by `source`.
+    pub fn new(
+        kind: StoreErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StoreError {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            StoreErrorKind::Timeout => "rate-limit store timed out",
+            StoreErrorKind::Unavailable => "rate-limit store unavailable",
+            StoreErrorKind::Protocol => "rate-limit store answered unexpectedly",
+        };
+        write!(f, "{what}: {}", self.source)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
+
+/// The answer of a [`Store`]: either ready now (no allocation) or a boxed future.
+pub struct StoreFuture<T>(Inner<T>);
+
+enum Inner<T> {
+    Ready(Option<Result<T, StoreError>>),
+    Pending(BoxFuture<T>),
+}
+
+impl<T> StoreFuture<T> {
+    /// An answer available now.
+    pub fn ready(result: Result<T, StoreError>) -> Self {
+        StoreFuture(Inner::Ready(Some(result)))
+    }
+
+    /// An answer that needs I/O.
+    pub fn pending(future: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
+        StoreFuture(Inner::Pending(Box::pin(future)))
+    }
+
+    /// Takes the answer if it is available without waiting; otherwise gives the future back.
+    pub fn into_ready(self) -> Result<Result<T, StoreError>, Self> {
+        match self.0 {
+            Inner::Ready(Some(result)) => Ok(result),
+            inner => Err(StoreFuture(inner)),
+        }
+    }
+}
+
+impl<T> fmt::Debug for StoreFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.0 {
+            Inner::Ready(_) => "ready",
+            Inner::Pending(_) => "pending",
+        };
+        f.debug_tuple("StoreFuture").field(&state).finish()
+    }
+}
+
+// The ready value is never pinned in place (it is moved out), and the pending future is boxed.
+impl<T> Unpin for StoreFuture<T> {}
+
+impl<T> Future for StoreFuture<T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Inner::Ready(result) => match result.take() {
+                Some(result) => Poll::Ready(result),
+                None => Poll::Pending,
+            },
+            Inner::Pending(future) => future.as_mut().poll(cx),
+        }
+    }
+}
