@@ -172,8 +172,8 @@ impl Key {
     /// The IP address of the TCP peer.
     ///
     /// The peer is read from the request extensions: axum's `ConnectInfo<SocketAddr>` (with the
-    /// `axum` feature), else a plain [`SocketAddr`], which plain-hyper servers can insert
-    /// themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
+    /// `axum` feature; `MockConnectInfo` in tests works too), else a plain [`SocketAddr`], which
+    /// plain-hyper servers can insert themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
     /// grouped by their /64 (`2001:db8:1:2::/64`), because a single host usually owns a whole
     /// /64 and could otherwise rotate addresses to escape its limit. IPv4-mapped IPv6 addresses
     /// count as IPv4.
@@ -338,6 +338,12 @@ pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
+    }
+    // What axum's `MockConnectInfo` layer leaves for `ConnectInfo` in tests of an app.
+    #[cfg(feature = "axum")]
+    if let Some(mock) = extensions.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
+    {
+        return Some(mock.0.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }

@@ -1,0 +1,103 @@
+//! The layer inside axum routers.
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::{get, post};
+use axum::Router;
+use http::{Request, StatusCode};
+use tollgate::{Decision, Key, Limit, RateLimitLayer, Rule};
+use tower::ServiceExt;
+
+async fn status(app: &Router, method: &str, path: &str) -> StatusCode {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
+#[tokio::test(start_paused = true)]
+async fn router_layer_with_connect_info() {
+    let app = Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(RateLimitLayer::new(
+            Limit::per_minute(2).key(Key::peer_ip()),
+        ))
+        .layer(MockConnectInfo(SocketAddr::from(([203, 0, 113, 1], 1234))));
+    assert_eq!(status(&app, "GET", "/").await, StatusCode::OK);
+    assert_eq!(status(&app, "GET", "/").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "GET", "/").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn route_layer_limits_one_route_and_leaves_404s_alone() {
+    let app = Router::new()
+        .route("/login", post(|| async { "welcome" }))
+        .route_layer(RateLimitLayer::new(Rule::new(
+            "login",
+            Limit::per_minute(1),
+        )))
+        .route("/public", get(|| async { "free" }));
+    assert_eq!(status(&app, "POST", "/login").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "POST", "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..3 {
+        assert_eq!(status(&app, "GET", "/public").await, StatusCode::OK);
+        assert_eq!(status(&app, "GET", "/missing").await, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn separate_layers_on_separate_routes_keep_separate_budgets() {
+    let app = Router::new()
+        .route(
+            "/a",
+            get(|| async { "a" }).layer(RateLimitLayer::new(Limit::per_minute(1))),
+        )
+        .route(
+            "/b",
+            get(|| async { "b" }).layer(RateLimitLayer::new(Limit::per_minute(1))),
+        );
+    assert_eq!(status(&app, "GET", "/a").await, StatusCode::OK);
+    assert_eq!(status(&app, "GET", "/b").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "GET", "/a").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_decision_is_an_extractor() {
+    let app = Router::new()
+        .route(
+            "/",
+            get(|decision: Decision| async move {
+                format!("{} left", decision.remaining().unwrap_or(0))
+            }),
+        )
+        .layer(RateLimitLayer::new(Limit::per_minute(10)));
+    let response = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"9 left");
+
+    // Without the layer the extractor says what is wrong instead of panicking.
+    let bare = Router::new().route("/", get(|_: Decision| async { "unreachable" }));
+    assert_eq!(
+        status(&bare, "GET", "/").await,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+}
