@@ -11,18 +11,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::algorithm::{nanos, Nanos};
+use crate::algorithm::{micros, Micros};
 
-/// A source of time in nanoseconds since the Unix epoch.
+/// A source of time in microseconds since the Unix epoch.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time.
-    fn now(&self) -> Nanos;
+    fn now(&self) -> Micros;
 }
 
 /// Unix-anchored monotonic time (see the module docs).
 #[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
-    anchor_unix: Nanos,
+    anchor_unix: Micros,
     anchor: tokio::time::Instant,
 }
 
@@ -33,7 +33,7 @@ impl SystemClock {
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         SystemClock {
-            anchor_unix: nanos(unix),
+            anchor_unix: micros(unix),
             anchor: tokio::time::Instant::now(),
         }
     }
@@ -46,9 +46,9 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
-    fn now(&self) -> Nanos {
+    fn now(&self) -> Micros {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.anchor);
-        self.anchor_unix.saturating_add(nanos(elapsed))
+        self.anchor_unix.saturating_add(micros(elapsed))
     }
 }
 
@@ -59,22 +59,22 @@ pub struct ManualClock(Arc<AtomicU64>);
 impl ManualClock {
     /// A clock at `start` after the Unix epoch.
     pub fn new(start: Duration) -> Self {
-        ManualClock(Arc::new(AtomicU64::new(nanos(start))))
+        ManualClock(Arc::new(AtomicU64::new(micros(start))))
     }
 
     /// Moves time forward.
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(nanos(by), Ordering::SeqCst);
+        self.0.fetch_add(micros(by), Ordering::SeqCst);
     }
 
     /// Sets the time (it may go backwards; algorithms treat an earlier `now` as no time passing).
     pub fn set(&self, at: Duration) {
-        self.0.store(nanos(at), Ordering::SeqCst);
+        self.0.store(micros(at), Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
-    fn now(&self) -> Nanos {
+    fn now(&self) -> Micros {
         self.0.load(Ordering::SeqCst)
     }
 }
@@ -88,7 +88,7 @@ mod tests {
         let clock = ManualClock::new(Duration::from_secs(10));
         let other = clock.clone();
         clock.advance(Duration::from_millis(5));
-        assert_eq!(other.now(), 10_005_000_000);
+        assert_eq!(other.now(), 10_005_000);
     }
 
     #[tokio::test(start_paused = true)]
@@ -96,6 +96,6 @@ mod tests {
         let clock = SystemClock::new();
         let before = clock.now();
         tokio::time::advance(Duration::from_secs(3)).await;
-        assert_eq!(clock.now() - before, 3_000_000_000);
+        assert_eq!(clock.now() - before, 3_000_000);
     }
 }

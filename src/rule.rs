@@ -123,7 +123,7 @@ impl Rule {
         match self.limit.algorithm() {
             Algorithm::TokenBucket(tb) => {
                 positive(&name, "rate", tb.rate())?;
-                positive(&name, "period", tb.period().as_nanos())?;
+                positive(&name, "period", tb.period().as_micros())?;
                 positive(&name, "capacity", tb.capacity())?;
                 if tb.initial() > tb.capacity() {
                     return err(
@@ -134,7 +134,7 @@ impl Rule {
             }
             Algorithm::FixedWindow(w) => {
                 positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_nanos())?;
+                positive(&name, "period", w.period().as_micros())?;
                 if w.capacity() < w.limit() {
                     return err(
                         "capacity",
@@ -144,16 +144,16 @@ impl Rule {
             }
             Algorithm::SlidingWindow(w) => {
                 positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_nanos())?;
+                positive(&name, "period", w.period().as_micros())?;
             }
             Algorithm::SlidingLog(w) => {
                 positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_nanos())?;
+                positive(&name, "period", w.period().as_micros())?;
             }
             Algorithm::BurstPool(p) => {
                 for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
                     positive(&name, field_of(part, "rate"), tb.rate())?;
-                    positive(&name, field_of(part, "period"), tb.period().as_nanos())?;
+                    positive(&name, field_of(part, "period"), tb.period().as_micros())?;
                     positive(&name, field_of(part, "capacity"), tb.capacity())?;
                 }
             }
@@ -204,11 +204,13 @@ fn field_of(part: &'static str, field: &'static str) -> &'static str {
 
 fn positive(rule: &str, field: &'static str, value: impl Into<u128>) -> Result<(), ConfigError> {
     if value.into() == 0 {
-        Err(ConfigError::new(
-            rule,
-            field,
-            "must be greater than 0".into(),
-        ))
+        // Periods are counted in whole microseconds.
+        let what = if field.ends_with("period") {
+            "must be at least 1 µs"
+        } else {
+            "must be greater than 0"
+        };
+        Err(ConfigError::new(rule, field, what.into()))
     } else {
         Ok(())
     }
@@ -353,7 +355,7 @@ mod tests {
         );
         assert_eq!(
             error_of(Rule::new("api", Limit::token_bucket(5, Duration::ZERO))),
-            "rule \"api\": period: must be greater than 0"
+            "rule \"api\": period: must be at least 1 µs"
         );
         assert_eq!(
             error_of(Rule::new(

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{duration, Mode, Nanos, Outcome, TokenBucket, Verdict};
+use super::{duration, Micros, Mode, Outcome, TokenBucket, Verdict};
 
 /// A steady token bucket with a fallback pool: units come from the steady bucket first and from the
 /// pool only for what the steady one cannot pay (e.g. 10/s always, plus a pool of 100 refilling at
@@ -15,9 +15,9 @@ pub struct BurstPool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BurstPoolState {
     /// The steady bucket's theoretical arrival time.
-    pub steady: Nanos,
+    pub steady: Micros,
     /// The pool's theoretical arrival time.
-    pub pool: Nanos,
+    pub pool: Micros,
 }
 
 impl BurstPool {
@@ -42,7 +42,7 @@ impl BurstPool {
     }
 
     /// The state of a key never seen before.
-    pub fn fresh(&self, now: Nanos) -> BurstPoolState {
+    pub fn fresh(&self, now: Micros) -> BurstPoolState {
         BurstPoolState {
             steady: self.steady.fresh(now),
             pool: self.pool.fresh(now),
@@ -50,9 +50,9 @@ impl BurstPool {
     }
 
     /// Whole units each bucket has at `now`.
-    fn available(&self, state: BurstPoolState, now: Nanos) -> (u64, u64) {
+    fn available(&self, state: BurstPoolState, now: Micros) -> (u64, u64) {
         let units =
-            |bucket: &TokenBucket, tat: Nanos| bucket.evaluate(tat, now, 0, Mode::Check).remaining;
+            |bucket: &TokenBucket, tat: Micros| bucket.evaluate(tat, now, 0, Mode::Check).remaining;
         (
             units(&self.steady, state.steady),
             units(&self.pool, state.pool),
@@ -60,7 +60,7 @@ impl BurstPool {
     }
 
     /// How `cost` splits between the buckets: as much as possible from the steady one.
-    fn split(&self, state: BurstPoolState, now: Nanos, cost: u64) -> Option<(u64, u64)> {
+    fn split(&self, state: BurstPoolState, now: Micros, cost: u64) -> Option<(u64, u64)> {
         let (steady, pool) = self.available(state, now);
         let from_steady = cost.min(steady);
         let from_pool = cost - from_steady;
@@ -68,18 +68,18 @@ impl BurstPool {
     }
 
     /// The wait until `units` whole units of `bucket` are available.
-    fn wait_in(bucket: &TokenBucket, tat: Nanos, now: Nanos, units: u64) -> Nanos {
+    fn wait_in(bucket: &TokenBucket, tat: Micros, now: Micros, units: u64) -> Micros {
         if units > bucket.capacity() {
-            return Nanos::MAX;
+            return Micros::MAX;
         }
         match bucket.evaluate(tat, now, units, Mode::Check).verdict {
-            Verdict::Denied { retry_after } => super::nanos(retry_after),
+            Verdict::Denied { retry_after } => super::micros(retry_after),
             _ => 0,
         }
     }
 
     /// Smallest wait until `units` fit: the best split `k` from steady, `units − k` from the pool.
-    fn wait_for(&self, state: BurstPoolState, now: Nanos, units: u64) -> Nanos {
+    fn wait_for(&self, state: BurstPoolState, now: Micros, units: u64) -> Micros {
         let steady_wait = |k: u64| Self::wait_in(&self.steady, state.steady, now, k);
         let pool_wait = |k: u64| Self::wait_in(&self.pool, state.pool, now, units - k);
         // steady_wait grows with k and pool_wait shrinks: find the first k where steady is the
@@ -102,7 +102,7 @@ impl BurstPool {
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: BurstPoolState, now: Nanos, cost: u64) -> Outcome {
+    pub fn evaluate(&self, state: BurstPoolState, now: Micros, cost: u64) -> Outcome {
         let (verdict, left) = match self.split(state, now, cost) {
             Some(_) => (Verdict::Allowed, self.commit(state, now, cost)),
             None => {
@@ -126,7 +126,7 @@ impl BurstPool {
     }
 
     /// Applies an allowed charge.
-    pub fn commit(&self, state: BurstPoolState, now: Nanos, cost: u64) -> BurstPoolState {
+    pub fn commit(&self, state: BurstPoolState, now: Micros, cost: u64) -> BurstPoolState {
         let (from_steady, from_pool) = self.split(state, now, cost).unwrap_or((cost, 0));
         BurstPoolState {
             steady: self.steady.commit(state.steady, now, from_steady),
@@ -135,7 +135,7 @@ impl BurstPool {
     }
 
     /// Gives `units` back: to the pool first (it refills slower), the rest to the steady bucket.
-    pub fn refund(&self, state: BurstPoolState, now: Nanos, units: u64) -> BurstPoolState {
+    pub fn refund(&self, state: BurstPoolState, now: Micros, units: u64) -> BurstPoolState {
         let (_, pool_units) = self.available(state, now);
         let to_pool = units.min(self.pool.capacity() - pool_units.min(self.pool.capacity()));
         BurstPoolState {
@@ -145,7 +145,7 @@ impl BurstPool {
     }
 
     /// The moment both buckets are full again.
-    pub fn expires_at(&self, state: BurstPoolState) -> Nanos {
+    pub fn expires_at(&self, state: BurstPoolState) -> Micros {
         state.steady.max(state.pool)
     }
 }

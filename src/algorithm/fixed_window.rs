@@ -1,13 +1,13 @@
 use std::time::Duration;
 
-use super::{duration, nanos, window_containing, Nanos, Outcome, Verdict, WindowStart};
+use super::{duration, micros, window_containing, Micros, Outcome, Verdict, WindowStart};
 
 /// Fixed window: `limit` units per window of `period`; with a capacity above the limit, unused units
 /// roll over into later windows (up to the capacity).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
-    period: Nanos,
+    period: Micros,
     capacity: u64,
     start: WindowStart,
 }
@@ -16,7 +16,7 @@ pub struct FixedWindow {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedWindowState {
     /// Start of the window the state was last updated in.
-    pub window_start: Nanos,
+    pub window_start: Micros,
     /// Units left in that window.
     pub remaining: u64,
 }
@@ -26,7 +26,7 @@ impl FixedWindow {
     pub fn new(limit: u64, period: Duration) -> Self {
         FixedWindow {
             limit,
-            period: nanos(period),
+            period: micros(period),
             capacity: limit,
             start: WindowStart::PerKey,
         }
@@ -64,13 +64,13 @@ impl FixedWindow {
         self.start
     }
 
-    pub(crate) fn period_nanos(&self) -> Nanos {
+    pub(crate) fn period_micros(&self) -> Micros {
         self.period
     }
 
     /// The state of a key never seen before: a full window. `offset` comes from
     /// [`WindowStart::offset`].
-    pub fn fresh(&self, now: Nanos, offset: Nanos) -> FixedWindowState {
+    pub fn fresh(&self, now: Micros, offset: Micros) -> FixedWindowState {
         FixedWindowState {
             window_start: window_containing(now, offset, self.period),
             remaining: self.capacity,
@@ -78,7 +78,7 @@ impl FixedWindow {
     }
 
     /// The state rolled forward to the window that contains `now`.
-    fn roll(&self, state: FixedWindowState, now: Nanos) -> FixedWindowState {
+    fn roll(&self, state: FixedWindowState, now: Micros) -> FixedWindowState {
         let windows = now.saturating_sub(state.window_start) / self.period;
         let granted = u128::from(windows) * u128::from(self.limit) + u128::from(state.remaining);
         FixedWindowState {
@@ -88,7 +88,7 @@ impl FixedWindow {
     }
 
     /// Wait until `units` fit, from a rolled state.
-    fn wait_for(&self, state: FixedWindowState, now: Nanos, units: u64) -> Nanos {
+    fn wait_for(&self, state: FixedWindowState, now: Micros, units: u64) -> Micros {
         if state.remaining >= units {
             return 0;
         }
@@ -97,7 +97,7 @@ impl FixedWindow {
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: FixedWindowState, now: Nanos, cost: u64) -> Outcome {
+    pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64) -> Outcome {
         let rolled = self.roll(state, now);
         let (verdict, left) = if rolled.remaining >= cost {
             let left = FixedWindowState {
@@ -123,7 +123,7 @@ impl FixedWindow {
     }
 
     /// Applies an allowed charge.
-    pub fn commit(&self, state: FixedWindowState, now: Nanos, cost: u64) -> FixedWindowState {
+    pub fn commit(&self, state: FixedWindowState, now: Micros, cost: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
         FixedWindowState {
             remaining: rolled.remaining.saturating_sub(cost),
@@ -132,7 +132,7 @@ impl FixedWindow {
     }
 
     /// Gives `units` back, never above capacity.
-    pub fn refund(&self, state: FixedWindowState, now: Nanos, units: u64) -> FixedWindowState {
+    pub fn refund(&self, state: FixedWindowState, now: Micros, units: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
         FixedWindowState {
             remaining: rolled.remaining.saturating_add(units).min(self.capacity),
@@ -141,7 +141,7 @@ impl FixedWindow {
     }
 
     /// The moment the state becomes equal to a fresh key's (a full window).
-    pub fn expires_at(&self, state: FixedWindowState) -> Nanos {
+    pub fn expires_at(&self, state: FixedWindowState) -> Micros {
         let missing = self.capacity.saturating_sub(state.remaining);
         state
             .window_start

@@ -1,7 +1,9 @@
 //! The pure math of every limit: `(limit, state, now, cost, mode) → outcome (+ new state)`.
 //!
-//! Nothing here knows about I/O, clocks, async or HTTP: time is an argument (nanoseconds since the
-//! Unix epoch), and every function is deterministic. The stores call these functions; the Redis
+//! Nothing here knows about I/O, clocks, async or HTTP: time is an argument (microseconds since the
+//! Unix epoch), and every function is deterministic. Microseconds, not nanoseconds, so that every
+//! time and product stays below 2^53 and the Redis store's Lua (whose numbers are doubles) computes
+//! exactly the same integers. The stores call these functions; the Redis
 //! store runs the same formulas in Lua, kept equal by a differential test.
 //!
 //! Each algorithm works in two steps so that a store can decide several rules at once and commit all
@@ -9,8 +11,8 @@
 //! `commit` applies an allowed (or reserved) charge.
 //!
 //! All arithmetic is integer. Token buckets keep their state as an absolute time (GCRA's theoretical
-//! arrival time), so there is no drift; when `period / rate` is not a whole number of nanoseconds,
-//! the time one unit takes to refill is rounded up to the next nanosecond, which errs on the strict
+//! arrival time), so there is no drift; when `period / rate` is not a whole number of microseconds,
+//! the time one unit takes to refill is rounded up to the next microsecond, which errs on the strict
 //! side and keeps bursts exact.
 
 mod burst_pool;
@@ -27,8 +29,8 @@ pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use token_bucket::TokenBucket;
 
-/// Nanoseconds since the Unix epoch: the time every algorithm works in.
-pub type Nanos = u64;
+/// Microseconds since the Unix epoch: the time every algorithm works in.
+pub type Micros = u64;
 
 /// What a caller asks of one rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -185,16 +187,16 @@ impl Algorithm {
     }
 }
 
-pub(crate) fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn duration(ns: u64) -> Duration {
-    Duration::from_nanos(ns)
+pub(crate) fn duration(us: u64) -> Duration {
+    Duration::from_micros(us)
 }
 
 /// The start of the window that contains `now`, for windows at `offset + k·period`.
-pub(crate) fn window_containing(now: Nanos, offset: Nanos, period: Nanos) -> Nanos {
+pub(crate) fn window_containing(now: Micros, offset: Micros, period: Micros) -> Micros {
     let offset = offset % period;
     // `now + period - offset` stays positive even when `now < offset`.
     let into = (u128::from(now) + u128::from(period) - u128::from(offset)) % u128::from(period);
@@ -218,10 +220,10 @@ pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
 
 impl WindowStart {
     /// The window offset in `[0, period)` for `(rule, key)`.
-    pub fn offset(&self, period: Nanos, rule: &str, key: &[u8]) -> Nanos {
+    pub fn offset(&self, period: Micros, rule: &str, key: &[u8]) -> Micros {
         match self {
             WindowStart::PerKey => stable_key_hash(rule, key) % period,
-            WindowStart::Aligned(offset) => nanos(*offset) % period,
+            WindowStart::Aligned(offset) => micros(*offset) % period,
         }
     }
 }

@@ -1,7 +1,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{duration, nanos, Nanos, Outcome, Verdict};
+use super::{duration, micros, Micros, Outcome, Verdict};
 
 /// Sliding window log (exact): every admitted charge is kept with its time for one period; a cost
 /// fits when the units admitted in the last period plus the cost stay within the limit.
@@ -11,23 +11,23 @@ use super::{duration, nanos, Nanos, Outcome, Verdict};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlidingLog {
     limit: u64,
-    period: Nanos,
+    period: Micros,
 }
 
 /// The admitted charges of one key inside the last period, oldest first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlidingLogState {
-    entries: VecDeque<(Nanos, u64)>,
+    entries: VecDeque<(Micros, u64)>,
 }
 
 impl SlidingLogState {
     /// The admitted `(time, units)` entries, oldest first.
-    pub fn entries(&self) -> impl Iterator<Item = (Nanos, u64)> + '_ {
+    pub fn entries(&self) -> impl Iterator<Item = (Micros, u64)> + '_ {
         self.entries.iter().copied()
     }
 
     /// Builds a state from `(time, units)` entries, oldest first.
-    pub fn from_entries(entries: impl IntoIterator<Item = (Nanos, u64)>) -> Self {
+    pub fn from_entries(entries: impl IntoIterator<Item = (Micros, u64)>) -> Self {
         SlidingLogState {
             entries: entries.into_iter().collect(),
         }
@@ -39,7 +39,7 @@ impl SlidingLog {
     pub fn new(limit: u64, period: Duration) -> Self {
         SlidingLog {
             limit,
-            period: nanos(period),
+            period: micros(period),
         }
     }
 
@@ -57,8 +57,8 @@ impl SlidingLog {
     fn live<'a>(
         &self,
         state: &'a SlidingLogState,
-        now: Nanos,
-    ) -> impl Iterator<Item = (Nanos, u64)> + 'a {
+        now: Micros,
+    ) -> impl Iterator<Item = (Micros, u64)> + 'a {
         let period = self.period;
         state
             .entries
@@ -67,14 +67,14 @@ impl SlidingLog {
             .filter(move |&(at, _)| at.saturating_add(period) > now)
     }
 
-    fn used(&self, state: &SlidingLogState, now: Nanos) -> u64 {
+    fn used(&self, state: &SlidingLogState, now: Micros) -> u64 {
         self.live(state, now)
             .fold(0, |sum, (_, units)| sum.saturating_add(units))
     }
 
     /// Smallest wait until `units` (≤ limit) fit, with `extra` (a charge being admitted now)
     /// counted after the logged entries: the moment enough of the oldest entries have left.
-    fn wait_for(&self, state: &SlidingLogState, now: Nanos, extra: u64, units: u64) -> Nanos {
+    fn wait_for(&self, state: &SlidingLogState, now: Micros, extra: u64, units: u64) -> Micros {
         let allowed = self.limit - units;
         let mut still = self.used(state, now).saturating_add(extra);
         let pending = (extra > 0).then_some((now, extra));
@@ -91,7 +91,7 @@ impl SlidingLog {
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: &SlidingLogState, now: Nanos, cost: u64) -> Outcome {
+    pub fn evaluate(&self, state: &SlidingLogState, now: Micros, cost: u64) -> Outcome {
         let used = self.used(state, now);
         let (verdict, charged) = if used.saturating_add(cost) <= self.limit {
             (Verdict::Allowed, cost)
@@ -114,7 +114,7 @@ impl SlidingLog {
     }
 
     /// Applies an allowed charge, dropping entries that left the window.
-    pub fn commit(&self, state: &mut SlidingLogState, now: Nanos, cost: u64) {
+    pub fn commit(&self, state: &mut SlidingLogState, now: Micros, cost: u64) {
         self.prune(state, now);
         if cost == 0 {
             return;
@@ -126,7 +126,7 @@ impl SlidingLog {
     }
 
     /// Gives `units` back, newest entries first.
-    pub fn refund(&self, state: &mut SlidingLogState, now: Nanos, mut units: u64) {
+    pub fn refund(&self, state: &mut SlidingLogState, now: Micros, mut units: u64) {
         self.prune(state, now);
         while units > 0 {
             let Some((_, last)) = state.entries.back_mut() else {
@@ -141,7 +141,7 @@ impl SlidingLog {
         }
     }
 
-    fn prune(&self, state: &mut SlidingLogState, now: Nanos) {
+    fn prune(&self, state: &mut SlidingLogState, now: Micros) {
         while let Some(&(at, _)) = state.entries.front() {
             if at.saturating_add(self.period) > now {
                 break;
@@ -151,7 +151,7 @@ impl SlidingLog {
     }
 
     /// The moment the newest entry leaves the window (the state then equals a fresh key's).
-    pub fn expires_at(&self, state: &SlidingLogState) -> Nanos {
+    pub fn expires_at(&self, state: &SlidingLogState) -> Micros {
         state
             .entries
             .back()

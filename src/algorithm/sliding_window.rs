@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{duration, nanos, window_containing, Nanos, Outcome, Verdict, WindowStart};
+use super::{duration, micros, window_containing, Micros, Outcome, Verdict, WindowStart};
 
 /// Sliding window counter (the approximation Cloudflare and Upstash use): the previous window's
 /// count weighted by how much of it still overlaps the sliding period, plus the current count.
@@ -10,7 +10,7 @@ use super::{duration, nanos, window_containing, Nanos, Outcome, Verdict, WindowS
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlidingWindow {
     limit: u64,
-    period: Nanos,
+    period: Micros,
     start: WindowStart,
 }
 
@@ -18,7 +18,7 @@ pub struct SlidingWindow {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlidingWindowState {
     /// Start of the current window.
-    pub window_start: Nanos,
+    pub window_start: Micros,
     /// Units admitted in the current window.
     pub current: u64,
     /// Units admitted in the window before it.
@@ -30,7 +30,7 @@ impl SlidingWindow {
     pub fn new(limit: u64, period: Duration) -> Self {
         SlidingWindow {
             limit,
-            period: nanos(period),
+            period: micros(period),
             start: WindowStart::PerKey,
         }
     }
@@ -56,12 +56,12 @@ impl SlidingWindow {
         self.start
     }
 
-    pub(crate) fn period_nanos(&self) -> Nanos {
+    pub(crate) fn period_micros(&self) -> Micros {
         self.period
     }
 
     /// The state of a key never seen before.
-    pub fn fresh(&self, now: Nanos, offset: Nanos) -> SlidingWindowState {
+    pub fn fresh(&self, now: Micros, offset: Micros) -> SlidingWindowState {
         SlidingWindowState {
             window_start: window_containing(now, offset, self.period),
             current: 0,
@@ -69,7 +69,7 @@ impl SlidingWindow {
         }
     }
 
-    fn roll(&self, state: SlidingWindowState, now: Nanos) -> SlidingWindowState {
+    fn roll(&self, state: SlidingWindowState, now: Micros) -> SlidingWindowState {
         let windows = now.saturating_sub(state.window_start) / self.period;
         let window_start = state.window_start + windows * self.period;
         match windows {
@@ -88,18 +88,18 @@ impl SlidingWindow {
     }
 
     /// `estimate·period`, exact.
-    fn weighted(&self, state: SlidingWindowState, now: Nanos) -> u128 {
+    fn weighted(&self, state: SlidingWindowState, now: Micros) -> u128 {
         let left = u128::from(self.period - (now - state.window_start));
         u128::from(state.previous) * left + u128::from(state.current) * u128::from(self.period)
     }
 
-    fn fits(&self, state: SlidingWindowState, now: Nanos, units: u64) -> bool {
+    fn fits(&self, state: SlidingWindowState, now: Micros, units: u64) -> bool {
         let p = u128::from(self.period);
         self.weighted(state, now) + u128::from(units) * p <= u128::from(self.limit) * p
     }
 
     /// Smallest wait until `units` (≤ limit) fit, from a rolled state.
-    fn wait_for(&self, state: SlidingWindowState, now: Nanos, units: u64) -> Nanos {
+    fn wait_for(&self, state: SlidingWindowState, now: Micros, units: u64) -> Micros {
         if self.fits(state, now, units) {
             return 0;
         }
@@ -127,14 +127,14 @@ impl SlidingWindow {
         next + into - now
     }
 
-    fn remaining(&self, state: SlidingWindowState, now: Nanos) -> u64 {
+    fn remaining(&self, state: SlidingWindowState, now: Micros) -> u64 {
         let p = u128::from(self.period);
         let free = (u128::from(self.limit) * p).saturating_sub(self.weighted(state, now)) / p;
         free as u64
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: SlidingWindowState, now: Nanos, cost: u64) -> Outcome {
+    pub fn evaluate(&self, state: SlidingWindowState, now: Micros, cost: u64) -> Outcome {
         let rolled = self.roll(state, now);
         let (verdict, left) = if self.fits(rolled, now, cost) {
             let left = SlidingWindowState {
@@ -161,7 +161,7 @@ impl SlidingWindow {
     }
 
     /// Applies an allowed charge.
-    pub fn commit(&self, state: SlidingWindowState, now: Nanos, cost: u64) -> SlidingWindowState {
+    pub fn commit(&self, state: SlidingWindowState, now: Micros, cost: u64) -> SlidingWindowState {
         let rolled = self.roll(state, now);
         SlidingWindowState {
             current: rolled.current.saturating_add(cost),
@@ -170,7 +170,7 @@ impl SlidingWindow {
     }
 
     /// Gives `units` back: from the current window first, then the previous one.
-    pub fn refund(&self, state: SlidingWindowState, now: Nanos, units: u64) -> SlidingWindowState {
+    pub fn refund(&self, state: SlidingWindowState, now: Micros, units: u64) -> SlidingWindowState {
         let rolled = self.roll(state, now);
         let from_current = units.min(rolled.current);
         SlidingWindowState {
@@ -181,7 +181,7 @@ impl SlidingWindow {
     }
 
     /// The moment the state becomes equal to a fresh key's: neither count weighs any more.
-    pub fn expires_at(&self, state: SlidingWindowState) -> Nanos {
+    pub fn expires_at(&self, state: SlidingWindowState) -> Micros {
         let windows = if state.current > 0 {
             2
         } else if state.previous > 0 {

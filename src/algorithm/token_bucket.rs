@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::{duration, nanos, Mode, Nanos, Outcome, Verdict};
+use super::{duration, micros, Micros, Mode, Outcome, Verdict};
 
 /// Token bucket with continuous refill: `rate` units per `period`, holding at most `capacity`.
 ///
@@ -10,11 +10,11 @@ use super::{duration, nanos, Mode, Nanos, Outcome, Verdict};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
     rate: u64,
-    period: Nanos,
+    period: Micros,
     capacity: u64,
     initial: u64,
     /// `period / rate` rounded up, computed once: see [`interval`](Self::interval).
-    interval: Nanos,
+    interval: Micros,
 }
 
 impl TokenBucket {
@@ -23,7 +23,7 @@ impl TokenBucket {
     /// Zero values are accepted here and rejected when the rule is validated, so that the error can
     /// name the rule.
     pub fn new(rate: u64, period: Duration) -> Self {
-        let period = nanos(period);
+        let period = micros(period);
         TokenBucket {
             rate,
             period,
@@ -69,7 +69,7 @@ impl TokenBucket {
 
     /// Time to refill from empty to full.
     pub fn refill_time(&self) -> Duration {
-        duration(self.cost_nanos(self.capacity))
+        duration(self.cost_micros(self.capacity))
     }
 
     /// The largest cost that can ever pass in `mode`.
@@ -84,21 +84,21 @@ impl TokenBucket {
     }
 
     /// The emission interval `T`: the time one unit takes to refill, `period / rate` rounded up to
-    /// the next nanosecond. Everything else is a whole number of `T`s, so a full bucket takes
+    /// the next microsecond. Everything else is a whole number of `T`s, so a full bucket takes
     /// exactly `capacity` units at once, and rounding can only make the rate a hair slower, never
-    /// faster (3 per second refills one unit every 333,333,334 ns).
-    pub fn interval(&self) -> Nanos {
+    /// faster (3 per second refills one unit every 333,334 µs).
+    pub fn interval(&self) -> Micros {
         self.interval
     }
 
     /// The time `units` take to refill.
-    pub(crate) fn cost_nanos(&self, units: u64) -> Nanos {
+    pub(crate) fn cost_micros(&self, units: u64) -> Micros {
         units.saturating_mul(self.interval())
     }
 
     /// The state of a key never seen before, at `now`.
-    pub fn fresh(&self, now: Nanos) -> Nanos {
-        now.saturating_add(self.cost_nanos(self.capacity - self.initial.min(self.capacity)))
+    pub fn fresh(&self, now: Micros) -> Micros {
+        now.saturating_add(self.cost_micros(self.capacity - self.initial.min(self.capacity)))
     }
 
     /// `units` whole intervals, exact.
@@ -106,26 +106,26 @@ impl TokenBucket {
         u128::from(units) * u128::from(self.interval())
     }
 
-    /// Whether `units` fit while the bucket owes `debt` nanoseconds of refill.
-    fn fits(&self, debt: Nanos, units: u64) -> bool {
+    /// Whether `units` fit while the bucket owes `debt` microseconds of refill.
+    fn fits(&self, debt: Micros, units: u64) -> bool {
         u128::from(debt) + self.span(units) <= self.span(self.capacity)
     }
 
     /// Whole units available while owing `debt`.
-    fn available(&self, debt: Nanos) -> u64 {
+    fn available(&self, debt: Micros) -> u64 {
         let left =
             self.span(self.capacity).saturating_sub(u128::from(debt)) / u128::from(self.interval());
         u64::try_from(left).unwrap_or(u64::MAX)
     }
 
     /// The smallest wait after which `units` (≤ capacity) fit.
-    fn wait_for(&self, debt: Nanos, units: u64) -> Nanos {
+    fn wait_for(&self, debt: Micros, units: u64) -> Micros {
         let slack = self.span(self.capacity.saturating_sub(units));
         u64::try_from(u128::from(debt).saturating_sub(slack)).unwrap_or(u64::MAX)
     }
 
     /// Time until one more whole unit is available; zero when full.
-    fn reset(&self, debt: Nanos) -> Duration {
+    fn reset(&self, debt: Micros) -> Duration {
         let available = self.available(debt);
         if available >= self.capacity {
             Duration::ZERO
@@ -137,9 +137,9 @@ impl TokenBucket {
     /// The outcome of charging `cost` at `now` to a bucket in `tat`, without changing it.
     ///
     /// The caller has checked `cost` against [`max_cost`](Self::max_cost).
-    pub fn evaluate(&self, tat: Nanos, now: Nanos, cost: u64, mode: Mode) -> Outcome {
+    pub fn evaluate(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let debt = tat.saturating_sub(now);
-        let after = debt.saturating_add(self.cost_nanos(cost));
+        let after = debt.saturating_add(self.cost_micros(cost));
         let verdict = if self.fits(debt, cost) {
             Verdict::Allowed
         } else {
@@ -161,23 +161,23 @@ impl TokenBucket {
         }
     }
 
-    fn within(&self, after: Nanos, bound: super::ReserveBound) -> bool {
+    fn within(&self, after: Micros, bound: super::ReserveBound) -> bool {
         let units_ok = bound.max_units.is_none_or(|units| {
             u128::from(after) <= self.span(self.capacity.saturating_add(units))
         });
         let wait_ok = bound
             .max_wait
-            .is_none_or(|max| self.wait_for(after, 0) <= nanos(max));
+            .is_none_or(|max| self.wait_for(after, 0) <= micros(max));
         units_ok && wait_ok
     }
 
     /// Applies an admitted charge: the new `tat`.
-    pub fn commit(&self, tat: Nanos, now: Nanos, cost: u64) -> Nanos {
-        tat.max(now).saturating_add(self.cost_nanos(cost))
+    pub fn commit(&self, tat: Micros, now: Micros, cost: u64) -> Micros {
+        tat.max(now).saturating_add(self.cost_micros(cost))
     }
 
     /// Gives `units` back, never above capacity: the new `tat`.
-    pub fn refund(&self, tat: Nanos, now: Nanos, units: u64) -> Nanos {
-        tat.saturating_sub(self.cost_nanos(units)).max(now)
+    pub fn refund(&self, tat: Micros, now: Micros, units: u64) -> Micros {
+        tat.saturating_sub(self.cost_micros(units)).max(now)
     }
 }

@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use super::{Charge, Outcomes, Store, StoreFuture};
 use crate::algorithm::{
-    Algorithm, BurstPoolState, FixedWindowState, Mode, Nanos, Outcome, SlidingLogState,
+    Algorithm, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, SlidingLogState,
     SlidingWindowState, Verdict,
 };
 use crate::clock::{Clock, SystemClock};
@@ -53,7 +53,7 @@ pub struct MemoryStore {
 struct Inner {
     clock: Arc<dyn Clock>,
     hasher: foldhash::fast::RandomState,
-    buckets: Table<Nanos>,
+    buckets: Table<Micros>,
     others: Table<Timed>,
 }
 
@@ -125,7 +125,7 @@ impl MemoryStore {
     }
 
     /// The current time of the store's clock.
-    pub fn now(&self) -> Nanos {
+    pub fn now(&self) -> Micros {
         self.inner.clock.now()
     }
 
@@ -227,7 +227,7 @@ fn table_of(algorithm: &Algorithm) -> Which {
 /// A state of any algorithm but the token bucket, with the moment it becomes idle.
 struct Timed {
     state: Slot,
-    expires: Nanos,
+    expires: Micros,
 }
 
 enum Slot {
@@ -240,17 +240,17 @@ enum Slot {
 /// What the sweeper needs to know about a state.
 trait Expiring {
     /// The moment the state equals a fresh key's.
-    fn expires(&self) -> Nanos;
+    fn expires(&self) -> Micros;
 }
 
-impl Expiring for Nanos {
-    fn expires(&self) -> Nanos {
+impl Expiring for Micros {
+    fn expires(&self) -> Micros {
         *self
     }
 }
 
 impl Expiring for Timed {
-    fn expires(&self) -> Nanos {
+    fn expires(&self) -> Micros {
         self.expires
     }
 }
@@ -260,11 +260,11 @@ struct Cell<'c, 'a> {
     charge: &'c Charge<'a>,
     hash: u64,
     table: Which,
-    now: Nanos,
+    now: Micros,
 }
 
 impl<'c, 'a> Cell<'c, 'a> {
-    fn new(charge: &'c Charge<'a>, hash: u64, now: Nanos) -> Self {
+    fn new(charge: &'c Charge<'a>, hash: u64, now: Micros) -> Self {
         Cell {
             charge,
             hash,
@@ -273,7 +273,7 @@ impl<'c, 'a> Cell<'c, 'a> {
         }
     }
 
-    fn window_offset(&self, period: Nanos, start: crate::algorithm::WindowStart) -> Nanos {
+    fn window_offset(&self, period: Micros, start: crate::algorithm::WindowStart) -> Micros {
         start.offset(period, self.charge.rule, self.charge.key)
     }
 
@@ -282,10 +282,10 @@ impl<'c, 'a> Cell<'c, 'a> {
         let now = self.now;
         match self.charge.algorithm {
             Algorithm::FixedWindow(a) => {
-                Slot::Window(a.fresh(now, self.window_offset(a.period_nanos(), a.start())))
+                Slot::Window(a.fresh(now, self.window_offset(a.period_micros(), a.start())))
             }
             Algorithm::SlidingWindow(a) => {
-                Slot::Sliding(a.fresh(now, self.window_offset(a.period_nanos(), a.start())))
+                Slot::Sliding(a.fresh(now, self.window_offset(a.period_micros(), a.start())))
             }
             Algorithm::BurstPool(a) => Slot::Pool(a.fresh(now)),
             Algorithm::SlidingLog(_) | Algorithm::TokenBucket(_) => Slot::Log(Box::default()),
@@ -391,7 +391,7 @@ impl<'c, 'a> Cell<'c, 'a> {
 
     /// Changes the key's non-bucket state in place (creating it fresh if needed); `change` returns
     /// the state's new expiry.
-    fn update(&self, locked: &mut Locked<'_>, change: impl FnOnce(&mut Slot) -> Nanos) {
+    fn update(&self, locked: &mut Locked<'_>, change: impl FnOnce(&mut Slot) -> Micros) {
         let algorithm = self.charge.algorithm;
         let shard = locked.others(self.hash);
         if !shard.map.contains_key(&self.hash) {
@@ -435,7 +435,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
 /// The shards one batch holds, locked in (table, shard index) order.
 struct Locked<'s> {
     shift: u32,
-    buckets: SmallVec<[(usize, MutexGuard<'s, ShardMap<Nanos>>); 2]>,
+    buckets: SmallVec<[(usize, MutexGuard<'s, ShardMap<Micros>>); 2]>,
     others: SmallVec<[(usize, MutexGuard<'s, ShardMap<Timed>>); 2]>,
 }
 
@@ -462,7 +462,7 @@ impl<'s> Locked<'s> {
         locked
     }
 
-    fn buckets(&mut self, hash: u64) -> &mut ShardMap<Nanos> {
+    fn buckets(&mut self, hash: u64) -> &mut ShardMap<Micros> {
         let index = shard_index(hash, self.shift);
         find(&mut self.buckets, index)
     }
@@ -561,7 +561,7 @@ impl<S: Expiring> Table<S> {
 
 impl<S: Expiring> ShardMap<S> {
     /// Stores a state, making room first if the key is new.
-    fn put(&mut self, hash: u64, state: S, now: Nanos) {
+    fn put(&mut self, hash: u64, state: S, now: Micros) {
         if let Some(slot) = self.map.get_mut(&hash) {
             *slot = state;
             return;
@@ -572,7 +572,7 @@ impl<S: Expiring> ShardMap<S> {
 
     /// Called before a new key goes in: drops idle keys when the shard has grown enough, and
     /// evicts the least-limited keys when it is at its bound.
-    fn make_room(&mut self, now: Nanos) {
+    fn make_room(&mut self, now: Micros) {
         if self.map.len() < self.sweep_at {
             return;
         }
@@ -589,7 +589,7 @@ impl<S: Expiring> ShardMap<S> {
     /// Forgets the eighth of the keys that become idle soonest.
     fn evict_least_limited(&mut self) {
         let count = (self.map.len() / 8).max(1);
-        let mut expiries: Vec<Nanos> = self.map.values().map(Expiring::expires).collect();
+        let mut expiries: Vec<Micros> = self.map.values().map(Expiring::expires).collect();
         let (below, &mut cutoff, _) = expiries.select_nth_unstable(count - 1);
         let strictly_below = below.iter().filter(|&&e| e < cutoff).count();
         let mut at_cutoff = count - strictly_below;
