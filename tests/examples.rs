@@ -1,0 +1,411 @@
+//! The examples' routers, served on a loopback port and driven by a real HTTP client.
+//!
+//! Each test builds its own app, so each has its own store. Assertions are on counts: the limits
+//! refill slowly enough (at most a few units per second) that the time a test takes cannot change
+//! them, and every await is bounded by a timeout.
+
+#[allow(dead_code)]
+#[path = "../examples/api_key_tiers.rs"]
+mod api_key_tiers;
+#[allow(dead_code)]
+#[path = "../examples/llm_tokens.rs"]
+mod llm_tokens;
+#[allow(dead_code)]
+#[path = "../examples/login_throttle.rs"]
+mod login_throttle;
+#[allow(dead_code)]
+#[path = "../examples/per_route.rs"]
+mod per_route;
+#[allow(dead_code)]
+#[path = "../examples/quickstart.rs"]
+mod quickstart;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tokio::net::TcpListener;
+use tokio::time::timeout;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+async fn bounded<F: Future>(what: &str, future: F) -> F::Output {
+    timeout(LIMIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} took longer than {LIMIT:?}"))
+}
+
+/// An app served on `127.0.0.1:0` with connect info, and a client for it.
+struct Server {
+    addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name} header in {:?}", self.headers))
+            .to_str()
+            .unwrap()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        assert_eq!(self.header("content-type"), "application/problem+json");
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    /// The `r` parameter of the `RateLimit` item of `rule`.
+    fn remaining(&self, rule: &str) -> u64 {
+        let item = format!("\"{rule}\";r=");
+        let field = self.header("ratelimit");
+        let at = field
+            .find(&item)
+            .unwrap_or_else(|| panic!("no {rule} in {field}"))
+            + item.len();
+        let digits: String = field[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    }
+
+    /// `Retry-After` in seconds.
+    fn retry_after(&self) -> u64 {
+        self.header("retry-after").parse().unwrap()
+    }
+}
+
+impl Server {
+    async fn start(app: Router) -> Server {
+        let listener = bounded("bind", TcpListener::bind("127.0.0.1:0"))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Server { addr, client }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let response = bounded("request", self.client.request(request))
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let body = bounded("body", body.collect()).await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send(Method::GET, path, headers, "").await
+    }
+}
+
+/// Asserts the default 429: `Retry-After` of at least `min` seconds and a problem+json body
+/// naming `violated`.
+fn assert_quota_exceeded(reply: &Reply, violated: &[&str], min: u64) {
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.body
+    );
+    assert!(reply.retry_after() >= min.max(1), "{:?}", reply.headers);
+    let body = reply.json();
+    assert_eq!(body["type"], tollgate::QUOTA_EXCEEDED);
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], serde_json::json!(violated));
+}
+
+#[tokio::test]
+async fn quickstart_limits_each_ip_and_the_expensive_route() {
+    let server = Server::start(quickstart::app()).await;
+
+    let first = server.get("/", &[]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body, "hello\n");
+    assert_eq!(first.header("ratelimit-policy"), "\"per-ip\";q=10;w=60");
+    // One unit back every 6 s.
+    assert_eq!(first.header("ratelimit"), "\"per-ip\";r=9;t=6");
+
+    for left in (0..9).rev() {
+        let reply = server.get("/", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.remaining("per-ip"), left);
+    }
+    let denied = server.get("/", &[]).await;
+    assert_quota_exceeded(&denied, &["per-ip"], 1);
+    assert_eq!(denied.remaining("per-ip"), 0);
+
+    // Unknown paths are outside the route layer: a plain 404, no quota, no headers.
+    let missing = server.get("/nope", &[]).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.headers.get("ratelimit").is_none());
+}
+
+#[tokio::test]
+async fn quickstart_expensive_route_pays_both_rules_all_or_nothing() {
+    let server = Server::start(quickstart::app()).await;
+    for left in [1, 0] {
+        let reply = server.get("/expensive", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            "\"per-ip\";q=10;w=60, \"expensive\";q=2;w=60"
+        );
+        assert_eq!(reply.remaining("expensive"), left);
+    }
+    let denied = server.get("/expensive", &[]).await;
+    assert_quota_exceeded(&denied, &["expensive"], 30);
+    // The denied call charged nothing: `per-ip` paid for two calls only.
+    let root = server.get("/", &[]).await;
+    assert_eq!(root.status, StatusCode::OK);
+    assert_eq!(root.header("ratelimit"), "\"per-ip\";r=7;t=6");
+}
+
+#[tokio::test]
+async fn per_route_scopes_rules_by_path_and_method() {
+    let server = Server::start(per_route::app()).await;
+
+    let api = server.get("/api/v1/things", &[]).await;
+    assert_eq!(api.status, StatusCode::OK);
+    assert_eq!(
+        api.header("ratelimit-policy"),
+        "\"api\";q=100;w=60, \"global\";q=1000;w=1"
+    );
+    assert!(
+        api.body.starts_with("api: 99 left\nglobal: "),
+        "{}",
+        api.body
+    );
+
+    // GET /login is in no rule's scope but the global one.
+    let form = server.get("/login", &[]).await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert!(form.body.starts_with("global: "), "{}", form.body);
+    assert_eq!(form.body.lines().count(), 1);
+
+    let alice = [("x-forwarded-for", "203.0.113.1")];
+    for left in (0..5).rev() {
+        let reply = server.send(Method::POST, "/login", &alice, "").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.remaining("login"), left);
+    }
+    let denied = server.send(Method::POST, "/login", &alice, "").await;
+    assert_quota_exceeded(&denied, &["login"], 1);
+    // Another client behind the same (trusted, loopback) proxy has its own budget.
+    let bob = [("x-forwarded-for", "203.0.113.2")];
+    let reply = server.send(Method::POST, "/login", &bob, "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining("login"), 4);
+}
+
+#[tokio::test]
+async fn api_key_tiers_count_each_plan_by_its_own_rule() {
+    let server = Server::start(api_key_tiers::app()).await;
+
+    let anonymous = server.get("/", &[]).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(anonymous.json()["status"], 401);
+
+    let free = [("x-api-key", "free_alice")];
+    for left in (0..5).rev() {
+        let reply = server.get("/", &free).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.body,
+            format!("hello, free customer: {left} requests left\n")
+        );
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            "\"per-key\";q=10;w=1, \"free\";q=5;w=60"
+        );
+    }
+    assert_quota_exceeded(&server.get("/", &free).await, &["free"], 1);
+
+    let pro = server.get("/", &[("x-api-key", "pro_bob")]).await;
+    assert_eq!(pro.status, StatusCode::OK);
+    assert_eq!(pro.body, "hello, pro customer: 99 requests left\n");
+    assert_eq!(
+        pro.header("ratelimit-policy"),
+        "\"per-key\";q=10;w=1, \"pro\";q=100;w=60"
+    );
+}
+
+fn login_body(user: &str, password: &str) -> String {
+    serde_json::json!({ "user": user, "password": password }).to_string()
+}
+
+async fn login(server: &Server, user: &str, password: &str) -> Reply {
+    let json = [("content-type", "application/json")];
+    let body = login_body(user, password);
+    server.send(Method::POST, "/login", &json, &body).await
+}
+
+#[tokio::test]
+async fn login_throttle_locks_a_user_after_five_failures() {
+    let server = Server::start(login_throttle::app()).await;
+    for _ in 0..5 {
+        assert_eq!(
+            login(&server, "alice", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    // Now even the right password is refused; one attempt comes back after 3 minutes.
+    let locked = login(&server, "alice", "hunter2").await;
+    assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS);
+    let wait = locked.retry_after();
+    assert!((170..=180).contains(&wait), "Retry-After: {wait}");
+    // Other users are not affected.
+    assert_eq!(
+        login(&server, "bob", "hunter2").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn login_throttle_good_login_forgets_failures() {
+    let server = Server::start(login_throttle::app()).await;
+    for _ in 0..4 {
+        assert_eq!(
+            login(&server, "alice", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    let welcome = login(&server, "alice", "hunter2").await;
+    assert_eq!(welcome.status, StatusCode::OK);
+    assert_eq!(welcome.body, "welcome, alice\n");
+    for _ in 0..5 {
+        assert_eq!(
+            login(&server, "alice", "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    assert_eq!(
+        login(&server, "alice", "hunter2").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn login_throttle_limits_each_ip_whatever_the_user() {
+    let server = Server::start(login_throttle::app()).await;
+    for i in 0..20 {
+        let reply = login(&server, &format!("user{i}"), "guess").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.remaining("login-ip"), 19 - i);
+    }
+    let denied = login(&server, "someone", "hunter2").await;
+    assert_quota_exceeded(&denied, &["login-ip"], 1);
+}
+
+async fn complete(server: &Server, headers: &[(&str, &str)], prompt: &str) -> Reply {
+    server
+        .send(Method::POST, "/v1/complete", headers, prompt)
+        .await
+}
+
+#[tokio::test]
+async fn llm_tokens_charges_the_header_and_refunds_the_unused() {
+    let server = Server::start(llm_tokens::app()).await;
+    let k1 = |tokens| [("x-api-key", "k1"), ("x-llm-tokens", tokens)];
+
+    // 10 words: 100 tokens used of the 6,000 charged.
+    let first = complete(
+        &server,
+        &k1("6000"),
+        "one two three four five six seven eight nine ten",
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body, "used 100 of 6000 tokens, refunded 5900\n");
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        "\"llm-tokens\";q=10000;w=60"
+    );
+    // The headers are written before the handler runs: the refund is not in them yet.
+    assert_eq!(first.remaining("llm-tokens"), 4000);
+
+    // 9,000 fits only thanks to the refund (4,000 plus what refilled since would not do). The
+    // prompt uses the whole budget, so nothing is refunded this time.
+    let long_prompt = "word ".repeat(1000);
+    let second = complete(&server, &k1("9000"), &long_prompt).await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.body, "used 9000 of 9000 tokens, refunded 0\n");
+    // 9,900 - 9,000, plus at most ~170 tokens refilled per second the test has taken.
+    let left = second.remaining("llm-tokens");
+    assert!((900..1900).contains(&left), "r={left}");
+
+    let denied = complete(&server, &k1("5000"), "hello").await;
+    // About (5,000 - 900) / 166.7 s until it fits.
+    assert_quota_exceeded(&denied, &["llm-tokens"], 15);
+
+    // Another key has its own budget, up to the whole of it.
+    let k2 = [("x-api-key", "k2"), ("x-llm-tokens", "10000")];
+    let reply = complete(&server, &k2, "hi").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining("llm-tokens"), 0);
+}
+
+#[tokio::test]
+async fn llm_tokens_refuses_requests_without_a_usable_budget() {
+    let server = Server::start(llm_tokens::app()).await;
+    let cases: [(&[(&str, &str)], StatusCode); 4] = [
+        (&[("x-api-key", "k1")], StatusCode::BAD_REQUEST),
+        (
+            &[("x-api-key", "k1"), ("x-llm-tokens", "lots")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            &[("x-api-key", "k1"), ("x-llm-tokens", "10001")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (&[("x-llm-tokens", "10")], StatusCode::UNAUTHORIZED),
+    ];
+    for (headers, status) in cases {
+        let reply = complete(&server, headers, "hello").await;
+        assert_eq!(reply.status, status, "{headers:?}: {}", reply.body);
+        assert_eq!(reply.json()["status"], status.as_u16());
+    }
+    // None of them spent anything.
+    let reply = complete(
+        &server,
+        &[("x-api-key", "k1"), ("x-llm-tokens", "10000")],
+        "hi",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining("llm-tokens"), 0);
+}
