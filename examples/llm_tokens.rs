@@ -11,9 +11,9 @@
 use std::net::SocketAddr;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderName, StatusCode};
 use axum::{routing::post, Router};
-use tollgate::{Cost, Key, Limit, Limiter, MissingKey, RateLimitLayer, Rule};
+use tollgate::{Cost, Decision, Key, Limit, Limiter, MissingKey, RateLimitLayer, Rule};
 
 const TOKENS: &str = "llm-tokens";
 static API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -35,19 +35,17 @@ pub(crate) fn app() -> Router {
         .with_state(limiter)
 }
 
-async fn complete(State(limiter): State<Limiter>, headers: HeaderMap, prompt: String) -> String {
-    // The layer let the request in, so both headers are there and the budget is a number.
-    let key = headers[&API_KEY].as_bytes();
-    let reserved: u64 = headers[&LLM_TOKENS]
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+async fn complete(State(limiter): State<Limiter>, decision: Decision, prompt: String) -> String {
+    // The decision says which key the layer charged and how many tokens it reserved.
+    let Some(charged) = decision.rule(TOKENS) else {
+        return "no token budget applies\n".to_owned();
+    };
+    let reserved = charged.cost;
     // The "completion": pretend every word of the prompt costs 10 tokens, prompt and answer.
     let words = u64::try_from(prompt.split_whitespace().count()).unwrap_or(u64::MAX);
     let used = words.saturating_mul(10).min(reserved);
     let unused = reserved - used;
-    if let Err(error) = limiter.refund(TOKENS, key, unused).await {
+    if let Err(error) = limiter.refund(TOKENS, &charged.key, unused).await {
         // The answer is ready; an unrefunded budget only makes the client wait a little longer.
         eprintln!("refund failed: {error}");
     }

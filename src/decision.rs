@@ -6,6 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Outcome, Verdict};
+use crate::key::KeyValue;
 
 /// What the limiter decided for a request: one entry per rule that applied.
 ///
@@ -23,6 +24,10 @@ pub struct RuleDecision {
     pub rule: Arc<str>,
     /// What the rule decided, with the numbers the headers carry.
     pub outcome: Outcome,
+    /// The key the rule charged (e.g. to refund it later with the [`Limiter`](crate::Limiter)).
+    pub key: KeyValue,
+    /// The units the rule charged.
+    pub cost: u64,
     pub(crate) index: usize,
 }
 
@@ -31,10 +36,18 @@ impl Decision {
         Decision { rules }
     }
 
-    pub(crate) fn entry(index: usize, rule: Arc<str>, outcome: Outcome) -> RuleDecision {
+    pub(crate) fn entry(
+        index: usize,
+        rule: Arc<str>,
+        outcome: Outcome,
+        key: KeyValue,
+        cost: u64,
+    ) -> RuleDecision {
         RuleDecision {
             rule,
             outcome,
+            key,
+            cost,
             index,
         }
     }

@@ -124,7 +124,7 @@ where
                         // Polled again after completion.
                         return Poll::Pending;
                     };
-                    decide(&mut inner, &shared, request, &plan, result)
+                    decide(&mut inner, &shared, request, plan, result)
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;

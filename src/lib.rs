@@ -43,7 +43,7 @@ mod rule;
 mod service;
 pub mod store;
 
-pub use algorithm::Outcome;
+pub use algorithm::{Outcome, Verdict};
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cost::{Cost, CostError};

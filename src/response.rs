@@ -43,9 +43,12 @@ pub(crate) struct AllowedHeaders {
 }
 
 impl AllowedHeaders {
+    /// Appends rather than replaces: with stacked layers (an outer `layer` and an inner
+    /// `route_layer`) each adds its items, and several field lines of a Structured Field list are
+    /// one list (RFC 9651 §3.1).
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        headers.insert(RATELIMIT_POLICY.clone(), self.policy);
-        headers.insert(RATELIMIT.clone(), self.ratelimit);
+        headers.append(RATELIMIT_POLICY.clone(), self.policy);
+        headers.append(RATELIMIT.clone(), self.ratelimit);
         if let Some(decision) = &self.decision {
             headers::insert_legacy(headers, decision);
         }

@@ -96,13 +96,9 @@ where
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
         match self.shared.limiter.apply(&plan).into_ready() {
-            Ok(result) => ResponseFuture::new(decide(
-                &mut self.inner,
-                &self.shared,
-                request,
-                &plan,
-                result,
-            )),
+            Ok(result) => {
+                ResponseFuture::new(decide(&mut self.inner, &self.shared, request, plan, result))
+            }
             Err(store) => {
                 // The store needs I/O: the ready inner service goes into the future and a clone
                 // takes its place (the contract of `poll_ready` is per instance).
@@ -125,7 +121,7 @@ pub(crate) fn decide<S, B>(
     inner: &mut S,
     shared: &Shared,
     mut request: Request<B>,
-    plan: &Plan,
+    plan: Plan,
     result: Result<Outcomes, StoreError>,
 ) -> State<S, B>
 where
@@ -158,9 +154,11 @@ where
     };
     let rules = shared.limiter.rules();
     let decision = Decision::new(
-        plan.iter()
+        plan.into_iter()
             .zip(outcomes)
-            .map(|(p, outcome)| Decision::entry(p.rule, rules[p.rule].name.clone(), outcome))
+            .map(|(p, outcome)| {
+                Decision::entry(p.rule, rules[p.rule].name.clone(), outcome, p.key, p.cost)
+            })
             .collect(),
     );
     if !decision.is_allowed() {

@@ -101,3 +101,42 @@ async fn the_decision_is_an_extractor() {
         StatusCode::INTERNAL_SERVER_ERROR
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_each_add_their_items() {
+    let app = Router::new()
+        .route("/login", post(|| async { "welcome" }))
+        .route_layer(RateLimitLayer::new(Rule::new(
+            "login",
+            Limit::per_minute(1),
+        )))
+        .layer(RateLimitLayer::new(Rule::new(
+            "site",
+            Limit::per_minute(10),
+        )));
+    let req = || Request::post("/login").body(Body::empty()).unwrap();
+    let response = app.clone().oneshot(req()).await.unwrap();
+    let lines: Vec<&str> = response
+        .headers()
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(lines, ["\"login\";r=0;t=60", "\"site\";r=9;t=6"]);
+    // Several field lines are one Structured Field list.
+    let joined = lines.join(", ");
+    let list: sfv::List = sfv::Parser::new(&joined).parse().unwrap();
+    assert_eq!(list.len(), 2);
+
+    let denied = app.clone().oneshot(req()).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let policies: Vec<&str> = denied
+        .headers()
+        .get_all("ratelimit-policy")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    // The outer layer passed the request before the inner one denied it: separate layers charge
+    // separately (one layer with both rules would charge all or nothing).
+    assert_eq!(policies, ["\"login\";q=1;w=60", "\"site\";q=10;w=60"]);
+}

@@ -92,6 +92,21 @@ pub struct Outcome {
     pub reset: Duration,
 }
 
+impl Outcome {
+    /// `true` unless the request was denied.
+    pub fn is_allowed(&self) -> bool {
+        self.verdict.is_admitted()
+    }
+
+    /// For a denial: the earliest moment, from now, at which the same cost would fit.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.verdict {
+            Verdict::Denied { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+}
+
 /// A cost that can never pass: more than the limit can ever hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CostTooLarge {

@@ -96,6 +96,12 @@ impl fmt::Debug for KeyValue {
     }
 }
 
+impl AsRef<[u8]> for KeyValue {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 impl fmt::Display for KeyValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&String::from_utf8_lossy(&self.0))
