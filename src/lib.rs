@@ -61,3 +61,8 @@ pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use service::RateLimit;
 pub use store::{MemoryStore, Store};
+
+/// The README's examples, compiled and run as doc tests so they cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
