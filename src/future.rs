@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -14,7 +15,7 @@ use crate::body::ResponseBody;
 use crate::layer::Shared;
 use crate::limiter::Plan;
 use crate::response::AllowedHeaders;
-use crate::service::decide;
+use crate::service::{decide, Hold};
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
@@ -39,17 +40,33 @@ pin_project! {
             store: StoreFuture<Outcomes>,
             waiting: Option<Waiting<S, B>>,
         },
+        // Queue mode: the request waits for its reserved slot.
+        Waiting {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            queued: Option<Queued<S, B>>,
+        },
         // The request passed: the inner service is running.
         Calling {
             #[pin]
             future: S::Future,
             headers: Option<AllowedHeaders>,
+            delayed: Option<Duration>,
         },
         // The layer answers itself.
         Respond {
             response: Option<Response<Bytes>>,
         },
     }
+}
+
+/// What a queued request keeps while it waits.
+pub(crate) struct Queued<S, B> {
+    inner: S,
+    request: Request<B>,
+    headers: Option<AllowedHeaders>,
+    hold: Hold,
+    wait: Duration,
 }
 
 /// What a request waiting for the store keeps.
@@ -83,7 +100,30 @@ where
     }
 
     pub(crate) fn calling(future: S::Future, headers: Option<AllowedHeaders>) -> Self {
-        State::Calling { future, headers }
+        State::Calling {
+            future,
+            headers,
+            delayed: None,
+        }
+    }
+
+    pub(crate) fn waiting(
+        wait: Duration,
+        inner: S,
+        request: Request<B>,
+        headers: Option<AllowedHeaders>,
+        hold: Hold,
+    ) -> Self {
+        State::Waiting {
+            sleep: tokio::time::sleep(wait),
+            queued: Some(Queued {
+                inner,
+                request,
+                headers,
+                hold,
+                wait,
+            }),
+        }
     }
 
     pub(crate) fn respond(response: Response<Bytes>) -> Self {
@@ -104,7 +144,7 @@ where
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -126,10 +166,36 @@ where
                     };
                     decide(&mut inner, &shared, request, plan, result)
                 }
-                StateProj::Calling { future, headers } => {
+                StateProj::Waiting { sleep, queued } => {
+                    ready!(sleep.poll(cx));
+                    let Some(Queued {
+                        mut inner,
+                        request,
+                        headers,
+                        hold,
+                        wait,
+                    }) = queued.take()
+                    else {
+                        return Poll::Pending;
+                    };
+                    hold.release();
+                    State::Calling {
+                        future: inner.call(request),
+                        headers,
+                        delayed: Some(wait),
+                    }
+                }
+                StateProj::Calling {
+                    future,
+                    headers,
+                    delayed,
+                } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
+                    }
+                    if let Some(wait) = delayed.take() {
+                        crate::headers::insert_delay(response.headers_mut(), wait);
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

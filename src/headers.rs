@@ -28,6 +28,10 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 /// Legacy `X-RateLimit-Reset` (Unix seconds).
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// `Tollgate-Delay`: how long a queued request waited before reaching the service, in seconds
+/// with millisecond precision (a Structured Field decimal, e.g. `1.5`).
+pub static TOLLGATE_DELAY: HeaderName = HeaderName::from_static("tollgate-delay");
+
 /// Structured Field integers have at most 15 digits.
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
@@ -110,6 +114,16 @@ pub(crate) fn retry_after_value(wait: Duration) -> HeaderValue {
 /// Adds `Retry-After` to `headers`.
 pub(crate) fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
     headers.insert(RETRY_AFTER, retry_after_value(wait));
+}
+
+/// Adds `Tollgate-Delay` for a request that waited in the queue.
+pub(crate) fn insert_delay(headers: &mut HeaderMap, wait: Duration) {
+    let millis = wait.as_millis().max(1);
+    let value = format!("{}.{:03}", millis / 1000, millis % 1000);
+    let value = value.trim_end_matches('0').trim_end_matches('.');
+    if let Ok(value) = HeaderValue::from_str(value) {
+        headers.insert(TOLLGATE_DELAY.clone(), value);
+    }
 }
 
 /// Adds the legacy `X-RateLimit-*` fields for the most restrictive rule of the decision.

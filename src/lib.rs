@@ -38,6 +38,7 @@ mod key;
 mod layer;
 mod limit;
 mod limiter;
+mod queue;
 mod response;
 mod rule;
 mod service;
@@ -51,12 +52,14 @@ pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use headers::{
-    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
 };
 pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder};
+pub use queue::Queue;
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use service::RateLimit;

@@ -281,6 +281,36 @@ impl Limiter {
         })
     }
 
+    /// Gives back what one request was charged, without waiting: used when a queued request is
+    /// dropped (its client went away). A store that needs I/O finishes the refund on the current
+    /// tokio runtime.
+    pub(crate) fn refund_now(&self, charged: &[(usize, KeyValue, u64)]) {
+        for (index, key, cost) in charged {
+            let Some(rule) = self.inner.rules.get(*index) else {
+                continue;
+            };
+            let charge = Charge {
+                rule: &rule.name,
+                algorithm: rule.algorithm(),
+                key: key.as_bytes(),
+                cost: *cost,
+                mode: rule.mode,
+            };
+            if let Err(pending) = self.store().refund(&charge).into_ready() {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        runtime.spawn(async move {
+                            if let Err(error) = pending.await {
+                                tracing::warn!(%error, "refund of a cancelled queued request failed");
+                            }
+                        });
+                    }
+                    Err(_) => tracing::warn!("no runtime to refund a cancelled queued request"),
+                }
+            }
+        }
+    }
+
     /// The charges a request makes: which rules apply, with which key and cost.
     pub(crate) fn plan<B>(&self, request: &Request<B>) -> Result<Plan, Refusal> {
         let head = RequestHead::of(request);

@@ -8,6 +8,7 @@ use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
 use crate::limit::Limit;
+use crate::queue::Queue;
 
 /// A named limit applied per key to the requests in its scope.
 ///
@@ -29,6 +30,7 @@ pub struct Rule {
     cost: Cost,
     scope: Scope,
     missing_key: MissingKey,
+    queue: Option<Queue>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -92,6 +94,13 @@ impl Rule {
         self
     }
 
+    /// Queues requests that would be denied until their slot, within the queue's bound, instead of
+    /// rejecting them (token buckets only; see [`Queue`]).
+    pub fn queue(mut self, queue: Queue) -> Rule {
+        self.queue = Some(queue);
+        self
+    }
+
     /// What to do when the request has no key (default: [`MissingKey::Reject`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Rule {
         self.missing_key = missing;
@@ -119,7 +128,15 @@ impl Rule {
                 "must be non-empty printable ASCII (it is sent in headers)".into(),
             );
         }
-        let capacity = self.limit.algorithm().capacity();
+        let capacity = match &self.queue {
+            Some(queue) => self
+                .limit
+                .algorithm()
+                .capacity()
+                .saturating_add(queue.immediate())
+                .saturating_add(queue.bound().max_units.unwrap_or(u64::MAX)),
+            None => self.limit.algorithm().capacity(),
+        };
         match self.limit.algorithm() {
             Algorithm::TokenBucket(tb) => {
                 positive(&name, "rate", tb.rate())?;
@@ -166,6 +183,11 @@ impl Rule {
                 );
             }
         }
+        if let Some(queue) = &self.queue {
+            queue
+                .validate(self.limit.algorithm(), self.cost.as_fixed())
+                .or_else(|(field, message)| err(field, message))?;
+        }
         if let MissingKey::RejectWith(status) = self.missing_key {
             if !status.is_client_error() && !status.is_server_error() {
                 return err(
@@ -179,14 +201,22 @@ impl Rule {
 
     pub(crate) fn compile(self) -> Result<CompiledRule, ConfigError> {
         self.validate()?;
+        let name = self.name().into();
+        let (limit, mode) = match &self.queue {
+            Some(queue) => {
+                let (algorithm, mode) = queue.apply(self.limit.algorithm());
+                (Limit::from(algorithm), mode)
+            }
+            None => (self.limit, Mode::Charge),
+        };
         Ok(CompiledRule {
-            name: self.name().into(),
-            limit: self.limit,
+            name,
+            limit,
             key: self.key,
             cost: self.cost,
             scope: self.scope.compile(),
             missing_key: self.missing_key,
-            mode: Mode::Charge,
+            mode,
         })
     }
 }
@@ -225,6 +255,7 @@ impl From<Limit> for Rule {
             cost: Cost::default(),
             scope: Scope::default(),
             missing_key: MissingKey::default(),
+            queue: None,
         }
     }
 }

@@ -4,11 +4,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use smallvec::SmallVec;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::future::{ResponseFuture, State};
+use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::{Limiter, Plan};
 use crate::rule::Rule;
@@ -125,7 +127,7 @@ pub(crate) fn decide<S, B>(
     result: Result<Outcomes, StoreError>,
 ) -> State<S, B>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>> + Clone,
 {
     let outcomes = result.and_then(|outcomes| {
         if outcomes.len() == plan.len() {
@@ -165,6 +167,52 @@ where
         return State::respond(shared.responder.denied(&decision));
     }
     let headers = shared.responder.allowed(&decision);
+    let wait = decision.wait();
+    if wait.is_zero() {
+        request.extensions_mut().insert(decision);
+        return State::calling(inner.call(request), headers);
+    }
+    // Queue mode: hold the request until its slot. The ready service goes with it (a clone takes
+    // its place), and the units go back to the store if the request is dropped while it waits.
+    tracing::debug!(
+        rules = ?decision.rules().iter().map(|r| &*r.rule).collect::<Vec<_>>(),
+        wait_ms = wait.as_millis() as u64,
+        "rate limit: request queued"
+    );
+    let hold = Hold::new(shared.limiter.clone(), &decision);
     request.extensions_mut().insert(decision);
-    State::calling(inner.call(request), headers)
+    let clone = inner.clone();
+    let ready = std::mem::replace(inner, clone);
+    State::waiting(wait, ready, request, headers, hold)
+}
+
+/// The units a queued request holds; given back unless the request reaches the inner service.
+pub(crate) struct Hold {
+    limiter: Limiter,
+    charged: SmallVec<[(usize, KeyValue, u64); 2]>,
+}
+
+impl Hold {
+    fn new(limiter: Limiter, decision: &Decision) -> Self {
+        let charged = decision
+            .rules()
+            .iter()
+            .map(|r| (r.index, r.key.clone(), r.cost))
+            .collect();
+        Hold { limiter, charged }
+    }
+
+    /// The request reached its slot: the units are spent.
+    pub(crate) fn release(mut self) {
+        self.charged.clear();
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.charged.is_empty() {
+            tracing::debug!("rate limit: queued request cancelled, units given back");
+            self.limiter.refund_now(&self.charged);
+        }
+    }
 }

@@ -69,6 +69,9 @@ impl BurstPool {
 
     /// The wait until `units` whole units of `bucket` are available.
     fn wait_in(bucket: &TokenBucket, tat: Micros, now: Micros, units: u64) -> Micros {
+        if units == 0 {
+            return 0;
+        }
         if units > bucket.capacity() {
             return Micros::MAX;
         }
@@ -136,8 +139,9 @@ impl BurstPool {
 
     /// Gives `units` back: to the pool first (it refills slower), the rest to the steady bucket.
     pub fn refund(&self, state: BurstPoolState, now: Micros, units: u64) -> BurstPoolState {
-        let (_, pool_units) = self.available(state, now);
-        let to_pool = units.min(self.pool.capacity() - pool_units.min(self.pool.capacity()));
+        // The whole units the pool misses, rounded down so that none is lost to its cap.
+        let room = state.pool.saturating_sub(now) / self.pool.interval();
+        let to_pool = units.min(room.min(self.pool.capacity()));
         BurstPoolState {
             steady: self.steady.refund(state.steady, now, units - to_pool),
             pool: self.pool.refund(state.pool, now, to_pool),

@@ -99,7 +99,8 @@ impl SlidingLog {
             let retry_after = duration(self.wait_for(state, now, 0, cost));
             (Verdict::Denied { retry_after }, 0)
         };
-        let remaining = self.limit - (used + charged);
+        // `used` may exceed the limit for a log kept while the limit was lowered.
+        let remaining = self.limit.saturating_sub(used.saturating_add(charged));
         let reset = if remaining >= self.limit {
             Duration::ZERO
         } else {

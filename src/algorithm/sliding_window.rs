@@ -89,7 +89,9 @@ impl SlidingWindow {
 
     /// `estimate·period`, exact.
     fn weighted(&self, state: SlidingWindowState, now: Micros) -> u128 {
-        let left = u128::from(self.period - (now - state.window_start));
+        // Before the window starts (this clock behind another instance's), the previous count
+        // weighs fully.
+        let left = u128::from(self.period - now.saturating_sub(state.window_start));
         u128::from(state.previous) * left + u128::from(state.current) * u128::from(self.period)
     }
 

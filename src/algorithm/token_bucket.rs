@@ -75,10 +75,16 @@ impl TokenBucket {
     /// The largest cost that can ever pass in `mode`.
     pub fn max_cost(&self, mode: Mode) -> u64 {
         match mode {
-            Mode::Reserve(bound) => match bound.max_units {
-                Some(units) => self.capacity.saturating_add(units),
-                None => u64::MAX,
-            },
+            Mode::Reserve(bound) => {
+                let by_units = bound
+                    .max_units
+                    .map_or(u64::MAX, |units| self.capacity.saturating_add(units));
+                // From a full bucket, `n` units wait `(n − C)·T`.
+                let by_wait = bound.max_wait.map_or(u64::MAX, |wait| {
+                    self.capacity.saturating_add(micros(wait) / self.interval)
+                });
+                by_units.min(by_wait)
+            }
             _ => self.capacity,
         }
     }
@@ -147,6 +153,9 @@ impl TokenBucket {
                 Mode::Reserve(bound) if self.within(after, bound) => Verdict::Reserved {
                     wait: duration(self.wait_for(after, 0)),
                 },
+                Mode::Reserve(bound) => Verdict::Denied {
+                    retry_after: duration(self.wait_to_reserve(debt, cost, bound)),
+                },
                 _ => Verdict::Denied {
                     retry_after: duration(self.wait_for(debt, cost)),
                 },
@@ -159,6 +168,20 @@ impl TokenBucket {
             remaining: self.available(left),
             reset: self.reset(left),
         }
+    }
+
+    /// For a reservation past its bound: the smallest wait after which it would be accepted into
+    /// the queue (never later than the moment the cost fits outright).
+    fn wait_to_reserve(&self, debt: Micros, cost: u64, bound: super::ReserveBound) -> Micros {
+        let after = u128::from(debt) + self.span(cost);
+        let by_units = bound.max_units.map_or(0, |units| {
+            after.saturating_sub(self.span(self.capacity.saturating_add(units)))
+        });
+        let by_wait = bound.max_wait.map_or(0, |wait| {
+            after.saturating_sub(self.span(self.capacity) + u128::from(micros(wait)))
+        });
+        let wait = u64::try_from(by_units.max(by_wait)).unwrap_or(u64::MAX);
+        wait.min(self.wait_for(debt, cost))
     }
 
     fn within(&self, after: Micros, bound: super::ReserveBound) -> bool {
