@@ -26,6 +26,8 @@
 //!
 //! The README describes how to pick an algorithm, keys behind proxies, and the headers.
 
+#![forbid(unsafe_code)]
+
 pub mod algorithm;
 mod body;
 mod clock;
@@ -58,7 +60,7 @@ pub use headers::{
 pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
-pub use limiter::{LimitError, Limiter, LimiterBuilder};
+pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use queue::Queue;
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};

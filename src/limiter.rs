@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, StatusCode};
 use smallvec::SmallVec;
@@ -102,6 +103,8 @@ pub enum LimitError {
         /// The cost and the most that fits.
         error: CostTooLarge,
     },
+    /// The rule has no [`Queue`](crate::Queue) settings, so it cannot reserve.
+    NotQueued(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -111,6 +114,12 @@ impl fmt::Display for LimitError {
         match self {
             LimitError::UnknownRule(name) => write!(f, "no rate-limit rule is named {name:?}"),
             LimitError::CostTooLarge { rule, error } => write!(f, "rule {rule:?}: {error}"),
+            LimitError::NotQueued(name) => {
+                write!(
+                    f,
+                    "rate-limit rule {name:?} has no queue settings: it cannot reserve"
+                )
+            }
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -121,7 +130,7 @@ impl std::error::Error for LimitError {
         match self {
             LimitError::Store(error) => Some(error),
             LimitError::CostTooLarge { error, .. } => Some(error),
-            LimitError::UnknownRule(_) => None,
+            LimitError::UnknownRule(_) | LimitError::NotQueued(_) => None,
         }
     }
 }
@@ -211,6 +220,32 @@ impl Limiter {
         cost: u64,
     ) -> Result<Outcome, LimitError> {
         self.one(rule, key.as_ref(), cost, Mode::Charge).await
+    }
+
+    /// Reserves `cost` units for `key` under a queued `rule`: granted now, granted after a wait
+    /// (the units are already set aside, so the work should start then), or denied when the
+    /// reservation would pass the queue's bound.
+    ///
+    /// For jobs that schedule work when the budget allows it, e.g. an LLM call that needs 4,000
+    /// tokens: `limiter.reserve("llm", tenant, 4_000).await?`, then
+    /// [`ready`](Reservation::ready)`.await` and call.
+    pub async fn reserve(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+    ) -> Result<Reservation, LimitError> {
+        let (index, compiled) = self.rule(rule)?;
+        if !matches!(compiled.mode, Mode::Reserve(_)) {
+            return Err(LimitError::NotQueued(rule.to_owned()));
+        }
+        let outcome = self.one(rule, key.as_ref(), cost, compiled.mode).await?;
+        Ok(Reservation {
+            outcome,
+            at: tokio::time::Instant::now(),
+            limiter: self.clone(),
+            charged: (index, KeyValue::new(key.as_ref()), cost),
+        })
     }
 
     /// Gives `units` back to `key` under `rule` (never above the capacity), e.g. when work that was
@@ -369,6 +404,65 @@ impl Limiter {
     /// Asks the store for a plan's outcomes.
     pub(crate) fn apply(&self, plan: &Plan) -> crate::store::StoreFuture<Outcomes> {
         self.store().apply(&self.charges(plan))
+    }
+}
+
+/// The answer to [`Limiter::reserve`].
+#[derive(Debug)]
+#[must_use = "a granted reservation holds units until it is used or cancelled"]
+pub struct Reservation {
+    outcome: Outcome,
+    at: tokio::time::Instant,
+    limiter: Limiter,
+    charged: (usize, KeyValue, u64),
+}
+
+impl Reservation {
+    /// Whether the units were set aside (now or for later).
+    pub fn is_granted(&self) -> bool {
+        self.outcome.is_allowed()
+    }
+
+    /// How long after the reservation the work may start (zero when it may start now).
+    pub fn wait(&self) -> Duration {
+        match self.outcome.verdict {
+            crate::Verdict::Reserved { wait } => wait,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// For a denied reservation: when the same reservation would be accepted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.outcome.retry_after()
+    }
+
+    /// The full outcome.
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
+
+    /// Sleeps until the reserved slot (returns at once when granted now or denied).
+    pub async fn ready(&self) {
+        if self.is_granted() {
+            tokio::time::sleep_until(self.at + self.wait()).await;
+        }
+    }
+
+    /// Gives the units back (e.g. the work was called off). Does nothing for a denied reservation.
+    pub async fn cancel(self) -> Result<(), LimitError> {
+        if !self.is_granted() {
+            return Ok(());
+        }
+        let (index, key, cost) = &self.charged;
+        let rule = &self.limiter.inner.rules[*index];
+        let charge = Charge {
+            rule: &rule.name,
+            algorithm: rule.algorithm(),
+            key: key.as_bytes(),
+            cost: *cost,
+            mode: rule.mode,
+        };
+        Ok(self.limiter.store().refund(&charge).await?)
     }
 }
 
