@@ -13,8 +13,8 @@ use tower_service::Service;
 
 use crate::body::ResponseBody;
 use crate::layer::Shared;
-use crate::limiter::Plan;
 use crate::response::AllowedHeaders;
+use crate::ruleset::{Plan, RuleSet};
 use crate::service::{decide, Hold};
 use crate::store::{Outcomes, StoreFuture};
 
@@ -38,7 +38,7 @@ pin_project! {
         // The store is deciding (only stores that need I/O get here).
         Checking {
             store: StoreFuture<Outcomes>,
-            waiting: Option<Waiting<S, B>>,
+            deciding: Option<Deciding<S, B>>,
         },
         // Queue mode: the request waits for its reserved slot.
         Waiting {
@@ -70,11 +70,13 @@ pub(crate) struct Queued<S, B> {
 }
 
 /// What a request waiting for the store keeps.
-pub(crate) struct Waiting<S, B> {
+pub(crate) struct Deciding<S, B> {
     inner: S,
     request: Request<B>,
     plan: Plan,
+    rules: Arc<RuleSet>,
     shared: Arc<Shared>,
+    started: tokio::time::Instant,
 }
 
 impl<S, B> State<S, B>
@@ -86,15 +88,18 @@ where
         inner: S,
         request: Request<B>,
         plan: Plan,
+        rules: Arc<RuleSet>,
         shared: Arc<Shared>,
     ) -> Self {
         State::Checking {
             store,
-            waiting: Some(Waiting {
+            deciding: Some(Deciding {
                 inner,
                 request,
                 plan,
+                rules,
                 shared,
+                started: tokio::time::Instant::now(),
             }),
         }
     }
@@ -152,19 +157,22 @@ where
         loop {
             let mut this = self.as_mut().project();
             let next = match this.state.as_mut().project() {
-                StateProj::Checking { store, waiting } => {
+                StateProj::Checking { store, deciding } => {
                     let result = ready!(Pin::new(store).poll(cx));
-                    let Some(Waiting {
+                    let Some(Deciding {
                         mut inner,
                         request,
                         plan,
+                        rules,
                         shared,
-                    }) = waiting.take()
+                        started,
+                    }) = deciding.take()
                     else {
                         // Polled again after completion.
                         return Poll::Pending;
                     };
-                    decide(&mut inner, &shared, request, plan, result)
+                    crate::observe::store_latency(started.elapsed());
+                    decide(&mut inner, &shared, &rules, request, plan, result)
                 }
                 StateProj::Waiting { sleep, queued } => {
                     ready!(sleep.poll(cx));

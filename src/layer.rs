@@ -9,10 +9,10 @@ use tower_layer::Layer;
 
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::headers::PolicyItem;
 use crate::limiter::{Limiter, LimiterBuilder};
 use crate::response::Responder;
 use crate::rule::Rule;
+use crate::ruleset::AccessList;
 use crate::service::RateLimit;
 use crate::store::Store;
 
@@ -52,6 +52,10 @@ pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
     pub(crate) responder: Responder,
     pub(crate) failure: FailurePolicy,
+    /// Every rule decides and records but none blocks.
+    pub(crate) shadow_all: bool,
+    /// Logs show a hash of each key instead of the key.
+    pub(crate) redact_keys: bool,
 }
 
 impl RateLimitLayer {
@@ -78,12 +82,20 @@ impl RateLimitLayer {
             jitter: Duration::ZERO,
             rejection: None,
             failure: FailurePolicy::default(),
+            shadow_all: false,
+            redact_keys: false,
         }
     }
 
     /// The limiter behind this layer: check, charge, refund or reset keys from handlers and jobs.
     pub fn limiter(&self) -> &Limiter {
         &self.shared.limiter
+    }
+
+    /// Replaces the rules while requests flow (see [`Limiter::reload`]): validated first, swapped
+    /// atomically, and rules that keep their name keep their state.
+    pub fn reload(&self, rules: impl IntoIterator<Item = Rule>) -> Result<(), ConfigError> {
+        self.shared.limiter.reload(rules)
     }
 }
 
@@ -106,6 +118,8 @@ pub struct RateLimitLayerBuilder {
     jitter: Duration,
     rejection: Option<Arc<crate::response::RejectionFn>>,
     failure: FailurePolicy,
+    shadow_all: bool,
+    redact_keys: bool,
 }
 
 impl RateLimitLayerBuilder {
@@ -165,6 +179,30 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Requests matching `list` are never limited (no rule is charged, no fields are added).
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.limiter = self.limiter.allow(list);
+        self
+    }
+
+    /// Requests matching `list` are refused with `403 Forbidden` and a problem+json body.
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.limiter = self.limiter.deny(list);
+        self
+    }
+
+    /// Shadow mode for every rule: decide and record, never block (see [`Rule::shadow`]).
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow_all = on;
+        self
+    }
+
+    /// Logs show a short stable hash of each key instead of the key itself (default: off).
+    pub fn redact_keys(mut self, on: bool) -> Self {
+        self.redact_keys = on;
+        self
+    }
+
     /// What to do when the store fails (default: [`FailurePolicy::Open`]).
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
@@ -177,12 +215,7 @@ impl RateLimitLayerBuilder {
             Some(limiter) => limiter,
             None => self.limiter.build()?,
         };
-        let items = limiter
-            .rules()
-            .iter()
-            .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut responder = Responder::new(items);
+        let mut responder = Responder::new();
         responder.status = self.status;
         responder.on_allowed = self.on_allowed;
         responder.legacy = self.legacy;
@@ -193,6 +226,8 @@ impl RateLimitLayerBuilder {
                 limiter,
                 responder,
                 failure: self.failure,
+                shadow_all: self.shadow_all,
+                redact_keys: self.redact_keys,
             }),
         })
     }

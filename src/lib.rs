@@ -40,9 +40,11 @@ mod key;
 mod layer;
 mod limit;
 mod limiter;
+mod observe;
 mod queue;
 mod response;
 mod rule;
+mod ruleset;
 mod service;
 pub mod store;
 
@@ -64,6 +66,7 @@ pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use queue::Queue;
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
+pub use ruleset::AccessList;
 pub use service::RateLimit;
 pub use store::{MemoryStore, Store};
 

@@ -4,15 +4,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, StatusCode};
-use smallvec::SmallVec;
+use arc_swap::ArcSwap;
+use http::Request;
 
 use crate::algorithm::{CostTooLarge, Mode, Outcome};
-use crate::cost::CostError;
 use crate::error::ConfigError;
-use crate::key::{KeyValue, RequestHead};
-use crate::rule::{CompiledRule, MissingKey, Rule};
-use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError};
+use crate::key::KeyValue;
+use crate::rule::{MissingKey, Rule};
+use crate::ruleset::{AccessList, RuleSet};
+use crate::store::{Charge, MemoryStore, Store, StoreError};
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
 /// it — a handler that resets the failed-login count after a good login, a job that checks its
@@ -42,7 +42,7 @@ pub struct Limiter {
 }
 
 struct Inner {
-    rules: Box<[CompiledRule]>,
+    rules: ArcSwap<RuleSet>,
     store: Arc<dyn Store>,
 }
 
@@ -50,6 +50,8 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct LimiterBuilder {
     rules: Vec<Rule>,
+    allow: Vec<AccessList>,
+    deny: Vec<AccessList>,
     store: Option<Arc<dyn Store>>,
 }
 
@@ -66,24 +68,25 @@ impl LimiterBuilder {
         self
     }
 
+    /// Requests matching `list` are never limited.
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.allow.push(list);
+        self
+    }
+
+    /// Requests matching `list` are refused with `403 Forbidden`.
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.deny.push(list);
+        self
+    }
+
     /// Validates the rules and builds the limiter.
     pub fn build(self) -> Result<Limiter, ConfigError> {
-        let mut rules: Vec<CompiledRule> = Vec::with_capacity(self.rules.len());
-        for rule in self.rules {
-            let rule = rule.compile()?;
-            if rules.iter().any(|r| r.name == rule.name) {
-                return Err(ConfigError::new(
-                    &rule.name,
-                    "name",
-                    "another rule has the same name (names are the rules' namespaces)".into(),
-                ));
-            }
-            rules.push(rule);
-        }
+        let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         Ok(Limiter {
             inner: Arc::new(Inner {
-                rules: rules.into_boxed_slice(),
+                rules: ArcSwap::from_pointee(rules),
                 store,
             }),
         })
@@ -141,45 +144,46 @@ impl From<StoreError> for LimitError {
     }
 }
 
-/// One rule's charge for a request: which rule, which key, how much.
-#[derive(Debug)]
-pub(crate) struct Planned {
-    pub(crate) rule: usize,
-    pub(crate) key: KeyValue,
-    pub(crate) cost: u64,
-}
-
-/// The charges of one request.
-pub(crate) type Plan = SmallVec<[Planned; 2]>;
-
-/// A request refused before the store is asked.
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// The rule's key is missing and the rule rejects such requests.
-    MissingKey {
-        rule: Arc<str>,
-        key: String,
-        status: StatusCode,
-    },
-    /// The request's cost could not be read.
-    BadCost { rule: Arc<str>, error: CostError },
-    /// The request's cost can never pass.
-    CostTooLarge { rule: Arc<str>, error: CostTooLarge },
-}
-
 impl Limiter {
     /// Configures a limiter.
     pub fn builder() -> LimiterBuilder {
         LimiterBuilder::default()
     }
 
-    /// The names of the rules, in order.
-    pub fn rule_names(&self) -> impl Iterator<Item = &str> {
-        self.inner.rules.iter().map(|r| &*r.name)
+    /// The names of the rules in force, in order.
+    pub fn rule_names(&self) -> Vec<String> {
+        self.inner
+            .rules
+            .load()
+            .rules
+            .iter()
+            .map(|r| r.name.to_string())
+            .collect()
     }
 
-    pub(crate) fn rules(&self) -> &[CompiledRule] {
-        &self.inner.rules
+    /// The rules in force; a guard, cheap to take, not to be held across an await.
+    pub(crate) fn rules(&self) -> arc_swap::Guard<Arc<RuleSet>> {
+        self.inner.rules.load()
+    }
+
+    /// Replaces the rules (and allow and deny lists) atomically: requests in flight finish with
+    /// the rules they started with, the next ones use the new set. State lives in the store under
+    /// each rule's name, so rules that keep their name keep their counts.
+    pub(crate) fn replace(&self, rules: RuleSet) {
+        self.inner.rules.store(Arc::new(rules));
+        tracing::info!(rules = ?self.rule_names(), "rate limit: rules reloaded");
+    }
+
+    /// Replaces the rules with `rules` (validated first: on error nothing changes).
+    pub fn reload(&self, rules: impl IntoIterator<Item = Rule>) -> Result<(), ConfigError> {
+        let current = self.inner.rules.load();
+        let next = RuleSet::new(
+            rules.into_iter().collect(),
+            current.allow().to_vec(),
+            current.deny().to_vec(),
+        )?;
+        self.replace(next);
+        Ok(())
     }
 
     pub(crate) fn store(&self) -> &dyn Store {
@@ -192,7 +196,8 @@ impl Limiter {
         rule: &str,
         request: &Request<B>,
     ) -> Result<Option<KeyValue>, LimitError> {
-        let rule = self.rule(rule)?.1;
+        let rules = self.rules();
+        let rule = rules.find(rule).ok_or_else(|| unknown(rule))?.1;
         Ok(rule
             .key
             .extract(request)
@@ -209,7 +214,7 @@ impl Limiter {
         key: impl AsRef<[u8]>,
         cost: u64,
     ) -> Result<Outcome, LimitError> {
-        self.one(rule, key.as_ref(), cost, Mode::Check).await
+        self.one(rule, key.as_ref(), cost, Some(Mode::Check)).await
     }
 
     /// Charges `cost` to `key` under `rule` if it fits now; the outcome says whether it did.
@@ -219,7 +224,7 @@ impl Limiter {
         key: impl AsRef<[u8]>,
         cost: u64,
     ) -> Result<Outcome, LimitError> {
-        self.one(rule, key.as_ref(), cost, Mode::Charge).await
+        self.one(rule, key.as_ref(), cost, Some(Mode::Charge)).await
     }
 
     /// Reserves `cost` units for `key` under a queued `rule`: granted now, granted after a wait
@@ -235,16 +240,22 @@ impl Limiter {
         key: impl AsRef<[u8]>,
         cost: u64,
     ) -> Result<Reservation, LimitError> {
-        let (index, compiled) = self.rule(rule)?;
-        if !matches!(compiled.mode, Mode::Reserve(_)) {
+        let queued = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            matches!(compiled.mode, Mode::Reserve(_))
+        };
+        if !queued {
             return Err(LimitError::NotQueued(rule.to_owned()));
         }
-        let outcome = self.one(rule, key.as_ref(), cost, compiled.mode).await?;
+        let outcome = self.one(rule, key.as_ref(), cost, None).await?;
         Ok(Reservation {
             outcome,
             at: tokio::time::Instant::now(),
             limiter: self.clone(),
-            charged: (index, KeyValue::new(key.as_ref()), cost),
+            rule: rule.to_owned(),
+            key: KeyValue::new(key.as_ref()),
+            cost,
         })
     }
 
@@ -256,61 +267,58 @@ impl Limiter {
         key: impl AsRef<[u8]>,
         units: u64,
     ) -> Result<(), LimitError> {
-        let (_, compiled) = self.rule(rule)?;
         let key = KeyValue::new(key.as_ref());
-        let charge = Charge {
-            rule: &compiled.name,
-            algorithm: compiled.algorithm(),
-            key: key.as_bytes(),
-            cost: units,
-            mode: Mode::Charge,
+        let pending = {
+            let rules = self.rules();
+            let (index, _) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let charge = Charge {
+                mode: Mode::Charge,
+                ..rules.charge(index, &key, units)
+            };
+            self.store().refund(&charge)
         };
-        Ok(self.store().refund(&charge).await?)
+        Ok(pending.await?)
     }
 
     /// Forgets `key` under `rule`: its next request is treated as a new key's.
     pub async fn reset(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), LimitError> {
-        let (_, compiled) = self.rule(rule)?;
         let key = KeyValue::new(key.as_ref());
-        Ok(self
-            .store()
-            .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
-            .await?)
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            self.store()
+                .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
+        };
+        Ok(pending.await?)
     }
 
-    fn rule(&self, name: &str) -> Result<(usize, &CompiledRule), LimitError> {
-        self.inner
-            .rules
-            .iter()
-            .enumerate()
-            .find(|(_, r)| &*r.name == name)
-            .ok_or_else(|| LimitError::UnknownRule(name.to_owned()))
-    }
-
+    /// Decides one charge; a `mode` of `None` uses the rule's own.
     async fn one(
         &self,
         rule: &str,
         key: &[u8],
         cost: u64,
-        mode: Mode,
+        mode: Option<Mode>,
     ) -> Result<Outcome, LimitError> {
-        let (_, compiled) = self.rule(rule)?;
-        compiled
-            .algorithm()
-            .check_cost(cost, mode)
-            .map_err(|error| LimitError::CostTooLarge {
-                rule: rule.to_owned(),
-                error,
-            })?;
         let key = KeyValue::new(key);
-        let charge = Charge {
-            rule: &compiled.name,
-            algorithm: compiled.algorithm(),
-            key: key.as_bytes(),
-            cost,
-            mode,
+        let pending = {
+            let rules = self.rules();
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let mode = mode.unwrap_or(compiled.mode);
+            compiled
+                .algorithm()
+                .check_cost(cost, mode)
+                .map_err(|error| LimitError::CostTooLarge {
+                    rule: rule.to_owned(),
+                    error,
+                })?;
+            let charge = Charge {
+                mode,
+                ..rules.charge(index, &key, cost)
+            };
+            self.store().apply(&[charge])
         };
-        let outcomes = self.store().apply(&[charge]).await?;
+        let outcomes = pending.await?;
         outcomes.first().copied().ok_or_else(|| {
             StoreError::new(crate::store::StoreErrorKind::Protocol, "no outcome").into()
         })
@@ -319,19 +327,16 @@ impl Limiter {
     /// Gives back what one request was charged, without waiting: used when a queued request is
     /// dropped (its client went away). A store that needs I/O finishes the refund on the current
     /// tokio runtime.
-    pub(crate) fn refund_now(&self, charged: &[(usize, KeyValue, u64)]) {
+    pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[(usize, KeyValue, u64)]) {
         for (index, key, cost) in charged {
-            let Some(rule) = self.inner.rules.get(*index) else {
+            if *index >= rules.rules.len() {
                 continue;
-            };
-            let charge = Charge {
-                rule: &rule.name,
-                algorithm: rule.algorithm(),
-                key: key.as_bytes(),
-                cost: *cost,
-                mode: rule.mode,
-            };
-            if let Err(pending) = self.store().refund(&charge).into_ready() {
+            }
+            if let Err(pending) = self
+                .store()
+                .refund(&rules.charge(*index, key, *cost))
+                .into_ready()
+            {
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
                         runtime.spawn(async move {
@@ -345,66 +350,6 @@ impl Limiter {
             }
         }
     }
-
-    /// The charges a request makes: which rules apply, with which key and cost.
-    pub(crate) fn plan<B>(&self, request: &Request<B>) -> Result<Plan, Refusal> {
-        let head = RequestHead::of(request);
-        let mut plan = Plan::new();
-        for (index, rule) in self.inner.rules.iter().enumerate() {
-            if !rule.applies_to(&head) {
-                continue;
-            }
-            let key = match rule.key.extract(request) {
-                Some(key) => key,
-                None => match &rule.missing_key {
-                    MissingKey::Skip => continue,
-                    MissingKey::Fallback(fallback) => match fallback.extract(request) {
-                        Some(key) => key,
-                        None => return Err(missing(rule, StatusCode::BAD_REQUEST)),
-                    },
-                    MissingKey::Reject => return Err(missing(rule, StatusCode::BAD_REQUEST)),
-                    MissingKey::RejectWith(status) => return Err(missing(rule, *status)),
-                },
-            };
-            let cost = rule.cost.of(&head).map_err(|error| Refusal::BadCost {
-                rule: rule.name.clone(),
-                error,
-            })?;
-            rule.algorithm()
-                .check_cost(cost, rule.mode)
-                .map_err(|error| Refusal::CostTooLarge {
-                    rule: rule.name.clone(),
-                    error,
-                })?;
-            plan.push(Planned {
-                rule: index,
-                key,
-                cost,
-            });
-        }
-        Ok(plan)
-    }
-
-    /// The store's view of a plan.
-    pub(crate) fn charges<'a>(&'a self, plan: &'a Plan) -> SmallVec<[Charge<'a>; 2]> {
-        plan.iter()
-            .map(|p| {
-                let rule = &self.inner.rules[p.rule];
-                Charge {
-                    rule: &rule.name,
-                    algorithm: rule.algorithm(),
-                    key: p.key.as_bytes(),
-                    cost: p.cost,
-                    mode: rule.mode,
-                }
-            })
-            .collect()
-    }
-
-    /// Asks the store for a plan's outcomes.
-    pub(crate) fn apply(&self, plan: &Plan) -> crate::store::StoreFuture<Outcomes> {
-        self.store().apply(&self.charges(plan))
-    }
 }
 
 /// The answer to [`Limiter::reserve`].
@@ -414,7 +359,9 @@ pub struct Reservation {
     outcome: Outcome,
     at: tokio::time::Instant,
     limiter: Limiter,
-    charged: (usize, KeyValue, u64),
+    rule: String,
+    key: KeyValue,
+    cost: u64,
 }
 
 impl Reservation {
@@ -453,31 +400,18 @@ impl Reservation {
         if !self.is_granted() {
             return Ok(());
         }
-        let (index, key, cost) = &self.charged;
-        let rule = &self.limiter.inner.rules[*index];
-        let charge = Charge {
-            rule: &rule.name,
-            algorithm: rule.algorithm(),
-            key: key.as_bytes(),
-            cost: *cost,
-            mode: rule.mode,
-        };
-        Ok(self.limiter.store().refund(&charge).await?)
+        self.limiter.refund(&self.rule, &self.key, self.cost).await
     }
 }
 
-fn missing(rule: &CompiledRule, status: StatusCode) -> Refusal {
-    Refusal::MissingKey {
-        rule: rule.name.clone(),
-        key: rule.key.describe(),
-        status,
-    }
+fn unknown(rule: &str) -> LimitError {
+    LimitError::UnknownRule(rule.to_owned())
 }
 
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
-            .field("rules", &self.inner.rules)
+            .field("rules", &*self.inner.rules.load())
             .field("store", &self.inner.store)
             .finish()
     }

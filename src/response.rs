@@ -10,8 +10,8 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::headers::{self, PolicyItem, RATELIMIT, RATELIMIT_POLICY};
-use crate::limiter::Refusal;
+use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY};
+use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a denied request.
@@ -24,9 +24,6 @@ pub type RejectionFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 /// How the layer answers and what it adds.
 #[derive(Clone)]
 pub(crate) struct Responder {
-    pub(crate) items: Arc<[PolicyItem]>,
-    /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
-    all_rules_policy: Option<HeaderValue>,
     pub(crate) status: StatusCode,
     pub(crate) on_allowed: bool,
     pub(crate) legacy: bool,
@@ -56,11 +53,8 @@ impl AllowedHeaders {
 }
 
 impl Responder {
-    pub(crate) fn new(items: Vec<PolicyItem>) -> Self {
-        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
+    pub(crate) fn new() -> Self {
         Responder {
-            items: items.into(),
-            all_rules_policy,
             status: StatusCode::TOO_MANY_REQUESTS,
             on_allowed: true,
             legacy: false,
@@ -69,22 +63,22 @@ impl Responder {
         }
     }
 
-    fn policy(&self, decision: &Decision) -> Option<HeaderValue> {
-        if decision.rules().len() == self.items.len() {
-            return self.all_rules_policy.clone();
+    fn policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
+        if decision.rules().len() == rules.items.len() {
+            return rules.all_rules_policy.clone();
         }
         let items = decision
             .rules()
             .iter()
-            .filter_map(|r| self.items.get(r.index));
+            .filter_map(|r| rules.items.get(r.index));
         headers::join(items.map(|i| i.policy.as_str()))
     }
 
-    fn insert_fields(&self, headers: &mut HeaderMap, decision: &Decision) {
-        if let Some(policy) = self.policy(decision) {
+    fn insert_fields(&self, rules: &RuleSet, headers: &mut HeaderMap, decision: &Decision) {
+        if let Some(policy) = Self::policy(rules, decision) {
             headers.entry(RATELIMIT_POLICY.clone()).or_insert(policy);
         }
-        if let Some(value) = headers::ratelimit_value(&self.items, decision) {
+        if let Some(value) = headers::ratelimit_value(&rules.items, decision) {
             headers.entry(RATELIMIT.clone()).or_insert(value);
         }
         if self.legacy {
@@ -93,19 +87,19 @@ impl Responder {
     }
 
     /// The fields for an allowed response, if the layer sends them.
-    pub(crate) fn allowed(&self, decision: &Decision) -> Option<AllowedHeaders> {
+    pub(crate) fn allowed(&self, rules: &RuleSet, decision: &Decision) -> Option<AllowedHeaders> {
         if !self.on_allowed || decision.rules().is_empty() {
             return None;
         }
         Some(AllowedHeaders {
-            policy: self.policy(decision)?,
-            ratelimit: headers::ratelimit_value(&self.items, decision)?,
+            policy: Self::policy(rules, decision)?,
+            ratelimit: headers::ratelimit_value(&rules.items, decision)?,
             decision: self.legacy.then(|| decision.clone()),
         })
     }
 
     /// The response to a denied request.
-    pub(crate) fn denied(&self, decision: &Decision) -> Response<Bytes> {
+    pub(crate) fn denied(&self, rules: &RuleSet, decision: &Decision) -> Response<Bytes> {
         let wait = decision.retry_after().unwrap_or_default() + self.jitter();
         let mut response = match &self.rejection {
             Some(build) => build(decision),
@@ -135,7 +129,7 @@ impl Responder {
         if !headers.contains_key(http::header::RETRY_AFTER) {
             headers::insert_retry_after(headers, wait);
         }
-        self.insert_fields(headers, decision);
+        self.insert_fields(rules, headers, decision);
         response
     }
 
@@ -161,6 +155,10 @@ impl Responder {
             Refusal::CostTooLarge { rule, error } => (
                 StatusCode::BAD_REQUEST,
                 format!("Rate-limit rule \"{rule}\": {error}."),
+            ),
+            Refusal::Denied { list } => (
+                StatusCode::FORBIDDEN,
+                format!("This client is on a deny list ({list})."),
             ),
         };
         let body = serde_json::json!({

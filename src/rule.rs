@@ -1,6 +1,8 @@
 //! `Rule`: a named limit, the key it counts by, what a request costs, and which requests it
 //! applies to.
 
+use std::sync::Arc;
+
 use http::{Method, StatusCode};
 
 use crate::algorithm::{Algorithm, Mode};
@@ -31,6 +33,7 @@ pub struct Rule {
     scope: Scope,
     missing_key: MissingKey,
     queue: Option<Queue>,
+    shadow: bool,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -91,6 +94,24 @@ impl Rule {
     /// The path is the one the layer sees: under axum's `Router::nest`, the nested part.
     pub fn path(mut self, pattern: impl Into<String>) -> Rule {
         self.scope.paths.push(pattern.into());
+        self
+    }
+
+    /// Applies only to requests for which `predicate` holds, on top of methods and paths (e.g. the
+    /// requests of one plan: `.when(|head| head.headers.get("x-plan").is_some_and(|v| v == "pro"))`).
+    pub fn when<F>(mut self, predicate: F) -> Rule
+    where
+        F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.scope.when = Some(Predicate(Arc::new(predicate)));
+        self
+    }
+
+    /// Shadow mode: the rule is decided and counted (metrics, logs) but never blocks a request, and
+    /// its fields are not sent — for rolling out a new limit safely, like nginx's
+    /// `limit_req_dry_run` or Envoy's `shadow_mode`.
+    pub fn shadow(mut self, shadow: bool) -> Rule {
+        self.shadow = shadow;
         self
     }
 
@@ -217,6 +238,7 @@ impl Rule {
             scope: self.scope.compile(),
             missing_key: self.missing_key,
             mode,
+            shadow: self.shadow,
         })
     }
 }
@@ -256,6 +278,7 @@ impl From<Limit> for Rule {
             scope: Scope::default(),
             missing_key: MissingKey::default(),
             queue: None,
+            shadow: false,
         }
     }
 }
@@ -265,11 +288,23 @@ impl From<Limit> for Rule {
 struct Scope {
     methods: Vec<Method>,
     paths: Vec<String>,
+    when: Option<Predicate>,
+}
+
+/// A caller's condition on the request head.
+#[derive(Clone)]
+struct Predicate(Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Predicate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("when(..)")
+    }
 }
 
 impl Scope {
     fn compile(self) -> CompiledScope {
         CompiledScope {
+            when: self.when,
             methods: self.methods,
             paths: self
                 .paths
@@ -290,11 +325,13 @@ pub(crate) struct CompiledRule {
     scope: CompiledScope,
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,
+    pub(crate) shadow: bool,
 }
 
 impl CompiledRule {
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
         self.scope.matches(head.method, head.uri.path())
+            && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))
     }
 
     pub(crate) fn algorithm(&self) -> &Algorithm {
@@ -304,6 +341,7 @@ impl CompiledRule {
 
 #[derive(Debug)]
 struct CompiledScope {
+    when: Option<Predicate>,
     methods: Vec<Method>,
     paths: Vec<Vec<String>>,
 }
@@ -340,8 +378,8 @@ mod tests {
 
     fn matches(pattern: &str, path: &str) -> bool {
         let scope = Scope {
-            methods: vec![],
             paths: vec![pattern.into()],
+            ..Scope::default()
         }
         .compile();
         scope.matches(&Method::GET, path)
@@ -367,7 +405,7 @@ mod tests {
     fn methods_narrow_the_scope() {
         let scope = Scope {
             methods: vec![Method::POST],
-            paths: vec![],
+            ..Scope::default()
         }
         .compile();
         assert!(scope.matches(&Method::POST, "/anything"));

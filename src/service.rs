@@ -12,8 +12,10 @@ use crate::decision::Decision;
 use crate::future::{ResponseFuture, State};
 use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
-use crate::limiter::{Limiter, Plan};
+use crate::limiter::Limiter;
+use crate::observe;
 use crate::rule::Rule;
+use crate::ruleset::{Plan, Route, RuleSet};
 use crate::store::{Outcomes, StoreError};
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -88,40 +90,105 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let plan = match self.shared.limiter.plan(&request) {
-            Ok(plan) => plan,
+        let shared = &self.shared;
+        let rules = shared.limiter.rules();
+        let (enforced, shadow) = match rules.route(&request, shared.shadow_all) {
+            Ok(Route::Charge { enforced, shadow }) => (enforced, shadow),
+            Ok(Route::Allowed) => {
+                return ResponseFuture::new(State::calling(self.inner.call(request), None))
+            }
             Err(refusal) => {
-                return ResponseFuture::new(State::respond(self.shared.responder.refused(&refusal)))
+                tracing::debug!(?refusal, "rate limit: request refused before counting");
+                return ResponseFuture::new(State::respond(shared.responder.refused(&refusal)));
             }
         };
-        if plan.is_empty() {
+        if !shadow.is_empty() {
+            record_shadow(shared, &rules, shadow);
+        }
+        if enforced.is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        match self.shared.limiter.apply(&plan).into_ready() {
-            Ok(result) => {
-                ResponseFuture::new(decide(&mut self.inner, &self.shared, request, plan, result))
-            }
+        let answer = shared
+            .limiter
+            .store()
+            .apply(&rules.charges(&enforced))
+            .into_ready();
+        match answer {
+            Ok(result) => ResponseFuture::new(decide(
+                &mut self.inner,
+                shared,
+                &rules,
+                request,
+                enforced,
+                result,
+            )),
             Err(store) => {
                 // The store needs I/O: the ready inner service goes into the future and a clone
                 // takes its place (the contract of `poll_ready` is per instance).
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
+                let rules = arc_swap::Guard::into_inner(rules);
                 ResponseFuture::new(State::checking(
                     store,
                     inner,
                     request,
-                    plan,
-                    self.shared.clone(),
+                    enforced,
+                    rules,
+                    shared.clone(),
                 ))
             }
         }
     }
 }
 
-/// Turns the store's answer into the next state: call the inner service, or answer.
+/// Decides shadow rules: counted and logged like the others, never blocking. A store that needs
+/// I/O answers in the background, so shadow rules add no latency.
+fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
+    let record = |shared: &Shared,
+                  rules: &RuleSet,
+                  plan: Plan,
+                  result: Result<Outcomes, StoreError>| match result {
+        Ok(outcomes) => {
+            for (planned, outcome) in plan.into_iter().zip(outcomes) {
+                rules.metrics[planned.rule].record_shadow(outcome.verdict);
+                let entry = Decision::entry(
+                    planned.rule,
+                    rules.rules[planned.rule].name.clone(),
+                    outcome,
+                    planned.key,
+                    planned.cost,
+                );
+                observe::event(&entry, true, shared.redact_keys);
+            }
+        }
+        Err(error) => {
+            for planned in &plan {
+                rules.metrics[planned.rule].store_error();
+            }
+            tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
+        }
+    };
+    let answer = shared
+        .limiter
+        .store()
+        .apply(&rules.charges(&plan))
+        .into_ready();
+    match answer {
+        Ok(result) => record(shared, rules, plan, result),
+        Err(pending) => {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let (shared, rules) = (shared.clone(), rules.clone());
+                runtime.spawn(async move { record(&shared, &rules, plan, pending.await) });
+            }
+        }
+    }
+}
+
+/// Turns the store's answer into the next state: call the inner service, wait, or answer.
 pub(crate) fn decide<S, B>(
     inner: &mut S,
     shared: &Shared,
+    rules: &Arc<RuleSet>,
     mut request: Request<B>,
     plan: Plan,
     result: Result<Outcomes, StoreError>,
@@ -142,31 +209,47 @@ where
     let outcomes = match outcomes {
         Ok(outcomes) => outcomes,
         Err(error) => {
+            for planned in &plan {
+                rules.metrics[planned.rule].store_error();
+            }
             return match shared.failure {
                 FailurePolicy::Open => {
-                    tracing::warn!(%error, "rate-limit store failed; request forwarded unlimited (fail open)");
+                    tracing::warn!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
                     State::calling(inner.call(request), None)
                 }
                 FailurePolicy::Closed => {
-                    tracing::warn!(%error, "rate-limit store failed; request refused (fail closed)");
+                    tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
                     State::respond(shared.responder.unavailable(&error))
                 }
             };
         }
     };
-    let rules = shared.limiter.rules();
     let decision = Decision::new(
         plan.into_iter()
             .zip(outcomes)
             .map(|(p, outcome)| {
-                Decision::entry(p.rule, rules[p.rule].name.clone(), outcome, p.key, p.cost)
+                Decision::entry(
+                    p.rule,
+                    rules.rules[p.rule].name.clone(),
+                    outcome,
+                    p.key,
+                    p.cost,
+                )
             })
             .collect(),
     );
-    if !decision.is_allowed() {
-        return State::respond(shared.responder.denied(&decision));
+    let allowed = decision.is_allowed();
+    for entry in decision.rules() {
+        // A rule that would have admitted a request another rule denied was not charged.
+        if allowed || !entry.outcome.is_allowed() {
+            rules.metrics[entry.index].record(entry.outcome.verdict);
+        }
+        observe::event(entry, false, shared.redact_keys);
     }
-    let headers = shared.responder.allowed(&decision);
+    if !allowed {
+        return State::respond(shared.responder.denied(rules, &decision));
+    }
+    let headers = shared.responder.allowed(rules, &decision);
     let wait = decision.wait();
     if wait.is_zero() {
         request.extensions_mut().insert(decision);
@@ -174,12 +257,7 @@ where
     }
     // Queue mode: hold the request until its slot. The ready service goes with it (a clone takes
     // its place), and the units go back to the store if the request is dropped while it waits.
-    tracing::debug!(
-        rules = ?decision.rules().iter().map(|r| &*r.rule).collect::<Vec<_>>(),
-        wait_ms = wait.as_millis() as u64,
-        "rate limit: request queued"
-    );
-    let hold = Hold::new(shared.limiter.clone(), &decision);
+    let hold = Hold::new(shared.limiter.clone(), rules.clone(), &decision);
     request.extensions_mut().insert(decision);
     let clone = inner.clone();
     let ready = std::mem::replace(inner, clone);
@@ -189,17 +267,22 @@ where
 /// The units a queued request holds; given back unless the request reaches the inner service.
 pub(crate) struct Hold {
     limiter: Limiter,
+    rules: Arc<RuleSet>,
     charged: SmallVec<[(usize, KeyValue, u64); 2]>,
 }
 
 impl Hold {
-    fn new(limiter: Limiter, decision: &Decision) -> Self {
+    fn new(limiter: Limiter, rules: Arc<RuleSet>, decision: &Decision) -> Self {
         let charged = decision
             .rules()
             .iter()
             .map(|r| (r.index, r.key.clone(), r.cost))
             .collect();
-        Hold { limiter, charged }
+        Hold {
+            limiter,
+            rules,
+            charged,
+        }
     }
 
     /// The request reached its slot: the units are spent.
@@ -212,7 +295,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if !self.charged.is_empty() {
             tracing::debug!("rate limit: queued request cancelled, units given back");
-            self.limiter.refund_now(&self.charged);
+            self.limiter.refund_now(&self.rules, &self.charged);
         }
     }
 }

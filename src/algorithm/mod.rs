@@ -67,7 +67,8 @@ pub enum Verdict {
     },
     /// The cost does not fit; nothing was charged.
     Denied {
-        /// The earliest moment, from now, at which the same cost would fit.
+        /// The earliest moment, from now, at which the same request would be admitted: when the
+        /// cost fits, or, for a reservation past its bound, when it could queue.
         retry_after: Duration,
     },
 }
@@ -98,7 +99,7 @@ impl Outcome {
         self.verdict.is_admitted()
     }
 
-    /// For a denial: the earliest moment, from now, at which the same cost would fit.
+    /// For a denial: the earliest moment, from now, at which the same request would be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.verdict {
             Verdict::Denied { retry_after } => Some(retry_after),

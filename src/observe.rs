@@ -1,0 +1,146 @@
+//! What the limiter tells operators: `metrics` counters per rule, a store-latency histogram, and
+//! `tracing` events for denials, delays, store errors and reloads.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `tollgate_allowed_total` | counter | `rule` |
+//! | `tollgate_denied_total` | counter | `rule` |
+//! | `tollgate_delayed_total` | counter | `rule` |
+//! | `tollgate_shadow_denied_total` | counter | `rule` |
+//! | `tollgate_store_errors_total` | counter | `rule` |
+//! | `tollgate_store_latency_seconds` | histogram | — (stores that answer asynchronously) |
+//!
+//! Counters are registered when the rules are built (and again on reload), so the application's
+//! metrics recorder must be installed before the layer is built.
+
+use std::fmt;
+use std::time::Duration;
+
+use metrics::Counter;
+
+use crate::algorithm::stable_key_hash;
+use crate::algorithm::Verdict;
+use crate::decision::RuleDecision;
+use crate::key::KeyValue;
+
+/// One rule's counters.
+pub(crate) struct RuleMetrics {
+    allowed: Counter,
+    denied: Counter,
+    delayed: Counter,
+    shadow_denied: Counter,
+    store_errors: Counter,
+}
+
+impl RuleMetrics {
+    pub(crate) fn new(rule: &str) -> Self {
+        describe();
+        let rule = rule.to_owned();
+        RuleMetrics {
+            allowed: metrics::counter!("tollgate_allowed_total", "rule" => rule.clone()),
+            denied: metrics::counter!("tollgate_denied_total", "rule" => rule.clone()),
+            delayed: metrics::counter!("tollgate_delayed_total", "rule" => rule.clone()),
+            shadow_denied: metrics::counter!("tollgate_shadow_denied_total", "rule" => rule.clone()),
+            store_errors: metrics::counter!("tollgate_store_errors_total", "rule" => rule),
+        }
+    }
+
+    /// Counts an enforced rule's answer.
+    pub(crate) fn record(&self, verdict: Verdict) {
+        match verdict {
+            Verdict::Allowed => self.allowed.increment(1),
+            Verdict::Reserved { .. } => {
+                self.allowed.increment(1);
+                self.delayed.increment(1);
+            }
+            Verdict::Denied { .. } => self.denied.increment(1),
+        }
+    }
+
+    /// Counts a shadow rule's answer: a denial is recorded, never enforced.
+    pub(crate) fn record_shadow(&self, verdict: Verdict) {
+        if let Verdict::Denied { .. } = verdict {
+            self.shadow_denied.increment(1);
+        }
+    }
+
+    pub(crate) fn store_error(&self) {
+        self.store_errors.increment(1);
+    }
+}
+
+fn describe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        metrics::describe_counter!(
+            "tollgate_allowed_total",
+            "Requests a rule let through (now or after a queue wait)."
+        );
+        metrics::describe_counter!("tollgate_denied_total", "Requests a rule refused.");
+        metrics::describe_counter!(
+            "tollgate_delayed_total",
+            "Requests a rule held in its queue before letting them through."
+        );
+        metrics::describe_counter!(
+            "tollgate_shadow_denied_total",
+            "Requests a shadow rule would have refused."
+        );
+        metrics::describe_counter!(
+            "tollgate_store_errors_total",
+            "Store failures while deciding a rule."
+        );
+        metrics::describe_histogram!(
+            "tollgate_store_latency_seconds",
+            metrics::Unit::Seconds,
+            "Time a networked store took to decide a request."
+        );
+    });
+}
+
+/// Records how long an asynchronous store took.
+pub(crate) fn store_latency(elapsed: Duration) {
+    metrics::histogram!("tollgate_store_latency_seconds").record(elapsed.as_secs_f64());
+}
+
+/// A key as it appears in logs: the key itself, or with redaction a short stable hash that still
+/// lets an operator correlate events of one key.
+pub(crate) struct LoggedKey<'a> {
+    key: &'a KeyValue,
+    redact: bool,
+}
+
+impl<'a> LoggedKey<'a> {
+    pub(crate) fn new(key: &'a KeyValue, redact: bool) -> Self {
+        LoggedKey { key, redact }
+    }
+}
+
+impl fmt::Display for LoggedKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.redact {
+            write!(f, "#{:016x}", stable_key_hash("", self.key.as_bytes()))
+        } else {
+            self.key.fmt(f)
+        }
+    }
+}
+
+/// Emits the event for one rule's answer to a request.
+pub(crate) fn event(entry: &RuleDecision, shadow: bool, redact: bool) {
+    let key = LoggedKey::new(&entry.key, redact);
+    match entry.outcome.verdict {
+        Verdict::Denied { retry_after } if shadow => tracing::info!(
+            rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,
+            "rate limit: shadow rule would deny"
+        ),
+        Verdict::Denied { retry_after } => tracing::debug!(
+            rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,
+            "rate limit: denied"
+        ),
+        Verdict::Reserved { wait } => tracing::debug!(
+            rule = %entry.rule, key = %key, wait_ms = wait.as_millis() as u64,
+            "rate limit: delayed in queue"
+        ),
+        Verdict::Allowed => {}
+    }
+}

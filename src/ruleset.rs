@@ -1,0 +1,287 @@
+//! `RuleSet`: the rules in force — validated, with their header items serialized and their metrics
+//! registered — plus the allow and deny lists. A reload replaces the whole set atomically.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use http::header::HeaderValue;
+use http::{Request, StatusCode};
+use ipnet::IpNet;
+use smallvec::SmallVec;
+
+use crate::algorithm::CostTooLarge;
+use crate::cost::CostError;
+use crate::error::ConfigError;
+use crate::headers::{self, PolicyItem};
+use crate::key::{Key, KeyValue, RequestHead};
+use crate::observe::RuleMetrics;
+use crate::rule::{CompiledRule, MissingKey, Rule};
+use crate::store::Charge;
+
+/// Rules, compiled, with everything per rule that never changes between requests.
+pub(crate) struct RuleSet {
+    pub(crate) rules: Box<[CompiledRule]>,
+    pub(crate) items: Box<[PolicyItem]>,
+    pub(crate) metrics: Box<[RuleMetrics]>,
+    /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
+    pub(crate) all_rules_policy: Option<HeaderValue>,
+    allow: Vec<AccessList>,
+    deny: Vec<AccessList>,
+}
+
+/// One rule's charge for a request: which rule, which key, how much.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    pub(crate) rule: usize,
+    pub(crate) key: KeyValue,
+    pub(crate) cost: u64,
+}
+
+/// The charges of one request.
+pub(crate) type Plan = SmallVec<[Planned; 2]>;
+
+/// A request answered before the store is asked.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The rule's key is missing and the rule rejects such requests.
+    MissingKey {
+        rule: std::sync::Arc<str>,
+        key: String,
+        status: StatusCode,
+    },
+    /// The request's cost could not be read.
+    BadCost {
+        rule: std::sync::Arc<str>,
+        error: CostError,
+    },
+    /// The request's cost can never pass.
+    CostTooLarge {
+        rule: std::sync::Arc<str>,
+        error: CostTooLarge,
+    },
+    /// The request matched a deny list.
+    Denied { list: String },
+}
+
+/// What a request's way through the rules is.
+// Returned once per request and taken apart at once; boxing the plans would allocate per request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Route {
+    /// On an allow list: forwarded, not limited.
+    Allowed,
+    /// Charge these (enforced) and these (shadow: recorded, never blocking).
+    Charge { enforced: Plan, shadow: Plan },
+}
+
+impl RuleSet {
+    pub(crate) fn new(
+        rules: Vec<Rule>,
+        allow: Vec<AccessList>,
+        deny: Vec<AccessList>,
+    ) -> Result<Self, ConfigError> {
+        let mut compiled: Vec<CompiledRule> = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let rule = rule.compile()?;
+            if compiled.iter().any(|r| r.name == rule.name) {
+                return Err(ConfigError::new(
+                    &rule.name,
+                    "name",
+                    "another rule has the same name (names are the rules' namespaces)".into(),
+                ));
+            }
+            compiled.push(rule);
+        }
+        let items = compiled
+            .iter()
+            .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
+        let metrics = compiled
+            .iter()
+            .map(|rule| RuleMetrics::new(&rule.name))
+            .collect();
+        Ok(RuleSet {
+            rules: compiled.into_boxed_slice(),
+            items: items.into_boxed_slice(),
+            metrics,
+            all_rules_policy,
+            allow,
+            deny,
+        })
+    }
+
+    pub(crate) fn allow(&self) -> &[AccessList] {
+        &self.allow
+    }
+
+    pub(crate) fn deny(&self) -> &[AccessList] {
+        &self.deny
+    }
+
+    /// The rule named `name`, with its index.
+    pub(crate) fn find(&self, name: &str) -> Option<(usize, &CompiledRule)> {
+        self.rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| &*r.name == name)
+    }
+
+    /// The charges a request makes: which rules apply, with which key and cost. `shadow_all` treats
+    /// every rule as a shadow rule.
+    pub(crate) fn route<B>(
+        &self,
+        request: &Request<B>,
+        shadow_all: bool,
+    ) -> Result<Route, Refusal> {
+        if let Some(list) = self.deny.iter().find(|list| list.matches(request)) {
+            return Err(Refusal::Denied {
+                list: list.describe(),
+            });
+        }
+        if self.allow.iter().any(|list| list.matches(request)) {
+            return Ok(Route::Allowed);
+        }
+        let head = RequestHead::of(request);
+        let (mut enforced, mut shadow) = (Plan::new(), Plan::new());
+        for (index, rule) in self.rules.iter().enumerate() {
+            if !rule.applies_to(&head) {
+                continue;
+            }
+            let key = match rule.key.extract(request) {
+                Some(key) => key,
+                None => match &rule.missing_key {
+                    MissingKey::Skip => continue,
+                    MissingKey::Fallback(fallback) => match fallback.extract(request) {
+                        Some(key) => key,
+                        None => return Err(missing(rule, StatusCode::BAD_REQUEST)),
+                    },
+                    MissingKey::Reject => return Err(missing(rule, StatusCode::BAD_REQUEST)),
+                    MissingKey::RejectWith(status) => return Err(missing(rule, *status)),
+                },
+            };
+            let cost = rule.cost.of(&head).map_err(|error| Refusal::BadCost {
+                rule: rule.name.clone(),
+                error,
+            })?;
+            rule.algorithm()
+                .check_cost(cost, rule.mode)
+                .map_err(|error| Refusal::CostTooLarge {
+                    rule: rule.name.clone(),
+                    error,
+                })?;
+            let planned = Planned {
+                rule: index,
+                key,
+                cost,
+            };
+            if shadow_all || rule.shadow {
+                shadow.push(planned);
+            } else {
+                enforced.push(planned);
+            }
+        }
+        Ok(Route::Charge { enforced, shadow })
+    }
+
+    /// The store's view of a plan.
+    pub(crate) fn charges<'a>(&'a self, plan: &'a Plan) -> SmallVec<[Charge<'a>; 2]> {
+        plan.iter()
+            .map(|p| self.charge(p.rule, &p.key, p.cost))
+            .collect()
+    }
+
+    pub(crate) fn charge<'a>(&'a self, index: usize, key: &'a KeyValue, cost: u64) -> Charge<'a> {
+        let rule = &self.rules[index];
+        Charge {
+            rule: &rule.name,
+            algorithm: rule.algorithm(),
+            key: key.as_bytes(),
+            cost,
+            mode: rule.mode,
+        }
+    }
+}
+
+fn missing(rule: &CompiledRule, status: StatusCode) -> Refusal {
+    Refusal::MissingKey {
+        rule: rule.name.clone(),
+        key: rule.key.describe(),
+        status,
+    }
+}
+
+impl fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("rules", &self.rules)
+            .field("allow", &self.allow)
+            .field("deny", &self.deny)
+            .finish()
+    }
+}
+
+/// Keys or networks that are never limited ([allow](crate::RateLimitLayerBuilder::allow)) or
+/// always refused with `403 Forbidden` ([deny](crate::RateLimitLayerBuilder::deny)).
+///
+/// ```
+/// use tollgate::{AccessList, Key};
+/// use http::HeaderName;
+///
+/// let monitoring = AccessList::networks(Key::peer_ip(), ["10.20.0.0/16".parse().unwrap()]);
+/// let banned = AccessList::keys(Key::header(HeaderName::from_static("x-api-key")), ["leaked-key"]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct AccessList {
+    key: Key,
+    values: HashSet<Box<[u8]>>,
+    networks: Vec<IpNet>,
+}
+
+impl AccessList {
+    /// Matches requests whose `key` is one of `values`.
+    pub fn keys<V: AsRef<[u8]>>(key: Key, values: impl IntoIterator<Item = V>) -> Self {
+        AccessList {
+            key,
+            values: values
+                .into_iter()
+                .map(|v| KeyValue::new(v.as_ref()).as_bytes().into())
+                .collect(),
+            networks: Vec::new(),
+        }
+    }
+
+    /// Matches requests whose `key` — an IP key such as [`Key::peer_ip`] or [`Key::client_ip`] — is
+    /// inside one of `networks`. (An IPv6 key grouped by prefix matches when its prefix's network
+    /// address is inside.)
+    pub fn networks(key: impl Into<Key>, networks: impl IntoIterator<Item = IpNet>) -> Self {
+        AccessList {
+            key: key.into(),
+            values: HashSet::new(),
+            networks: networks.into_iter().collect(),
+        }
+    }
+
+    fn matches<B>(&self, request: &Request<B>) -> bool {
+        let Some(key) = self.key.extract(request) else {
+            return false;
+        };
+        if self.values.contains(key.as_bytes()) {
+            return true;
+        }
+        if self.networks.is_empty() {
+            return false;
+        }
+        let Ok(text) = std::str::from_utf8(key.as_bytes()) else {
+            return false;
+        };
+        let ip = text
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .or_else(|| text.parse::<IpNet>().ok().map(|net| net.network()));
+        ip.is_some_and(|ip| self.networks.iter().any(|net| net.contains(&ip)))
+    }
+
+    fn describe(&self) -> String {
+        self.key.describe()
+    }
+}
