@@ -1,0 +1,181 @@
+use super::*;
+
+fn aligned(limit: u64, period: Duration) -> FixedWindow {
+    FixedWindow::new(limit, period).with_start(WindowStart::Aligned(Duration::ZERO))
+}
+
+#[test]
+fn aligned_windows_start_on_whole_minutes() {
+    let fw = aligned(5, secs(60));
+    let offset = fw.start().offset(60 * SEC, "api", b"alice");
+    assert_eq!(offset, 0);
+    let t = T0 + 10 * SEC;
+    let state = fw.fresh(t, offset);
+    assert_eq!(
+        state,
+        FixedWindowState {
+            window_start: T0,
+            remaining: 5
+        }
+    );
+    let mut run = Run::new(&fw, state);
+    for left in (0..5).rev() {
+        assert_eq!(run.charge(t, 1), allowed(5, left, secs(50)));
+    }
+    assert_eq!(run.charge(t, 1), denied(5, 0, secs(50), secs(50)));
+    assert_eq!(run.charge(T0 + 60 * SEC - 1, 1), denied(5, 0, us(1), us(1)));
+    assert_eq!(run.charge(T0 + 60 * SEC, 1), allowed(5, 4, secs(60)));
+    // An aligned offset is taken modulo the period and moves every key's windows alike.
+    assert_eq!(
+        WindowStart::Aligned(secs(75)).offset(60 * SEC, "api", b"alice"),
+        15 * SEC
+    );
+    assert_eq!(fw.fresh(t, 15 * SEC).window_start, T0 - 45 * SEC);
+    assert_eq!(
+        fw.fresh(T0 + 15 * SEC, 15 * SEC).window_start,
+        T0 + 15 * SEC
+    );
+}
+
+#[test]
+fn per_key_windows_start_at_a_stable_offset_of_the_key() {
+    let fw = FixedWindow::new(5, secs(60));
+    assert_eq!(fw.start(), WindowStart::PerKey);
+    // stable_key_hash("api", b"alice") % 60 s.
+    let alice = fw.start().offset(60 * SEC, "api", b"alice");
+    assert_eq!(alice, 51_215_328);
+    let bob = fw.start().offset(60 * SEC, "api", b"bob");
+    assert_ne!(alice, bob);
+
+    // Alice's windows start 51.215 328 s past each whole minute: at T0 + 30 s she is in the one
+    // that started at T0 − 8.784 672 s.
+    let t = T0 + 30 * SEC;
+    let mut run = Run::new(&fw, fw.fresh(t, alice));
+    assert_eq!(run.state.window_start, T0 + alice - 60 * SEC);
+    assert_eq!(run.charge(t, 5).remaining, 0);
+    let retry = us(T0 + alice - t); // 21.215 328 s
+    assert_eq!(retry, Duration::from_micros(21_215_328));
+    assert_eq!(run.charge(t, 1), denied(5, 0, retry, retry));
+
+    // Bob's windows reset at his own instant.
+    let mut bob_run = Run::new(&fw, fw.fresh(t, bob));
+    bob_run.charge(t, 5);
+    let bob_start = bob_run.state.window_start;
+    assert!(bob_start <= t && t < bob_start + 60 * SEC);
+    assert_eq!(bob_start % (60 * SEC), bob); // T0 is a whole minute
+    let retry = us(bob_start + 60 * SEC - t);
+    assert_eq!(bob_run.charge(t, 1), denied(5, 0, retry, retry));
+}
+
+#[test]
+fn unused_units_roll_over_up_to_the_capacity() {
+    let fw = aligned(10, secs(1)).with_capacity(25);
+    let mut run = Run::new(&fw, fw.fresh(T0, 0));
+    // A fresh key starts with a full capacity.
+    assert_eq!(run.peek(T0), allowed(25, 25, Duration::ZERO));
+    let t = T0 + 400 * MS;
+    assert_eq!(run.charge(t, 25), allowed(25, 0, ms(600)));
+    // v' = min(v + r·k, C) − n; retry_after = window_start' + p·ceil(−v'/r) − now.
+    assert_eq!(run.charge(t, 10), denied(25, 0, ms(600), ms(600)));
+    assert_eq!(run.charge(t, 11), denied(25, 0, ms(600), ms(1600)));
+    assert_eq!(run.charge(t, 25), denied(25, 0, ms(600), ms(2600)));
+    assert_eq!(run.peek(T0 + SEC), allowed(25, 10, secs(1)));
+    assert_eq!(run.charge(T0 + SEC, 3), allowed(25, 7, secs(1)));
+    assert_eq!(run.peek(T0 + 2500 * MS), allowed(25, 17, ms(500)));
+    // min(7 + 2·10, 25).
+    assert_eq!(run.peek(T0 + 3 * SEC), allowed(25, 25, Duration::ZERO));
+    assert_eq!(run.charge(T0 + 3 * SEC, 14), allowed(25, 11, secs(1)));
+    assert_eq!(
+        run.charge(T0 + 3 * SEC, 12),
+        denied(25, 11, secs(1), secs(1))
+    );
+}
+
+#[test]
+fn expires_when_the_window_would_be_full_again() {
+    let fw = aligned(10, secs(1)).with_capacity(25);
+    let state = FixedWindowState {
+        window_start: T0,
+        remaining: 3,
+    };
+    // 22 missing: three windows of 10.
+    assert_eq!(fw.expires_at(state), T0 + 3 * SEC);
+    let at = T0 + 3 * SEC;
+    for cost in 0..=25 {
+        assert_eq!(
+            fw.evaluate(state, at, cost),
+            fw.evaluate(fw.fresh(at, 0), at, cost)
+        );
+    }
+    assert_eq!(fw.evaluate(state, at - 1, 0).remaining, 23);
+
+    let plain = aligned(5, secs(1));
+    let drained = FixedWindowState {
+        window_start: T0,
+        remaining: 0,
+    };
+    assert_eq!(plain.expires_at(drained), T0 + SEC);
+    let full = FixedWindowState {
+        window_start: T0,
+        remaining: 5,
+    };
+    assert_eq!(plain.expires_at(full), T0);
+}
+
+#[test]
+fn clock_skew_admits_nothing_more() {
+    check_clock_skew(&aligned(5, secs(1)), T0 + MS, 5 * MS);
+    check_clock_skew(&aligned(5, secs(1)).with_capacity(12), T0 + MS, 5 * MS);
+}
+
+/// A random window and a key's offset in it: limit 1..50, half the time a roll-over capacity up to
+/// three times the limit.
+fn window() -> impl Strategy<Value = (FixedWindow, Micros)> {
+    (
+        1u64..50,
+        period(),
+        any::<bool>(),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(|(limit, period, rolls, extra, offset)| {
+            let capacity = if rolls {
+                limit + extra % (2 * limit + 1)
+            } else {
+                limit
+            };
+            let fw = FixedWindow::new(limit, us(period)).with_capacity(capacity);
+            (fw, offset % period)
+        })
+}
+
+proptest! {
+    #[test]
+    fn never_over_admits((fw, offset) in window(), start in start(), events in events()) {
+        let run = drive(&fw, start, offset, &events, |_| Mode::Charge)?;
+        let first = fw.fresh(start, offset).window_start;
+        prop_assert!(first <= start && start < first + micros(fw.period()));
+        prop_assert_eq!((first + micros(fw.period()) - offset) % micros(fw.period()), 0);
+        // Windows i..=j hold at most C + (j − i)·r: C in one window, C = r without roll-over.
+        let period = micros(fw.period());
+        let (capacity, limit) = (u128::from(fw.capacity()), u128::from(fw.limit()));
+        let window = move |t: Micros| u128::from((t - first) / period);
+        assert_bounded(&run.charges(), |a, b| capacity + limit * (window(b) - window(a)))?;
+    }
+
+    #[test]
+    fn refunds_never_exceed_capacity((fw, offset) in window(), start in start(), events in events()) {
+        check_refunds(&fw, start, offset, &events, true)?;
+    }
+
+    #[test]
+    fn an_expired_state_is_a_fresh_key(
+        (fw, offset) in window(),
+        start in start(),
+        history in events(),
+        later in any::<u64>(),
+        follow_up in events(),
+    ) {
+        check_expiry(&fw, start, offset, &history, later, &follow_up)?;
+    }
+}
