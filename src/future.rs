@@ -171,7 +171,7 @@ where
                         // Polled again after completion.
                         return Poll::Pending;
                     };
-                    crate::observe::store_latency(started.elapsed());
+                    rules.store_latency.record(started.elapsed().as_secs_f64());
                     decide(&mut inner, &shared, &rules, request, plan, result)
                 }
                 StateProj::Waiting { sleep, queued } => {

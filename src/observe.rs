@@ -10,13 +10,12 @@
 //! | `tollgate_store_errors_total` | counter | `rule` |
 //! | `tollgate_store_latency_seconds` | histogram | — (stores that answer asynchronously) |
 //!
-//! Counters are registered when the rules are built (and again on reload), so the application's
-//! metrics recorder must be installed before the layer is built.
+//! Counters and the histogram are registered when the rules are built (and again on reload), so the
+//! application's metrics recorder must be installed before the layer is built.
 
 use std::fmt;
-use std::time::Duration;
 
-use metrics::Counter;
+use metrics::{Counter, Histogram};
 
 use crate::algorithm::stable_key_hash;
 use crate::algorithm::Verdict;
@@ -97,9 +96,10 @@ fn describe() {
     });
 }
 
-/// Records how long an asynchronous store took.
-pub(crate) fn store_latency(elapsed: Duration) {
-    metrics::histogram!("tollgate_store_latency_seconds").record(elapsed.as_secs_f64());
+/// The store-latency histogram, registered with the rules like the counters.
+pub(crate) fn store_latency() -> Histogram {
+    describe();
+    metrics::histogram!("tollgate_store_latency_seconds")
 }
 
 /// A key as it appears in logs: the key itself, or with redaction a short stable hash that still

@@ -23,6 +23,7 @@ pub(crate) struct RuleSet {
     pub(crate) rules: Box<[CompiledRule]>,
     pub(crate) items: Box<[PolicyItem]>,
     pub(crate) metrics: Box<[RuleMetrics]>,
+    pub(crate) store_latency: metrics::Histogram,
     /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
     pub(crate) all_rules_policy: Option<HeaderValue>,
     allow: Vec<AccessList>,
@@ -104,6 +105,7 @@ impl RuleSet {
             rules: compiled.into_boxed_slice(),
             items: items.into_boxed_slice(),
             metrics,
+            store_latency: crate::observe::store_latency(),
             all_rules_policy,
             allow,
             deny,

@@ -10,10 +10,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tollgate::{
-    Cost, Decision, FailurePolicy, Key, Limit, MissingKey, RateLimitLayer, Rule, Store,
-};
+use tollgate::{Cost, Decision, FailurePolicy, Key, Limit, MissingKey, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+
+#[path = "support/stores.rs"]
+mod stores;
+use stores::{Broken, Slow};
 
 type Body = Full<Bytes>;
 
@@ -513,37 +515,6 @@ async fn handlers_read_the_decision() {
     );
 }
 
-/// A store that fails every call: stands in for an unreachable backend.
-#[derive(Debug)]
-struct Broken;
-
-impl Store for Broken {
-    fn apply(
-        &self,
-        _: &[tollgate::store::Charge<'_>],
-    ) -> tollgate::store::StoreFuture<tollgate::store::Outcomes> {
-        tollgate::store::StoreFuture::ready(Err(down()))
-    }
-    fn refund(&self, _: &tollgate::store::Charge<'_>) -> tollgate::store::StoreFuture<()> {
-        tollgate::store::StoreFuture::ready(Err(down()))
-    }
-    fn reset(
-        &self,
-        _: &str,
-        _: &tollgate::algorithm::Algorithm,
-        _: &[u8],
-    ) -> tollgate::store::StoreFuture<()> {
-        tollgate::store::StoreFuture::ready(Err(down()))
-    }
-}
-
-fn down() -> tollgate::store::StoreError {
-    tollgate::store::StoreError::new(
-        tollgate::store::StoreErrorKind::Unavailable,
-        "connection refused",
-    )
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
     let (calls, inner) = counting();
@@ -574,34 +545,6 @@ async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
         Some("application/problem+json")
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-}
-
-/// A store that answers after a delay, like a networked one: exercises the layer's async path.
-#[derive(Debug, Clone, Default)]
-struct Slow(tollgate::MemoryStore);
-
-impl Store for Slow {
-    fn apply(
-        &self,
-        batch: &[tollgate::store::Charge<'_>],
-    ) -> tollgate::store::StoreFuture<tollgate::store::Outcomes> {
-        let answer = self.0.apply(batch);
-        tollgate::store::StoreFuture::pending(async move {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            answer.await
-        })
-    }
-    fn refund(&self, charge: &tollgate::store::Charge<'_>) -> tollgate::store::StoreFuture<()> {
-        self.0.refund(charge)
-    }
-    fn reset(
-        &self,
-        rule: &str,
-        algorithm: &tollgate::algorithm::Algorithm,
-        key: &[u8],
-    ) -> tollgate::store::StoreFuture<()> {
-        self.0.reset(rule, algorithm, key)
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,391 @@
+//! What operators rely on: shadow rules, allow and deny lists, rules selected per request,
+//! reloading while traffic flows, metrics and log events.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::{AccessList, Key, Limit, Queue, RateLimitLayer, Rule};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+type Body = Full<Bytes>;
+
+fn ok_service(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::default())) })
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::default()).unwrap()
+}
+
+fn from(ip: &str, path: &str) -> Request<Body> {
+    let mut req = get(path);
+    req.extensions_mut()
+        .insert(SocketAddr::new(ip.parse().unwrap(), 1));
+    req
+}
+
+async fn status<S>(service: &S, req: Request<Body>) -> (StatusCode, Option<String>)
+where
+    S: Service<
+            Request<Body>,
+            Response = Response<tollgate::ResponseBody<Body>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let response = service.clone().oneshot(req).await.unwrap();
+    let fields = response
+        .headers()
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (response.status(), fields)
+}
+
+/// The value of counter `name` for `rule` in a snapshot.
+fn counter(snapshotter: &Snapshotter, name: &str, rule: &str) -> u64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| {
+            let key = key.key();
+            let matches =
+                key.name() == name && key.labels().any(|l| l.key() == "rule" && l.value() == rule);
+            match value {
+                DebugValue::Counter(n) if matches => Some(n),
+                _ => None,
+            }
+        })
+        .unwrap_or(0)
+}
+
+/// Builds the layer with a recorder of its own, so counters are registered there.
+fn with_recorder(build: impl FnOnce() -> RateLimitLayer) -> (RateLimitLayer, Snapshotter) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, build);
+    (layer, snapshotter)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shadow_rule_counts_but_never_blocks_and_sends_no_fields() {
+    let (layer, metrics) = with_recorder(|| {
+        RateLimitLayer::builder()
+            .rule(Rule::new("enforced", Limit::per_minute(100)))
+            .rule(Rule::new("trial", Limit::per_minute(2)).shadow(true))
+            .build()
+            .unwrap()
+    });
+    let service = layer.layer(ok_service());
+    for _ in 0..5 {
+        let (code, fields) = status(&service, get("/")).await;
+        assert_eq!(code, StatusCode::OK);
+        let fields = fields.unwrap();
+        assert!(fields.starts_with("\"enforced\""), "{fields}");
+        assert!(!fields.contains("trial"), "{fields}");
+    }
+    assert_eq!(
+        counter(&metrics, "tollgate_shadow_denied_total", "trial"),
+        3
+    );
+    assert_eq!(counter(&metrics, "tollgate_allowed_total", "enforced"), 5);
+    // A shadow rule is charged as usual (nginx's dry run counts too): its state shows 0 left.
+    let peek = layer.limiter().check("trial", "", 0).await.unwrap();
+    assert_eq!(peek.remaining, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn global_shadow_mode_blocks_nothing() {
+    let (layer, metrics) = with_recorder(|| {
+        RateLimitLayer::builder()
+            .rule(Rule::new("new-limit", Limit::per_minute(1)))
+            .shadow(true)
+            .build()
+            .unwrap()
+    });
+    let service = layer.layer(ok_service());
+    for _ in 0..3 {
+        assert_eq!(status(&service, get("/")).await, (StatusCode::OK, None));
+    }
+    assert_eq!(
+        counter(&metrics, "tollgate_shadow_denied_total", "new-limit"),
+        2
+    );
+    assert_eq!(counter(&metrics, "tollgate_denied_total", "new-limit"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn allow_and_deny_lists() {
+    let api_key = || Key::header(HeaderName::from_static("x-api-key"));
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
+        .allow(AccessList::networks(
+            Key::peer_ip(),
+            ["10.20.0.0/16".parse().unwrap()],
+        ))
+        .allow(AccessList::networks(
+            Key::peer_ip(),
+            ["2001:db8:aa::/48".parse().unwrap()],
+        ))
+        .deny(AccessList::keys(api_key(), ["leaked"]))
+        .build()
+        .unwrap();
+    let service = layer.layer(ok_service());
+    for _ in 0..3 {
+        assert_eq!(
+            status(&service, from("10.20.3.4", "/")).await,
+            (StatusCode::OK, None)
+        );
+        assert_eq!(
+            status(&service, from("2001:db8:aa:1::5", "/")).await,
+            (StatusCode::OK, None)
+        );
+    }
+    assert_eq!(
+        status(&service, from("192.0.2.1", "/")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&service, from("192.0.2.1", "/")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let mut banned = from("10.20.3.4", "/");
+    banned
+        .headers_mut()
+        .insert("x-api-key", "leaked".parse().unwrap());
+    let response = service.clone().oneshot(banned).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::FORBIDDEN,
+        "deny wins over allow"
+    );
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rules_selected_per_request_make_tiers() {
+    let plan_is = |plan: &'static str| {
+        move |head: &tollgate::RequestHead<'_>| {
+            head.headers.get("x-plan").is_some_and(|v| v == plan)
+        }
+    };
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("free", Limit::per_minute(2)).when(plan_is("free")))
+        .rule(Rule::new("pro", Limit::per_minute(5)).when(plan_is("pro")))
+        .build()
+        .unwrap();
+    let service = layer.layer(ok_service());
+    let on = |plan: &str| {
+        let mut req = get("/");
+        req.headers_mut().insert("x-plan", plan.parse().unwrap());
+        req
+    };
+    let count_ok = |plan: &'static str| {
+        let service = service.clone();
+        async move {
+            let mut ok = 0;
+            for _ in 0..10 {
+                if status(&service, on(plan)).await.0 == StatusCode::OK {
+                    ok += 1;
+                }
+            }
+            ok
+        }
+    };
+    assert_eq!(count_ok("free").await, 2);
+    assert_eq!(count_ok("pro").await, 5);
+    assert_eq!(
+        status(&service, get("/")).await,
+        (StatusCode::OK, None),
+        "no plan, no rule"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloading_under_load_fails_no_request_and_keeps_unchanged_rules() {
+    let kept = || Rule::new("kept", Limit::per_day(300));
+    let layer = RateLimitLayer::builder().rule(kept()).build().unwrap();
+    let service = layer.layer(ok_service());
+    let served = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (service, served) = (service.clone(), served.clone());
+            tokio::spawn(async move {
+                let mut odd = Vec::new();
+                for _ in 0..250 {
+                    let response = service.clone().oneshot(get("/")).await.unwrap();
+                    match response.status() {
+                        StatusCode::OK => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        StatusCode::TOO_MANY_REQUESTS => {}
+                        other => odd.push(other),
+                    }
+                    tokio::task::yield_now().await;
+                }
+                odd
+            })
+        })
+        .collect();
+    let reloader = {
+        let layer = layer.clone();
+        tokio::spawn(async move {
+            for i in 0..200u64 {
+                // Alternate a second rule in and out; "kept" stays as it is.
+                let rules = if i % 2 == 0 {
+                    vec![
+                        kept(),
+                        Rule::new("extra", Limit::per_day(1_000_000)).path("/other"),
+                    ]
+                } else {
+                    vec![kept()]
+                };
+                layer.reload(rules).unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for client in clients {
+        assert_eq!(
+            client.await.unwrap(),
+            Vec::<StatusCode>::new(),
+            "only 200 and 429"
+        );
+    }
+    reloader.await.unwrap();
+    // 1000 requests against a budget of 300 that no reload reset.
+    assert_eq!(served.load(Ordering::Relaxed), 300);
+    // A reload that cannot work changes nothing.
+    assert!(layer
+        .reload([Rule::new("kept", Limit::per_day(0))])
+        .is_err());
+    assert_eq!(layer.limiter().rule_names(), ["kept"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_for_allowed_denied_and_delayed() {
+    let (layer, metrics) = with_recorder(|| {
+        RateLimitLayer::builder()
+            .rule(Rule::new("queued", Limit::per_second(1)).queue(Queue::burst(1)))
+            .build()
+            .unwrap()
+    });
+    let service = layer.layer(ok_service());
+    let tasks: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(service.clone().oneshot(get("/"))))
+        .collect();
+    let mut codes = Vec::new();
+    for task in tasks {
+        codes.push(task.await.unwrap().unwrap().status());
+    }
+    assert_eq!(codes.iter().filter(|c| **c == StatusCode::OK).count(), 2);
+    assert_eq!(counter(&metrics, "tollgate_allowed_total", "queued"), 2);
+    assert_eq!(counter(&metrics, "tollgate_delayed_total", "queued"), 1);
+    assert_eq!(counter(&metrics, "tollgate_denied_total", "queued"), 1);
+}
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn denial_log(redact: bool) -> String {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
+        .redact_keys(redact)
+        .build()
+        .unwrap();
+    let service = layer.layer(ok_service());
+    status(&service, from("198.51.100.7", "/")).await;
+    status(&service, from("198.51.100.7", "/")).await;
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    text
+}
+
+#[tokio::test(start_paused = true)]
+async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
+    let plain = denial_log(false).await;
+    assert!(plain.contains("rate limit: denied"), "{plain}");
+    assert!(plain.contains("rule=per-ip"), "{plain}");
+    assert!(plain.contains("key=198.51.100.7"), "{plain}");
+    let redacted = denial_log(true).await;
+    assert!(redacted.contains("rate limit: denied"), "{redacted}");
+    assert!(!redacted.contains("198.51.100.7"), "{redacted}");
+    assert!(redacted.contains("key=#"), "{redacted}");
+}
+
+#[path = "support/stores.rs"]
+mod stores;
+
+#[tokio::test(start_paused = true)]
+async fn store_errors_and_store_latency_are_measured() {
+    let recorder = DebuggingRecorder::new();
+    let metrics = recorder.snapshotter();
+    let (broken, slow) = metrics::with_local_recorder(&recorder, || {
+        let broken = RateLimitLayer::builder()
+            .rule(Rule::new("down", Limit::per_minute(5)))
+            .store(stores::Broken)
+            .build()
+            .unwrap();
+        let slow = RateLimitLayer::builder()
+            .rule(Rule::new("remote", Limit::per_minute(5)))
+            .store(stores::Slow::default())
+            .build()
+            .unwrap();
+        (broken.layer(ok_service()), slow.layer(ok_service()))
+    });
+    assert_eq!(
+        status(&broken, get("/")).await.0,
+        StatusCode::OK,
+        "fails open"
+    );
+    assert_eq!(counter(&metrics, "tollgate_store_errors_total", "down"), 1);
+    // The histogram is recorded where the request completes, under the same recorder.
+    let latencies = metrics::with_local_recorder(&recorder, || {
+        let slow = slow.clone();
+        tokio::spawn(async move { status(&slow, get("/")).await })
+    });
+    assert_eq!(latencies.await.unwrap().0, StatusCode::OK);
+    let recorded: Vec<f64> = metrics
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "tollgate_store_latency_seconds")
+        .flat_map(|(.., value)| match value {
+            DebugValue::Histogram(values) => values.into_iter().map(|v| v.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [0.005],
+        "the slow store answers after 5 ms of paused time"
+    );
+}
