@@ -1,0 +1,318 @@
+//! End-to-end HTTP comparison on loopback: axum hello-world bare, behind tollgate, and behind
+//! tower_governor, with the same quota, measured by `wrk`.
+//!
+//! ```text
+//! cargo bench --bench http                 # needs `wrk` (Debian package `wrk`)
+//! HTTP_BENCH_SECS=10 HTTP_BENCH_RUNS=5 cargo bench --bench http
+//! ```
+//!
+//! Each server runs in its own process (this binary with `--serve VARIANT ADDR`) on a one-thread
+//! tokio runtime, so `wrk` (one thread, 32 connections) has the other core. Besides requests per
+//! second and latency, the table reports the server's CPU time per request, read from
+//! `/proc/PID/stat` before and after each run: with client and server sharing two cores, that is
+//! the sharper measure of what the middleware costs. Each cell is the median of the runs, with the
+//! min–max range.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use axum::{routing::get, Router};
+
+/// The quota every limiter gets in the "allowed" runs: nothing is ever denied.
+const GENEROUS_PER_SECOND: u64 = 1_000_000;
+/// The quota of the "denied" runs: 10 per second; almost every request gets 429.
+const TIGHT_PER_SECOND: u64 = 10;
+
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    Bare,
+    Tollgate { tight: bool, headers: bool },
+    TowerGovernor { tight: bool },
+}
+
+impl Variant {
+    fn all() -> [Variant; 6] {
+        [
+            Variant::Bare,
+            Variant::Tollgate {
+                tight: false,
+                headers: true,
+            },
+            Variant::Tollgate {
+                tight: false,
+                headers: false,
+            },
+            Variant::TowerGovernor { tight: false },
+            Variant::Tollgate {
+                tight: true,
+                headers: true,
+            },
+            Variant::TowerGovernor { tight: true },
+        ]
+    }
+
+    fn name(self) -> String {
+        match self {
+            Variant::Bare => "bare".into(),
+            Variant::Tollgate { tight, headers } => format!(
+                "tollgate-{}-{}",
+                path(tight),
+                if headers { "headers" } else { "noheaders" }
+            ),
+            Variant::TowerGovernor { tight } => format!("tower_governor-{}", path(tight)),
+        }
+    }
+
+    fn parse(name: &str) -> Option<Variant> {
+        Variant::all().into_iter().find(|v| v.name() == name)
+    }
+
+    fn label(self) -> String {
+        match self {
+            Variant::Bare => "axum, bare (200)".into(),
+            Variant::Tollgate {
+                tight: false,
+                headers: true,
+            } => "tollgate, allowed (200 + RateLimit fields)".into(),
+            Variant::Tollgate {
+                tight: false,
+                headers: false,
+            } => "tollgate, allowed, fields off (200)".into(),
+            Variant::Tollgate { tight: true, .. } => "tollgate, denied (429)".into(),
+            Variant::TowerGovernor { tight: false } => "tower_governor, allowed (200)".into(),
+            Variant::TowerGovernor { tight: true } => "tower_governor, denied (429)".into(),
+        }
+    }
+}
+
+fn path(tight: bool) -> &'static str {
+    if tight {
+        "denied"
+    } else {
+        "allowed"
+    }
+}
+
+fn app(variant: Variant) -> Router {
+    let router = Router::new().route("/", get(|| async { "Hello, World!" }));
+    match variant {
+        Variant::Bare => router,
+        Variant::Tollgate { tight, headers } => {
+            let per_second = if tight {
+                TIGHT_PER_SECOND
+            } else {
+                GENEROUS_PER_SECOND
+            };
+            let layer = tollgate::RateLimitLayer::builder()
+                .rule(tollgate::Limit::per_second(per_second).key(tollgate::Key::peer_ip()))
+                .headers_on_allowed(headers)
+                .build()
+                .expect("valid rule");
+            router.layer(layer)
+        }
+        Variant::TowerGovernor { tight } => {
+            let per_second = if tight {
+                TIGHT_PER_SECOND
+            } else {
+                GENEROUS_PER_SECOND
+            };
+            // tower_governor counts "one unit every `period`"; the burst is the capacity.
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .period(Duration::from_nanos(1_000_000_000 / per_second))
+                .burst_size(per_second as u32)
+                .finish()
+                .expect("valid quota");
+            router.layer(tower_governor::GovernorLayer::new(config))
+        }
+    }
+}
+
+fn serve(variant: Variant, addr: SocketAddr) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+        let service = app(variant).into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, service).await.expect("serve");
+    });
+}
+
+/// One wrk run's figures.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    requests_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us_per_request: f64,
+    non_2xx_share: f64,
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("server stat");
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("stat format") + 2..]
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+fn clock_ticks_per_second() -> u64 {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(100)
+}
+
+/// Parses a wrk latency like `1.23ms`, `845.00us` or `1.02s` into milliseconds.
+fn millis(text: &str) -> f64 {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| c.is_ascii_alphabetic())
+            .unwrap_or(text.len()),
+    );
+    let value: f64 = number.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => value / 1000.0,
+        "ms" => value,
+        "s" => value * 1000.0,
+        _ => f64::NAN,
+    }
+}
+
+fn wrk(addr: SocketAddr, seconds: u64, server: u32, ticks_per_second: u64) -> Run {
+    let before = cpu_ticks(server);
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            "-c32",
+            &format!("-d{seconds}s"),
+            "--latency",
+            &format!("http://{addr}/"),
+        ])
+        .output()
+        .expect("wrk is installed (Debian package `wrk`)");
+    let after = cpu_ticks(server);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let find = |prefix: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|line| line.strip_prefix(prefix).map(|rest| rest.trim().to_owned()))
+            .unwrap_or_else(|| panic!("no {prefix:?} in wrk output:\n{text}"))
+    };
+    let requests_per_second: f64 = find("Requests/sec:").parse().expect("rate");
+    let total: f64 = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("request count");
+    let non_2xx: f64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0.0);
+    let cpu_seconds = (after - before) as f64 / ticks_per_second as f64;
+    Run {
+        requests_per_second,
+        p50_ms: millis(&find("50%")),
+        p99_ms: millis(&find("99%")),
+        cpu_us_per_request: cpu_seconds * 1e6 / total,
+        non_2xx_share: non_2xx / total,
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+fn start(variant: Variant) -> (Child, SocketAddr) {
+    let addr = free_addr();
+    let child = Command::new(std::env::current_exe().expect("self"))
+        .args(["--serve", &variant.name(), &addr.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("server process");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return (child, addr);
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("{} did not start listening on {addr}", variant.name());
+}
+
+/// Median and range of one figure over the runs.
+fn summary(values: impl Iterator<Item = f64>) -> (f64, f64, f64) {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
+fn cell((median, min, max): (f64, f64, f64), digits: usize) -> String {
+    format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, variant, addr] = &args[..] {
+        if flag == "--serve" {
+            let variant = Variant::parse(variant).expect("known variant");
+            serve(variant, addr.parse().expect("address"));
+            return;
+        }
+    }
+    // `cargo test --benches` runs every bench once as a test: there is nothing to check here
+    // without wrk and minutes of load, so it only checks that every variant builds its router.
+    if !args.iter().any(|a| a == "--bench") {
+        for variant in Variant::all() {
+            let _ = app(variant);
+        }
+        println!("http bench: routers build (run `cargo bench --bench http` to measure)");
+        return;
+    }
+    let seconds = env("HTTP_BENCH_SECS", 5);
+    let runs = env("HTTP_BENCH_RUNS", 3) as usize;
+    let ticks = clock_ticks_per_second();
+    println!("wrk -t1 -c32 -d{seconds}s, {runs} runs each, server on one tokio worker thread\n");
+    println!("| server | requests/s | p50 ms | p99 ms | server CPU µs/request | non-2xx |");
+    println!("|---|---|---|---|---|---|");
+    for variant in Variant::all() {
+        let (mut child, addr) = start(variant);
+        // Warm up: connections, allocator, and (for the denied runs) an exhausted bucket.
+        let _ = wrk(addr, 1, child.id(), ticks);
+        let results: Vec<Run> = (0..runs)
+            .map(|_| wrk(addr, seconds, child.id(), ticks))
+            .collect();
+        let _ = child.kill();
+        let _ = child.wait();
+        println!(
+            "| {} | {} | {} | {} | {} | {:.0}% |",
+            variant.label(),
+            cell(summary(results.iter().map(|r| r.requests_per_second)), 0),
+            cell(summary(results.iter().map(|r| r.p50_ms)), 2),
+            cell(summary(results.iter().map(|r| r.p99_ms)), 2),
+            cell(summary(results.iter().map(|r| r.cpu_us_per_request)), 1),
+            100.0 * summary(results.iter().map(|r| r.non_2xx_share)).0,
+        );
+    }
+}
