@@ -236,7 +236,7 @@ fn free_addr() -> SocketAddr {
 
 fn start(variant: Variant) -> (Child, SocketAddr) {
     let addr = free_addr();
-    let child = Command::new(std::env::current_exe().expect("self"))
+    let mut child = Command::new(std::env::current_exe().expect("self"))
         .args(["--serve", &variant.name(), &addr.to_string()])
         .stdout(Stdio::null())
         .spawn()
@@ -247,6 +247,8 @@ fn start(variant: Variant) -> (Child, SocketAddr) {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("{} did not start listening on {addr}", variant.name());
 }
 
