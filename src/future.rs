@@ -36,15 +36,15 @@ pin_project! {
         S: Service<Request<B>>,
     {
         // The store is deciding (only stores that need I/O get here).
+        // (Boxed: the slow paths' state would otherwise make every request's future larger.)
         Checking {
             store: StoreFuture<Outcomes>,
-            deciding: Option<Deciding<S, B>>,
+            deciding: Option<Box<Deciding<S, B>>>,
         },
         // Queue mode: the request waits for its reserved slot.
         Waiting {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            queued: Option<Queued<S, B>>,
+            sleep: Pin<Box<tokio::time::Sleep>>,
+            queued: Option<Box<Queued<S, B>>>,
         },
         // The request passed: the inner service is running.
         Calling {
@@ -93,14 +93,14 @@ where
     ) -> Self {
         State::Checking {
             store,
-            deciding: Some(Deciding {
+            deciding: Some(Box::new(Deciding {
                 inner,
                 request,
                 plan,
                 rules,
                 shared,
                 started: tokio::time::Instant::now(),
-            }),
+            })),
         }
     }
 
@@ -120,14 +120,14 @@ where
         hold: Hold,
     ) -> Self {
         State::Waiting {
-            sleep: tokio::time::sleep(wait),
-            queued: Some(Queued {
+            sleep: Box::pin(tokio::time::sleep(wait)),
+            queued: Some(Box::new(Queued {
                 inner,
                 request,
                 headers,
                 hold,
                 wait,
-            }),
+            })),
         }
     }
 
@@ -159,33 +159,33 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Checking { store, deciding } => {
                     let result = ready!(Pin::new(store).poll(cx));
-                    let Some(Deciding {
+                    let Some(deciding) = deciding.take() else {
+                        // Polled again after completion.
+                        return Poll::Pending;
+                    };
+                    let Deciding {
                         mut inner,
                         request,
                         plan,
                         rules,
                         shared,
                         started,
-                    }) = deciding.take()
-                    else {
-                        // Polled again after completion.
-                        return Poll::Pending;
-                    };
+                    } = *deciding;
                     rules.store_latency.record(started.elapsed().as_secs_f64());
                     decide(&mut inner, &shared, &rules, request, plan, result)
                 }
                 StateProj::Waiting { sleep, queued } => {
-                    ready!(sleep.poll(cx));
-                    let Some(Queued {
+                    ready!(sleep.as_mut().poll(cx));
+                    let Some(queued) = queued.take() else {
+                        return Poll::Pending;
+                    };
+                    let Queued {
                         mut inner,
                         request,
                         headers,
                         hold,
                         wait,
-                    }) = queued.take()
-                    else {
-                        return Poll::Pending;
-                    };
+                    } = *queued;
                     hold.release();
                     State::Calling {
                         future: inner.call(request),

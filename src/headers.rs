@@ -7,7 +7,6 @@
 //! (`t`). A rule's policy item never changes, so it is serialized once, when the layer is built;
 //! per request only the two integers of each `RateLimit` item are written.
 
-use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
@@ -42,6 +41,8 @@ pub(crate) struct PolicyItem {
     pub(crate) name: String,
     /// The whole `RateLimit-Policy` item, e.g. `"per-ip";q=60;w=60`.
     pub(crate) policy: String,
+    /// The rule name as the inside of a JSON string (escaped), for problem+json bodies.
+    pub(crate) json_name: String,
 }
 
 impl PolicyItem {
@@ -61,7 +62,13 @@ impl PolicyItem {
             .parameter(W, w)
             .finish();
         let name = sfv::ItemSerializer::new().bare_item(name).finish();
-        Ok(PolicyItem { name, policy })
+        let quoted = serde_json::Value::from(rule).to_string();
+        let json_name = quoted[1..quoted.len() - 1].to_owned();
+        Ok(PolicyItem {
+            name,
+            policy,
+            json_name,
+        })
     }
 }
 
@@ -92,18 +99,24 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
 
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
-    let mut value = String::with_capacity(32 * decision.rules().len());
+    let mut value = Vec::with_capacity(40 * decision.rules().len());
+    let mut numbers = itoa::Buffer::new();
     for (i, entry) in decision.rules().iter().enumerate() {
         if i > 0 {
-            value.push_str(", ");
+            value.extend_from_slice(b", ");
         }
-        let name = &items.get(entry.index)?.name;
-        let r = entry.outcome.remaining.min(SF_INTEGER_MAX);
+        value.extend_from_slice(items.get(entry.index)?.name.as_bytes());
+        value.extend_from_slice(b";r=");
+        value.extend_from_slice(
+            numbers
+                .format(entry.outcome.remaining.min(SF_INTEGER_MAX))
+                .as_bytes(),
+        );
+        value.extend_from_slice(b";t=");
         let t = whole_seconds(entry.outcome.reset).min(SF_INTEGER_MAX);
-        // Writing to a String cannot fail.
-        let _ = write!(value, "{name};r={r};t={t}");
+        value.extend_from_slice(numbers.format(t).as_bytes());
     }
-    HeaderValue::from_str(&value).ok()
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
 }
 
 /// `Retry-After` in whole seconds, rounded up, never 0.

@@ -104,25 +104,18 @@ impl Responder {
         let mut response = match &self.rejection {
             Some(build) => build(decision),
             None => {
-                let violated: Vec<&str> = decision
-                    .rules()
-                    .iter()
-                    .filter(|r| !r.outcome.verdict.is_admitted())
-                    .map(|r| &*r.rule)
-                    .collect();
-                let detail = format!(
-                    "Rate limit exceeded ({}); retry in {} s.",
-                    violated.join(", "),
-                    headers::whole_seconds(wait).max(1)
+                let body = quota_exceeded(
+                    rules,
+                    decision,
+                    self.status,
+                    headers::whole_seconds(wait).max(1),
                 );
-                let body = serde_json::json!({
-                    "type": QUOTA_EXCEEDED,
-                    "title": "Too Many Requests",
-                    "status": self.status.as_u16(),
-                    "detail": detail,
-                    "violated-policies": violated,
-                });
-                problem(self.status, &body)
+                let mut response = Response::new(body);
+                *response.status_mut() = self.status;
+                response
+                    .headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+                response
             }
         };
         let headers = response.headers_mut();
@@ -183,13 +176,57 @@ impl Responder {
     }
 }
 
+/// The problem+json body of a denial, written directly: names are escaped once when the rules are
+/// built, so a flood of 429s costs one allocation each.
+fn quota_exceeded(
+    rules: &RuleSet,
+    decision: &Decision,
+    status: StatusCode,
+    retry_seconds: u64,
+) -> Bytes {
+    let violated = || {
+        decision
+            .rules()
+            .iter()
+            .filter(|r| !r.outcome.is_allowed())
+            .filter_map(|r| rules.items.get(r.index))
+    };
+    let mut numbers = itoa::Buffer::new();
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":\"");
+    body.push_str(QUOTA_EXCEEDED);
+    body.push_str("\",\"title\":\"Too Many Requests\",\"status\":");
+    body.push_str(numbers.format(status.as_u16()));
+    body.push_str(",\"detail\":\"Rate limit exceeded (");
+    for (i, item) in violated().enumerate() {
+        if i > 0 {
+            body.push_str(", ");
+        }
+        body.push_str(&item.json_name);
+    }
+    body.push_str("); retry in ");
+    body.push_str(numbers.format(retry_seconds));
+    body.push_str(" s.\",\"violated-policies\":[");
+    for (i, item) in violated().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push('"');
+        body.push_str(&item.json_name);
+        body.push('"');
+    }
+    body.push_str("]}");
+    Bytes::from(body)
+}
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
 fn problem(status: StatusCode, body: &serde_json::Value) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body.to_string()));
     *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
 }
 

@@ -609,3 +609,30 @@ fn unworkable_rules_are_build_errors() {
         "invalid rate-limit rule: rule \"zero\": rate: must be greater than 0"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_problem_body_is_valid_json_whatever_the_rule_names() {
+    let (_, inner) = counting();
+    let name = r#"say "hi" \ there"#;
+    let service = RateLimitLayer::builder()
+        .rule(Rule::new(name, Limit::per_minute(1)))
+        .rule(Rule::new("plain", Limit::per_minute(1)))
+        .build()
+        .unwrap()
+        .layer(inner);
+    send(&service, get("/")).await;
+    let denied = send(&service, get("/")).await;
+    assert_eq!(
+        json(&denied),
+        serde_json::json!({
+            "type": tollgate::QUOTA_EXCEEDED,
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": format!("Rate limit exceeded ({name}, plain); retry in 60 s."),
+            "violated-policies": [name, "plain"],
+        })
+    );
+    let policy = header(&denied, "ratelimit-policy").unwrap();
+    let list: sfv::List = sfv::Parser::new(policy).parse().unwrap();
+    assert_eq!(list.len(), 2);
+}
