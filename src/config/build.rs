@@ -485,13 +485,13 @@ fn client_ip(spec: &ClientIpSpec, at: &str) -> Result<Key, Invalid> {
         if len == 0 || len > 128 {
             return invalid(format!("{at}.ipv6_prefix"), "must be from 1 to 128");
         }
-        client = client.ipv6_prefix(len);
+        client = client.ipv6_prefix(len as u8);
     }
     if let Some(len) = spec.ipv4_prefix {
         if len == 0 || len > 32 {
             return invalid(format!("{at}.ipv4_prefix"), "must be from 1 to 32");
         }
-        client = client.ipv4_prefix(len);
+        client = client.ipv4_prefix(len as u8);
     }
     Ok(client.into())
 }

@@ -172,7 +172,9 @@ pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
 
 fn plain_type(expected: &str) -> &str {
     match expected {
-        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number",
+        "u8" => "a whole number from 0 to 255",
+        "u16" => "a whole number from 0 to 65535",
+        "u32" | "u64" | "usize" => "a whole number (0 or more)",
         "a sequence" => "a list",
         "a map" => "a table",
         "a boolean" => "true or false",
@@ -214,7 +216,7 @@ mod tests {
             refine("rules[1].rate", "invalid type: string \"10\", expected u64"),
             (
                 "rules[1].rate".into(),
-                "expected a whole number, found string \"10\"".into()
+                "expected a whole number (0 or more), found string \"10\"".into()
             )
         );
         assert_eq!(

@@ -387,8 +387,8 @@ pub(crate) struct ClientIpSpec {
     #[serde(default)]
     pub(crate) trust_loopback: bool,
     pub(crate) header: Option<ForwardedHeaderName>,
-    pub(crate) ipv6_prefix: Option<u8>,
-    pub(crate) ipv4_prefix: Option<u8>,
+    pub(crate) ipv6_prefix: Option<u32>,
+    pub(crate) ipv4_prefix: Option<u32>,
 }
 
 /// The forwarding header trusted proxies set, by its HTTP name.
