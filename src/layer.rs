@@ -43,7 +43,7 @@ pub enum FailurePolicy {
 /// ```
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 /// What every service of one layer shares.

@@ -31,6 +31,8 @@
 pub mod algorithm;
 mod body;
 mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod cost;
 mod decision;
 mod error;
@@ -51,6 +53,8 @@ pub mod store;
 pub use algorithm::{Outcome, Verdict};
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "config")]
+pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;

@@ -186,6 +186,24 @@ impl Limiter {
         Ok(())
     }
 
+    /// Replaces the rules and the allow and deny lists together, e.g. from a configuration file
+    /// that was edited (validated first: on error nothing changes). [`reload`](Self::reload)
+    /// keeps the lists in force.
+    pub fn reload_with_lists(
+        &self,
+        rules: impl IntoIterator<Item = Rule>,
+        allow: impl IntoIterator<Item = AccessList>,
+        deny: impl IntoIterator<Item = AccessList>,
+    ) -> Result<(), ConfigError> {
+        let next = RuleSet::new(
+            rules.into_iter().collect(),
+            allow.into_iter().collect(),
+            deny.into_iter().collect(),
+        )?;
+        self.replace(next);
+        Ok(())
+    }
+
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
     }

@@ -1,0 +1,105 @@
+//! A server whose rate limits come only from a configuration file: try every setting without
+//! writing Rust.
+//!
+//! ```text
+//! cargo run --example server --features config -- --config examples/configs/public_api.toml
+//! cargo run --example server --features config -- --config examples/configs/login_protection.yaml
+//! ```
+//!
+//! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and answers every method and path
+//! with the rules that applied and what they have left, so any `paths` and `methods` in the file
+//! can be tried with `curl -i`. `/metrics` (never limited) serves the counters in Prometheus
+//! text format. The file is watched: save a change and the new rules apply within two seconds
+//! (an invalid file is reported and the rules in force stay).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tollgate::{Decision, RateLimitLayer};
+
+/// The limited app: any path, any method; plus `/metrics`, outside the limits.
+pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
+    let limited = Router::new().fallback(answer).layer(limits);
+    Router::new()
+        .route("/metrics", get(move || async move { metrics.render() }))
+        .merge(limited)
+}
+
+async fn answer(request: Request) -> String {
+    let mut text = format!("{} {}\n", request.method(), request.uri().path());
+    match request.extensions().get::<Decision>() {
+        Some(decision) if !decision.rules().is_empty() => {
+            for rule in decision.rules() {
+                text += &format!("  {}: {} left\n", rule.rule, rule.outcome.remaining);
+            }
+        }
+        _ => text += "  no rule applied\n",
+    }
+    text
+}
+
+/// The value of `--config FILE` (or `--config=FILE`).
+fn config_path() -> Result<PathBuf, String> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--config" {
+            return args.next().map(PathBuf::from).ok_or_else(usage);
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            return Ok(PathBuf::from(path));
+        }
+    }
+    Err(usage())
+}
+
+fn usage() -> String {
+    "usage: server --config FILE (a .toml, .yaml or .yml file; ADDR sets the address)".to_owned()
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let path = config_path()?;
+    tracing_subscriber::fmt().with_target(false).init();
+    // The recorder comes first: the layer registers its counters when it is built.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+    let limits = RateLimitLayer::from_config_file(&path)?;
+    let _watch = limits.watch_config_file(&path, Duration::from_secs(2))?;
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+
+    let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "{} rules from {}:",
+        limits.limiter().rule_names().len(),
+        path.display()
+    );
+    for name in limits.limiter().rule_names() {
+        println!("  {name}");
+    }
+    println!("listening on http://{addr}; any method and path answers, for example:");
+    println!("  curl -i http://{addr}/v1/items -H 'x-api-key: demo-free'");
+    println!("  curl -i -X POST http://{addr}/login");
+    println!("  curl http://{addr}/metrics");
+    let app = app(limits, metrics).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}

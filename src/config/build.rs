@@ -1,0 +1,726 @@
+//! From the file's shape to tollgate's values: `Rule`s, `AccessList`s, the layer's builder.
+//!
+//! Every check that needs more than one field happens here, and every error names its place in
+//! the file (`rules[2].tiers.plans.pro.rate`). A rule is validated as soon as it is built, so a
+//! [`ConfigError`] of the rule (which names the rule and the field) becomes the place of the
+//! field in the file.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::schema::{
+    AccessSpec, AlgorithmName, ClientIpSpec, CostSpec, File, ForwardedHeaderName, KeySpec,
+    LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
+    StoreKind, StoreSpec, TiersSpec,
+};
+use super::Plan;
+use crate::error::ConfigError;
+use crate::key::{ForwardedHeader, Key, RequestHead};
+use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+use crate::limit::Limit;
+use crate::queue::Queue;
+use crate::rule::{MissingKey, Rule};
+use crate::ruleset::AccessList;
+use crate::store::{MemoryStore, Store};
+use crate::Cost;
+
+/// A value that cannot work, at its place in the file.
+#[derive(Debug)]
+pub(crate) struct Invalid {
+    pub(crate) path: String,
+    pub(crate) message: String,
+}
+
+fn invalid<T>(path: impl Into<String>, message: impl Into<String>) -> Result<T, Invalid> {
+    Err(Invalid {
+        path: path.into(),
+        message: message.into(),
+    })
+}
+
+/// What a reload replaces: the rules and the allow and deny lists.
+pub(crate) struct Rules {
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) allow: Vec<AccessList>,
+    pub(crate) deny: Vec<AccessList>,
+}
+
+/// The whole layer.
+pub(crate) fn layer(file: &File) -> Result<RateLimitLayer, Invalid> {
+    let Rules { rules, allow, deny } = rules(file)?;
+    let mut builder = RateLimitLayer::builder()
+        .shadow(file.shadow)
+        .redact_keys(file.redact_keys);
+    for rule in rules {
+        builder = builder.rule(rule);
+    }
+    for list in allow {
+        builder = builder.allow(list);
+    }
+    for list in deny {
+        builder = builder.deny(list);
+    }
+    builder = store(builder, file.store.as_ref())?;
+    if let Some(response) = &file.response {
+        builder = response_options(builder, response)?;
+    }
+    builder.build().map_err(|error| Invalid {
+        path: "rules".into(),
+        message: error.to_string(),
+    })
+}
+
+/// The rules and the lists, each validated.
+pub(crate) fn rules(file: &File) -> Result<Rules, Invalid> {
+    if file.rules.is_empty() && file.deny.is_empty() {
+        return invalid(
+            "rules",
+            "is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)",
+        );
+    }
+    let mut rules: Vec<(Rule, String)> = Vec::new();
+    for (index, spec) in file.rules.iter().enumerate() {
+        for (rule, at) in rule(spec, &format!("rules[{index}]"))? {
+            let name = rule.name();
+            if let Some((_, first)) = rules.iter().find(|(r, _)| r.name() == name) {
+                return invalid(
+                    at,
+                    format!("the rule name {name:?} is already used by {first} (names are the rules' namespaces)"),
+                );
+            }
+            rules.push((rule, at));
+        }
+    }
+    Ok(Rules {
+        rules: rules.into_iter().map(|(rule, _)| rule).collect(),
+        allow: access_lists(&file.allow, "allow")?,
+        deny: access_lists(&file.deny, "deny")?,
+    })
+}
+
+/// The rules of one entry: one rule, or one per plan; each with the place of its name.
+fn rule(spec: &RuleSpec, at: &str) -> Result<Vec<(Rule, String)>, Invalid> {
+    let common = Common::of(spec, at)?;
+    let fields = spec.limit_fields();
+    let Some(tiers) = &spec.tiers else {
+        let limit = limit(&fields, &|_| at.to_owned(), at)?;
+        let rule = common.apply(Rule::new(spec.name.clone(), limit));
+        rule.validate()
+            .map_err(|error| from_rule_error(&error, &|_| at.to_owned()))?;
+        return Ok(vec![(rule, format!("{at}.name"))]);
+    };
+    tiered(spec, tiers, &common, &fields, at)
+}
+
+/// What every rule of an entry shares, whatever its plan.
+struct Common {
+    key: Key,
+    cost: Option<Cost>,
+    methods: Vec<http::Method>,
+    paths: Vec<String>,
+    missing_key: Option<MissingKey>,
+    queue: Option<Queue>,
+    shadow: bool,
+}
+
+impl Common {
+    fn of(spec: &RuleSpec, at: &str) -> Result<Common, Invalid> {
+        for (i, path) in spec.paths.iter().enumerate() {
+            if !path.starts_with('/') {
+                return invalid(
+                    format!("{at}.paths[{i}]"),
+                    format!("{path:?} does not start with '/'"),
+                );
+            }
+        }
+        Ok(Common {
+            key: match &spec.key {
+                Some(key) => self::key(key, &format!("{at}.key"))?,
+                None => Key::global(),
+            },
+            cost: spec.cost.as_ref().map(|cost| match cost {
+                CostSpec::Fixed(units) => Cost::fixed(*units),
+                CostSpec::Header(header) => match header.default {
+                    Some(default) => Cost::header(header.header.0.clone()).or(default),
+                    None => Cost::header(header.header.0.clone()),
+                },
+            }),
+            methods: spec.methods.iter().map(|m| m.0.clone()).collect(),
+            paths: spec.paths.clone(),
+            missing_key: spec
+                .on_missing_key
+                .as_ref()
+                .map(|missing| missing_key(missing, &format!("{at}.on_missing_key")))
+                .transpose()?,
+            queue: spec
+                .queue
+                .as_ref()
+                .map(|queue| self::queue(queue, &format!("{at}.queue")))
+                .transpose()?,
+            shadow: spec.shadow,
+        })
+    }
+
+    fn apply(&self, mut rule: Rule) -> Rule {
+        rule = rule
+            .key(self.key.clone())
+            .methods(self.methods.iter().cloned())
+            .shadow(self.shadow);
+        for path in &self.paths {
+            rule = rule.path(path.clone());
+        }
+        if let Some(cost) = &self.cost {
+            rule = rule.cost(cost.clone());
+        }
+        if let Some(missing) = &self.missing_key {
+            rule = rule.on_missing_key(missing.clone());
+        }
+        if let Some(queue) = self.queue {
+            rule = rule.queue(queue);
+        }
+        rule
+    }
+}
+
+/// One rule per plan, each applying to the requests of its plan.
+fn tiered(
+    spec: &RuleSpec,
+    tiers: &TiersSpec,
+    common: &Common,
+    fields: &LimitFields,
+    at: &str,
+) -> Result<Vec<(Rule, String)>, Invalid> {
+    let at_tiers = format!("{at}.tiers");
+    let plans = &tiers.plans.0;
+    if plans.is_empty() {
+        return invalid(format!("{at_tiers}.plans"), "has no plans");
+    }
+    let names: Vec<&str> = plans.iter().map(|(name, _)| name.as_str()).collect();
+    let known = |plan: &str| names.contains(&plan);
+    let listing = names.join(", ");
+    for name in &names {
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !valid {
+            return invalid(
+                format!("{at_tiers}.plans.{name}"),
+                "a plan name is letters, digits, '-', '_' and '.'",
+            );
+        }
+    }
+    if !known(&tiers.default) {
+        return invalid(
+            format!("{at_tiers}.default"),
+            format!("{:?} is not a plan (plans: {listing})", tiers.default),
+        );
+    }
+    let source = tiers.from.as_ref().unwrap_or(&PlanSource::Key);
+    let table = match (source, &tiers.keys) {
+        (PlanSource::Key, None) => {
+            return invalid(
+                format!("{at_tiers}.keys"),
+                "is required when plans come from the key (`from = \"key\"`, the default): a table from key to plan",
+            )
+        }
+        (PlanSource::Key, Some(keys)) => {
+            for (key, plan) in keys {
+                if !known(plan) {
+                    return invalid(
+                        format!("{at_tiers}.keys.{key}"),
+                        format!("{plan:?} is not a plan (plans: {listing})"),
+                    );
+                }
+            }
+            keys.clone()
+        }
+        (_, Some(_)) => {
+            return invalid(
+                format!("{at_tiers}.keys"),
+                "is only used when plans come from the key (`from = \"key\"`)",
+            )
+        }
+        (_, None) => Default::default(),
+    };
+    let selector = Arc::new(PlanSelector {
+        source: match source {
+            PlanSource::Key => Selector::Key(common.key.clone()),
+            PlanSource::Extension => Selector::Extension,
+            PlanSource::Header(name) => Selector::Header(name.clone()),
+        },
+        plans: names.iter().map(|name| Arc::from(*name)).collect(),
+        default: Arc::from(tiers.default.as_str()),
+        table: table
+            .into_iter()
+            .map(|(key, plan)| (key.into_bytes().into_boxed_slice(), Arc::from(plan)))
+            .collect(),
+    });
+    let mut rules = Vec::new();
+    for (plan, plan_spec) in plans {
+        let at_plan = format!("{at_tiers}.plans.{plan}");
+        let own = plan_spec.limit_fields();
+        if plan_spec.unlimited {
+            if let Some(field) = LIMIT_FIELDS.iter().find(|f| own.has(f)) {
+                return invalid(
+                    format!("{at_plan}.{field}"),
+                    "an unlimited plan has no limit",
+                );
+            }
+            continue;
+        }
+        // A limit field's place: on the plan if the plan sets it or nobody does, else on the
+        // rule. Every other field is the rule's.
+        let place = |field: &str| {
+            let limit_field = LIMIT_FIELDS.contains(&field) || field.starts_with("pool.");
+            if own.has(field) || (limit_field && !fields.has(field)) {
+                at_plan.clone()
+            } else {
+                at.to_owned()
+            }
+        };
+        let limit = limit(&own.over(fields), &place, &at_plan)?;
+        let selector = selector.clone();
+        let this: Arc<str> = Arc::from(plan.as_str());
+        let rule = common
+            .apply(Rule::new(format!("{}:{plan}", spec.name), limit))
+            .when(move |head| selector.plan_of(head) == &*this);
+        rule.validate().map_err(|error| {
+            // The plan's suffix is valid, so a bad name is the rule's.
+            from_rule_error(&error, &place)
+        })?;
+        rules.push((rule, at_plan));
+    }
+    Ok(rules)
+}
+
+const LIMIT_FIELDS: [&str; 9] = [
+    "algorithm",
+    "rate",
+    "limit",
+    "period",
+    "burst",
+    "initial",
+    "pool",
+    "aligned",
+    "aligned_at",
+];
+
+/// How a tiered rule finds a request's plan.
+struct PlanSelector {
+    source: Selector,
+    plans: Vec<Arc<str>>,
+    default: Arc<str>,
+    table: std::collections::HashMap<Box<[u8]>, Arc<str>>,
+}
+
+enum Selector {
+    Key(Key),
+    Extension,
+    Header(http::HeaderName),
+}
+
+impl PlanSelector {
+    /// The request's plan: the one its source names if that is a plan, else the default.
+    fn plan_of(&self, head: &RequestHead<'_>) -> &str {
+        let named = match &self.source {
+            Selector::Key(key) => key
+                .extract_head(head)
+                .and_then(|key| self.table.get(key.as_bytes()))
+                .map(|plan| &**plan),
+            Selector::Extension => head.extensions.get::<Plan>().map(Plan::as_str),
+            Selector::Header(name) => head.headers.get(name).and_then(|v| v.to_str().ok()),
+        };
+        named
+            .and_then(|name| self.plans.iter().find(|plan| &***plan == name))
+            .unwrap_or(&self.default)
+    }
+}
+
+/// The limit of `fields`; `place(field)` is where a field is written, `at` where a missing one
+/// belongs.
+fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Result<Limit, Invalid> {
+    let algorithm = fields.algorithm.unwrap_or(AlgorithmName::TokenBucket);
+    let here = |field: &str| format!("{}.{field}", place(field));
+    let unused = |field: &str, why: &str| -> Result<(), Invalid> {
+        if fields.has(field) {
+            invalid(here(field), why.to_owned())
+        } else {
+            Ok(())
+        }
+    };
+    let required = |field: &str, value: Option<u64>| -> Result<u64, Invalid> {
+        value.map_or_else(
+            || {
+                invalid(
+                    format!("{at}.{field}"),
+                    format!("is required by a {algorithm}"),
+                )
+            },
+            Ok,
+        )
+    };
+    let period = fields.period.map_or_else(
+        || {
+            invalid(
+                format!("{at}.period"),
+                format!("is required by a {algorithm}"),
+            )
+        },
+        Ok,
+    );
+    let not_used = format!("is not used by a {algorithm}");
+    let limit = match algorithm {
+        AlgorithmName::TokenBucket => {
+            unused("limit", "a token_bucket takes `rate`, not `limit`")?;
+            unused("aligned", "only windows are aligned")?;
+            unused("aligned_at", "only windows are aligned")?;
+            let mut limit = Limit::token_bucket(required("rate", fields.rate)?, period?);
+            if let Some(burst) = fields.burst {
+                limit = limit.burst(burst);
+            }
+            if let Some(initial) = fields.initial {
+                limit = limit.initial(initial);
+            }
+            if let Some(pool) = &fields.pool {
+                limit = limit.pool(pool.capacity, pool.rate, pool.period.0);
+            }
+            limit
+        }
+        window => {
+            unused("rate", "windows take `limit`, not `rate`")?;
+            unused("initial", &not_used)?;
+            unused("pool", &not_used)?;
+            if window != AlgorithmName::FixedWindow {
+                unused("burst", &not_used)?;
+            }
+            let (count, period) = (required("limit", fields.limit)?, period?);
+            let mut limit = match window {
+                AlgorithmName::FixedWindow => {
+                    let limit = Limit::fixed_window(count, period);
+                    match fields.burst {
+                        Some(burst) => limit.burst(burst),
+                        None => limit,
+                    }
+                }
+                AlgorithmName::SlidingWindow => Limit::sliding_window(count, period),
+                _ => {
+                    unused("aligned", "a sliding_log has no windows to align")?;
+                    unused("aligned_at", "a sliding_log has no windows to align")?;
+                    Limit::sliding_log(count, period)
+                }
+            };
+            match (fields.aligned, fields.aligned_at) {
+                (Some(true), Some(_)) => {
+                    return invalid(
+                        here("aligned_at"),
+                        "give `aligned = true` or `aligned_at`, not both",
+                    )
+                }
+                (_, Some(offset)) => limit = limit.aligned_at(offset),
+                (Some(true), None) => limit = limit.aligned(),
+                _ => {}
+            }
+            limit
+        }
+    };
+    Ok(limit)
+}
+
+/// A rule's own validation error, at the place of the field in the file.
+fn from_rule_error(error: &ConfigError, place: &dyn Fn(&str) -> String) -> Invalid {
+    let field = match error.field() {
+        // `Limit::burst` sets the capacity.
+        "capacity" => "burst",
+        other => other,
+    };
+    Invalid {
+        path: format!("{}.{field}", place(field)),
+        message: error.message().to_owned(),
+    }
+}
+
+fn key(spec: &KeySpec, at: &str) -> Result<Key, Invalid> {
+    Ok(match spec {
+        KeySpec::Global => Key::global(),
+        KeySpec::PeerIp => Key::peer_ip(),
+        KeySpec::Bearer => Key::bearer(),
+        KeySpec::Header(name) => Key::header(name.clone()),
+        KeySpec::Cookie(name) => {
+            if name.is_empty() {
+                return invalid(format!("{at}.cookie"), "names no cookie");
+            }
+            Key::cookie(name)
+        }
+        KeySpec::ClientIp(spec) => client_ip(spec, &format!("{at}.client_ip"))?,
+        KeySpec::FirstOf(keys) => {
+            if keys.is_empty() {
+                return invalid(format!("{at}.first_of"), "lists no key");
+            }
+            let keys = keys
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| key(spec, &format!("{at}.first_of[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Key::first_of(keys)
+        }
+    })
+}
+
+fn client_ip(spec: &ClientIpSpec, at: &str) -> Result<Key, Invalid> {
+    let mut client = Key::client_ip().trust(spec.trust.iter().map(|net| net.0));
+    if spec.trust_loopback {
+        client = client.trust_loopback();
+    }
+    if let Some(header) = spec.header {
+        client = client.header(match header {
+            ForwardedHeaderName::XForwardedFor => ForwardedHeader::XForwardedFor,
+            ForwardedHeaderName::Forwarded => ForwardedHeader::Forwarded,
+            ForwardedHeaderName::XRealIp => ForwardedHeader::XRealIp,
+        });
+    }
+    if let Some(len) = spec.ipv6_prefix {
+        if len == 0 || len > 128 {
+            return invalid(format!("{at}.ipv6_prefix"), "must be from 1 to 128");
+        }
+        client = client.ipv6_prefix(len as u8);
+    }
+    if let Some(len) = spec.ipv4_prefix {
+        if len == 0 || len > 32 {
+            return invalid(format!("{at}.ipv4_prefix"), "must be from 1 to 32");
+        }
+        client = client.ipv4_prefix(len as u8);
+    }
+    Ok(client.into())
+}
+
+fn missing_key(spec: &MissingKeySpec, at: &str) -> Result<MissingKey, Invalid> {
+    Ok(match spec {
+        MissingKeySpec::Reject => MissingKey::Reject,
+        MissingKeySpec::Skip => MissingKey::Skip,
+        MissingKeySpec::RejectWith(status) => {
+            MissingKey::RejectWith(error_status(*status, &format!("{at}.reject"))?)
+        }
+        MissingKeySpec::Fallback(spec) => {
+            MissingKey::Fallback(key(spec, &format!("{at}.fallback"))?)
+        }
+    })
+}
+
+/// A 4xx or 5xx status.
+fn error_status(status: u16, at: &str) -> Result<StatusCode, Invalid> {
+    match StatusCode::from_u16(status) {
+        Ok(code) if code.is_client_error() || code.is_server_error() => Ok(code),
+        _ => invalid(at, format!("{status} is not a 4xx or 5xx status")),
+    }
+}
+
+fn queue(spec: &QueueSpec, at: &str) -> Result<Queue, Invalid> {
+    let max_delay = spec.max_delay.map(|d| d.0);
+    let mut queue = match (spec.burst, max_delay) {
+        (Some(burst), Some(max)) => Queue::burst(burst).within(max),
+        (Some(burst), None) => Queue::burst(burst),
+        (None, Some(max)) => Queue::max_delay(max),
+        (None, None) => return invalid(at, "needs a bound: a burst, a max_delay, or both"),
+    };
+    if spec.nodelay {
+        if spec.delay.is_some() {
+            return invalid(
+                format!("{at}.nodelay"),
+                "give `delay` or `nodelay`, not both",
+            );
+        }
+        if spec.burst.is_none() {
+            return invalid(
+                format!("{at}.nodelay"),
+                "needs a burst: nodelay lets the whole burst pass at once",
+            );
+        }
+        queue = queue.nodelay();
+    }
+    if let Some(delay) = spec.delay {
+        queue = queue.delay(delay);
+    }
+    Ok(queue)
+}
+
+fn access_lists(specs: &[AccessSpec], section: &str) -> Result<Vec<AccessList>, Invalid> {
+    let mut lists = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        let at = format!("{section}[{index}]");
+        let key = key(&spec.key, &format!("{at}.key"))?;
+        if spec.values.is_empty() && spec.networks.is_empty() {
+            return invalid(at, "lists nothing: give `values`, `networks`, or both");
+        }
+        if !spec.values.is_empty() {
+            if let Some(i) = spec.values.iter().position(String::is_empty) {
+                return invalid(
+                    format!("{at}.values[{i}]"),
+                    "is empty (an empty key is a missing key)",
+                );
+            }
+            lists.push(AccessList::keys(key.clone(), &spec.values));
+        }
+        if !spec.networks.is_empty() {
+            if !is_ip_key(&spec.key) {
+                return invalid(
+                    format!("{at}.networks"),
+                    "need an IP key (peer_ip or client_ip)",
+                );
+            }
+            lists.push(AccessList::networks(key, spec.networks.iter().map(|n| n.0)));
+        }
+    }
+    Ok(lists)
+}
+
+fn is_ip_key(key: &KeySpec) -> bool {
+    match key {
+        KeySpec::PeerIp | KeySpec::ClientIp(_) => true,
+        KeySpec::FirstOf(keys) => keys.iter().all(is_ip_key),
+        _ => false,
+    }
+}
+
+fn store(
+    builder: RateLimitLayerBuilder,
+    spec: Option<&StoreSpec>,
+) -> Result<RateLimitLayerBuilder, Invalid> {
+    let Some(spec) = spec else {
+        return Ok(builder);
+    };
+    check_store(spec)?;
+    let builder = builder.on_store_failure(match spec.on_failure {
+        Some(OnFailure::Closed) => FailurePolicy::Closed,
+        Some(OnFailure::Open) | None => FailurePolicy::Open,
+    });
+    Ok(match spec.kind {
+        StoreKind::Memory => match spec.max_keys {
+            Some(max_keys) => builder.store(MemoryStore::builder().max_keys(max_keys).build()),
+            None => builder,
+        },
+        StoreKind::Redis => {
+            let url = spec.url.as_deref().unwrap_or_default();
+            let store = redis_store(url, spec.timeout.map(|t| t.0)).map_err(|message| Invalid {
+                path: "store.kind".into(),
+                message,
+            })?;
+            builder.store(store)
+        }
+    })
+}
+
+/// Checks the `[store]` section, whichever stores this build has.
+pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
+    let only = |field: &str, present: bool, kind: &str| -> Result<(), Invalid> {
+        if present {
+            invalid(
+                format!("store.{field}"),
+                format!("is only used by the {kind} store"),
+            )
+        } else {
+            Ok(())
+        }
+    };
+    match spec.kind {
+        StoreKind::Memory => {
+            only("url", spec.url.is_some(), "redis")?;
+            only("timeout", spec.timeout.is_some(), "redis")?;
+            if spec.max_keys == Some(0) {
+                return invalid("store.max_keys", "must be greater than 0");
+            }
+        }
+        StoreKind::Redis => {
+            only("max_keys", spec.max_keys.is_some(), "memory")?;
+            let Some(url) = &spec.url else {
+                return invalid("store.url", "is required by the redis store");
+            };
+            check_redis_url(url).or_else(|message| invalid("store.url", message))?;
+            if spec.timeout.is_some_and(|t| t.0.is_zero()) {
+                return invalid("store.timeout", "must be greater than 0");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `redis://[user[:password]@]host[:port][/db]`, `rediss://...`, `redis+unix:///path` or
+/// `unix:///path`.
+fn check_redis_url(url: &str) -> Result<(), String> {
+    let expected = "(expected redis://host[:port][/db], rediss://..., or unix:///path)";
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("{url:?} is not a Redis URL {expected}"));
+    };
+    match scheme {
+        "redis" | "rediss" => {
+            let (authority, db) = rest.split_once('/').unwrap_or((rest, ""));
+            let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            let (host, port) = match host_port.strip_prefix('[') {
+                Some(v6) => match v6.split_once(']') {
+                    Some((host, rest)) => (host, rest.strip_prefix(':')),
+                    None => return Err(format!("{url:?} has an unclosed '[' {expected}")),
+                },
+                None => match host_port.split_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (host_port, None),
+                },
+            };
+            if host.is_empty() {
+                return Err(format!("{url:?} has no host {expected}"));
+            }
+            if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+                return Err(format!("{url:?} has an invalid port {expected}"));
+            }
+            if !db.is_empty() && db.parse::<u32>().is_err() {
+                return Err(format!(
+                    "{url:?}: the path must be a database number {expected}"
+                ));
+            }
+            Ok(())
+        }
+        "redis+unix" | "unix" if rest.len() > 1 && rest.starts_with('/') => Ok(()),
+        "redis+unix" | "unix" => Err(format!("{url:?} has no socket path {expected}")),
+        other => Err(format!("unsupported scheme {other:?} {expected}")),
+    }
+}
+
+/// The Redis store of a config file.
+///
+/// `RedisStore` is not part of this build yet: when it is, this becomes
+/// `#[cfg(feature = "redis")]` building it from `url` with `timeout` (`None`: the store's
+/// default), and a `#[cfg(not(feature = "redis"))]` twin keeps this error. (The hidden store
+/// type is never built; it only names a `Store`.)
+fn redis_store(url: &str, timeout: Option<Duration>) -> Result<impl Store, String> {
+    let _ = (url, timeout);
+    Err::<MemoryStore, _>("tollgate was built without the `redis` feature".to_owned())
+}
+
+fn response_options(
+    mut builder: RateLimitLayerBuilder,
+    spec: &ResponseSpec,
+) -> Result<RateLimitLayerBuilder, Invalid> {
+    check_response(spec)?;
+    if let Some(status) = spec.status {
+        builder = builder.status(error_status(status, "response.status")?);
+    }
+    if let Some(on) = spec.headers_on_allowed {
+        builder = builder.headers_on_allowed(on);
+    }
+    if let Some(on) = spec.legacy_headers {
+        builder = builder.legacy_headers(on);
+    }
+    if let Some(jitter) = spec.jitter {
+        builder = builder.jitter(jitter.0);
+    }
+    Ok(builder)
+}
+
+/// Checks the `[response]` section.
+pub(crate) fn check_response(spec: &ResponseSpec) -> Result<(), Invalid> {
+    if let Some(status) = spec.status {
+        error_status(status, "response.status")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+#![doc = include_str!("CONFIG.md")]
+
+mod build;
+mod duration;
+mod error;
+mod schema;
+mod watch;
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::layer::RateLimitLayer;
+use crate::limiter::Limiter;
+
+pub use error::ConfigFileError;
+pub use watch::ConfigWatch;
+
+/// The plan (tier) of a request, put in its extensions by an earlier layer — typically the one
+/// that authenticates the caller — for rules whose tiers say `from = "extension"`.
+///
+/// ```
+/// use tollgate::config::Plan;
+///
+/// let mut request = http::Request::new(());
+/// // In your authentication layer, once you know the customer:
+/// request.extensions_mut().insert(Plan::new("pro"));
+/// assert_eq!(request.extensions().get::<Plan>().unwrap().as_str(), "pro");
+/// ```
+///
+/// A plan the rule does not list counts as the rule's `default` plan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Plan(String);
+
+impl Plan {
+    /// The plan named `name`, as the configuration file names it.
+    pub fn new(name: impl Into<String>) -> Plan {
+        Plan(name.into())
+    }
+
+    /// The plan's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The language of a configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigFormat {
+    /// TOML (`.toml`).
+    Toml,
+    /// YAML (`.yaml`, `.yml`); one document.
+    Yaml,
+}
+
+impl ConfigFormat {
+    /// The format a file's extension names: `.toml`, `.yaml` or `.yml` (any case).
+    pub fn from_path(path: impl AsRef<Path>) -> Option<ConfigFormat> {
+        let extension = path.as_ref().extension()?.to_str()?.to_ascii_lowercase();
+        match extension.as_str() {
+            "toml" => Some(ConfigFormat::Toml),
+            "yaml" | "yml" => Some(ConfigFormat::Yaml),
+            _ => None,
+        }
+    }
+}
+
+/// Loading and reloading a layer from a configuration file (feature `config`).
+impl RateLimitLayer {
+    /// A layer configured by the file at `path`: TOML or YAML by its extension.
+    ///
+    /// Every value is checked before anything is built; the error names the file, the place in
+    /// it and, when known, the line (see [`ConfigFileError`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), tollgate::config::ConfigFileError> {
+    /// let limits = tollgate::RateLimitLayer::from_config_file("ratelimits.toml")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_config_file(path: impl AsRef<Path>) -> Result<RateLimitLayer, ConfigFileError> {
+        let path = path.as_ref();
+        let (format, text) = read(path)?;
+        Self::from_config_str(format, &text).map_err(|error| error.in_file(path))
+    }
+
+    /// A layer configured by `text`.
+    ///
+    /// ```
+    /// use tollgate::config::ConfigFormat;
+    /// use tollgate::RateLimitLayer;
+    ///
+    /// let limits = RateLimitLayer::from_config_str(ConfigFormat::Toml, r#"
+    ///     [[rules]]
+    ///     name = "per-ip"
+    ///     rate = 60
+    ///     period = "1m"
+    ///     key = "peer_ip"
+    /// "#)?;
+    /// assert_eq!(limits.limiter().rule_names(), ["per-ip"]);
+    /// # Ok::<(), tollgate::config::ConfigFileError>(())
+    /// ```
+    pub fn from_config_str(
+        format: ConfigFormat,
+        text: &str,
+    ) -> Result<RateLimitLayer, ConfigFileError> {
+        let file = parse(format, text)?;
+        build::layer(&file).map_err(invalid)
+    }
+
+    /// Replaces the rules and the allow and deny lists with those of the file at `path`, while
+    /// requests flow.
+    ///
+    /// The whole file is checked first; on error nothing changes. The new rules take over
+    /// atomically: a request in flight finishes under the rules it started with, the next one
+    /// sees the new set. Rules that keep their name keep their counts (a tiered rule's rules are
+    /// named `rule:plan`). The `store`, `response`, `shadow` and `redact_keys` settings are
+    /// checked but only read when a layer is built.
+    pub fn reload_config_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigFileError> {
+        let path = path.as_ref();
+        let (format, text) = read(path)?;
+        self.reload_config_str(format, &text)
+            .map_err(|error| error.in_file(path))
+    }
+
+    /// Like [`reload_config_file`](Self::reload_config_file), from `text`.
+    pub fn reload_config_str(
+        &self,
+        format: ConfigFormat,
+        text: &str,
+    ) -> Result<(), ConfigFileError> {
+        reload(self.limiter(), format, text).map(drop)
+    }
+
+    /// Watches the file at `path`: every `interval` it is read again, and when its content has
+    /// changed the layer reloads it (as [`reload_config_file`](Self::reload_config_file)).
+    ///
+    /// A file that cannot be read or is invalid is reported with a `tracing` warning, once per
+    /// change, and the rules in force stay. The watch ends by itself once every clone of the
+    /// layer (and every service built from it) is dropped, or with [`ConfigWatch::stop`];
+    /// dropping the handle leaves it running. Content is compared rather than modification
+    /// times, which some file systems keep to the second. Start the watch right after loading
+    /// the layer: the file's content at that moment is the one considered in force.
+    ///
+    /// # Errors
+    /// When the file's format is unknown, the file cannot be read now, or there is no tokio
+    /// runtime to run the watch on.
+    pub fn watch_config_file(
+        &self,
+        path: impl AsRef<Path>,
+        interval: Duration,
+    ) -> Result<ConfigWatch, ConfigFileError> {
+        watch::spawn(self, path.as_ref(), interval)
+    }
+}
+
+/// The format and the text of the file at `path`.
+fn read(path: &Path) -> Result<(ConfigFormat, String), ConfigFileError> {
+    let format = format_of(path)?;
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigFileError::io(path, error))?;
+    Ok((format, text))
+}
+
+fn format_of(path: &Path) -> Result<ConfigFormat, ConfigFileError> {
+    ConfigFormat::from_path(path).ok_or_else(|| {
+        ConfigFileError::new(
+            "",
+            "unknown configuration format: name the file .toml, .yaml or .yml",
+        )
+        .in_file(path)
+    })
+}
+
+/// The settings a reload does not change.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct BuildOnly {
+    store: Option<schema::StoreSpec>,
+    response: Option<schema::ResponseSpec>,
+    shadow: bool,
+    redact_keys: bool,
+}
+
+/// Checks `text` whole and swaps in its rules and lists; returns the settings it left alone.
+pub(crate) fn reload(
+    limiter: &Limiter,
+    format: ConfigFormat,
+    text: &str,
+) -> Result<BuildOnly, ConfigFileError> {
+    let file = parse(format, text)?;
+    if let Some(store) = &file.store {
+        build::check_store(store).map_err(invalid)?;
+    }
+    if let Some(response) = &file.response {
+        build::check_response(response).map_err(invalid)?;
+    }
+    let build::Rules { rules, allow, deny } = build::rules(&file).map_err(invalid)?;
+    limiter
+        .reload_with_lists(rules, allow, deny)
+        .map_err(|error| ConfigFileError::new("rules", error.to_string()))?;
+    Ok(BuildOnly {
+        store: file.store,
+        response: file.response,
+        shadow: file.shadow,
+        redact_keys: file.redact_keys,
+    })
+}
+
+/// The settings of `text` a reload does not change, if `text` parses.
+pub(crate) fn build_only(format: ConfigFormat, text: &str) -> Option<BuildOnly> {
+    let file = parse(format, text).ok()?;
+    Some(BuildOnly {
+        store: file.store,
+        response: file.response,
+        shadow: file.shadow,
+        redact_keys: file.redact_keys,
+    })
+}
+
+fn invalid(error: build::Invalid) -> ConfigFileError {
+    ConfigFileError::new(error.path, error.message)
+}
+
+/// The file's shape, with the place of the first error.
+fn parse(format: ConfigFormat, text: &str) -> Result<schema::File, ConfigFileError> {
+    match format {
+        ConfigFormat::Toml => {
+            let deserializer = toml::Deserializer::parse(text).map_err(|error| {
+                let located = ConfigFileError::new("", error.message().trim_end());
+                match error.span() {
+                    Some(span) => {
+                        let (line, column) = error::line_column(text, span.start);
+                        located.at_line(line, column)
+                    }
+                    None => located,
+                }
+            })?;
+            serde_path_to_error::deserialize(deserializer).map_err(|error| {
+                let path = error.path().to_string();
+                let inner = error.into_inner();
+                let (path, message) = error::refine(&path, inner.message().trim_end());
+                let located = ConfigFileError::new(path, message);
+                match inner.span() {
+                    Some(span) => {
+                        let (line, column) = error::line_column(text, span.start);
+                        located.at_line(line, column)
+                    }
+                    None => located,
+                }
+            })
+        }
+        ConfigFormat::Yaml => {
+            let deserializer = yaml_serde::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(deserializer).map_err(|error| {
+                let path = error.path().to_string();
+                let inner = error.into_inner();
+                let location = inner.location();
+                let mut message = inner.to_string();
+                // The YAML error's text ends with its position and may start with its own
+                // idea of the path; both are reported apart.
+                if let Some(at) = &location {
+                    let mark = format!(" at line {} column {}", at.line(), at.column());
+                    message = message.replacen(&mark, "", 1);
+                }
+                if let Some((first, rest)) = message.split_once(": ") {
+                    if is_yaml_path(first) {
+                        message = rest.to_owned();
+                    }
+                }
+                let (path, message) = error::refine(&path, &message);
+                let located = ConfigFileError::new(path, message);
+                match location {
+                    Some(at) => located.at_line(at.line(), at.column()),
+                    None => located,
+                }
+            })
+        }
+    }
+}
+
+/// Whether `text` is a path as the YAML parser writes it (`rules[0].key`, `.`).
+fn is_yaml_path(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-[]?".contains(&b))
+}

@@ -1,0 +1,596 @@
+//! The shape of a configuration file: serde structs, every table closed to unknown fields.
+//!
+//! Only the shape and the types are checked here; what the values mean together (a token bucket
+//! needs a rate, a network needs an IP key, ...) is checked when the rules are built. Tables are
+//! plain structs, never flattened or internally tagged: serde buffers those, and the place of an
+//! error inside them would be lost.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::IpAddr;
+
+use http::{HeaderName, Method};
+use ipnet::IpNet;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::duration::HumanDuration;
+
+/// A whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct File {
+    /// Shadow mode for every rule (read when the layer is built).
+    #[serde(default)]
+    pub(crate) shadow: bool,
+    /// Logs show a hash of each key (read when the layer is built).
+    #[serde(default)]
+    pub(crate) redact_keys: bool,
+    /// Where counts live (read when the layer is built).
+    pub(crate) store: Option<StoreSpec>,
+    /// The responses (read when the layer is built).
+    pub(crate) response: Option<ResponseSpec>,
+    /// Never limited.
+    #[serde(default)]
+    pub(crate) allow: Vec<AccessSpec>,
+    /// Always refused.
+    #[serde(default)]
+    pub(crate) deny: Vec<AccessSpec>,
+    /// The rules, in order.
+    pub(crate) rules: Vec<RuleSpec>,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StoreSpec {
+    pub(crate) kind: StoreKind,
+    pub(crate) max_keys: Option<usize>,
+    pub(crate) url: Option<String>,
+    pub(crate) timeout: Option<HumanDuration>,
+    pub(crate) on_failure: Option<OnFailure>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OnFailure {
+    Open,
+    Closed,
+}
+
+/// `[response]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResponseSpec {
+    pub(crate) status: Option<u16>,
+    pub(crate) headers_on_allowed: Option<bool>,
+    pub(crate) legacy_headers: Option<bool>,
+    pub(crate) jitter: Option<HumanDuration>,
+}
+
+/// One `[[allow]]` or `[[deny]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AccessSpec {
+    pub(crate) key: KeySpec,
+    #[serde(default)]
+    pub(crate) values: Vec<String>,
+    #[serde(default)]
+    pub(crate) networks: Vec<Network>,
+}
+
+/// One `[[rules]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuleSpec {
+    pub(crate) name: String,
+    pub(crate) algorithm: Option<AlgorithmName>,
+    pub(crate) rate: Option<u64>,
+    pub(crate) limit: Option<u64>,
+    pub(crate) period: Option<HumanDuration>,
+    pub(crate) burst: Option<u64>,
+    pub(crate) initial: Option<u64>,
+    pub(crate) pool: Option<PoolSpec>,
+    pub(crate) aligned: Option<bool>,
+    pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) key: Option<KeySpec>,
+    pub(crate) on_missing_key: Option<MissingKeySpec>,
+    #[serde(default)]
+    pub(crate) methods: Vec<MethodName>,
+    #[serde(default)]
+    pub(crate) paths: Vec<String>,
+    pub(crate) cost: Option<CostSpec>,
+    pub(crate) queue: Option<QueueSpec>,
+    #[serde(default)]
+    pub(crate) shadow: bool,
+    pub(crate) tiers: Option<TiersSpec>,
+}
+
+impl RuleSpec {
+    /// The limit's fields as written on the rule.
+    pub(crate) fn limit_fields(&self) -> LimitFields {
+        LimitFields {
+            algorithm: self.algorithm,
+            rate: self.rate,
+            limit: self.limit,
+            period: self.period.map(|d| d.0),
+            burst: self.burst,
+            initial: self.initial,
+            pool: self.pool.clone(),
+            aligned: self.aligned,
+            aligned_at: self.aligned_at.map(|d| d.0),
+        }
+    }
+}
+
+/// The fields that make a rule's limit, shared by rules and plans.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LimitFields {
+    pub(crate) algorithm: Option<AlgorithmName>,
+    pub(crate) rate: Option<u64>,
+    pub(crate) limit: Option<u64>,
+    pub(crate) period: Option<std::time::Duration>,
+    pub(crate) burst: Option<u64>,
+    pub(crate) initial: Option<u64>,
+    pub(crate) pool: Option<PoolSpec>,
+    pub(crate) aligned: Option<bool>,
+    pub(crate) aligned_at: Option<std::time::Duration>,
+}
+
+impl LimitFields {
+    /// These fields, with `base`'s where these have none.
+    pub(crate) fn over(&self, base: &LimitFields) -> LimitFields {
+        LimitFields {
+            algorithm: self.algorithm.or(base.algorithm),
+            rate: self.rate.or(base.rate),
+            limit: self.limit.or(base.limit),
+            period: self.period.or(base.period),
+            burst: self.burst.or(base.burst),
+            initial: self.initial.or(base.initial),
+            pool: self.pool.clone().or_else(|| base.pool.clone()),
+            aligned: self.aligned.or(base.aligned),
+            aligned_at: self.aligned_at.or(base.aligned_at),
+        }
+    }
+
+    /// Whether `field` is written here.
+    pub(crate) fn has(&self, field: &str) -> bool {
+        match field {
+            "algorithm" => self.algorithm.is_some(),
+            "rate" => self.rate.is_some(),
+            "limit" => self.limit.is_some(),
+            "period" => self.period.is_some(),
+            "burst" => self.burst.is_some(),
+            "initial" => self.initial.is_some(),
+            "aligned" => self.aligned.is_some(),
+            "aligned_at" => self.aligned_at.is_some(),
+            _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlgorithmName {
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+}
+
+impl fmt::Display for AlgorithmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AlgorithmName::TokenBucket => "token_bucket",
+            AlgorithmName::FixedWindow => "fixed_window",
+            AlgorithmName::SlidingWindow => "sliding_window",
+            AlgorithmName::SlidingLog => "sliding_log",
+        })
+    }
+}
+
+/// `pool = { capacity = 100, rate = 1, period = "1s" }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PoolSpec {
+    pub(crate) capacity: u64,
+    pub(crate) rate: u64,
+    pub(crate) period: HumanDuration,
+}
+
+/// `queue = { burst = 5, delay = 2, nodelay = false, max_delay = "10s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct QueueSpec {
+    pub(crate) burst: Option<u64>,
+    pub(crate) delay: Option<u64>,
+    #[serde(default)]
+    pub(crate) nodelay: bool,
+    pub(crate) max_delay: Option<HumanDuration>,
+}
+
+/// `[rules.tiers]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TiersSpec {
+    pub(crate) from: Option<PlanSource>,
+    pub(crate) keys: Option<BTreeMap<String, String>>,
+    pub(crate) default: String,
+    pub(crate) plans: Named<PlanSpec>,
+}
+
+/// One plan of a tiered rule: the limit fields it overrides.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PlanSpec {
+    pub(crate) algorithm: Option<AlgorithmName>,
+    pub(crate) rate: Option<u64>,
+    pub(crate) limit: Option<u64>,
+    pub(crate) period: Option<HumanDuration>,
+    pub(crate) burst: Option<u64>,
+    pub(crate) initial: Option<u64>,
+    pub(crate) pool: Option<PoolSpec>,
+    pub(crate) aligned: Option<bool>,
+    pub(crate) aligned_at: Option<HumanDuration>,
+    #[serde(default)]
+    pub(crate) unlimited: bool,
+}
+
+impl PlanSpec {
+    /// The limit's fields as written on the plan.
+    pub(crate) fn limit_fields(&self) -> LimitFields {
+        LimitFields {
+            algorithm: self.algorithm,
+            rate: self.rate,
+            limit: self.limit,
+            period: self.period.map(|d| d.0),
+            burst: self.burst,
+            initial: self.initial,
+            pool: self.pool.clone(),
+            aligned: self.aligned,
+            aligned_at: self.aligned_at.map(|d| d.0),
+        }
+    }
+}
+
+/// Where a request's plan comes from: `"key"`, `"extension"` or `{ header = "x-plan" }`.
+#[derive(Debug)]
+pub(crate) enum PlanSource {
+    Key,
+    Extension,
+    Header(HeaderName),
+}
+
+impl<'de> Deserialize<'de> for PlanSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PlanSourceVisitor;
+        impl<'de> Visitor<'de> for PlanSourceVisitor {
+            type Value = PlanSource;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"key\", \"extension\" or a table { header = NAME }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PlanSource, E> {
+                match v {
+                    "key" => Ok(PlanSource::Key),
+                    "extension" => Ok(PlanSource::Extension),
+                    "header" => Err(E::custom(
+                        "a header source names the header: a table with `header = NAME`",
+                    )),
+                    other => Err(E::custom(format!(
+                        "unknown plan source {other:?} (expected key, extension or header)"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PlanSource, A::Error> {
+                let source = match one_entry_key(&mut map, "a plan source")?.as_str() {
+                    "header" => PlanSource::Header(map.next_value::<HeaderNameSpec>()?.0),
+                    "key" | "extension" => {
+                        return Err(de::Error::custom(
+                            "this plan source takes no settings: write it as a plain string",
+                        ))
+                    }
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown plan source {other:?} (expected key, extension or header)"
+                        )))
+                    }
+                };
+                no_more_entries(&mut map, "a plan source")?;
+                Ok(source)
+            }
+        }
+        deserializer.deserialize_any(PlanSourceVisitor)
+    }
+}
+
+/// Where a rule's key comes from.
+///
+/// A plain string for the sources without settings (`"global"`, `"peer_ip"`, `"client_ip"`,
+/// `"bearer"`), a table with one entry for the others (`{ header = "x-api-key" }`,
+/// `{ cookie = "session" }`, `{ client_ip = { trust = [...] } }`, `{ first_of = [...] }`).
+#[derive(Debug)]
+pub(crate) enum KeySpec {
+    Global,
+    PeerIp,
+    ClientIp(ClientIpSpec),
+    Header(HeaderName),
+    Bearer,
+    Cookie(String),
+    FirstOf(Vec<KeySpec>),
+}
+
+const KEY_SOURCES: &str = "global, peer_ip, client_ip, bearer, header, cookie or first_of";
+
+impl<'de> Deserialize<'de> for KeySpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = KeySpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key source: a name such as \"peer_ip\", or a table such as { header = NAME }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeySpec, E> {
+                match v {
+                    "global" => Ok(KeySpec::Global),
+                    "peer_ip" => Ok(KeySpec::PeerIp),
+                    "client_ip" => Ok(KeySpec::ClientIp(ClientIpSpec::default())),
+                    "bearer" => Ok(KeySpec::Bearer),
+                    "header" | "cookie" | "first_of" => Err(E::custom(format!(
+                        "the {v} key source needs a setting: a table with `{v} = ...`"
+                    ))),
+                    other => Err(E::custom(format!(
+                        "unknown key source {other:?} (expected {KEY_SOURCES})"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeySpec, A::Error> {
+                let key = match one_entry_key(&mut map, "a key source")?.as_str() {
+                    "header" => KeySpec::Header(map.next_value::<HeaderNameSpec>()?.0),
+                    "cookie" => KeySpec::Cookie(map.next_value()?),
+                    "client_ip" => KeySpec::ClientIp(map.next_value()?),
+                    "first_of" => KeySpec::FirstOf(map.next_value()?),
+                    plain @ ("global" | "peer_ip" | "bearer") => {
+                        return Err(de::Error::custom(format!(
+                            "the {plain} key source takes no settings: write it as a plain string"
+                        )))
+                    }
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown key source {other:?} (expected {KEY_SOURCES})"
+                        )))
+                    }
+                };
+                no_more_entries(&mut map, "a key source")?;
+                Ok(key)
+            }
+        }
+        deserializer.deserialize_any(KeyVisitor)
+    }
+}
+
+/// `{ client_ip = { trust = ["10.0.0.0/8"], header = "x-forwarded-for", ... } }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClientIpSpec {
+    #[serde(default)]
+    pub(crate) trust: Vec<Network>,
+    #[serde(default)]
+    pub(crate) trust_loopback: bool,
+    pub(crate) header: Option<ForwardedHeaderName>,
+    pub(crate) ipv6_prefix: Option<u32>,
+    pub(crate) ipv4_prefix: Option<u32>,
+}
+
+/// The forwarding header trusted proxies set, by its HTTP name.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub(crate) enum ForwardedHeaderName {
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
+    #[serde(rename = "x-real-ip")]
+    XRealIp,
+}
+
+/// What a rule does without a key: `"reject"`, `"skip"`, `{ reject = 401 }` or
+/// `{ fallback = <key source> }`.
+#[derive(Debug)]
+pub(crate) enum MissingKeySpec {
+    Reject,
+    RejectWith(u16),
+    Skip,
+    Fallback(KeySpec),
+}
+
+impl<'de> Deserialize<'de> for MissingKeySpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MissingVisitor;
+        impl<'de> Visitor<'de> for MissingVisitor {
+            type Value = MissingKeySpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"reject\", \"skip\", { reject = STATUS } or { fallback = KEY }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<MissingKeySpec, E> {
+                match v {
+                    "reject" => Ok(MissingKeySpec::Reject),
+                    "skip" => Ok(MissingKeySpec::Skip),
+                    other => Err(E::custom(format!(
+                        "unknown action {other:?} (expected reject, skip, {{ reject = STATUS }} or {{ fallback = KEY }})"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MissingKeySpec, A::Error> {
+                let action = match one_entry_key(&mut map, "an action")?.as_str() {
+                    "reject" => MissingKeySpec::RejectWith(map.next_value()?),
+                    "fallback" => MissingKeySpec::Fallback(map.next_value()?),
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown action {other:?} (expected reject or fallback)"
+                        )))
+                    }
+                };
+                no_more_entries(&mut map, "an action")?;
+                Ok(action)
+            }
+        }
+        deserializer.deserialize_any(MissingVisitor)
+    }
+}
+
+/// A request's cost: a whole number, or `{ header = "x-cost", default = 1 }`.
+#[derive(Debug)]
+pub(crate) enum CostSpec {
+    Fixed(u64),
+    Header(CostHeaderSpec),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CostHeaderSpec {
+    pub(crate) header: HeaderNameSpec,
+    pub(crate) default: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for CostSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CostVisitor;
+        impl<'de> Visitor<'de> for CostVisitor {
+            type Value = CostSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of units or a table { header = NAME, default = UNITS }")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostSpec, E> {
+                Ok(CostSpec::Fixed(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostSpec, E> {
+                u64::try_from(v)
+                    .map(CostSpec::Fixed)
+                    .map_err(|_| E::custom(format!("must not be negative (got {v})")))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<CostSpec, A::Error> {
+                CostHeaderSpec::deserialize(MapAccessDeserializer::new(map)).map(CostSpec::Header)
+            }
+        }
+        deserializer.deserialize_any(CostVisitor)
+    }
+}
+
+/// An HTTP header name.
+#[derive(Debug)]
+pub(crate) struct HeaderNameSpec(pub(crate) HeaderName);
+
+impl<'de> Deserialize<'de> for HeaderNameSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        HeaderName::from_bytes(name.as_bytes())
+            .map(HeaderNameSpec)
+            .map_err(|_| de::Error::custom(format!("invalid header name {name:?}")))
+    }
+}
+
+/// An HTTP method, case-sensitive as in HTTP (`"GET"`, not `"get"`).
+#[derive(Debug)]
+pub(crate) struct MethodName(pub(crate) Method);
+
+impl<'de> Deserialize<'de> for MethodName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let upper = name.to_ascii_uppercase();
+        if upper != name && Method::from_bytes(upper.as_bytes()).is_ok_and(is_standard) {
+            return Err(de::Error::custom(format!(
+                "methods are case-sensitive: write {upper:?}, not {name:?}"
+            )));
+        }
+        Method::from_bytes(name.as_bytes())
+            .map(MethodName)
+            .map_err(|_| de::Error::custom(format!("invalid method {name:?}")))
+    }
+}
+
+fn is_standard(method: Method) -> bool {
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ]
+    .contains(&method)
+}
+
+/// A network (`"10.0.0.0/8"`, `"2001:db8::/32"`) or one address (`"192.0.2.10"`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Network(pub(crate) IpNet);
+
+impl<'de> Deserialize<'de> for Network {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let trimmed = text.trim();
+        trimmed
+            .parse::<IpNet>()
+            .or_else(|_| trimmed.parse::<IpAddr>().map(IpNet::from))
+            .map(Network)
+            .map_err(|_| {
+                de::Error::custom(format!(
+                    "invalid network {text:?} (expected an address or a CIDR network such as \"10.0.0.0/8\")"
+                ))
+            })
+    }
+}
+
+/// A table whose entries are named and kept in the file's order (plans).
+#[derive(Debug)]
+pub(crate) struct Named<T>(pub(crate) Vec<(String, T)>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NamedVisitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for NamedVisitor<T> {
+            type Value = Named<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of named entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Named<T>, A::Error> {
+                let mut entries: Vec<(String, T)> = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if entries.iter().any(|(seen, _)| *seen == name) {
+                        return Err(de::Error::custom(format!("{name:?} appears twice")));
+                    }
+                    let value = map.next_value()?;
+                    entries.push((name, value));
+                }
+                Ok(Named(entries))
+            }
+        }
+        deserializer.deserialize_map(NamedVisitor(PhantomData))
+    }
+}
+
+/// The name of the only entry of a one-entry table.
+fn one_entry_key<'de, A: MapAccess<'de>>(map: &mut A, what: &str) -> Result<String, A::Error> {
+    map.next_key::<String>()?
+        .ok_or_else(|| de::Error::custom(format!("{what} cannot be an empty table")))
+}
+
+fn no_more_entries<'de, A: MapAccess<'de>>(map: &mut A, what: &str) -> Result<(), A::Error> {
+    match map.next_key::<String>()? {
+        None => Ok(()),
+        Some(extra) => Err(de::Error::custom(format!(
+            "{what} is a table with exactly one entry (found another: `{extra}`)"
+        ))),
+    }
+}

@@ -1,0 +1,150 @@
+//! Watching a configuration file: a tokio task reads it every interval and reloads the layer
+//! when its content changes.
+//!
+//! The task holds only a `Weak` reference to the layer, so it ends once the layer is gone.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+
+use super::{build_only, format_of, reload, BuildOnly, ConfigFileError, ConfigFormat};
+use crate::layer::{RateLimitLayer, Shared};
+
+/// A running watch of a configuration file, from
+/// [`RateLimitLayer::watch_config_file`](crate::RateLimitLayer::watch_config_file).
+///
+/// Dropping the handle leaves the watch running; it ends when the layer is dropped, or with
+/// [`stop`](Self::stop).
+#[derive(Debug)]
+pub struct ConfigWatch {
+    task: JoinHandle<()>,
+}
+
+impl ConfigWatch {
+    /// Stops watching; the rules in force stay.
+    pub fn stop(self) {
+        self.task.abort();
+    }
+
+    /// Whether the watch is still running.
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+pub(super) fn spawn(
+    layer: &RateLimitLayer,
+    path: &Path,
+    interval: Duration,
+) -> Result<ConfigWatch, ConfigFileError> {
+    let format = format_of(path)?;
+    if interval.is_zero() {
+        return Err(
+            ConfigFileError::new("", "the watch interval must be greater than 0").in_file(path),
+        );
+    }
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        ConfigFileError::new("", "watching the file needs a tokio runtime").in_file(path)
+    })?;
+    let seen = std::fs::read(path).map_err(|error| ConfigFileError::io(path, error))?;
+    let watcher = Watcher {
+        layer: Arc::downgrade(&layer.shared),
+        path: path.to_owned(),
+        format,
+        build_only: std::str::from_utf8(&seen)
+            .ok()
+            .and_then(|text| build_only(format, text)),
+        seen,
+        last_problem: None,
+    };
+    Ok(ConfigWatch {
+        task: runtime.spawn(watcher.run(interval)),
+    })
+}
+
+struct Watcher {
+    layer: Weak<Shared>,
+    path: PathBuf,
+    format: ConfigFormat,
+    /// The content in force (or last rejected: a bad file is reported once, not every tick).
+    seen: Vec<u8>,
+    /// The build-time settings of the file the watch started with: changing them needs a new
+    /// layer, which a warning says.
+    build_only: Option<BuildOnly>,
+    /// The last read error reported, so that a missing file is not reported every tick.
+    last_problem: Option<String>,
+}
+
+impl Watcher {
+    async fn run(mut self, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate
+        loop {
+            ticker.tick().await;
+            if self.layer.strong_count() == 0 {
+                break;
+            }
+            let path = self.path.clone();
+            let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
+            let bytes = match read {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(error)) => {
+                    self.problem(ConfigFileError::io(&self.path, error));
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "rate limit: the config file watch could not read");
+                    continue;
+                }
+            };
+            self.last_problem = None;
+            if bytes == self.seen {
+                continue;
+            }
+            self.seen = bytes;
+            let Some(shared) = self.layer.upgrade() else {
+                break;
+            };
+            let layer = RateLimitLayer { shared };
+            self.reload(&layer);
+        }
+    }
+
+    fn reload(&mut self, layer: &RateLimitLayer) {
+        let file = self.path.display();
+        let text = match std::str::from_utf8(&self.seen) {
+            Ok(text) => text,
+            Err(_) => {
+                self.problem(
+                    ConfigFileError::new("", "the file is not UTF-8 text").in_file(&self.path),
+                );
+                return;
+            }
+        };
+        match reload(layer.limiter(), self.format, text) {
+            Ok(settings) => {
+                tracing::info!(%file, "rate limit: configuration reloaded");
+                if self.build_only.as_ref().is_some_and(|old| *old != settings) {
+                    tracing::warn!(
+                        %file,
+                        "rate limit: the store, response, shadow or redact_keys settings changed; \
+                         they take effect when the layer is built again"
+                    );
+                }
+            }
+            Err(error) => self.problem(error.in_file(&self.path)),
+        }
+    }
+
+    fn problem(&mut self, error: ConfigFileError) {
+        let text = error.to_string();
+        if self.last_problem.as_deref() != Some(&text) {
+            tracing::warn!(error = %text, "rate limit: configuration not reloaded; the rules in force stay");
+            self.last_problem = Some(text);
+        }
+    }
+}

@@ -1,0 +1,1219 @@
+//! Configuration files: every field, every error message, tiers, allow and deny lists, reload
+//! and file watching.
+//!
+//! Rate behaviour runs on tokio's paused time. The file-watch tests use real files and a short
+//! poll interval; they wait for an outcome with a timeout and never assert on wall-clock rates.
+
+#![cfg(feature = "config")]
+
+#[allow(dead_code)]
+#[path = "../examples/server.rs"]
+mod server;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tollgate::config::Plan;
+use tollgate::{
+    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
+    MissingKey, Queue, RateLimitLayer, Rule,
+};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+type Body = Full<Bytes>;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn toml(text: &str) -> RateLimitLayer {
+    RateLimitLayer::from_config_str(ConfigFormat::Toml, text)
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn yaml(text: &str) -> RateLimitLayer {
+    RateLimitLayer::from_config_str(ConfigFormat::Yaml, text)
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn toml_error(text: &str) -> String {
+    match RateLimitLayer::from_config_str(ConfigFormat::Toml, text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+fn yaml_error(text: &str) -> String {
+    match RateLimitLayer::from_config_str(ConfigFormat::Yaml, text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// A layer's description without its store (whose clock differs between two layers).
+fn described(layer: &RateLimitLayer) -> String {
+    let text = format!("{layer:?}");
+    let store = text.find(", store: ").expect("a store in the description");
+    let responder = text.find(", responder: ").expect("a responder");
+    format!("{}{}", &text[..store], &text[responder..])
+}
+
+fn service(
+    layer: &RateLimitLayer,
+) -> impl Service<
+    Request<Body>,
+    Response = Response<tollgate::ResponseBody<Body>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    layer.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    }))
+}
+
+/// A request; `headers` are name-value pairs, `peer` the TCP peer's address.
+fn request(method: Method, path: &str, headers: &[(&str, &str)], peer: &str) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let mut request = builder.body(Body::default()).unwrap();
+    request
+        .extensions_mut()
+        .insert(SocketAddr::new(peer.parse().unwrap(), 40_000));
+    request
+}
+
+fn get(path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    request(Method::GET, path, headers, "192.0.2.1")
+}
+
+async fn send<S>(service: &S, request: Request<Body>) -> Response<Bytes>
+where
+    S: Service<
+            Request<Body>,
+            Response = Response<tollgate::ResponseBody<Body>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let response = service.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
+}
+
+fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+/// The statuses of `n` requests made by `make`.
+async fn statuses<S>(service: &S, n: usize, make: impl Fn() -> Request<Body>) -> Vec<u16>
+where
+    S: Service<
+            Request<Body>,
+            Response = Response<tollgate::ResponseBody<Body>>,
+            Error = Infallible,
+        > + Clone,
+{
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(service, make()).await.status().as_u16());
+    }
+    out
+}
+
+fn code_block<'a>(markdown: &'a str, language: &str) -> &'a str {
+    let fence = format!("```{language}\n");
+    let start = markdown.find(&fence).expect("a code block") + fence.len();
+    let end = start
+        + markdown[start..]
+            .find("\n```")
+            .expect("a closed code block");
+    &markdown[start..end]
+}
+
+const CONFIG_DOCS: &str = include_str!("../src/config/CONFIG.md");
+
+fn header_name(name: &'static str) -> HeaderName {
+    HeaderName::from_static(name)
+}
+
+// ───────────────────────────── every field ─────────────────────────────
+
+#[tokio::test]
+async fn the_annotated_example_is_the_layer_built_in_code() {
+    let from_file = toml(code_block(CONFIG_DOCS, "toml"));
+    let api_key = || Key::header(header_name("x-api-key"));
+    let minute = Duration::from_secs(60);
+    let in_code = RateLimitLayer::builder()
+        .shadow(false)
+        .redact_keys(false)
+        .store(MemoryStore::builder().max_keys(1_000_000).build())
+        .on_store_failure(FailurePolicy::Open)
+        .status(StatusCode::TOO_MANY_REQUESTS)
+        .headers_on_allowed(true)
+        .legacy_headers(false)
+        .jitter(Duration::from_secs(1))
+        .allow(AccessList::networks(
+            Key::peer_ip(),
+            [
+                "10.20.0.0/16".parse().unwrap(),
+                "192.0.2.10/32".parse().unwrap(),
+            ],
+        ))
+        .deny(AccessList::keys(api_key(), ["leaked-key-123"]))
+        .rule(
+            Rule::new(
+                "per-ip",
+                Limit::token_bucket(60, minute).burst(120).initial(60),
+            )
+            .key(
+                Key::client_ip()
+                    .try_trust(["10.0.0.0/8", "2001:db8::/32"])
+                    .unwrap()
+                    .trust_loopback()
+                    .header(ForwardedHeader::XForwardedFor)
+                    .ipv6_prefix(64)
+                    .ipv4_prefix(32),
+            ),
+        )
+        .rule(
+            Rule::new(
+                "login",
+                Limit::fixed_window(5, Duration::from_secs(900)).aligned(),
+            )
+            .key(Key::client_ip())
+            .methods([Method::POST])
+            .path("/login")
+            .path("/users/*/password")
+            .on_missing_key(MissingKey::Reject),
+        )
+        .rule(
+            Rule::new(
+                "llm-tokens",
+                Limit::token_bucket(10_000, minute).pool(50_000, 100, Duration::from_secs(1)),
+            )
+            .key(Key::bearer())
+            .path("/v1/chat")
+            .cost(Cost::header(header_name("x-llm-tokens")).or(500))
+            .shadow(true),
+        )
+        .rule(
+            Rule::new("upstream", Limit::per_second(5).burst(1))
+                .path("/proxy/*")
+                .queue(Queue::burst(20).within(Duration::from_secs(10)).delay(5)),
+        )
+        .rule(
+            Rule::new("api:free", Limit::token_bucket(60, minute))
+                .key(api_key())
+                .path("/api/*")
+                .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+                .when(|_| true),
+        )
+        .rule(
+            Rule::new("api:pro", Limit::token_bucket(1_000, minute).burst(2_000))
+                .key(api_key())
+                .path("/api/*")
+                .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+                .when(|_| true),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(described(&from_file), described(&in_code));
+}
+
+#[tokio::test]
+async fn the_other_fields_are_the_layer_built_in_code() {
+    let from_file = yaml(
+        r#"
+shadow: true
+redact_keys: true
+store: { kind: memory, max_keys: 500, on_failure: closed }
+response: { status: 503, headers_on_allowed: false, legacy_headers: true, jitter: 250ms }
+allow:
+  - key: { header: x-partner }
+    values: [acme]
+deny:
+  - key: { client_ip: { trust: [10.1.2.3], header: forwarded, ipv6_prefix: 48, ipv4_prefix: 24 } }
+    networks: [203.0.113.0/24]
+rules:
+  - name: window
+    algorithm: sliding_window
+    limit: 100
+    period: 1h30m
+    aligned_at: 2h
+    key: { cookie: session }
+    on_missing_key: skip
+    methods: [GET, HEAD]
+  - name: log
+    algorithm: sliding_log
+    limit: 10
+    period: 10s
+    key: { first_of: [{ header: x-user }, bearer, peer_ip] }
+    on_missing_key: { fallback: global }
+    cost: 2
+  - name: rollover
+    algorithm: fixed_window
+    limit: 10
+    period: 1d
+    burst: 30
+    aligned: false
+    key: { client_ip: { header: x-real-ip } }
+  - name: nginx
+    rate: 2
+    period: 1s
+    queue: { burst: 4, nodelay: true }
+    cost: { header: x-cost }
+"#,
+    );
+    let in_code = RateLimitLayer::builder()
+        .shadow(true)
+        .redact_keys(true)
+        .store(MemoryStore::builder().max_keys(500).build())
+        .on_store_failure(FailurePolicy::Closed)
+        .status(StatusCode::SERVICE_UNAVAILABLE)
+        .headers_on_allowed(false)
+        .legacy_headers(true)
+        .jitter(Duration::from_millis(250))
+        .allow(AccessList::keys(
+            Key::header(header_name("x-partner")),
+            ["acme"],
+        ))
+        .deny(AccessList::networks(
+            Key::client_ip()
+                .try_trust(["10.1.2.3"])
+                .unwrap()
+                .header(ForwardedHeader::Forwarded)
+                .ipv6_prefix(48)
+                .ipv4_prefix(24),
+            ["203.0.113.0/24".parse().unwrap()],
+        ))
+        .rule(
+            Rule::new(
+                "window",
+                Limit::sliding_window(100, Duration::from_secs(5_400))
+                    .aligned_at(Duration::from_secs(7_200)),
+            )
+            .key(Key::cookie("session"))
+            .on_missing_key(MissingKey::Skip)
+            .methods([Method::GET, Method::HEAD]),
+        )
+        .rule(
+            Rule::new("log", Limit::sliding_log(10, Duration::from_secs(10)))
+                .key(Key::first_of([
+                    Key::header(header_name("x-user")),
+                    Key::bearer(),
+                    Key::peer_ip(),
+                ]))
+                .on_missing_key(MissingKey::Fallback(Key::global()))
+                .cost(2),
+        )
+        .rule(
+            Rule::new(
+                "rollover",
+                Limit::fixed_window(10, Duration::from_secs(86_400)).burst(30),
+            )
+            .key(Key::client_ip().header(ForwardedHeader::XRealIp)),
+        )
+        .rule(
+            Rule::new("nginx", Limit::per_second(2))
+                .queue(Queue::burst(4).nodelay())
+                .cost(Cost::header(header_name("x-cost"))),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(described(&from_file), described(&in_code));
+}
+
+#[test]
+fn toml_and_yaml_say_the_same() {
+    let from_toml = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+paths = ["/api/*"]
+[rules.tiers]
+from = { header = "x-plan" }
+default = "free"
+plans.free = { rate = 60 }
+plans.pro = { rate = 1000, burst = 50 }
+"#,
+    );
+    let from_yaml = yaml(
+        r#"
+rules:
+  - name: api
+    period: 1m
+    key: { header: x-api-key }
+    paths: [/api/*]
+    tiers:
+      from: { header: x-plan }
+      default: free
+      plans:
+        free: { rate: 60 }
+        pro: { rate: 1000, burst: 50 }
+"#,
+    );
+    assert_eq!(described(&from_toml), described(&from_yaml));
+    // Plans keep the file's order.
+    assert_eq!(from_toml.limiter().rule_names(), ["api:free", "api:pro"]);
+}
+
+#[test]
+fn the_readme_example_loads() {
+    let layer = toml(code_block(include_str!("../README.md"), "toml"));
+    assert_eq!(
+        layer.limiter().rule_names(),
+        ["login", "api:free", "api:pro"]
+    );
+}
+
+#[test]
+fn the_documented_yaml_loads() {
+    let layer = yaml(code_block(CONFIG_DOCS, "yaml"));
+    assert_eq!(
+        layer.limiter().rule_names(),
+        ["login", "api:free", "api:pro"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn parsed_values_drive_the_limits() {
+    let layer = toml(
+        r#"
+[response]
+legacy_headers = true
+
+[[rules]]
+name = "burst"
+rate = 1
+period = "1s"
+burst = 3
+initial = 2
+key = { header = "x-user" }
+methods = ["POST"]
+paths = ["/limited/*"]
+cost = { header = "x-cost", default = 1 }
+on_missing_key = { reject = 401 }
+"#,
+    );
+    let service = service(&layer);
+    let post = |cost: Option<&str>| {
+        let mut headers = vec![("x-user", "u1")];
+        if let Some(cost) = cost {
+            headers.push(("x-cost", cost));
+        }
+        request(Method::POST, "/limited/a/b", &headers, "192.0.2.1")
+    };
+    // A new key starts with 2 of its 3 units; a request without the header costs 1.
+    let first = send(&service, post(None)).await;
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        Some("\"burst\";q=3;w=3")
+    );
+    assert_eq!(header(&first, "ratelimit"), Some("\"burst\";r=1;t=1"));
+    assert_eq!(header(&first, "x-ratelimit-remaining"), Some("1"));
+    assert_eq!(send(&service, post(Some("2"))).await.status(), 429);
+    assert_eq!(send(&service, post(Some("1"))).await.status(), 200);
+    // Outside the scope: other methods and paths are not limited.
+    let other = send(&service, get("/limited/a", &[("x-user", "u1")])).await;
+    assert_eq!(other.status(), 200);
+    assert_eq!(header(&other, "ratelimit"), None);
+    let outside = request(Method::POST, "/limited", &[("x-user", "u1")], "192.0.2.1");
+    assert_eq!(send(&service, outside).await.status(), 200);
+    // Without the key: the configured status.
+    let anonymous = request(Method::POST, "/limited/x", &[], "192.0.2.1");
+    assert_eq!(send(&service, anonymous).await.status(), 401);
+    // One unit a second comes back, up to the burst of 3.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        statuses(&service, 4, || post(None)).await,
+        [200, 200, 200, 429]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_settings_delay_requests() {
+    let layer = toml(
+        r#"
+[[rules]]
+name = "paced"
+rate = 1
+period = "1s"
+queue = { burst = 2, max_delay = "5s" }
+"#,
+    );
+    let service = service(&layer);
+    assert_eq!(send(&service, get("/", &[])).await.status(), 200);
+    let started = tokio::time::Instant::now();
+    let delayed = send(&service, get("/", &[])).await;
+    assert_eq!(delayed.status(), 200);
+    assert_eq!(header(&delayed, "tollgate-delay"), Some("1"));
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_rules_and_response_options() {
+    let layer = toml(
+        r#"
+[response]
+status = 503
+headers_on_allowed = false
+
+[[rules]]
+name = "watched"
+rate = 1
+period = "1m"
+shadow = true
+
+[[rules]]
+name = "enforced"
+rate = 2
+period = "1m"
+"#,
+    );
+    let service = service(&layer);
+    let first = send(&service, get("/", &[])).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "ratelimit"), None);
+    // "watched" would deny the second request, but only records it.
+    assert_eq!(statuses(&service, 2, || get("/", &[])).await, [200, 503]);
+}
+
+// ───────────────────────────── every error ─────────────────────────────
+
+/// Every way a file can be wrong, with the message it gets: the place of the value (with the
+/// line and column when the parser knows them) and what is wrong with it.
+#[test]
+fn every_error_names_its_place() {
+    use ConfigFormat::{Toml, Yaml};
+    let cases = [
+        (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = -1\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found integer `-1`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1.5\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found floating point `1.5`"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"leaky_bucket\"\nrate = 1\nperiod = \"1s\"", "line 3, column 13: rules[0].algorithm: unknown value \"leaky_bucket\" (expected one of `token_bucket`, `fixed_window`, `sliding_window`, `sliding_log`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"", "line 4, column 10: rules[0].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = 60", "line 4, column 10: rules[0].period: a duration needs a unit: write \"60s\" or \"60ms\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"peer-ip\"", "line 5, column 7: rules[0].key: unknown key source \"peer-ip\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { query = \"user\" }", "line 5, column 7: rules[0].key: unknown key source \"query\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { peer_ip = true }", "line 5, column 7: rules[0].key: the peer_ip key source takes no settings: write it as a plain string"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"header\"", "line 5, column 7: rules[0].key: the header key source needs a setting: a table with `header = ...`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x-a\", cookie = \"b\" }", "line 5, column 7: rules[0].key: a key source is a table with exactly one entry (found another: `header`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = {}", "line 5, column 7: rules[0].key: a key source cannot be an empty table"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = 7", "line 5, column 7: rules[0].key: expected a key source: a name such as \"peer_ip\", or a table such as { header = NAME }, found integer `7`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x api\" }", "line 5, column 18: rules[0].key.header: invalid header name \"x api\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trust = [\"10.0.0/8\"] } }", "line 5, column 31: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-client-ip\" } }", "line 5, column 32: rules[0].key.client_ip.header: unknown value \"x-client-ip\" (expected one of `x-forwarded-for`, `forwarded`, `x-real-ip`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 0 } }", "rules[0].key.client_ip.ipv6_prefix: must be from 1 to 128"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 129 } }", "rules[0].key.client_ip.ipv6_prefix: must be from 1 to 128"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv4_prefix = 33 } }", "rules[0].key.client_ip.ipv4_prefix: must be from 1 to 32"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { cookie = \"\" }", "rules[0].key.cookie: names no cookie"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [] }", "rules[0].key.first_of: lists no key"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [\"peer_ip\", { client_ip = { ipv4_prefix = 40 } }] }", "rules[0].key.first_of[1].client_ip.ipv4_prefix: must be from 1 to 32"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key: unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "rules[0].on_missing_key.reject: 200 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "rules[0].on_missing_key.reject: 1000 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback: unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost: must not be negative (got -1)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = \"5\"", "line 5, column 8: rules[0].cost: expected a whole number of units or a table { header = NAME, default = UNITS }, found string \"5\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { header = \"x-cost\", defualt = 1 }", "line 5, column 29: rules[0].cost.defualt: unknown field (expected `header` or `default`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { default = 1 }", "line 5, column 8: rules[0].cost.header: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 11: rules[0].methods[0]: methods are case-sensitive: write \"GET\", not \"get\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 11: rules[0].methods[0]: invalid method \"GE T\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npaths = [\"login\"]", "rules[0].paths[0]: \"login\" does not start with '/'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size: unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
+        (Toml, "[store]\nkind = \"disk\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: unknown value \"disk\" (expected `memory` or `redis`)"),
+        (Toml, "[store]\nmax_keys = 10\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: store.kind: is required"),
+        (Toml, "[store]\nkind = \"memory\"\non_failure = \"half\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 14: store.on_failure: unknown value \"half\" (expected `open` or `closed`)"),
+        (Toml, "[response]\ncolor = \"red\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 1: response.color: unknown field (expected one of `status`, `headers_on_allowed`, `legacy_headers`, `jitter`)"),
+        (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
+        (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
+        (Toml, "", "line 1, column 1: rules: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { key = true }\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: this plan source takes no settings: write it as a plain string"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    rate: 2", "line 2, column 5: rules[0].rate: is given twice"),
+        (Yaml, "rules:\n  - name: a\n    period: 1m\n    tiers:\n      from: extension\n      default: free\n      plans:\n        free: {rate: 1}\n        free: {rate: 2}", "line 8, column 9: rules[0].tiers.plans: \"free\" appears twice"),
+        (Yaml, "rules: [\n", "line 2, column 1: rules: did not find expected node content, while parsing a flow node"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    aligned: yes", "line 5, column 14: rules[0].aligned: expected true or false, found string \"yes\""),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {client_ip: {trust: [10.0.0/8]}}", "line 5, column 30: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1 fortnight", "line 4, column 13: rules[0].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {header: x-api-key, cookie: s}", "line 5, column 10: rules[0].key: a key source is a table with exactly one entry (found another: `cookie`)"),
+        (Yaml, "---\nrules: []\n---\nrules: []", "deserializing from YAML containing more than one document is not supported"),
+        (Yaml, "- a\n- b", "line 1, column 1: expected a table, found sequence"),
+        (Toml, "rules = []", "rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
+        (Toml, "rules = []\n[[allow]]\nkey = \"peer_ip\"\nnetworks = [\"10.0.0.0/8\"]", "rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"", "rules[0].rate: is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1", "rules[0].period: is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nperiod = \"1s\"", "rules[0].limit: is required by a fixed_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nrate = 5\nperiod = \"1s\"", "rules[0].rate: windows take `limit`, not `rate`"),
+        (Toml, "[[rules]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"", "rules[0].limit: a token_bucket takes `rate`, not `limit`"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ninitial = 1", "rules[0].initial: is not used by a fixed_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\npool = { capacity = 1, rate = 1, period = \"1s\" }", "rules[0].pool: is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 10", "rules[0].burst: is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: only windows are aligned"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned_at = \"1h\"", "rules[0].aligned_at: only windows are aligned"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: a sliding_log has no windows to align"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\naligned = true\naligned_at = \"2h\"", "rules[0].aligned_at: give `aligned = true` or `aligned_at`, not both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"", "rules[0].rate: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"0s\"", "rules[0].period: must be at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 0", "rules[0].burst: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 4", "rules[0].burst: must be at least the per-window limit (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 0\nperiod = \"1s\"", "rules[0].limit: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"0ms\"", "rules[0].period: must be at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "rules[0].pool.capacity: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 0, period = \"1s\" }", "rules[0].pool.rate: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1, period = \"0s\" }", "rules[0].pool.period: must be at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1 }", "line 5, column 8: rules[0].pool.period: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "rules[0].cost: 11 exceeds the capacity (10): no request could ever pass"),
+        (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
+        (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "rules[0].queue.delay: must be at most the burst (2)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "rules[0].queue.burst: lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "rules[0].queue.max_delay: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = {}", "rules[0].queue: needs a bound: a burst, a max_delay, or both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 1, nodelay = true }", "rules[0].queue.nodelay: give `delay` or `nodelay`, not both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"1s\", nodelay = true }", "rules[0].queue.nodelay: needs a burst: nodelay lets the whole burst pass at once"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 2\nperiod = \"1s\"", "rules[1].name: the rule name \"a\" is already used by rules[0].name (names are the rules' namespaces)"),
+        (Toml, "[[rules]]\nname = \"api:free\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "rules[1].tiers.plans.free: the rule name \"api:free\" is already used by rules[0].name (names are the rules' namespaces)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans = {}", "rules[0].tiers.plans: has no plans"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.\"pro plan\" = {}", "rules[0].tiers.plans.pro plan: a plan name is letters, digits, '-', '_' and '.'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"gold\"\nplans.free = {}\nplans.pro = {}", "rules[0].tiers.default: \"gold\" is not a plan (plans: free, pro)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys: is required when plans come from the key (`from = \"key\"`, the default): a table from key to plan"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { header = \"x-plan\" }\nkeys = { k = \"free\" }\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys: is only used when plans come from the key (`from = \"key\"`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = { k1 = \"free\", k2 = \"gold\" }\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys.k2: \"gold\" is not a plan (plans: free)"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { unlimited = true, rate = 5 }", "rules[0].tiers.plans.free.rate: an unlimited plan has no limit"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 1 }\nplans.pro = {}", "rules[0].tiers.plans.pro.rate: is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 0 }", "rules[0].tiers.plans.free.rate: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "rules[0].rate: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 3\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 2 }", "rules[0].cost: 3 exceeds the capacity (2): no request could ever pass"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { algorithm = \"fixed_window\", rate = 2 }", "rules[0].tiers.plans.free.rate: windows take `limit`, not `rate`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = \"peer_ip\"", "allow[0]: lists nothing: give `values`, `networks`, or both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = { header = \"x\" }\nnetworks = [\"10.0.0.0/8\"]", "allow[0].networks: need an IP key (peer_ip or client_ip)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[deny]]\nkey = { header = \"x\" }\nvalues = [\"a\", \"\"]", "deny[0].values[1]: is empty (an empty key is a missing key)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[deny]]\nvalues = [\"a\"]", "line 5, column 1: deny[0].key: is required"),
+        (Toml, "[store]\nkind = \"memory\"\nurl = \"redis://x\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: is only used by the redis store"),
+        (Toml, "[store]\nkind = \"memory\"\ntimeout = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.timeout: is only used by the redis store"),
+        (Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.max_keys: must be greater than 0"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\nmax_keys = 5\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.max_keys: is only used by the memory store"),
+        (Toml, "[store]\nkind = \"redis\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: is required by the redis store"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"localhost:6379\" is not a Redis URL (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"http://localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: unsupported scheme \"http\" (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://:6379\" has no host (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost:port\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://localhost:port\" has an invalid port (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost/zero\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://localhost/zero\": the path must be a database number (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://[::1:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://[::1:6379\" has an unclosed '[' (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix://\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"unix://\" has no socket path (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\ntimeout = \"0s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.timeout: must be greater than 0"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"rediss://user:pw@[::1]:6380/2\"\ntimeout = \"50ms\"\non_failure = \"closed\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.kind: tollgate was built without the `redis` feature"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.kind: tollgate was built without the `redis` feature"),
+        (Toml, "[response]\nstatus = 200\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "response.status: 200 is not a 4xx or 5xx status"),
+        (Toml, "[response]\nstatus = 42\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "response.status: 42 is not a 4xx or 5xx status"),
+        (Toml, "[response]\njitter = \"soon\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.jitter: invalid duration \"soon\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+    ];
+    let mut wrong = Vec::new();
+    for (format, text, expected) in cases {
+        let got = match format {
+            Toml => toml_error(text),
+            Yaml => yaml_error(text),
+        };
+        if got != expected {
+            wrong.push(format!(
+                "{text:?}\n  expected: {expected}\n       got: {got}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ───────────────────────────── tiers ─────────────────────────────
+
+#[tokio::test(start_paused = true)]
+async fn tiers_from_the_key_table() {
+    let layer = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+on_missing_key = { reject = 401 }
+[rules.tiers]
+keys = { "k-pro" = "pro", "k-partner" = "partner" }
+default = "free"
+[rules.tiers.plans.free]
+rate = 2
+[rules.tiers.plans.pro]
+rate = 5
+[rules.tiers.plans.partner]
+unlimited = true
+"#,
+    );
+    assert_eq!(layer.limiter().rule_names(), ["api:free", "api:pro"]);
+    let service = service(&layer);
+    let with_key = |key: &'static str| move || get("/", &[("x-api-key", key)]);
+    assert_eq!(
+        statuses(&service, 3, with_key("k-unknown")).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&service, 6, with_key("k-pro")).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    let pro = send(&service, with_key("k-pro")()).await;
+    assert_eq!(
+        header(&pro, "ratelimit-policy"),
+        Some("\"api:pro\";q=5;w=60")
+    );
+    // The partner plan has no rule: never limited by "api".
+    assert!(statuses(&service, 20, with_key("k-partner"))
+        .await
+        .iter()
+        .all(|s| *s == 200));
+    assert_eq!(send(&service, get("/", &[])).await.status(), 401);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tiers_from_a_header_and_from_an_extension() {
+    let by_header = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+rate = 1
+key = "peer_ip"
+[rules.tiers]
+from = { header = "x-plan" }
+default = "basic"
+plans.basic = {}
+plans.gold = { rate = 3 }
+"#,
+    );
+    let service = service(&by_header);
+    let plan = |name: &'static str| move || get("/", &[("x-plan", name)]);
+    assert_eq!(
+        statuses(&service, 4, plan("gold")).await,
+        [200, 200, 200, 429]
+    );
+    // An unknown plan is the default plan; so is no plan. Both count as "basic".
+    assert_eq!(statuses(&service, 2, plan("platinum")).await, [200, 429]);
+    assert_eq!(send(&service, get("/", &[])).await.status(), 429);
+
+    let by_extension = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+key = "peer_ip"
+[rules.tiers]
+from = "extension"
+default = "free"
+plans.free = { rate = 1 }
+plans.pro = { rate = 2 }
+"#,
+    );
+    let service = self::service(&by_extension);
+    let as_plan = |plan: Option<&'static str>| {
+        move || {
+            let mut request = get("/", &[]);
+            if let Some(plan) = plan {
+                request.extensions_mut().insert(Plan::new(plan));
+            }
+            request
+        }
+    };
+    assert_eq!(
+        statuses(&service, 3, as_plan(Some("pro"))).await,
+        [200, 200, 429]
+    );
+    assert_eq!(statuses(&service, 2, as_plan(None)).await, [200, 429]);
+}
+
+// ───────────────────────────── allow and deny ─────────────────────────────
+
+#[tokio::test(start_paused = true)]
+async fn allow_and_deny_lists() {
+    let layer = toml(
+        r#"
+[[allow]]
+key = "peer_ip"
+networks = ["10.0.0.0/8"]
+
+[[allow]]
+key = { header = "x-api-key" }
+values = ["trusted"]
+
+[[deny]]
+key = { header = "x-api-key" }
+values = ["leaked"]
+networks = []
+
+[[deny]]
+key = { client_ip = { trust = ["10.0.0.0/8"] } }
+networks = ["203.0.113.0/24"]
+
+[[rules]]
+name = "global"
+rate = 1
+period = "1h"
+"#,
+    );
+    let service = service(&layer);
+    let from = |peer: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        move || request(Method::GET, "/", headers, peer)
+    };
+    assert_eq!(
+        statuses(&service, 2, from("192.0.2.1", &[])).await,
+        [200, 429]
+    );
+    // Allowed: the monitoring network and a trusted key; no rule is charged.
+    let allowed = send(&service, from("10.1.1.1", &[])()).await;
+    assert_eq!(allowed.status(), 200);
+    assert_eq!(header(&allowed, "ratelimit"), None);
+    assert_eq!(
+        statuses(&service, 3, from("192.0.2.9", &[("x-api-key", "trusted")])).await,
+        [200, 200, 200]
+    );
+    // Denied, before anything is counted: the leaked key, and a network behind the proxy.
+    assert_eq!(
+        send(&service, from("192.0.2.9", &[("x-api-key", "leaked")])())
+            .await
+            .status(),
+        403
+    );
+    let behind_proxy = from("10.9.9.9", &[("x-forwarded-for", "203.0.113.50")]);
+    assert_eq!(send(&service, behind_proxy()).await.status(), 403);
+}
+
+// ───────────────────────────── reload ─────────────────────────────
+
+const RELOAD_V1: &str = r#"
+[[deny]]
+key = { header = "x-api-key" }
+values = ["old-leak"]
+
+[[rules]]
+name = "kept"
+rate = 2
+period = "1h"
+
+[[rules]]
+name = "changed"
+rate = 5
+period = "1h"
+paths = ["/changed"]
+"#;
+
+const RELOAD_V2: &str = r#"
+[[deny]]
+key = { header = "x-api-key" }
+values = ["new-leak"]
+
+[[rules]]
+name = "kept"
+rate = 2
+period = "1h"
+
+[[rules]]
+name = "added"
+rate = 1
+period = "1h"
+paths = ["/added"]
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn reload_keeps_the_state_of_unchanged_rules_and_replaces_the_lists() {
+    let layer = toml(RELOAD_V1);
+    let service = service(&layer);
+    assert_eq!(send(&service, get("/", &[])).await.status(), 200);
+    assert_eq!(
+        send(&service, get("/", &[("x-api-key", "old-leak")]))
+            .await
+            .status(),
+        403
+    );
+
+    layer
+        .reload_config_str(ConfigFormat::Toml, RELOAD_V2)
+        .unwrap();
+    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    // "kept" remembers its first request: one unit of two is left.
+    let next = send(&service, get("/", &[])).await;
+    assert_eq!(header(&next, "ratelimit"), Some("\"kept\";r=0;t=1800"));
+    // The lists are the new file's.
+    assert_eq!(
+        send(&service, get("/", &[("x-api-key", "new-leak")]))
+            .await
+            .status(),
+        403
+    );
+    assert_ne!(
+        send(&service, get("/", &[("x-api-key", "old-leak")]))
+            .await
+            .status(),
+        403
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_reload_changes_nothing() {
+    let layer = toml(RELOAD_V1);
+    let broken = RELOAD_V2.replace("rate = 1\n", "rate = 0\n");
+    let error = layer
+        .reload_config_str(ConfigFormat::Toml, &broken)
+        .unwrap_err();
+    assert_eq!(error.to_string(), "rules[1].rate: must be greater than 0");
+    let error = layer
+        .reload_config_str(ConfigFormat::Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"x\"\nrate = 1\nperiod = \"1s\"\n")
+        .unwrap_err();
+    assert_eq!(error.to_string(), "store.max_keys: must be greater than 0");
+    assert_eq!(layer.limiter().rule_names(), ["kept", "changed"]);
+    let service = service(&layer);
+    assert_eq!(
+        send(&service, get("/", &[("x-api-key", "old-leak")]))
+            .await
+            .status(),
+        403
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_fails_while_rules_are_swapped() {
+    let generous = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"all\"\nrate = 1_000_000_000\nperiod = \"1s\"\n\n\
+             [[rules]]\nname = \"{extra}\"\nrate = 1_000_000_000\nperiod = \"1s\"\n"
+        )
+    };
+    let (a, b) = (generous("extra-a"), generous("extra-b"));
+    let layer = toml(&a);
+    let service = service(&layer);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let mut failed = 0;
+                for _ in 0..300 {
+                    let response = service.clone().oneshot(get("/", &[])).await.unwrap();
+                    if response.status() != StatusCode::OK {
+                        failed += 1;
+                    }
+                }
+                failed
+            })
+        })
+        .collect();
+    let reloads = async {
+        for i in 0..300 {
+            let text = if i % 2 == 0 { &b } else { &a };
+            layer.reload_config_str(ConfigFormat::Toml, text).unwrap();
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(LIMIT, reloads).await.unwrap();
+    for client in clients {
+        let failed = tokio::time::timeout(LIMIT, client).await.unwrap().unwrap();
+        assert_eq!(failed, 0);
+    }
+}
+
+// ───────────────────────────── files and watching ─────────────────────────────
+
+fn write(path: &Path, text: &str) {
+    // Written beside and renamed into place, as editors do, so the watch never reads half a file.
+    let temporary = path.with_extension("partial");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+/// Polls `condition` until it holds, for at most `LIMIT`.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    tokio::time::timeout(LIMIT, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {LIMIT:?}"));
+}
+
+#[tokio::test]
+async fn the_watch_reloads_a_changed_file_and_keeps_the_rules_on_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    write(&path, RELOAD_V1);
+    let layer = RateLimitLayer::from_config_file(&path).unwrap();
+    let watch = layer
+        .watch_config_file(&path, Duration::from_millis(20))
+        .unwrap();
+    assert!(watch.is_running());
+
+    write(&path, RELOAD_V2);
+    eventually("the new rules", || {
+        layer.limiter().rule_names() == ["kept", "added"]
+    })
+    .await;
+
+    // A bad file is reported and ignored; a later good one is loaded.
+    write(
+        &path,
+        "[[rules]]\nname = \"kept\"\nrate = 0\nperiod = \"1s\"\n",
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    std::fs::remove_file(&path).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    write(&path, RELOAD_V1);
+    eventually("the rules of the fixed file", || {
+        layer.limiter().rule_names() == ["kept", "changed"]
+    })
+    .await;
+    watch.stop();
+}
+
+#[tokio::test]
+async fn the_watch_ends_with_the_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    write(&path, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n");
+    let layer = RateLimitLayer::from_config_file(&path).unwrap();
+    let watch = layer
+        .watch_config_file(&path, Duration::from_millis(10))
+        .unwrap();
+    drop(layer);
+    eventually("the watch to end", || !watch.is_running()).await;
+}
+
+#[tokio::test]
+async fn watch_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    write(
+        &path,
+        "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n",
+    );
+    let layer = RateLimitLayer::from_config_file(&path).unwrap();
+    let error = layer
+        .watch_config_file(dir.path().join("limits.ini"), Duration::from_secs(1))
+        .unwrap_err();
+    assert!(error
+        .to_string()
+        .ends_with("limits.ini: unknown configuration format: name the file .toml, .yaml or .yml"));
+    let error = layer.watch_config_file(&path, Duration::ZERO).unwrap_err();
+    assert!(error
+        .to_string()
+        .ends_with("limits.toml: the watch interval must be greater than 0"));
+    let missing = dir.path().join("missing.toml");
+    let error = layer
+        .watch_config_file(&missing, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(error
+        .to_string()
+        .contains("missing.toml: cannot read the file: "));
+}
+
+#[test]
+fn file_errors_name_the_file_and_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.toml");
+    write(
+        &path,
+        "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n\n[[rules]]\nname = \"b\"\nrate = 1\nperiod = \"1 fortnight\"\n",
+    );
+    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    assert_eq!(error.file(), Some(path.as_path()));
+    assert_eq!(error.path(), "rules[1].period");
+    assert_eq!((error.line(), error.column()), (Some(9), Some(10)));
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}:9:10: rules[1].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")",
+            path.display()
+        )
+    );
+
+    write(
+        &path,
+        "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"\n",
+    );
+    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("{}: rules[0].rate: must be greater than 0", path.display())
+    );
+    assert_eq!(error.line(), None);
+    // Reloading reports the file too, and keeps the rules.
+    let layer = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n");
+    let error = layer.reload_config_file(&path).unwrap_err();
+    assert_eq!(error.file(), Some(path.as_path()));
+    assert_eq!(layer.limiter().rule_names(), ["a"]);
+
+    let yaml_path = dir.path().join("api.yml");
+    write(
+        &yaml_path,
+        "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    colour: red\n",
+    );
+    let error = RateLimitLayer::from_config_file(&yaml_path).unwrap_err();
+    assert_eq!((error.line(), error.column()), (Some(5), Some(5)));
+    assert_eq!(error.path(), "rules[0].colour");
+    assert!(error
+        .message()
+        .starts_with("unknown field (expected one of `name`, "));
+
+    let error = RateLimitLayer::from_config_file(dir.path().join("none.toml")).unwrap_err();
+    assert!(error
+        .to_string()
+        .contains("none.toml: cannot read the file: "));
+    assert!(std::error::Error::source(&error).is_some());
+    let error = RateLimitLayer::from_config_file(dir.path().join("limits.json")).unwrap_err();
+    assert!(error.to_string().ends_with(
+        "limits.json: unknown configuration format: name the file .toml, .yaml or .yml"
+    ));
+}
+
+#[test]
+fn formats_by_extension() {
+    assert_eq!(ConfigFormat::from_path("a.toml"), Some(ConfigFormat::Toml));
+    assert_eq!(ConfigFormat::from_path("a.YAML"), Some(ConfigFormat::Yaml));
+    assert_eq!(
+        ConfigFormat::from_path("dir/a.yml"),
+        Some(ConfigFormat::Yaml)
+    );
+    assert_eq!(ConfigFormat::from_path("a.json"), None);
+    assert_eq!(ConfigFormat::from_path("toml"), None);
+}
+
+// ───────────────────────────── the sample configs ─────────────────────────────
+
+fn sample(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/configs")
+        .join(name)
+}
+
+async fn call(app: &axum::Router, request: Request<axum::body::Body>) -> (StatusCode, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn app_request(method: Method, path: &str, headers: &[(&str, &str)]) -> Request<axum::body::Body> {
+    let mut builder = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let mut request = builder.body(axum::body::Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [192, 0, 2, 7],
+            5000,
+        ))));
+    request
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_public_api_sample_serves_its_plans_and_metrics() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let limits = RateLimitLayer::from_config_file(sample("public_api.toml")).unwrap();
+    assert_eq!(
+        limits.limiter().rule_names(),
+        ["per-ip", "api:free", "api:pro", "daily", "exports"]
+    );
+    let app = server::app(limits, metrics);
+
+    let free = || app_request(Method::GET, "/v1/items", &[("x-api-key", "demo-free")]);
+    for _ in 0..10 {
+        assert_eq!(call(&app, free()).await.0, StatusCode::OK);
+    }
+    let (status, _) = call(&app, free()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, body) = call(
+        &app,
+        app_request(Method::GET, "/v1/items", &[("x-api-key", "demo-pro")]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("api:pro: 99 left"), "{body}");
+    let (status, body) = call(
+        &app,
+        app_request(Method::GET, "/v1/items", &[("x-api-key", "demo-partner")]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!body.contains("api:"), "{body}");
+    let no_key = app_request(Method::GET, "/v1/items", &[]);
+    assert_eq!(call(&app, no_key).await.0, StatusCode::UNAUTHORIZED);
+    let leaked = app_request(Method::GET, "/v1/items", &[("x-api-key", "demo-leaked")]);
+    assert_eq!(call(&app, leaked).await.0, StatusCode::FORBIDDEN);
+
+    let (status, text) = call(&app, app_request(Method::GET, "/metrics", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        text.contains("tollgate_denied_total{rule=\"api:free\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_allowed_total{rule=\"api:pro\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_login_protection_sample_slows_down_guessing() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let limits = RateLimitLayer::from_config_file(sample("login_protection.yaml")).unwrap();
+    assert_eq!(
+        limits.limiter().rule_names(),
+        [
+            "login-per-ip",
+            "login-per-device",
+            "signup-per-ip",
+            "signup-all",
+            "password-reset"
+        ]
+    );
+    let app = server::app(limits, recorder.handle());
+    let login = || app_request(Method::POST, "/login", &[]);
+    for _ in 0..5 {
+        assert_eq!(call(&app, login()).await.0, StatusCode::OK);
+    }
+    assert_eq!(call(&app, login()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // Reading the login page is not limited.
+    assert_eq!(
+        call(&app, app_request(Method::GET, "/login", &[])).await.0,
+        StatusCode::OK
+    );
+    // Three sign-ups a day from one address.
+    let signup = || app_request(Method::POST, "/signup", &[]);
+    for _ in 0..3 {
+        assert_eq!(call(&app, signup()).await.0, StatusCode::OK);
+    }
+    assert_eq!(call(&app, signup()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    // The attacking network is refused.
+    let mut attacker = app_request(Method::POST, "/login", &[]);
+    attacker
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [203, 0, 113, 9],
+            1,
+        ))));
+    assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
