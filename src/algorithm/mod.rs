@@ -9,8 +9,9 @@
 //! `commit` applies an allowed (or reserved) charge.
 //!
 //! All arithmetic is integer. Token buckets keep their state as an absolute time (GCRA's theoretical
-//! arrival time), so there is no drift; when `period / rate` is not a whole number of nanoseconds, a
-//! charge is rounded up to the next nanosecond, which errs on the strict side.
+//! arrival time), so there is no drift; when `period / rate` is not a whole number of nanoseconds,
+//! the time one unit takes to refill is rounded up to the next nanosecond, which errs on the strict
+//! side and keeps bursts exact.
 
 mod burst_pool;
 mod fixed_window;
@@ -192,24 +193,14 @@ pub(crate) fn duration(ns: u64) -> Duration {
     Duration::from_nanos(ns)
 }
 
-/// `a * b / c`, rounded down, saturating at `u64::MAX`.
-pub(crate) fn mul_div_floor(a: u64, b: u64, c: u64) -> u64 {
-    let q = u128::from(a) * u128::from(b) / u128::from(c);
-    u64::try_from(q).unwrap_or(u64::MAX)
-}
-
-/// `a * b / c`, rounded up, saturating at `u64::MAX`.
-pub(crate) fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
-    let q = (u128::from(a) * u128::from(b)).div_ceil(u128::from(c));
-    u64::try_from(q).unwrap_or(u64::MAX)
-}
-
 /// The start of the window that contains `now`, for windows at `offset + k·period`.
 pub(crate) fn window_containing(now: Nanos, offset: Nanos, period: Nanos) -> Nanos {
     let offset = offset % period;
     // `now + period - offset` stays positive even when `now < offset`.
     let into = (u128::from(now) + u128::from(period) - u128::from(offset)) % u128::from(period);
-    now - into as u64
+    // Only a time within one period of the epoch has a window starting before it; start that one
+    // at the epoch instead.
+    now.saturating_sub(into as u64)
 }
 
 /// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes, versions and

@@ -1,18 +1,20 @@
 use std::time::Duration;
 
-use super::{duration, mul_div_ceil, mul_div_floor, nanos, Mode, Nanos, Outcome, Verdict};
+use super::{duration, nanos, Mode, Nanos, Outcome, Verdict};
 
 /// Token bucket with continuous refill: `rate` units per `period`, holding at most `capacity`.
 ///
 /// The state is one number, the theoretical arrival time (GCRA's `tat`): the moment the bucket will
 /// be full again. The bucket's debt at `now` is `tat - now` (never negative), and its balance is
-/// `capacity - debt·rate/period`. Reservations let the balance go negative.
+/// `capacity - debt / interval`. Reservations let the balance go negative.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
     rate: u64,
     period: Nanos,
     capacity: u64,
     initial: u64,
+    /// `period / rate` rounded up, computed once: see [`interval`](Self::interval).
+    interval: Nanos,
 }
 
 impl TokenBucket {
@@ -21,11 +23,13 @@ impl TokenBucket {
     /// Zero values are accepted here and rejected when the rule is validated, so that the error can
     /// name the rule.
     pub fn new(rate: u64, period: Duration) -> Self {
+        let period = nanos(period);
         TokenBucket {
             rate,
-            period: nanos(period),
+            period,
             capacity: rate,
             initial: rate,
+            interval: period.div_ceil(rate.max(1)).max(1),
         }
     }
 
@@ -79,9 +83,17 @@ impl TokenBucket {
         }
     }
 
-    /// The time `units` take to refill, rounded up to the next nanosecond.
+    /// The emission interval `T`: the time one unit takes to refill, `period / rate` rounded up to
+    /// the next nanosecond. Everything else is a whole number of `T`s, so a full bucket takes
+    /// exactly `capacity` units at once, and rounding can only make the rate a hair slower, never
+    /// faster (3 per second refills one unit every 333,333,334 ns).
+    pub fn interval(&self) -> Nanos {
+        self.interval
+    }
+
+    /// The time `units` take to refill.
     pub(crate) fn cost_nanos(&self, units: u64) -> Nanos {
-        mul_div_ceil(units, self.period, self.rate)
+        units.saturating_mul(self.interval())
     }
 
     /// The state of a key never seen before, at `now`.
@@ -89,31 +101,27 @@ impl TokenBucket {
         now.saturating_add(self.cost_nanos(self.capacity - self.initial.min(self.capacity)))
     }
 
-    /// Whether `units` fit while the bucket owes `debt` nanoseconds: `debt·r + units·p ≤ C·p`.
+    /// `units` whole intervals, exact.
+    fn span(&self, units: u64) -> u128 {
+        u128::from(units) * u128::from(self.interval())
+    }
+
+    /// Whether `units` fit while the bucket owes `debt` nanoseconds of refill.
     fn fits(&self, debt: Nanos, units: u64) -> bool {
-        self.owed(debt) + u128::from(units) * u128::from(self.period) <= self.full()
-    }
-
-    /// The debt, in rate-scaled nanoseconds (`debt·r`), so comparisons stay exact.
-    fn owed(&self, debt: Nanos) -> u128 {
-        u128::from(debt) * u128::from(self.rate)
-    }
-
-    fn full(&self) -> u128 {
-        u128::from(self.capacity) * u128::from(self.period)
+        u128::from(debt) + self.span(units) <= self.span(self.capacity)
     }
 
     /// Whole units available while owing `debt`.
     fn available(&self, debt: Nanos) -> u64 {
-        let left = self.full().saturating_sub(self.owed(debt)) / u128::from(self.period);
+        let left =
+            self.span(self.capacity).saturating_sub(u128::from(debt)) / u128::from(self.interval());
         u64::try_from(left).unwrap_or(u64::MAX)
     }
 
-    /// The smallest wait after which `units` (≤ capacity) fit: the smallest `w` with
-    /// `(debt - w)·r ≤ (C - units)·p`.
+    /// The smallest wait after which `units` (≤ capacity) fit.
     fn wait_for(&self, debt: Nanos, units: u64) -> Nanos {
-        let slack = mul_div_floor(self.capacity.saturating_sub(units), self.period, self.rate);
-        debt.saturating_sub(slack)
+        let slack = self.span(self.capacity.saturating_sub(units));
+        u64::try_from(u128::from(debt).saturating_sub(slack)).unwrap_or(u64::MAX)
     }
 
     /// Time until one more whole unit is available; zero when full.
@@ -155,8 +163,7 @@ impl TokenBucket {
 
     fn within(&self, after: Nanos, bound: super::ReserveBound) -> bool {
         let units_ok = bound.max_units.is_none_or(|units| {
-            self.owed(after)
-                <= u128::from(self.capacity.saturating_add(units)) * u128::from(self.period)
+            u128::from(after) <= self.span(self.capacity.saturating_add(units))
         });
         let wait_ok = bound
             .max_wait

@@ -1,1 +1,299 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use super::*;
+use crate::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, WindowStart};
+use crate::clock::ManualClock;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn bucket(rate: u64, period: Duration) -> Algorithm {
+    Algorithm::TokenBucket(TokenBucket::new(rate, period))
+}
+
+fn store_at(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder().clock(clock.clone()).build()
+}
+
+fn charge<'a>(rule: &'a str, algorithm: &'a Algorithm, key: &'a [u8], cost: u64) -> Charge<'a> {
+    Charge {
+        rule,
+        algorithm,
+        key,
+        cost,
+        mode: Mode::Charge,
+    }
+}
+
+fn apply(store: &MemoryStore, batch: &[Charge<'_>]) -> Outcomes {
+    match store.apply(batch).into_ready() {
+        Ok(Ok(outcomes)) => outcomes,
+        _ => panic!("the memory store always answers at once"),
+    }
+}
+
+fn admitted(store: &MemoryStore, batch: &[Charge<'_>]) -> bool {
+    apply(store, batch).iter().all(|o| o.verdict.is_admitted())
+}
+
+#[test]
+fn token_bucket_exact_numbers_through_the_store() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let limit = bucket(10, SECOND);
+    for left in (0..10).rev() {
+        let out = apply(&store, &[charge("r", &limit, b"k", 1)]);
+        assert_eq!(out[0].verdict, Verdict::Allowed);
+        assert_eq!(out[0].remaining, left);
+    }
+    let denied = apply(&store, &[charge("r", &limit, b"k", 1)]);
+    assert_eq!(
+        denied[0].verdict,
+        Verdict::Denied {
+            retry_after: Duration::from_millis(100)
+        }
+    );
+    clock.advance(Duration::from_millis(100));
+    assert!(admitted(&store, &[charge("r", &limit, b"k", 1)]));
+    // Another key and another rule with the same key are independent.
+    assert_eq!(
+        apply(&store, &[charge("r", &limit, b"other", 1)])[0].remaining,
+        9
+    );
+    assert_eq!(
+        apply(&store, &[charge("r2", &limit, b"k", 1)])[0].remaining,
+        9
+    );
+}
+
+#[test]
+fn a_batch_is_all_or_nothing() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let roomy = bucket(100, SECOND);
+    let tight = bucket(2, SECOND);
+    let batch = [
+        charge("roomy", &roomy, b"k", 1),
+        charge("tight", &tight, b"k", 1),
+    ];
+    assert!(admitted(&store, &batch));
+    assert!(admitted(&store, &batch));
+    let out = apply(&store, &batch);
+    assert!(out[0].verdict.is_admitted(), "roomy alone would pass");
+    assert!(!out[1].verdict.is_admitted(), "tight is empty");
+    // Nothing was charged by the denied batch: roomy still has 98, and says so.
+    assert_eq!(out[0].remaining, 98);
+    assert_eq!(
+        apply(&store, &[charge("roomy", &roomy, b"k", 0)])[0].remaining,
+        98
+    );
+}
+
+#[test]
+fn check_mode_charges_nothing() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let limit = bucket(3, SECOND);
+    let peek = Charge {
+        mode: Mode::Check,
+        ..charge("r", &limit, b"k", 2)
+    };
+    for _ in 0..5 {
+        assert_eq!(apply(&store, &[peek])[0].remaining, 1);
+    }
+    assert!(store.is_empty(), "checks never create state");
+}
+
+#[test]
+fn refund_and_reset() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let limit = bucket(5, Duration::from_secs(60));
+    let window = Algorithm::FixedWindow(FixedWindow::new(5, Duration::from_secs(60)));
+    for algorithm in [&limit, &window] {
+        assert!(admitted(&store, &[charge("r", algorithm, b"k", 5)]));
+        assert!(!admitted(&store, &[charge("r", algorithm, b"k", 1)]));
+        let refund = charge("r", algorithm, b"k", 2);
+        assert!(store.refund(&refund).into_ready().is_ok());
+        assert_eq!(
+            apply(&store, &[charge("r", algorithm, b"k", 0)])[0].remaining,
+            2
+        );
+        // Refunds never lift a key above its capacity.
+        let big = charge("r", algorithm, b"k", 100);
+        assert!(store.refund(&big).into_ready().is_ok());
+        assert_eq!(
+            apply(&store, &[charge("r", algorithm, b"k", 0)])[0].remaining,
+            5
+        );
+        assert!(admitted(&store, &[charge("r", algorithm, b"k", 5)]));
+        assert!(store.reset("r", algorithm, b"k").into_ready().is_ok());
+        assert_eq!(
+            apply(&store, &[charge("r", algorithm, b"k", 0)])[0].remaining,
+            5
+        );
+    }
+}
+
+#[test]
+fn every_algorithm_runs_through_the_store() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let algorithms = [
+        bucket(4, SECOND),
+        Algorithm::FixedWindow(
+            FixedWindow::new(4, SECOND).with_start(WindowStart::Aligned(Duration::ZERO)),
+        ),
+        Algorithm::SlidingWindow(
+            SlidingWindow::new(4, SECOND).with_start(WindowStart::Aligned(Duration::ZERO)),
+        ),
+        Algorithm::SlidingLog(SlidingLog::new(4, SECOND)),
+        Algorithm::BurstPool(crate::algorithm::BurstPool::new(
+            TokenBucket::new(2, SECOND),
+            TokenBucket::new(1, SECOND).with_capacity(2),
+        )),
+    ];
+    for (i, algorithm) in algorithms.iter().enumerate() {
+        let rule = format!("rule-{i}");
+        let passed = (0..10)
+            .filter(|_| admitted(&store, &[charge(&rule, algorithm, b"k", 1)]))
+            .count();
+        assert_eq!(
+            passed, 4,
+            "{algorithm:?} admits its capacity at one instant"
+        );
+        clock.advance(Duration::from_secs(2));
+        assert!(
+            admitted(&store, &[charge(&rule, algorithm, b"k", 1)]),
+            "{algorithm:?} refills"
+        );
+    }
+}
+
+#[test]
+fn per_key_window_starts_are_the_same_for_every_store() {
+    // Two stores (two app instances) derive the same window for a key from (rule, key) alone.
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let a = store_at(&clock);
+    let b = store_at(&clock);
+    let window = Algorithm::FixedWindow(FixedWindow::new(1, Duration::from_secs(60)));
+    assert!(admitted(&a, &[charge("w", &window, b"user-7", 1)]));
+    assert!(admitted(&b, &[charge("w", &window, b"user-7", 1)]));
+    let ra = apply(&a, &[charge("w", &window, b"user-7", 1)])[0].verdict;
+    let rb = apply(&b, &[charge("w", &window, b"user-7", 1)])[0].verdict;
+    assert_eq!(ra, rb);
+    assert!(!ra.is_admitted());
+}
+
+#[test]
+fn threads_hammering_one_key_admit_exactly_the_capacity() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let limit = bucket(1_000, Duration::from_secs(3_600));
+    let passed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..500 {
+                    if admitted(&store, &[charge("r", &limit, b"hot", 1)]) {
+                        passed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(passed.into_inner(), 1_000);
+}
+
+#[test]
+fn concurrent_batches_never_over_admit_any_rule() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(2)
+        .build();
+    let a = bucket(50, Duration::from_secs(3_600));
+    let b = Algorithm::FixedWindow(FixedWindow::new(30, Duration::from_secs(3_600)));
+    let passed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let (a, b, passed, store) = (&a, &b, &passed, &store);
+            s.spawn(move || {
+                for i in 0..200u32 {
+                    // Half the threads list the rules in the other order: lock order must not matter.
+                    let (first, second) = (charge("a", a, b"k", 1), charge("b", b, b"k", 1));
+                    let batch = if (t + i as u8) % 2 == 0 {
+                        [first, second]
+                    } else {
+                        [second, first]
+                    };
+                    if admitted(store, &batch) {
+                        passed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(passed.into_inner(), 30);
+    assert_eq!(apply(&store, &[charge("a", &a, b"k", 0)])[0].remaining, 20);
+}
+
+#[test]
+fn idle_keys_are_dropped_as_the_table_grows() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build();
+    let limit = bucket(10, SECOND);
+    for i in 0..1_000u32 {
+        assert!(admitted(
+            &store,
+            &[charge("r", &limit, &i.to_le_bytes(), 1)]
+        ));
+    }
+    assert_eq!(store.len(), 1_000);
+    // One unit refills in 100 ms: after that every key is as good as new.
+    clock.advance(Duration::from_millis(100));
+    for i in 1_000..2_100u32 {
+        assert!(admitted(
+            &store,
+            &[charge("r", &limit, &i.to_le_bytes(), 1)]
+        ));
+    }
+    assert!(
+        store.len() < 2_000,
+        "idle keys were swept ({} tracked)",
+        store.len()
+    );
+}
+
+#[test]
+fn a_flood_of_new_keys_stays_within_the_bound() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(4)
+        .max_keys(1_000)
+        .build();
+    let limit = bucket(10, Duration::from_secs(3_600));
+    // A key held back hard: it owes a full hour of refill.
+    assert!(admitted(&store, &[charge("r", &limit, b"abuser", 10)]));
+    for i in 0..100_000u32 {
+        apply(&store, &[charge("r", &limit, &i.to_le_bytes(), 1)]);
+        assert!(store.len() <= 1_000);
+    }
+    // The flood evicted keys that were nearly idle, not the one being held back.
+    assert!(!admitted(&store, &[charge("r", &limit, b"abuser", 1)]));
+}
+
+#[test]
+fn a_rule_that_changes_algorithm_starts_over() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let window = Algorithm::FixedWindow(FixedWindow::new(2, Duration::from_secs(60)));
+    let log = Algorithm::SlidingLog(SlidingLog::new(3, Duration::from_secs(60)));
+    assert!(admitted(&store, &[charge("r", &window, b"k", 2)]));
+    assert!(!admitted(&store, &[charge("r", &window, b"k", 1)]));
+    assert_eq!(apply(&store, &[charge("r", &log, b"k", 1)])[0].remaining, 2);
+}
