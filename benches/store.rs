@@ -1,2 +1,241 @@
-//! Placeholder: filled in with criterion benches.
-fn main() {}
+//! `MemoryStore` against governor's keyed limiter (`RateLimiter::dashmap`), side by side.
+//!
+//! Both limit `u64` keys with a token bucket (GCRA), read their default clocks, and decide one
+//! unit per call. Tollgate's key bytes are the key's eight little-endian bytes under rule `bench`;
+//! governor's key is the `u64` itself.
+//!
+//! Scenarios, each one criterion group with one `BenchmarkId` per implementation:
+//! - `hot_key`: every decision on the same key; `100k_keys`: cycling through 100 000 random keys,
+//!   all tracked before the measurement starts.
+//! - `allowed`: a burst of `u32::MAX` refilling one unit per second, so nothing is denied and every
+//!   key stays tracked (a state whose bucket is full again is idle, and tollgate drops idle states
+//!   as its tables grow: with `u32::MAX` *per second* every state would be idle a microsecond after
+//!   its charge, and the 100k-key scenario would measure re-inserting swept keys instead of
+//!   looking them up). `denied`: one per hour, already spent, so every decision is a refusal.
+//! - `1_thread`: the time of one decision. `2_threads_wall_per_decision`: two threads decide at
+//!   the same time, each `iters` times; the reported time is the wall-clock time divided by the
+//!   decisions of one thread, i.e. what one decision takes while another thread hammers the same
+//!   limiter (the aggregate throughput is twice the reciprocal).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::store::{Charge, MemoryStore, Store};
+
+const KEYS: usize = 100_000;
+const RULE: &str = "bench";
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(40)
+}
+
+/// The two implementations behind one interface: decide one unit for `key`, `true` if allowed.
+trait Limiter: Sync {
+    fn decide(&self, key: u64) -> bool;
+}
+
+struct Tollgate {
+    store: MemoryStore,
+    algorithm: Algorithm,
+}
+
+impl Limiter for Tollgate {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        let bytes = key.to_le_bytes();
+        let charge = Charge {
+            rule: RULE,
+            algorithm: &self.algorithm,
+            key: &bytes,
+            cost: 1,
+            mode: Mode::Charge,
+        };
+        match self.store.apply(std::slice::from_ref(&charge)).into_ready() {
+            Ok(Ok(outcomes)) => black_box(outcomes)[0].verdict.is_admitted(),
+            _ => unreachable!("the memory store answers at once"),
+        }
+    }
+}
+
+struct Governor(DefaultKeyedRateLimiter<u64>);
+
+impl Limiter for Governor {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        black_box(self.0.check_key(&key)).is_ok()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Allowed,
+    Denied,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Allowed => "allowed",
+            Path::Denied => "denied",
+        }
+    }
+}
+
+fn tollgate(path: Path) -> Tollgate {
+    let bucket = match path {
+        Path::Allowed => {
+            TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX))
+        }
+        Path::Denied => TokenBucket::new(1, Duration::from_secs(3600)),
+    };
+    Tollgate {
+        store: MemoryStore::new(),
+        algorithm: Algorithm::TokenBucket(bucket),
+    }
+}
+
+fn governor(path: Path) -> Governor {
+    let quota = match path {
+        Path::Allowed => Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX),
+        Path::Denied => Quota::per_hour(NonZeroU32::MIN),
+    };
+    Governor(RateLimiter::dashmap(quota))
+}
+
+/// 100 000 distinct pseudo-random keys (splitmix64), the same on every run.
+fn keys() -> Vec<u64> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let keys: Vec<u64> = (0..KEYS)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+        .collect();
+    let mut distinct = keys.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), KEYS);
+    keys
+}
+
+/// Tracks every key before measuring, and checks the path: on the denied path the first decision
+/// spends the key's only unit and the second must be refused.
+fn prepare(limiter: &impl Limiter, keys: &[u64], path: Path) {
+    for &key in keys {
+        let first = limiter.decide(key);
+        assert!(first, "a fresh key must be allowed");
+        assert_eq!(limiter.decide(key), path == Path::Allowed);
+    }
+}
+
+/// Decisions for keys `keys[start..]`, cycling, `iters` times.
+#[inline]
+fn cycle(limiter: &impl Limiter, keys: &[u64], start: usize, iters: u64) {
+    let mut i = start;
+    for _ in 0..iters {
+        black_box(limiter.decide(black_box(keys[i])));
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+}
+
+/// Wall-clock time of two threads each making `iters` decisions at once.
+fn two_threads(limiter: &impl Limiter, keys: &[u64], iters: u64) -> Duration {
+    let barrier = Barrier::new(3);
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let barrier = &barrier;
+            scope.spawn(move || {
+                barrier.wait();
+                // Start the two threads half the key set apart.
+                cycle(limiter, keys, t * keys.len() / 2, iters);
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        // Leaving the scope joins both threads.
+        start
+    })
+    .elapsed()
+}
+
+fn scenario(c: &mut Criterion, keyset: &str, keys: &[u64], path: Path) {
+    let tollgate = tollgate(path);
+    let governor = governor(path);
+    prepare(&tollgate, keys, path);
+    prepare(&governor, keys, path);
+
+    let mut group = c.benchmark_group(format!("store/{keyset}/{}/1_thread", path.name()));
+    group.bench_function(BenchmarkId::from_parameter("tollgate"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            let allowed = tollgate.decide(keys[i]);
+            i += 1;
+            if i == keys.len() {
+                i = 0;
+            }
+            allowed
+        })
+    });
+    group.bench_function(BenchmarkId::from_parameter("governor"), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            let allowed = governor.decide(keys[i]);
+            i += 1;
+            if i == keys.len() {
+                i = 0;
+            }
+            allowed
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group(format!(
+        "store/{keyset}/{}/2_threads_wall_per_decision",
+        path.name()
+    ));
+    group.bench_function(BenchmarkId::from_parameter("tollgate"), |b| {
+        b.iter_custom(|iters| two_threads(&tollgate, keys, iters))
+    });
+    group.bench_function(BenchmarkId::from_parameter("governor"), |b| {
+        b.iter_custom(|iters| two_threads(&governor, keys, iters))
+    });
+    group.finish();
+
+    // Still on the same path after all the decisions (buckets only drain here, so an allowed
+    // decision now means every earlier one was allowed too).
+    assert_eq!(tollgate.decide(keys[0]), path == Path::Allowed);
+    assert_eq!(governor.decide(keys[0]), path == Path::Allowed);
+}
+
+fn hot_key(c: &mut Criterion) {
+    let key = [0x5eed_u64];
+    scenario(c, "hot_key", &key, Path::Allowed);
+    scenario(c, "hot_key", &key, Path::Denied);
+}
+
+fn many_keys(c: &mut Criterion) {
+    let keys = keys();
+    scenario(c, "100k_keys", &keys, Path::Allowed);
+    scenario(c, "100k_keys", &keys, Path::Denied);
+}
+
+criterion_group! {
+    name = store;
+    config = config();
+    targets = hot_key, many_keys
+}
+criterion_main!(store);

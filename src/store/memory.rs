@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use super::{Charge, Outcomes, Store, StoreFuture};
 use crate::algorithm::{
     Algorithm, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, SlidingLogState,
-    SlidingWindowState, Verdict,
+    SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, SystemClock};
 
@@ -180,6 +180,14 @@ impl Store for MemoryStore {
 impl MemoryStore {
     /// Decides a batch against the current time; see [`Store::apply`].
     fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
+        match batch {
+            [charge] => self.apply_one(charge),
+            _ => self.apply_batch(batch),
+        }
+    }
+
+    /// Any batch: lock every shard involved in order, decide all, commit all or nothing.
+    fn apply_batch(&self, batch: &[Charge<'_>]) -> Outcomes {
         let now = self.now();
         let cells: SmallVec<[Cell<'_, '_>; 2]> = batch
             .iter()
@@ -207,6 +215,52 @@ impl MemoryStore {
             }
         }
         outcomes
+    }
+
+    /// [`apply_batch`](Self::apply_batch) for a batch of one charge, the usual case: the same
+    /// decision, without collecting cells, sorting shards or searching the held guards.
+    fn apply_one(&self, charge: &Charge<'_>) -> Outcomes {
+        let now = self.now();
+        let hash = self.hash(charge.rule, charge.key);
+        if let Algorithm::TokenBucket(tb) = charge.algorithm {
+            return smallvec::smallvec![self.apply_bucket(tb, charge, hash, now)];
+        }
+        let cell = Cell::new(charge, hash, now);
+        let mut locked = Locked::one(&self.inner, cell.table, cell.hash);
+        // A denied charge changes nothing; an admitted one is committed unless it only looks.
+        let outcome = cell.evaluate(&mut locked, charge.cost);
+        if outcome.verdict.is_admitted() && charge.mode != Mode::Check {
+            cell.commit(&mut locked);
+        }
+        drop(locked);
+        smallvec::smallvec![outcome]
+    }
+
+    /// One token-bucket charge: what `Cell::evaluate` and `Cell::commit` do, with one lookup of the
+    /// key instead of three.
+    fn apply_bucket(
+        &self,
+        tb: &TokenBucket,
+        charge: &Charge<'_>,
+        hash: u64,
+        now: Micros,
+    ) -> Outcome {
+        let (cost, mode) = (charge.cost, charge.mode);
+        let charges = |outcome: &Outcome| outcome.verdict.is_admitted() && mode != Mode::Check;
+        let mut shard = self.inner.buckets.shard(hash);
+        if let Some(tat) = shard.map.get_mut(&hash) {
+            let outcome = tb.evaluate(*tat, now, cost, mode);
+            if charges(&outcome) {
+                *tat = tb.commit(*tat, now, cost);
+            }
+            return outcome;
+        }
+        let tat = tb.fresh(now);
+        let outcome = tb.evaluate(tat, now, cost, mode);
+        if charges(&outcome) {
+            shard.put(hash, tb.commit(tat, now, cost), now);
+        }
+        outcome
     }
 }
 
@@ -458,6 +512,22 @@ impl<'s> Locked<'s> {
                 Which::Buckets => locked.buckets.push((index, inner.buckets.lock(index))),
                 Which::Others => locked.others.push((index, inner.others.lock(index))),
             }
+        }
+        locked
+    }
+
+    /// Holds the one shard of a single key.
+    fn one(inner: &'s Inner, which: Which, hash: u64) -> Self {
+        let shift = inner.buckets.shift;
+        let index = shard_index(hash, shift);
+        let mut locked = Locked {
+            shift,
+            buckets: SmallVec::new(),
+            others: SmallVec::new(),
+        };
+        match which {
+            Which::Buckets => locked.buckets.push((index, inner.buckets.lock(index))),
+            Which::Others => locked.others.push((index, inner.others.lock(index))),
         }
         locked
     }

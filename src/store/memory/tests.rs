@@ -297,3 +297,63 @@ fn a_rule_that_changes_algorithm_starts_over() {
     assert!(!admitted(&store, &[charge("r", &window, b"k", 1)]));
     assert_eq!(apply(&store, &[charge("r", &log, b"k", 1)])[0].remaining, 2);
 }
+
+mod single_charge_fast_path {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::algorithm::{BurstPool, ReserveBound};
+
+    fn algorithms() -> Vec<Algorithm> {
+        vec![
+            bucket(3, SECOND),
+            Algorithm::TokenBucket(TokenBucket::new(2, SECOND).with_capacity(5).with_initial(1)),
+            Algorithm::FixedWindow(FixedWindow::new(3, SECOND).with_capacity(5)),
+            Algorithm::SlidingWindow(SlidingWindow::new(4, SECOND)),
+            Algorithm::SlidingLog(SlidingLog::new(3, SECOND)),
+            Algorithm::BurstPool(BurstPool::new(
+                TokenBucket::new(2, SECOND),
+                TokenBucket::new(3, Duration::from_secs(10)),
+            )),
+        ]
+    }
+
+    fn mode(pick: u8) -> Mode {
+        match pick % 4 {
+            0 | 1 => Mode::Charge,
+            2 => Mode::Check,
+            _ => Mode::Reserve(ReserveBound {
+                max_units: Some(4),
+                max_wait: None,
+            }),
+        }
+    }
+
+    proptest! {
+        /// A batch of one charge goes through `apply_one`; the general path must decide it the
+        /// same way, call after call, for every algorithm and mode.
+        #[test]
+        fn decides_like_the_general_path(
+            steps in proptest::collection::vec(
+                (0usize..6, 0u8..3, 0u64..6, 0u8..4, 0u64..700),
+                1..120,
+            ),
+        ) {
+            let algorithms = algorithms();
+            let clock = ManualClock::new(Duration::from_secs(1_000));
+            let fast = store_at(&clock);
+            let general = store_at(&clock);
+            for (algorithm, key, cost, pick, wait_ms) in steps {
+                let algorithm = &algorithms[algorithm];
+                let mode = mode(pick);
+                let cost = cost.min(algorithm.max_cost(mode));
+                let key = [b'k', key];
+                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode };
+                let one = apply(&fast, std::slice::from_ref(&charge));
+                let all = general.apply_batch(std::slice::from_ref(&charge));
+                prop_assert_eq!(one, all);
+                clock.advance(Duration::from_millis(wait_ms));
+            }
+        }
+    }
+}
