@@ -17,7 +17,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{routing::get, Router};
 use tokio::time::Instant;
-use tollgate::{Limit, Queue, RateLimitLayer, Rule};
+use tollgate::{Limit, MemoryStore, Queue, RateLimitLayer, Rule, TokioClock};
 
 /// The upstream's cap: at most this many calls in any one-second window.
 pub(crate) const CAP: usize = 5;

@@ -1,10 +1,15 @@
 //! Where `now` comes from.
 //!
-//! Algorithms take time as an argument; stores ask a [`Clock`]. The default [`SystemClock`] is
-//! anchored to the Unix epoch (windows can align to UTC minutes or midnight) but advances with a
-//! monotonic clock, so a wall-clock jump never refills or drains a bucket. It reads tokio's
-//! `Instant`, so under `tokio::time::pause()` the limiter and queue-mode sleeps share one paused
-//! timeline. [`ManualClock`] is for tests that set time by hand.
+//! Algorithms take time as an argument; stores ask a [`Clock`]. Every clock here is anchored to
+//! the Unix epoch (windows can align to UTC minutes or midnight) but advances monotonically, so a
+//! wall-clock jump never refills or drains a bucket.
+//!
+//! - [`SystemClock`] (the default) reads the CPU's time-stamp counter through `quanta`, as
+//!   governor does: about 10 ns a read, against about 30 ns for the operating system's clock on a
+//!   typical VM — a third of a whole in-memory decision.
+//! - [`TokioClock`] follows tokio's clock, including `tokio::time::pause()`: use it in tests that
+//!   pause time, so that the limiter and queue-mode sleeps share one paused timeline.
+//! - [`ManualClock`] is for tests that set time by hand.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,22 +24,22 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Micros;
 }
 
-/// Unix-anchored monotonic time (see the module docs).
-#[derive(Clone, Copy, Debug)]
+/// Unix-anchored monotonic time from the time-stamp counter (see the module docs).
+#[derive(Clone, Debug)]
 pub struct SystemClock {
     anchor_unix: Micros,
-    anchor: tokio::time::Instant,
+    anchor: u64,
+    counter: quanta::Clock,
 }
 
 impl SystemClock {
     /// Anchors the clock to the current wall-clock time.
     pub fn new() -> Self {
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
+        let counter = quanta::Clock::new();
         SystemClock {
-            anchor_unix: micros(unix),
-            anchor: tokio::time::Instant::now(),
+            anchor_unix: unix_now(),
+            anchor: counter.raw(),
+            counter,
         }
     }
 }
@@ -47,9 +52,46 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Micros {
+        let elapsed = self.counter.delta_as_nanos(self.anchor, self.counter.raw()) / 1_000;
+        self.anchor_unix.saturating_add(elapsed)
+    }
+}
+
+/// Unix-anchored time that follows tokio's clock, paused or not (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct TokioClock {
+    anchor_unix: Micros,
+    anchor: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Anchors the clock to the current wall-clock time and tokio's current instant.
+    pub fn new() -> Self {
+        TokioClock {
+            anchor_unix: unix_now(),
+            anchor: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        TokioClock::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Micros {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.anchor);
         self.anchor_unix.saturating_add(micros(elapsed))
     }
+}
+
+fn unix_now() -> Micros {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    micros(since_epoch)
 }
 
 /// A clock that moves only when told to; clones share the same time.
@@ -91,9 +133,21 @@ mod tests {
         assert_eq!(other.now(), 10_005_000);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn system_clock_follows_paused_tokio_time() {
+    #[test]
+    fn system_clock_is_unix_time_and_moves_forward() {
         let clock = SystemClock::new();
+        let first = clock.now();
+        assert!(
+            first.abs_diff(unix_now()) < 1_000_000,
+            "within a second of the wall clock"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(clock.now() >= first + 2_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_paused_tokio_time() {
+        let clock = TokioClock::new();
         let before = clock.now();
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(clock.now() - before, 3_000_000);

@@ -52,7 +52,7 @@ pub mod store;
 
 pub use algorithm::{Outcome, Verdict};
 pub use body::ResponseBody;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};

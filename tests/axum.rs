@@ -7,8 +7,11 @@ use axum::extract::connect_info::MockConnectInfo;
 use axum::routing::{get, post};
 use axum::Router;
 use http::{Request, StatusCode};
-use tollgate::{Decision, Key, Limit, RateLimitLayer, Rule};
+use tollgate::{Decision, Key, Limit, Rule};
 use tower::ServiceExt;
+
+#[path = "support/paused.rs"]
+mod paused;
 
 async fn status(app: &Router, method: &str, path: &str) -> StatusCode {
     let req = Request::builder()
@@ -23,9 +26,7 @@ async fn status(app: &Router, method: &str, path: &str) -> StatusCode {
 async fn router_layer_with_connect_info() {
     let app = Router::new()
         .route("/", get(|| async { "hi" }))
-        .layer(RateLimitLayer::new(
-            Limit::per_minute(2).key(Key::peer_ip()),
-        ))
+        .layer(paused::layer(Limit::per_minute(2).key(Key::peer_ip())))
         .layer(MockConnectInfo(SocketAddr::from(([203, 0, 113, 1], 1234))));
     assert_eq!(status(&app, "GET", "/").await, StatusCode::OK);
     assert_eq!(status(&app, "GET", "/").await, StatusCode::OK);
@@ -39,10 +40,7 @@ async fn router_layer_with_connect_info() {
 async fn route_layer_limits_one_route_and_leaves_404s_alone() {
     let app = Router::new()
         .route("/login", post(|| async { "welcome" }))
-        .route_layer(RateLimitLayer::new(Rule::new(
-            "login",
-            Limit::per_minute(1),
-        )))
+        .route_layer(paused::layer(Rule::new("login", Limit::per_minute(1))))
         .route("/public", get(|| async { "free" }));
     assert_eq!(status(&app, "POST", "/login").await, StatusCode::OK);
     assert_eq!(
@@ -60,11 +58,11 @@ async fn separate_layers_on_separate_routes_keep_separate_budgets() {
     let app = Router::new()
         .route(
             "/a",
-            get(|| async { "a" }).layer(RateLimitLayer::new(Limit::per_minute(1))),
+            get(|| async { "a" }).layer(paused::layer(Limit::per_minute(1))),
         )
         .route(
             "/b",
-            get(|| async { "b" }).layer(RateLimitLayer::new(Limit::per_minute(1))),
+            get(|| async { "b" }).layer(paused::layer(Limit::per_minute(1))),
         );
     assert_eq!(status(&app, "GET", "/a").await, StatusCode::OK);
     assert_eq!(status(&app, "GET", "/b").await, StatusCode::OK);
@@ -83,7 +81,7 @@ async fn the_decision_is_an_extractor() {
                 format!("{} left", decision.remaining().unwrap_or(0))
             }),
         )
-        .layer(RateLimitLayer::new(Limit::per_minute(10)));
+        .layer(paused::layer(Limit::per_minute(10)));
     let response = app
         .clone()
         .oneshot(Request::get("/").body(Body::empty()).unwrap())
@@ -106,14 +104,8 @@ async fn the_decision_is_an_extractor() {
 async fn stacked_layers_each_add_their_items() {
     let app = Router::new()
         .route("/login", post(|| async { "welcome" }))
-        .route_layer(RateLimitLayer::new(Rule::new(
-            "login",
-            Limit::per_minute(1),
-        )))
-        .layer(RateLimitLayer::new(Rule::new(
-            "site",
-            Limit::per_minute(10),
-        )));
+        .route_layer(paused::layer(Rule::new("login", Limit::per_minute(1))))
+        .layer(paused::layer(Rule::new("site", Limit::per_minute(10))));
     let req = || Request::post("/login").body(Body::empty()).unwrap();
     let response = app.clone().oneshot(req()).await.unwrap();
     let lines: Vec<&str> = response

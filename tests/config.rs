@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
     AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
-    MissingKey, Queue, RateLimitLayer, Rule,
+    MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -32,6 +32,15 @@ const LIMIT: Duration = Duration::from_secs(10);
 fn toml(text: &str) -> RateLimitLayer {
     RateLimitLayer::from_config_str(ConfigFormat::Toml, text)
         .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// A layer from `text` whose memory store follows tokio's paused clock (the file cannot say so).
+fn toml_paused(text: &str) -> RateLimitLayer {
+    RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+        .unwrap_or_else(|error| panic!("{error}"))
+        .store(MemoryStore::with_clock(TokioClock::new()))
+        .build()
+        .unwrap()
 }
 
 fn yaml(text: &str) -> RateLimitLayer {
@@ -383,7 +392,7 @@ fn the_documented_yaml_loads() {
 
 #[tokio::test(start_paused = true)]
 async fn parsed_values_drive_the_limits() {
-    let layer = toml(
+    let layer = toml_paused(
         r#"
 [response]
 legacy_headers = true
@@ -438,7 +447,7 @@ on_missing_key = { reject = 401 }
 
 #[tokio::test(start_paused = true)]
 async fn queue_settings_delay_requests() {
-    let layer = toml(
+    let layer = toml_paused(
         r#"
 [[rules]]
 name = "paced"

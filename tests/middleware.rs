@@ -17,6 +17,9 @@ use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 mod stores;
 use stores::{Broken, Slow};
 
+#[path = "support/paused.rs"]
+mod paused;
+
 type Body = Full<Bytes>;
 
 /// An inner service that counts its calls and answers 200 "ok".
@@ -68,7 +71,7 @@ fn json(response: &Response<Bytes>) -> serde_json::Value {
 #[tokio::test(start_paused = true)]
 async fn allows_then_denies_with_exact_headers_then_refills() {
     let (calls, inner) = counting();
-    let service = RateLimitLayer::new(Rule::new("global", Limit::per_second(2))).layer(inner);
+    let service = paused::layer(Rule::new("global", Limit::per_second(2))).layer(inner);
 
     let first = send(&service, get("/")).await;
     assert_eq!(first.status(), StatusCode::OK);
@@ -115,7 +118,7 @@ async fn allows_then_denies_with_exact_headers_then_refills() {
 #[tokio::test(start_paused = true)]
 async fn clones_of_layer_and_service_share_one_budget() {
     let (_, inner) = counting();
-    let layer = RateLimitLayer::new(Limit::per_minute(3));
+    let layer = paused::layer(Limit::per_minute(3));
     let a = layer.layer(inner.clone());
     let b = layer.clone().layer(inner);
     let c = a.clone();
@@ -132,7 +135,7 @@ async fn clones_of_layer_and_service_share_one_budget() {
 #[tokio::test(start_paused = true)]
 async fn poll_ready_is_the_inner_services() {
     let (mut mock, mut handle) = tower_test::mock::spawn_layer::<Request<Body>, Response<Body>, _>(
-        RateLimitLayer::new(Limit::per_second(1)),
+        paused::layer(Limit::per_second(1)),
     );
     handle.allow(0);
     assert!(mock.poll_ready().is_pending());
@@ -143,7 +146,7 @@ async fn poll_ready_is_the_inner_services() {
 #[tokio::test(start_paused = true)]
 async fn keys_separate_clients() {
     let (_, inner) = counting();
-    let service = RateLimitLayer::new(Limit::per_minute(1).key(Key::peer_ip())).layer(inner);
+    let service = paused::layer(Limit::per_minute(1).key(Key::peer_ip())).layer(inner);
     assert_eq!(
         send(&service, from("192.0.2.1", get("/"))).await.status(),
         StatusCode::OK
@@ -172,7 +175,7 @@ async fn keys_separate_clients() {
 #[tokio::test(start_paused = true)]
 async fn a_missing_peer_address_is_a_clear_400() {
     let (calls, inner) = counting();
-    let service = RateLimitLayer::new(Limit::per_minute(1).key(Key::peer_ip())).layer(inner);
+    let service = paused::layer(Limit::per_minute(1).key(Key::peer_ip())).layer(inner);
     let response = send(&service, get("/")).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
@@ -197,7 +200,7 @@ fn with_key(value: &[u8], mut req: Request<Body>) -> Request<Body> {
 #[tokio::test(start_paused = true)]
 async fn missing_key_policies() {
     let (_, inner) = counting();
-    let reject = RateLimitLayer::new(
+    let reject = paused::layer(
         Rule::new("api", Limit::per_minute(1))
             .key(Key::header(api_key()))
             .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED)),
@@ -208,7 +211,7 @@ async fn missing_key_policies() {
         StatusCode::UNAUTHORIZED
     );
 
-    let skip = RateLimitLayer::new(
+    let skip = paused::layer(
         Rule::new("api", Limit::per_minute(1))
             .key(Key::header(api_key()))
             .on_missing_key(MissingKey::Skip),
@@ -220,7 +223,7 @@ async fn missing_key_policies() {
         assert_eq!(header(&response, "ratelimit"), None, "no rule applied");
     }
 
-    let fallback = RateLimitLayer::new(
+    let fallback = paused::layer(
         Rule::new("api", Limit::per_minute(1))
             .key(Key::header(api_key()))
             .on_missing_key(MissingKey::Fallback(Key::peer_ip())),
@@ -246,8 +249,7 @@ async fn missing_key_policies() {
 #[tokio::test(start_paused = true)]
 async fn oversized_and_non_utf8_keys_are_bounded() {
     let (_, inner) = counting();
-    let layer =
-        RateLimitLayer::new(Rule::new("api", Limit::per_minute(1)).key(Key::header(api_key())));
+    let layer = paused::layer(Rule::new("api", Limit::per_minute(1)).key(Key::header(api_key())));
     let service = layer.layer(inner);
     let huge = vec![b'a'; 1 << 20];
     assert_eq!(
@@ -283,7 +285,7 @@ async fn oversized_and_non_utf8_keys_are_bounded() {
 async fn forwarding_headers_count_only_from_trusted_proxies() {
     let (_, inner) = counting();
     let key = Key::client_ip().try_trust(["10.0.0.0/8"]).unwrap();
-    let service = RateLimitLayer::new(Limit::per_minute(1).key(key)).layer(inner);
+    let service = paused::layer(Limit::per_minute(1).key(key)).layer(inner);
     let forwarded = |peer: &str, xff: &str| {
         let mut req = from(peer, get("/"));
         req.headers_mut()
@@ -344,9 +346,8 @@ fn costing(units: &str) -> Request<Body> {
 #[tokio::test(start_paused = true)]
 async fn cost_from_a_header() {
     let (_, inner) = counting();
-    let layer = RateLimitLayer::new(
-        Rule::new("tokens", Limit::per_minute(1_000)).cost(Cost::header(tokens())),
-    );
+    let layer =
+        paused::layer(Rule::new("tokens", Limit::per_minute(1_000)).cost(Cost::header(tokens())));
     let service = layer.layer(inner);
     let ok = send(&service, costing("600")).await;
     assert_eq!(header(&ok, "ratelimit"), Some("\"tokens\";r=400;t=1"));
@@ -376,7 +377,7 @@ async fn cost_from_a_header() {
 #[tokio::test(start_paused = true)]
 async fn rules_are_scoped_and_charged_all_or_nothing() {
     let (_, inner) = counting();
-    let layer = RateLimitLayer::builder()
+    let layer = paused::builder()
         .rule(
             Rule::new("login", Limit::per_minute(2))
                 .methods([Method::POST])
@@ -423,7 +424,7 @@ async fn rules_are_scoped_and_charged_all_or_nothing() {
 #[tokio::test(start_paused = true)]
 async fn response_options() {
     let (_, inner) = counting();
-    let quiet = RateLimitLayer::builder()
+    let quiet = paused::builder()
         .rule(Limit::per_minute(1))
         .headers_on_allowed(false)
         .status(StatusCode::SERVICE_UNAVAILABLE)
@@ -439,7 +440,7 @@ async fn response_options() {
         "denials always explain themselves"
     );
 
-    let legacy = RateLimitLayer::builder()
+    let legacy = paused::builder()
         .rule(Limit::per_minute(10))
         .legacy_headers(true)
         .build()
@@ -461,7 +462,7 @@ async fn response_options() {
         "{reset} is a Unix time about 6 s ahead"
     );
 
-    let custom = RateLimitLayer::builder()
+    let custom = paused::builder()
         .rule(Rule::new("one", Limit::per_minute(1)))
         .rejection(|decision: &Decision| {
             let mut response = Response::new(Bytes::from(format!(
@@ -483,7 +484,7 @@ async fn response_options() {
 #[tokio::test(start_paused = true)]
 async fn jitter_spreads_retry_after_within_its_bound() {
     let (_, inner) = counting();
-    let service = RateLimitLayer::builder()
+    let service = paused::builder()
         .rule(Limit::per_minute(1))
         .jitter(Duration::from_secs(10))
         .build()
@@ -503,7 +504,7 @@ async fn jitter_spreads_retry_after_within_its_bound() {
 #[tokio::test(start_paused = true)]
 async fn handlers_read_the_decision() {
     let service = ServiceBuilder::new()
-        .layer(RateLimitLayer::new(Rule::new("g", Limit::per_minute(5))))
+        .layer(paused::layer(Rule::new("g", Limit::per_minute(5))))
         .service(service_fn(|req: Request<Body>| async move {
             let decision = req.extensions().get::<Decision>().cloned().unwrap();
             let text = format!("{} left", decision.remaining().unwrap());
@@ -518,7 +519,7 @@ async fn handlers_read_the_decision() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
     let (calls, inner) = counting();
-    let open = RateLimitLayer::builder()
+    let open = paused::builder()
         .rule(Limit::per_minute(1))
         .store(Broken)
         .build()
@@ -531,7 +532,7 @@ async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
-    let closed = RateLimitLayer::builder()
+    let closed = paused::builder()
         .rule(Limit::per_minute(1))
         .store(Broken)
         .on_store_failure(FailurePolicy::Closed)
@@ -550,7 +551,7 @@ async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
 #[tokio::test(start_paused = true)]
 async fn an_asynchronous_store_gives_the_same_answers() {
     let (calls, inner) = counting();
-    let service = RateLimitLayer::builder()
+    let service = paused::builder()
         .rule(Rule::new("g", Limit::per_second(2)))
         .store(Slow::default())
         .build()
@@ -570,7 +571,7 @@ async fn an_asynchronous_store_gives_the_same_answers() {
 async fn concurrent_requests_on_one_key_admit_exactly_the_limit() {
     let (calls, inner) = counting();
     // A day-long budget: nothing refills while the test runs, whatever the wall clock does.
-    let service = RateLimitLayer::new(Limit::per_day(100)).layer(inner);
+    let service = paused::layer(Limit::per_day(100)).layer(inner);
     let tasks: Vec<_> = (0..500)
         .map(|_| {
             let service = service.clone();
@@ -589,13 +590,13 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_limit() {
 
 #[test]
 fn unworkable_rules_are_build_errors() {
-    let err = RateLimitLayer::builder()
+    let err = paused::builder()
         .rule(Rule::new("llm", Limit::per_minute(100)).cost(500))
         .build()
         .unwrap_err();
     assert_eq!(err.rule(), "llm");
     assert_eq!(err.field(), "cost");
-    let dup = RateLimitLayer::builder()
+    let dup = paused::builder()
         .rule(Rule::new("a", Limit::per_second(1)))
         .rule(Rule::new("a", Limit::per_second(2)))
         .build()
@@ -614,7 +615,7 @@ fn unworkable_rules_are_build_errors() {
 async fn the_problem_body_is_valid_json_whatever_the_rule_names() {
     let (_, inner) = counting();
     let name = r#"say "hi" \ there"#;
-    let service = RateLimitLayer::builder()
+    let service = paused::builder()
         .rule(Rule::new(name, Limit::per_minute(1)))
         .rule(Rule::new("plain", Limit::per_minute(1)))
         .build()

@@ -13,6 +13,9 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::{AccessList, Key, Limit, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+#[path = "support/paused.rs"]
+mod paused;
+
 type Body = Full<Bytes>;
 
 fn ok_service(
@@ -77,7 +80,7 @@ fn with_recorder(build: impl FnOnce() -> RateLimitLayer) -> (RateLimitLayer, Sna
 #[tokio::test(start_paused = true)]
 async fn a_shadow_rule_counts_but_never_blocks_and_sends_no_fields() {
     let (layer, metrics) = with_recorder(|| {
-        RateLimitLayer::builder()
+        paused::builder()
             .rule(Rule::new("enforced", Limit::per_minute(100)))
             .rule(Rule::new("trial", Limit::per_minute(2)).shadow(true))
             .build()
@@ -104,7 +107,7 @@ async fn a_shadow_rule_counts_but_never_blocks_and_sends_no_fields() {
 #[tokio::test(start_paused = true)]
 async fn global_shadow_mode_blocks_nothing() {
     let (layer, metrics) = with_recorder(|| {
-        RateLimitLayer::builder()
+        paused::builder()
             .rule(Rule::new("new-limit", Limit::per_minute(1)))
             .shadow(true)
             .build()
@@ -124,7 +127,7 @@ async fn global_shadow_mode_blocks_nothing() {
 #[tokio::test(start_paused = true)]
 async fn allow_and_deny_lists() {
     let api_key = || Key::header(HeaderName::from_static("x-api-key"));
-    let layer = RateLimitLayer::builder()
+    let layer = paused::builder()
         .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
         .allow(AccessList::networks(
             Key::peer_ip(),
@@ -179,7 +182,7 @@ async fn rules_selected_per_request_make_tiers() {
             head.headers.get("x-plan").is_some_and(|v| v == plan)
         }
     };
-    let layer = RateLimitLayer::builder()
+    let layer = paused::builder()
         .rule(Rule::new("free", Limit::per_minute(2)).when(plan_is("free")))
         .rule(Rule::new("pro", Limit::per_minute(5)).when(plan_is("pro")))
         .build()
@@ -214,7 +217,7 @@ async fn rules_selected_per_request_make_tiers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloading_under_load_fails_no_request_and_keeps_unchanged_rules() {
     let kept = || Rule::new("kept", Limit::per_day(300));
-    let layer = RateLimitLayer::builder().rule(kept()).build().unwrap();
+    let layer = paused::builder().rule(kept()).build().unwrap();
     let service = layer.layer(ok_service());
     let served = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..4)
@@ -275,7 +278,7 @@ async fn reloading_under_load_fails_no_request_and_keeps_unchanged_rules() {
 #[tokio::test(start_paused = true)]
 async fn counters_for_allowed_denied_and_delayed() {
     let (layer, metrics) = with_recorder(|| {
-        RateLimitLayer::builder()
+        paused::builder()
             .rule(Rule::new("queued", Limit::per_second(1)).queue(Queue::burst(1)))
             .build()
             .unwrap()
@@ -317,7 +320,7 @@ async fn denial_log(redact: bool) -> String {
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let layer = RateLimitLayer::builder()
+    let layer = paused::builder()
         .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
         .redact_keys(redact)
         .build()
@@ -349,12 +352,12 @@ async fn store_errors_and_store_latency_are_measured() {
     let recorder = DebuggingRecorder::new();
     let metrics = recorder.snapshotter();
     let (broken, slow) = metrics::with_local_recorder(&recorder, || {
-        let broken = RateLimitLayer::builder()
+        let broken = paused::builder()
             .rule(Rule::new("down", Limit::per_minute(5)))
             .store(stores::Broken)
             .build()
             .unwrap();
-        let slow = RateLimitLayer::builder()
+        let slow = paused::builder()
             .rule(Rule::new("remote", Limit::per_minute(5)))
             .store(stores::Slow::default())
             .build()

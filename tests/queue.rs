@@ -8,8 +8,11 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
-use tollgate::{Cost, Limit, Limiter, Queue, RateLimitLayer, Rule};
+use tollgate::{Cost, Limit, Limiter, Queue, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
+
+#[path = "support/paused.rs"]
+mod paused;
 
 type Body = Full<Bytes>;
 
@@ -90,7 +93,7 @@ fn arrival_times(arrivals: &Arrivals) -> Vec<Duration> {
 #[tokio::test(start_paused = true)]
 async fn nginx_burst_five() {
     let (arrivals, inner) = recording(Instant::now());
-    let layer = RateLimitLayer::new(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5)));
+    let layer = paused::layer(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5)));
     let results = burst(
         &layer.layer(inner),
         (0..7).map(|i| request(i, None)).collect(),
@@ -119,8 +122,7 @@ async fn nginx_burst_five() {
 #[tokio::test(start_paused = true)]
 async fn nginx_burst_five_delay_two() {
     let (arrivals, inner) = recording(Instant::now());
-    let layer =
-        RateLimitLayer::new(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5).delay(2)));
+    let layer = paused::layer(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5).delay(2)));
     let results = burst(
         &layer.layer(inner),
         (0..7).map(|i| request(i, None)).collect(),
@@ -136,7 +138,7 @@ async fn nginx_burst_five_nodelay() {
     let start = Instant::now();
     let (arrivals, inner) = recording(start);
     let layer =
-        RateLimitLayer::new(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5).nodelay()));
+        paused::layer(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(5).nodelay()));
     let service = layer.layer(inner);
     let results = burst(&service, (0..7).map(|i| request(i, None)).collect()).await;
     assert_eq!(results.iter().filter(|r| r.0 == StatusCode::OK).count(), 6);
@@ -154,7 +156,7 @@ async fn nginx_burst_five_nodelay() {
 async fn requests_leave_at_the_rate_and_the_bound_rejects_the_rest() {
     let (arrivals, inner) = recording(Instant::now());
     // 4 per second: one every 250 ms once the burst of 4 is spent; at most 8 may wait.
-    let layer = RateLimitLayer::new(Rule::new("r", Limit::per_second(4)).queue(Queue::burst(8)));
+    let layer = paused::layer(Rule::new("r", Limit::per_second(4)).queue(Queue::burst(8)));
     let results = burst(
         &layer.layer(inner),
         (0..15).map(|i| request(i, None)).collect(),
@@ -177,7 +179,7 @@ async fn requests_leave_at_the_rate_and_the_bound_rejects_the_rest() {
 #[tokio::test(start_paused = true)]
 async fn max_delay_bounds_the_wait() {
     let (arrivals, inner) = recording(Instant::now());
-    let layer = RateLimitLayer::new(
+    let layer = paused::layer(
         Rule::new("r", Limit::per_second(2)).queue(Queue::max_delay(Duration::from_millis(1_000))),
     );
     let results = burst(
@@ -196,7 +198,7 @@ async fn max_delay_bounds_the_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_large_request_keeps_its_place_among_small_ones() {
     let (arrivals, inner) = recording(Instant::now());
-    let layer = RateLimitLayer::new(
+    let layer = paused::layer(
         Rule::new("tokens", Limit::per_second(10))
             .cost(Cost::header(HeaderName::from_static("x-cost")))
             .queue(Queue::burst(100)),
@@ -228,7 +230,7 @@ async fn a_large_request_keeps_its_place_among_small_ones() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_request_gives_its_slot_back() {
     let (arrivals, inner) = recording(Instant::now());
-    let layer = RateLimitLayer::new(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(3)));
+    let layer = paused::layer(Rule::new("r", Limit::per_second(1)).queue(Queue::burst(3)));
     let service = layer.layer(inner);
     assert_eq!(
         burst(&service, vec![request(0, None)]).await[0].0,
@@ -253,6 +255,7 @@ async fn a_cancelled_request_gives_its_slot_back() {
 #[tokio::test(start_paused = true)]
 async fn reservations_for_jobs() {
     let limiter = Limiter::builder()
+        .store(paused::store())
         .rule(
             Rule::new("llm", Limit::per_minute(6_000))
                 .queue(Queue::max_delay(Duration::from_secs(60))),
@@ -295,7 +298,7 @@ async fn reservations_for_jobs() {
 #[test]
 fn queue_settings_that_cannot_work_are_build_errors() {
     let error = |rule: Rule| {
-        RateLimitLayer::builder()
+        paused::builder()
             .rule(rule)
             .build()
             .unwrap_err()

@@ -15,8 +15,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::{Limit, Queue, RateLimitLayer, Rule};
+use tollgate::{Limit, Queue, Rule};
 use tower::{service_fn, Layer, ServiceExt};
+
+#[path = "support/paused.rs"]
+mod paused;
 
 struct Counting;
 
@@ -43,9 +46,8 @@ const BYTES_PER_WAITING_REQUEST: isize = 2 * 1024;
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_waiting_requests_stay_within_the_bound() {
     const WAITING: usize = 10_000;
-    let layer = RateLimitLayer::new(
-        Rule::new("upstream", Limit::per_second(100)).queue(Queue::burst(20_000)),
-    );
+    let layer =
+        paused::layer(Rule::new("upstream", Limit::per_second(100)).queue(Queue::burst(20_000)));
     let service = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
     }));

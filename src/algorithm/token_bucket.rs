@@ -107,32 +107,30 @@ impl TokenBucket {
         now.saturating_add(self.cost_micros(self.capacity - self.initial.min(self.capacity)))
     }
 
-    /// `units` whole intervals, exact.
-    fn span(&self, units: u64) -> u128 {
-        u128::from(units) * u128::from(self.interval())
+    /// `units` whole intervals. 64-bit arithmetic saturates only past 2^64 µs (584,000 years),
+    /// where every comparison below still answers as it would exactly.
+    fn span(&self, units: u64) -> Micros {
+        units.saturating_mul(self.interval)
     }
 
     /// Whether `units` fit while the bucket owes `debt` microseconds of refill.
     fn fits(&self, debt: Micros, units: u64) -> bool {
-        u128::from(debt) + self.span(units) <= self.span(self.capacity)
+        debt.saturating_add(self.span(units)) <= self.span(self.capacity)
     }
 
     /// Whole units available while owing `debt`.
     fn available(&self, debt: Micros) -> u64 {
-        let left =
-            self.span(self.capacity).saturating_sub(u128::from(debt)) / u128::from(self.interval());
-        u64::try_from(left).unwrap_or(u64::MAX)
+        self.span(self.capacity).saturating_sub(debt) / self.interval
     }
 
     /// The smallest wait after which `units` (≤ capacity) fit.
     fn wait_for(&self, debt: Micros, units: u64) -> Micros {
-        let slack = self.span(self.capacity.saturating_sub(units));
-        u64::try_from(u128::from(debt).saturating_sub(slack)).unwrap_or(u64::MAX)
+        debt.saturating_sub(self.span(self.capacity.saturating_sub(units)))
     }
 
-    /// Time until one more whole unit is available; zero when full.
-    fn reset(&self, debt: Micros) -> Duration {
-        let available = self.available(debt);
+    /// Time until one more whole unit is available, given the units available now; zero when
+    /// full.
+    fn reset(&self, debt: Micros, available: u64) -> Duration {
         if available >= self.capacity {
             Duration::ZERO
         } else {
@@ -162,32 +160,32 @@ impl TokenBucket {
             }
         };
         let left = if verdict.is_admitted() { after } else { debt };
+        let remaining = self.available(left);
         Outcome {
             verdict,
             limit: self.capacity,
-            remaining: self.available(left),
-            reset: self.reset(left),
+            remaining,
+            reset: self.reset(left, remaining),
         }
     }
 
     /// For a reservation past its bound: the smallest wait after which it would be accepted into
     /// the queue (never later than the moment the cost fits outright).
     fn wait_to_reserve(&self, debt: Micros, cost: u64, bound: super::ReserveBound) -> Micros {
-        let after = u128::from(debt) + self.span(cost);
+        let after = debt.saturating_add(self.span(cost));
         let by_units = bound.max_units.map_or(0, |units| {
             after.saturating_sub(self.span(self.capacity.saturating_add(units)))
         });
         let by_wait = bound.max_wait.map_or(0, |wait| {
-            after.saturating_sub(self.span(self.capacity) + u128::from(micros(wait)))
+            after.saturating_sub(self.span(self.capacity).saturating_add(micros(wait)))
         });
-        let wait = u64::try_from(by_units.max(by_wait)).unwrap_or(u64::MAX);
-        wait.min(self.wait_for(debt, cost))
+        by_units.max(by_wait).min(self.wait_for(debt, cost))
     }
 
     fn within(&self, after: Micros, bound: super::ReserveBound) -> bool {
-        let units_ok = bound.max_units.is_none_or(|units| {
-            u128::from(after) <= self.span(self.capacity.saturating_add(units))
-        });
+        let units_ok = bound
+            .max_units
+            .is_none_or(|units| after <= self.span(self.capacity.saturating_add(units)));
         let wait_ok = bound
             .max_wait
             .is_none_or(|max| self.wait_for(after, 0) <= micros(max));

@@ -49,6 +49,14 @@ pub(crate) struct Rules {
 
 /// The whole layer.
 pub(crate) fn layer(file: &File) -> Result<RateLimitLayer, Invalid> {
+    builder(file)?.build().map_err(|error| Invalid {
+        path: "rules".into(),
+        message: error.to_string(),
+    })
+}
+
+/// Everything the file says, as a builder code can still adjust.
+pub(crate) fn builder(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
     let Rules { rules, allow, deny } = rules(file)?;
     let mut builder = RateLimitLayer::builder()
         .shadow(file.shadow)
@@ -66,10 +74,7 @@ pub(crate) fn layer(file: &File) -> Result<RateLimitLayer, Invalid> {
     if let Some(response) = &file.response {
         builder = response_options(builder, response)?;
     }
-    builder.build().map_err(|error| Invalid {
-        path: "rules".into(),
-        message: error.to_string(),
-    })
+    Ok(builder)
 }
 
 /// The rules and the lists, each validated.

@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::layer::RateLimitLayer;
+use crate::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::limiter::Limiter;
 
 pub use error::ConfigFileError;
@@ -111,6 +111,16 @@ impl RateLimitLayer {
     ) -> Result<RateLimitLayer, ConfigFileError> {
         let file = parse(format, text)?;
         build::layer(&file).map_err(invalid)
+    }
+
+    /// A builder configured by `text`, for settings that code adds or overrides before building —
+    /// e.g. a store the file cannot describe: `.store(MemoryStore::with_clock(TokioClock::new()))`.
+    pub fn config_builder(
+        format: ConfigFormat,
+        text: &str,
+    ) -> Result<RateLimitLayerBuilder, ConfigFileError> {
+        let file = parse(format, text)?;
+        build::builder(&file).map_err(invalid)
     }
 
     /// Replaces the rules and the allow and deny lists with those of the file at `path`, while

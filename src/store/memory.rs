@@ -104,6 +104,12 @@ impl MemoryStore {
         Self::builder().build()
     }
 
+    /// A store reading time from `clock` (e.g. [`TokioClock`](crate::TokioClock) in tests that
+    /// pause tokio's time), with default bounds.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::builder().clock(clock).build()
+    }
+
     /// Configures a store.
     pub fn builder() -> MemoryStoreBuilder {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
