@@ -53,10 +53,16 @@ impl Upstream {
 pub(crate) fn app(upstream: Upstream) -> Router {
     // 5 per second with a capacity of 1: a leaky bucket that lets one request out every 200 ms,
     // so no one-second window ever sees more than 5. Waiting is bounded at 10 s (50 requests).
-    let pace = RateLimitLayer::new(
-        Rule::new("upstream", Limit::per_second(5).burst(1))
-            .queue(Queue::max_delay(Duration::from_secs(10))),
-    );
+    // The queue sleeps on tokio's clock; counting on the same clock keeps the spacing exact to the
+    // microsecond (and lets tests pause time).
+    let pace = RateLimitLayer::builder()
+        .rule(
+            Rule::new("upstream", Limit::per_second(5).burst(1))
+                .queue(Queue::max_delay(Duration::from_secs(10))),
+        )
+        .store(MemoryStore::with_clock(TokioClock::new()))
+        .build()
+        .expect("a valid rule");
     Router::new()
         .route(
             "/",
