@@ -334,12 +334,9 @@ impl Limiter {
                 mode,
                 ..rules.charge(index, &key, cost)
             };
-            self.store().apply(&[charge])
+            self.store().apply_one(&charge)
         };
-        let outcomes = pending.await?;
-        outcomes.first().copied().ok_or_else(|| {
-            StoreError::new(crate::store::StoreErrorKind::Protocol, "no outcome").into()
-        })
+        Ok(pending.await?)
     }
 
     /// Gives back what one request was charged, without waiting: used when a queued request is

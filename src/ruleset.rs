@@ -16,7 +16,7 @@ use crate::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
 use crate::rule::{CompiledRule, MissingKey, Rule};
-use crate::store::Charge;
+use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
 
 /// Rules, compiled, with everything per rule that never changes between requests.
 pub(crate) struct RuleSet {
@@ -183,6 +183,27 @@ impl RuleSet {
             }
         }
         Ok(Route::Charge { enforced, shadow })
+    }
+
+    /// Asks `store` for a plan's outcomes: the answer now, or the future of a store that needs
+    /// I/O. A plan of one charge (the usual case) takes the store's single-charge path.
+    pub(crate) fn ask(
+        &self,
+        store: &dyn Store,
+        plan: &Plan,
+    ) -> Result<Result<Outcomes, StoreError>, StoreFuture<Outcomes>> {
+        if let [one] = &plan[..] {
+            let answer = store
+                .apply_one(&self.charge(one.rule, &one.key, one.cost))
+                .into_ready();
+            return match answer {
+                Ok(result) => Ok(result.map(|outcome| smallvec::smallvec![outcome])),
+                Err(pending) => Err(StoreFuture::pending(async move {
+                    pending.await.map(|outcome| smallvec::smallvec![outcome])
+                })),
+            };
+        }
+        store.apply(&self.charges(plan)).into_ready()
     }
 
     /// The store's view of a plan.

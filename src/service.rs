@@ -108,11 +108,7 @@ where
         if enforced.is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        let answer = shared
-            .limiter
-            .store()
-            .apply(&rules.charges(&enforced))
-            .into_ready();
+        let answer = rules.ask(shared.limiter.store(), &enforced);
         match answer {
             Ok(result) => ResponseFuture::new(decide(
                 &mut self.inner,
@@ -168,11 +164,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    let answer = shared
-        .limiter
-        .store()
-        .apply(&rules.charges(&plan))
-        .into_ready();
+    let answer = rules.ask(shared.limiter.store(), &plan);
     match answer {
         Ok(result) => record(shared, rules, plan, result),
         Err(pending) => {

@@ -164,6 +164,10 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(self.apply_now(batch)))
     }
 
+    fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        StoreFuture::ready(Ok(self.decide_one(charge)))
+    }
+
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
         let now = self.now();
         let hash = self.hash(charge.rule, charge.key);
@@ -187,7 +191,7 @@ impl MemoryStore {
     /// Decides a batch against the current time; see [`Store::apply`].
     fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
         match batch {
-            [charge] => self.apply_one(charge),
+            [charge] => smallvec::smallvec![self.decide_one(charge)],
             _ => self.apply_batch(batch),
         }
     }
@@ -225,11 +229,11 @@ impl MemoryStore {
 
     /// [`apply_batch`](Self::apply_batch) for a batch of one charge, the usual case: the same
     /// decision, without collecting cells, sorting shards or searching the held guards.
-    fn apply_one(&self, charge: &Charge<'_>) -> Outcomes {
+    fn decide_one(&self, charge: &Charge<'_>) -> Outcome {
         let now = self.now();
         let hash = self.hash(charge.rule, charge.key);
         if let Algorithm::TokenBucket(tb) = charge.algorithm {
-            return smallvec::smallvec![self.apply_bucket(tb, charge, hash, now)];
+            return self.apply_bucket(tb, charge, hash, now);
         }
         let cell = Cell::new(charge, hash, now);
         let mut locked = Locked::one(&self.inner, cell.table, cell.hash);
@@ -239,7 +243,7 @@ impl MemoryStore {
             cell.commit(&mut locked);
         }
         drop(locked);
-        smallvec::smallvec![outcome]
+        outcome
     }
 
     /// One token-bucket charge: what `Cell::evaluate` and `Cell::commit` do, with one lookup of the

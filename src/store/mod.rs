@@ -50,6 +50,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// against [`Algorithm::max_cost`].
     fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes>;
 
+    /// Decides a single charge: [`apply`](Store::apply) with a batch of one, the usual case (a
+    /// request under one rule). Stores may answer it without the batch's bookkeeping.
+    fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        let first = |outcomes: Outcomes| {
+            outcomes
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
+        };
+        match self.apply(std::slice::from_ref(charge)).into_ready() {
+            Ok(result) => StoreFuture::ready(result.and_then(first)),
+            Err(pending) => StoreFuture::pending(async move { first(pending.await?) }),
+        }
+    }
+
     /// Gives `charge.cost` units back to the key, never above the limit's capacity.
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()>;
 
