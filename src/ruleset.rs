@@ -64,6 +64,14 @@ pub(crate) enum Refusal {
     Denied { list: String },
 }
 
+/// A store's answer to a plan.
+pub(crate) enum Answer {
+    /// Decided at once (the memory store).
+    Now(Result<Outcomes, StoreError>),
+    /// Deciding needs I/O.
+    Later(StoreFuture<Outcomes>),
+}
+
 /// What a request's way through the rules is.
 // Returned once per request and taken apart at once; boxing the plans would allocate per request.
 #[allow(clippy::large_enum_variant)]
@@ -187,23 +195,22 @@ impl RuleSet {
 
     /// Asks `store` for a plan's outcomes: the answer now, or the future of a store that needs
     /// I/O. A plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(
-        &self,
-        store: &dyn Store,
-        plan: &Plan,
-    ) -> Result<Result<Outcomes, StoreError>, StoreFuture<Outcomes>> {
+    pub(crate) fn ask(&self, store: &dyn Store, plan: &Plan) -> Answer {
         if let [one] = &plan[..] {
-            let answer = store
+            return match store
                 .apply_one(&self.charge(one.rule, &one.key, one.cost))
-                .into_ready();
-            return match answer {
-                Ok(result) => Ok(result.map(|outcome| smallvec::smallvec![outcome])),
-                Err(pending) => Err(StoreFuture::pending(async move {
+                .into_ready()
+            {
+                Ok(result) => Answer::Now(result.map(|outcome| smallvec::smallvec![outcome])),
+                Err(pending) => Answer::Later(StoreFuture::pending(async move {
                     pending.await.map(|outcome| smallvec::smallvec![outcome])
                 })),
             };
         }
-        store.apply(&self.charges(plan)).into_ready()
+        match store.apply(&self.charges(plan)).into_ready() {
+            Ok(result) => Answer::Now(result),
+            Err(pending) => Answer::Later(pending),
+        }
     }
 
     /// The store's view of a plan.

@@ -15,7 +15,7 @@ use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
 use crate::rule::Rule;
-use crate::ruleset::{Plan, Route, RuleSet};
+use crate::ruleset::{Answer, Plan, Route, RuleSet};
 use crate::store::{Outcomes, StoreError};
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -108,9 +108,8 @@ where
         if enforced.is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        let answer = rules.ask(shared.limiter.store(), &enforced);
-        match answer {
-            Ok(result) => ResponseFuture::new(decide(
+        match rules.ask(shared.limiter.store(), &enforced) {
+            Answer::Now(result) => ResponseFuture::new(decide(
                 &mut self.inner,
                 shared,
                 &rules,
@@ -118,7 +117,7 @@ where
                 enforced,
                 result,
             )),
-            Err(store) => {
+            Answer::Later(store) => {
                 // The store needs I/O: the ready inner service goes into the future and a clone
                 // takes its place (the contract of `poll_ready` is per instance).
                 let clone = self.inner.clone();
@@ -164,10 +163,9 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    let answer = rules.ask(shared.limiter.store(), &plan);
-    match answer {
-        Ok(result) => record(shared, rules, plan, result),
-        Err(pending) => {
+    match rules.ask(shared.limiter.store(), &plan) {
+        Answer::Now(result) => record(shared, rules, plan, result),
+        Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let (shared, rules) = (shared.clone(), rules.clone());
                 runtime.spawn(async move { record(&shared, &rules, plan, pending.await) });
