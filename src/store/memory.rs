@@ -399,24 +399,8 @@ impl<'c, 'a> Cell<'c, 'a> {
                     .unwrap_or_else(|| tb.fresh(now));
                 shard.put(self.hash, tb.commit(tat, now, cost), now);
             }
-            algorithm => self.update(locked, |slot| match (algorithm, slot) {
-                (Algorithm::FixedWindow(a), Slot::Window(s)) => {
-                    *s = a.commit(*s, now, cost);
-                    a.expires_at(*s)
-                }
-                (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
-                    *s = a.commit(*s, now, cost);
-                    a.expires_at(*s)
-                }
-                (Algorithm::BurstPool(a), Slot::Pool(s)) => {
-                    *s = a.commit(*s, now, cost);
-                    a.expires_at(*s)
-                }
-                (Algorithm::SlidingLog(a), Slot::Log(s)) => {
-                    a.commit(s, now, cost);
-                    a.expires_at(s)
-                }
-                _ => now,
+            algorithm => self.update(locked, |slot| {
+                change_slot(algorithm, slot, now, Change::Charge(cost))
             }),
         }
     }
@@ -431,24 +415,8 @@ impl<'c, 'a> Cell<'c, 'a> {
                     *tat = tb.refund(*tat, now, units);
                 }
             }
-            algorithm => self.update(locked, |slot| match (algorithm, slot) {
-                (Algorithm::FixedWindow(a), Slot::Window(s)) => {
-                    *s = a.refund(*s, now, units);
-                    a.expires_at(*s)
-                }
-                (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
-                    *s = a.refund(*s, now, units);
-                    a.expires_at(*s)
-                }
-                (Algorithm::BurstPool(a), Slot::Pool(s)) => {
-                    *s = a.refund(*s, now, units);
-                    a.expires_at(*s)
-                }
-                (Algorithm::SlidingLog(a), Slot::Log(s)) => {
-                    a.refund(s, now, units);
-                    a.expires_at(s)
-                }
-                _ => now,
+            algorithm => self.update(locked, |slot| {
+                change_slot(algorithm, slot, now, Change::Refund(units))
             }),
         }
     }
@@ -470,6 +438,49 @@ impl<'c, 'a> Cell<'c, 'a> {
             timed.state = self.fresh();
         }
         timed.expires = change(&mut timed.state);
+    }
+}
+
+/// What happens to a state: units charged or given back.
+#[derive(Clone, Copy)]
+enum Change {
+    Charge(u64),
+    Refund(u64),
+}
+
+/// Applies `change` to a non-bucket state in place; returns the state's new expiry.
+fn change_slot(algorithm: &Algorithm, slot: &mut Slot, now: Micros, change: Change) -> Micros {
+    match (algorithm, slot) {
+        (Algorithm::FixedWindow(a), Slot::Window(s)) => {
+            *s = match change {
+                Change::Charge(units) => a.commit(*s, now, units),
+                Change::Refund(units) => a.refund(*s, now, units),
+            };
+            a.expires_at(*s)
+        }
+        (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
+            *s = match change {
+                Change::Charge(units) => a.commit(*s, now, units),
+                Change::Refund(units) => a.refund(*s, now, units),
+            };
+            a.expires_at(*s)
+        }
+        (Algorithm::BurstPool(a), Slot::Pool(s)) => {
+            *s = match change {
+                Change::Charge(units) => a.commit(*s, now, units),
+                Change::Refund(units) => a.refund(*s, now, units),
+            };
+            a.expires_at(*s)
+        }
+        (Algorithm::SlidingLog(a), Slot::Log(s)) => {
+            match change {
+                Change::Charge(units) => a.commit(s, now, units),
+                Change::Refund(units) => a.refund(s, now, units),
+            }
+            a.expires_at(s)
+        }
+        // `update` gives every algorithm its own kind of slot.
+        _ => now,
     }
 }
 
