@@ -20,3 +20,6 @@ cargo test --all-targets --all-features
 
 step "doc tests"
 cargo test --doc --all-features
+
+step "docs build without warnings (broken links, missing docs)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
