@@ -74,12 +74,15 @@ impl LimiterBuilder {
                 return Err(ConfigError::new(
                     &rule.name,
                     "name",
-                    "another rule has the same name (names are the rules' namespaces)".into(),
+                    "another rule has the same name (names are the rules' namespaces)",
                 ));
             }
             rules.push(rule);
         }
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        for rule in &rules {
+            store.validate(&rule.name, rule.algorithm())?;
+        }
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: rules.into_boxed_slice(),

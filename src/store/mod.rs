@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use smallvec::SmallVec;
 
 use crate::algorithm::{Algorithm, Mode, Outcome};
+use crate::error::ConfigError;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
@@ -55,6 +56,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Forgets the key: its next request is treated like a new key's.
     fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()>;
+
+    /// Checks, when a limiter is built, that this store can decide `rule` exactly (the default
+    /// accepts every rule). A store with narrower arithmetic than the algorithms' — the Redis
+    /// store's Lua counts in doubles — rejects the parameters it cannot handle here, so that the
+    /// error names the rule and the field instead of a request meeting it.
+    fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+        let _ = (rule, algorithm);
+        Ok(())
+    }
 }
 
 /// A store failed to answer (unreachable, timed out, or an unexpected reply).
