@@ -60,4 +60,6 @@ pub use limiter::{LimitError, Limiter, LimiterBuilder};
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use service::RateLimit;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{MemoryStore, Store};

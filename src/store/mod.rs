@@ -1,10 +1,12 @@
 //! Where limits keep their state, and the one atomic step that charges a request.
 //!
 //! A [`Store`] applies a batch of [`Charge`]s — one per rule that applies to a request — as a single
-//! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; other stores
-//! (Redis) plug into the same trait.
+//! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
+//! (feature `redis`) shares limits between the instances of an app through the same trait.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -16,6 +18,8 @@ use smallvec::SmallVec;
 use crate::algorithm::{Algorithm, Mode, Outcome};
 use crate::error::ConfigError;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
@@ -84,6 +88,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered something unexpected.
     Protocol,
+    /// The store's own settings are unusable (a malformed address, a bad key prefix).
+    Config,
 }
 
 impl StoreError {
@@ -110,6 +116,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "rate-limit store timed out",
             StoreErrorKind::Unavailable => "rate-limit store unavailable",
             StoreErrorKind::Protocol => "rate-limit store answered unexpectedly",
+            StoreErrorKind::Config => "rate-limit store misconfigured",
         };
         write!(f, "{what}: {}", self.source)
     }
