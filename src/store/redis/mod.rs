@@ -635,16 +635,11 @@ impl Inner {
                 continue;
             }
             for earlier in &groups[..g] {
-                // Each group committed atomically on its own: take this request's charges back.
-                // A check took nothing; undoing zero reports what the key has left.
+                // Each group committed atomically on its own: take this request's charges back
+                // (the script leaves checks alone and reports what every key has left).
                 let items: Vec<Item<'_>> = earlier
                     .iter()
                     .map(|&i| Item {
-                        cost: if records[i].mode == Mode::Check {
-                            0
-                        } else {
-                            records[i].cost
-                        },
                         only: Some(taken[i].chosen),
                         undo: taken[i],
                         ..Item::apply(&records[i])

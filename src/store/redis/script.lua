@@ -57,6 +57,14 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- Encoding: a tag letter, then decimal integers separated by commas.
+
+local function numbers(raw)
+  local out = {}
+  for digits in string.gmatch(raw, '%d+') do out[#out + 1] = tonumber(digits) end
+  return out
+end
+
 -- The start of the window containing `now`, for windows at offset + k * period.
 local function window_containing(now, offset, period)
   local into = now + period - offset
@@ -89,440 +97,464 @@ local function tb_refund(b, tat, now, units)
   return max(tat - units * b.T, now)
 end
 
-local bucket = {}
+local function make_bucket()
+  local bucket = {}
 
-function bucket.fresh(p, now)
-  return now + p.init
-end
-
-function bucket.eval(p, tat, now, cost, mode)
-  local debt = pos(tat - now)
-  local cost_span = 0
-  if cost > 0 then cost_span = p.cost_span end
-  local after = debt + cost_span
-  local kind, wait
-  if after <= p.span then
-    kind, wait = 0, 0
-  elseif mode == 2 and after <= p.max_after and pos(after - p.span) <= p.max_wait then
-    kind, wait = 1, pos(after - p.span)
-  else
-    kind, wait = 2, tb_wait_for(p, debt, cost)
+  function bucket.fresh(p, now)
+    return now + p.init
   end
-  local left = debt
-  if kind ~= 2 then left = after end
-  return kind, wait, p.cap, tb_available(p, left), tb_reset(p, left)
-end
 
-function bucket.commit(p, tat, now, cost)
-  if cost == 0 then return max(tat, now) end
-  return max(tat, now) + p.cost_span
-end
+  function bucket.eval(p, tat, now, cost, mode)
+    local debt = pos(tat - now)
+    local cost_span = 0
+    if cost > 0 then cost_span = p.cost_span end
+    local after = debt + cost_span
+    local kind, wait
+    if after <= p.span then
+      kind, wait = 0, 0
+    elseif mode == 2 and after <= p.max_after and pos(after - p.span) <= p.max_wait then
+      kind, wait = 1, pos(after - p.span)
+    else
+      kind, wait = 2, tb_wait_for(p, debt, cost)
+    end
+    local left = debt
+    if kind ~= 2 then left = after end
+    return kind, wait, p.cap, tb_available(p, left), tb_reset(p, left)
+  end
 
-function bucket.refund(p, tat, now, units)
-  return tb_refund(p, tat, now, units)
-end
+  function bucket.commit(p, tat, now, cost)
+    if cost == 0 then return max(tat, now) end
+    return max(tat, now) + p.cost_span
+  end
 
-function bucket.expires(p, tat)
-  return tat
-end
+  function bucket.refund(p, tat, now, units)
+    return tb_refund(p, tat, now, units)
+  end
 
-function bucket.decode(p, raw)
-  if string.sub(raw, 1, 1) ~= 'b' then return nil end
-  return tonumber(string.sub(raw, 2))
-end
+  function bucket.expires(p, tat)
+    return tat
+  end
 
-function bucket.encode(tat)
-  return 'b' .. int(tat)
+  function bucket.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'b' then return nil end
+    return tonumber(string.sub(raw, 2))
+  end
+
+  function bucket.encode(tat)
+    return 'b' .. int(tat)
+  end
+
+  bucket.undo = bucket.refund
+
+  return bucket
 end
 
 ------------------------------------------------------------------------------------------------
 -- Fixed window: { ws = window start, rem = units left }.
 
-local fixed = {}
+local function make_fixed()
+  local fixed = {}
 
-function fixed.fresh(p, now)
-  return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
-end
-
-local function fw_roll(p, s, now)
-  local windows = div(pos(now - s.ws), p.period)
-  local rem
-  if s.rem >= p.cap then
-    rem = p.cap
-  elseif windows >= cdiv(p.cap - s.rem, p.limit) then
-    rem = p.cap
-  else
-    rem = s.rem + windows * p.limit
+  function fixed.fresh(p, now)
+    return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
   end
-  return { ws = s.ws + windows * p.period, rem = rem }
-end
 
-local function fw_wait_for(p, s, now, units)
-  if s.rem >= units then return 0 end
-  local windows = cdiv(units - s.rem, p.limit)
-  return pos(s.ws + windows * p.period - now)
-end
-
-function fixed.eval(p, s, now, cost, mode)
-  local r = fw_roll(p, s, now)
-  local kind, wait, left = 0, 0, r
-  if r.rem >= cost then
-    left = { ws = r.ws, rem = r.rem - cost }
-  else
-    kind, wait = 2, fw_wait_for(p, r, now, cost)
+  local function fw_roll(p, s, now)
+    local windows = div(pos(now - s.ws), p.period)
+    local rem
+    if s.rem >= p.cap then
+      rem = p.cap
+    elseif windows >= cdiv(p.cap - s.rem, p.limit) then
+      rem = p.cap
+    else
+      rem = s.rem + windows * p.limit
+    end
+    return { ws = s.ws + windows * p.period, rem = rem }
   end
-  local reset = 0
-  if left.rem < p.cap then reset = fw_wait_for(p, left, now, left.rem + 1) end
-  return kind, wait, p.cap, left.rem, reset
-end
 
-function fixed.commit(p, s, now, cost)
-  local r = fw_roll(p, s, now)
-  return { ws = r.ws, rem = pos(r.rem - cost) }
-end
+  local function fw_wait_for(p, s, now, units)
+    if s.rem >= units then return 0 end
+    local windows = cdiv(units - s.rem, p.limit)
+    return pos(s.ws + windows * p.period - now)
+  end
 
-function fixed.refund(p, s, now, units)
-  local r = fw_roll(p, s, now)
-  return { ws = r.ws, rem = min(r.rem + units, p.cap) }
-end
+  function fixed.eval(p, s, now, cost, mode)
+    local r = fw_roll(p, s, now)
+    local kind, wait, left = 0, 0, r
+    if r.rem >= cost then
+      left = { ws = r.ws, rem = r.rem - cost }
+    else
+      kind, wait = 2, fw_wait_for(p, r, now, cost)
+    end
+    local reset = 0
+    if left.rem < p.cap then reset = fw_wait_for(p, left, now, left.rem + 1) end
+    return kind, wait, p.cap, left.rem, reset
+  end
 
-function fixed.expires(p, s)
-  return s.ws + cdiv(pos(p.cap - s.rem), p.limit) * p.period
+  function fixed.commit(p, s, now, cost)
+    local r = fw_roll(p, s, now)
+    return { ws = r.ws, rem = pos(r.rem - cost) }
+  end
+
+  function fixed.refund(p, s, now, units)
+    local r = fw_roll(p, s, now)
+    return { ws = r.ws, rem = min(r.rem + units, p.cap) }
+  end
+
+  function fixed.expires(p, s)
+    return s.ws + cdiv(pos(p.cap - s.rem), p.limit) * p.period
+  end
+
+  function fixed.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'w' then return nil end
+    local n = numbers(raw)
+    return { ws = n[1], rem = n[2] }
+  end
+
+  function fixed.encode(s)
+    return 'w' .. int(s.ws) .. ',' .. int(s.rem)
+  end
+
+  fixed.undo = fixed.refund
+
+  return fixed
 end
 
 ------------------------------------------------------------------------------------------------
 -- Sliding window counter: { ws = window start, cur = current count, prev = previous count }.
 
-local sliding = {}
+local function make_sliding()
+  local sliding = {}
 
-function sliding.fresh(p, now)
-  return { ws = window_containing(now, p.offset, p.period), cur = 0, prev = 0 }
-end
+  function sliding.fresh(p, now)
+    return { ws = window_containing(now, p.offset, p.period), cur = 0, prev = 0 }
+  end
 
-local function sw_roll(p, s, now)
-  local windows = div(pos(now - s.ws), p.period)
-  local ws = s.ws + windows * p.period
-  if windows == 0 then return s end
-  if windows == 1 then return { ws = ws, cur = 0, prev = s.cur } end
-  return { ws = ws, cur = 0, prev = 0 }
-end
+  local function sw_roll(p, s, now)
+    local windows = div(pos(now - s.ws), p.period)
+    local ws = s.ws + windows * p.period
+    if windows == 0 then return s end
+    if windows == 1 then return { ws = ws, cur = 0, prev = s.cur } end
+    return { ws = ws, cur = 0, prev = 0 }
+  end
 
--- The part of the previous window still inside the sliding period, in µs.
-local function sw_left(p, s, now)
-  return p.period - pos(now - s.ws)
-end
+  -- The part of the previous window still inside the sliding period, in µs.
+  local function sw_left(p, s, now)
+    return p.period - pos(now - s.ws)
+  end
 
--- prev·left + (cur + units)·period <= limit·period, without forming the sums.
-local function sw_fits(p, s, now, units)
-  local room = p.limit - s.cur - units
-  if room < 0 then return false end
-  return s.prev * sw_left(p, s, now) <= room * p.period
-end
+  -- prev·left + (cur + units)·period <= limit·period, without forming the sums.
+  local function sw_fits(p, s, now, units)
+    local room = p.limit - s.cur - units
+    if room < 0 then return false end
+    return s.prev * sw_left(p, s, now) <= room * p.period
+  end
 
-local function sw_wait_for(p, s, now, units)
-  if sw_fits(p, s, now, units) then return 0 end
-  local P = p.period
-  if s.prev > 0 then
-    local room = p.limit - (s.cur + units)
-    if room >= 0 then
-      local keep = min(div(room * P, s.prev), P)
-      local at = s.ws + (P - keep)
-      if at < s.ws + P then return at - now end
+  local function sw_wait_for(p, s, now, units)
+    if sw_fits(p, s, now, units) then return 0 end
+    local P = p.period
+    if s.prev > 0 then
+      local room = p.limit - (s.cur + units)
+      if room >= 0 then
+        local keep = min(div(room * P, s.prev), P)
+        local at = s.ws + (P - keep)
+        if at < s.ws + P then return at - now end
+      end
     end
+    local into = 0
+    if s.cur > 0 then into = P - min(div((p.limit - units) * P, s.cur), P) end
+    return s.ws + P + into - now
   end
-  local into = 0
-  if s.cur > 0 then into = P - min(div((p.limit - units) * P, s.cur), P) end
-  return s.ws + P + into - now
-end
 
--- floor((limit·P − prev·left − cur·P) / P), or 0.
-local function sw_remaining(p, s, now)
-  return pos(p.limit - s.cur - cdiv(s.prev * sw_left(p, s, now), p.period))
-end
-
-function sliding.eval(p, s, now, cost, mode)
-  local r = sw_roll(p, s, now)
-  local kind, wait, left = 0, 0, r
-  if sw_fits(p, r, now, cost) then
-    left = { ws = r.ws, cur = r.cur + cost, prev = r.prev }
-  else
-    kind, wait = 2, sw_wait_for(p, r, now, cost)
+  -- floor((limit·P − prev·left − cur·P) / P), or 0.
+  local function sw_remaining(p, s, now)
+    return pos(p.limit - s.cur - cdiv(s.prev * sw_left(p, s, now), p.period))
   end
-  local remaining = sw_remaining(p, left, now)
-  local reset = 0
-  if remaining < p.limit then reset = sw_wait_for(p, left, now, remaining + 1) end
-  return kind, wait, p.limit, remaining, reset
-end
 
-function sliding.commit(p, s, now, cost)
-  local r = sw_roll(p, s, now)
-  return { ws = r.ws, cur = r.cur + cost, prev = r.prev }
-end
+  function sliding.eval(p, s, now, cost, mode)
+    local r = sw_roll(p, s, now)
+    local kind, wait, left = 0, 0, r
+    if sw_fits(p, r, now, cost) then
+      left = { ws = r.ws, cur = r.cur + cost, prev = r.prev }
+    else
+      kind, wait = 2, sw_wait_for(p, r, now, cost)
+    end
+    local remaining = sw_remaining(p, left, now)
+    local reset = 0
+    if remaining < p.limit then reset = sw_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, p.limit, remaining, reset
+  end
 
-function sliding.refund(p, s, now, units)
-  local r = sw_roll(p, s, now)
-  local from_current = min(units, r.cur)
-  return { ws = r.ws, cur = r.cur - from_current, prev = pos(r.prev - (units - from_current)) }
-end
+  function sliding.commit(p, s, now, cost)
+    local r = sw_roll(p, s, now)
+    return { ws = r.ws, cur = r.cur + cost, prev = r.prev }
+  end
 
-function sliding.expires(p, s)
-  local windows = 0
-  if s.cur > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
-  return s.ws + windows * p.period
+  function sliding.refund(p, s, now, units)
+    local r = sw_roll(p, s, now)
+    local from_current = min(units, r.cur)
+    return { ws = r.ws, cur = r.cur - from_current, prev = pos(r.prev - (units - from_current)) }
+  end
+
+  function sliding.expires(p, s)
+    local windows = 0
+    if s.cur > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
+    return s.ws + windows * p.period
+  end
+
+  function sliding.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 's' then return nil end
+    local n = numbers(raw)
+    -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
+    -- within their bound then too.
+    return { ws = n[1], cur = min(n[2], p.limit), prev = min(n[3], p.limit) }
+  end
+
+  function sliding.encode(s)
+    return 's' .. int(s.ws) .. ',' .. int(s.cur) .. ',' .. int(s.prev)
+  end
+
+  sliding.undo = sliding.refund
+
+  return sliding
 end
 
 ------------------------------------------------------------------------------------------------
 -- Sliding log: a flat list { at1, n1, at2, n2, ... }, oldest first.
 
-local log = {}
+local function make_log()
+  local log = {}
 
-function log.fresh(p, now)
-  return {}
-end
-
-local function sl_used(p, e, now)
-  local used = 0
-  for i = 1, #e, 2 do
-    if e[i] + p.period > now then used = used + e[i + 1] end
+  function log.fresh(p, now)
+    return {}
   end
-  return used
-end
 
--- Smallest wait until `units` fit, with `extra` (a charge admitted now) counted after the log.
-local function sl_wait_for(p, e, now, extra, units)
-  local allowed = p.limit - units
-  local still = sl_used(p, e, now) + extra
-  for i = 1, #e, 2 do
-    if e[i] + p.period > now then
-      if still <= allowed then return 0 end
-      still = still - e[i + 1]
-      if still <= allowed then return e[i] + p.period - now end
+  local function sl_used(p, e, now)
+    local used = 0
+    for i = 1, #e, 2 do
+      if e[i] + p.period > now then used = used + e[i + 1] end
     end
+    return used
   end
-  if extra > 0 then
-    if still <= allowed then return 0 end
-    still = still - extra
-    if still <= allowed then return p.period end
-  end
-  return 0
-end
 
-function log.eval(p, e, now, cost, mode)
-  local used = sl_used(p, e, now)
-  local kind, wait, charged = 0, 0, cost
-  if used + cost > p.limit then
-    kind, wait, charged = 2, sl_wait_for(p, e, now, 0, cost), 0
-  end
-  local remaining = pos(p.limit - (used + charged))
-  local reset = 0
-  if remaining < p.limit then reset = sl_wait_for(p, e, now, charged, remaining + 1) end
-  return kind, wait, p.limit, remaining, reset
-end
-
-local function sl_prune(p, e, now)
-  local first = 1
-  while first < #e and e[first] + p.period <= now do first = first + 2 end
-  if first == 1 then return e end
-  local kept = {}
-  for i = first, #e do kept[#kept + 1] = e[i] end
-  return kept
-end
-
-function log.commit(p, e, now, cost)
-  e = sl_prune(p, e, now)
-  if cost == 0 then return e end
-  local n = #e
-  if n > 0 and e[n - 1] == now then
-    e[n] = e[n] + cost
-  else
-    e[n + 1] = now
-    e[n + 2] = cost
-  end
-  return e
-end
-
-function log.refund(p, e, now, units)
-  e = sl_prune(p, e, now)
-  while units > 0 and #e > 0 do
-    local n = #e
-    local take = min(units, e[n])
-    e[n] = e[n] - take
-    units = units - take
-    if e[n] == 0 then
-      e[n] = nil
-      e[n - 1] = nil
-    end
-  end
-  return e
-end
-
--- Takes back `units` charged at `at`: from that instant's entry (units of one instant are
--- interchangeable), so later entries keep their times.
-function log.undo(p, e, now, units, aux, at)
-  e = sl_prune(p, e, now)
-  for i = 1, #e, 2 do
-    if e[i] == at then
-      local take = min(units, e[i + 1])
-      e[i + 1] = e[i + 1] - take
-      if e[i + 1] == 0 then
-        table.remove(e, i + 1)
-        table.remove(e, i)
+  -- Smallest wait until `units` fit, with `extra` (a charge admitted now) counted after the log.
+  local function sl_wait_for(p, e, now, extra, units)
+    local allowed = p.limit - units
+    local still = sl_used(p, e, now) + extra
+    for i = 1, #e, 2 do
+      if e[i] + p.period > now then
+        if still <= allowed then return 0 end
+        still = still - e[i + 1]
+        if still <= allowed then return e[i] + p.period - now end
       end
-      break
     end
+    if extra > 0 then
+      if still <= allowed then return 0 end
+      still = still - extra
+      if still <= allowed then return p.period end
+    end
+    return 0
   end
-  return e
-end
 
-function log.expires(p, e)
-  local n = #e
-  if n == 0 then return 0 end
-  return e[n - 1] + p.period
+  function log.eval(p, e, now, cost, mode)
+    local used = sl_used(p, e, now)
+    local kind, wait, charged = 0, 0, cost
+    if used + cost > p.limit then
+      kind, wait, charged = 2, sl_wait_for(p, e, now, 0, cost), 0
+    end
+    local remaining = pos(p.limit - (used + charged))
+    local reset = 0
+    if remaining < p.limit then reset = sl_wait_for(p, e, now, charged, remaining + 1) end
+    return kind, wait, p.limit, remaining, reset
+  end
+
+  local function sl_prune(p, e, now)
+    local first = 1
+    while first < #e and e[first] + p.period <= now do first = first + 2 end
+    if first == 1 then return e end
+    local kept = {}
+    for i = first, #e do kept[#kept + 1] = e[i] end
+    return kept
+  end
+
+  function log.commit(p, e, now, cost)
+    e = sl_prune(p, e, now)
+    if cost == 0 then return e end
+    local n = #e
+    if n > 0 and e[n - 1] == now then
+      e[n] = e[n] + cost
+    else
+      e[n + 1] = now
+      e[n + 2] = cost
+    end
+    return e
+  end
+
+  function log.refund(p, e, now, units)
+    e = sl_prune(p, e, now)
+    while units > 0 and #e > 0 do
+      local n = #e
+      local take = min(units, e[n])
+      e[n] = e[n] - take
+      units = units - take
+      if e[n] == 0 then
+        e[n] = nil
+        e[n - 1] = nil
+      end
+    end
+    return e
+  end
+
+  -- Takes back `units` charged at `at`: from that instant's entry (units of one instant are
+  -- interchangeable), so later entries keep their times.
+  function log.undo(p, e, now, units, aux, at)
+    e = sl_prune(p, e, now)
+    for i = 1, #e, 2 do
+      if e[i] == at then
+        local take = min(units, e[i + 1])
+        e[i + 1] = e[i + 1] - take
+        if e[i + 1] == 0 then
+          table.remove(e, i + 1)
+          table.remove(e, i)
+        end
+        break
+      end
+    end
+    return e
+  end
+
+  function log.expires(p, e)
+    local n = #e
+    if n == 0 then return 0 end
+    return e[n - 1] + p.period
+  end
+
+  function log.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'l' then return nil end
+    return numbers(raw)
+  end
+
+  function log.encode(e)
+    local parts = {}
+    for i = 1, #e do parts[i] = int(e[i]) end
+    return 'l' .. table.concat(parts, ',')
+  end
+
+  return log
 end
 
 ------------------------------------------------------------------------------------------------
 -- Burst pool: { s = steady tat, p = pool tat }; p.steady and p.pool are token buckets.
 
-local pool = {}
+local function make_pool()
+  local pool = {}
 
-function pool.fresh(p, now)
-  return { s = now + p.steady.init, p = now + p.pool.init }
-end
-
-local function bp_available(p, st, now)
-  return tb_available(p.steady, pos(st.s - now)), tb_available(p.pool, pos(st.p - now))
-end
-
-local function bp_split(p, st, now, cost)
-  local steady, spare = bp_available(p, st, now)
-  local from_steady = min(cost, steady)
-  local from_pool = cost - from_steady
-  if from_pool <= spare then return from_steady, from_pool end
-  return nil
-end
-
-local function bp_wait_in(b, tat, now, units)
-  if units > b.cap then return math.huge end
-  return tb_wait_for(b, pos(tat - now), units)
-end
-
-local function bp_wait_for(p, st, now, units)
-  local function steady_wait(k) return bp_wait_in(p.steady, st.s, now, k) end
-  local function pool_wait(k) return bp_wait_in(p.pool, st.p, now, units - k) end
-  local lo, hi = 0, min(units, p.steady.cap)
-  while lo < hi do
-    local mid = lo + div(hi - lo, 2)
-    if steady_wait(mid) >= pool_wait(mid) then hi = mid else lo = mid + 1 end
+  function pool.fresh(p, now)
+    return { s = now + p.steady.init, p = now + p.pool.init }
   end
-  local function at(k) return max(steady_wait(k), pool_wait(k)) end
-  local best = at(lo)
-  if lo > 0 then best = min(best, at(lo - 1)) end
-  return best
-end
 
-function pool.commit(p, st, now, cost)
-  local from_steady, from_pool = bp_split(p, st, now, cost)
-  if from_steady == nil then from_steady, from_pool = cost, 0 end
-  return {
-    s = max(st.s, now) + from_steady * p.steady.T,
-    p = max(st.p, now) + from_pool * p.pool.T,
-  }, from_steady
-end
-
-function pool.eval(p, st, now, cost, mode)
-  local kind, wait, left = 0, 0, st
-  if bp_split(p, st, now, cost) ~= nil then
-    left = pool.commit(p, st, now, cost)
-  else
-    kind, wait = 2, bp_wait_for(p, st, now, cost)
+  local function bp_available(p, st, now)
+    return tb_available(p.steady, pos(st.s - now)), tb_available(p.pool, pos(st.p - now))
   end
-  local steady, spare = bp_available(p, left, now)
-  local remaining = steady + spare
-  local capacity = p.steady.cap + p.pool.cap
-  local reset = 0
-  if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
-  return kind, wait, capacity, remaining, reset
-end
 
-function pool.refund(p, st, now, units)
-  local _, spare = bp_available(p, st, now)
-  local to_pool = min(units, p.pool.cap - min(spare, p.pool.cap))
-  return {
-    s = tb_refund(p.steady, st.s, now, units - to_pool),
-    p = tb_refund(p.pool, st.p, now, to_pool),
-  }
-end
+  local function bp_split(p, st, now, cost)
+    local steady, spare = bp_available(p, st, now)
+    local from_steady = min(cost, steady)
+    local from_pool = cost - from_steady
+    if from_pool <= spare then return from_steady, from_pool end
+    return nil
+  end
 
--- Takes back a charge exactly: `aux` units to the steady bucket, the rest to the pool.
-function pool.undo(p, st, now, units, aux, at)
-  return {
-    s = tb_refund(p.steady, st.s, now, aux),
-    p = tb_refund(p.pool, st.p, now, units - aux),
-  }
-end
+  local function bp_wait_in(b, tat, now, units)
+    if units > b.cap then return math.huge end
+    return tb_wait_for(b, pos(tat - now), units)
+  end
 
-function pool.expires(p, st)
-  return max(st.s, st.p)
+  local function bp_wait_for(p, st, now, units)
+    local function steady_wait(k) return bp_wait_in(p.steady, st.s, now, k) end
+    local function pool_wait(k) return bp_wait_in(p.pool, st.p, now, units - k) end
+    local lo, hi = 0, min(units, p.steady.cap)
+    while lo < hi do
+      local mid = lo + div(hi - lo, 2)
+      if steady_wait(mid) >= pool_wait(mid) then hi = mid else lo = mid + 1 end
+    end
+    local function at(k) return max(steady_wait(k), pool_wait(k)) end
+    local best = at(lo)
+    if lo > 0 then best = min(best, at(lo - 1)) end
+    return best
+  end
+
+  function pool.commit(p, st, now, cost)
+    local from_steady, from_pool = bp_split(p, st, now, cost)
+    if from_steady == nil then from_steady, from_pool = cost, 0 end
+    return {
+      s = max(st.s, now) + from_steady * p.steady.T,
+      p = max(st.p, now) + from_pool * p.pool.T,
+    }, from_steady
+  end
+
+  function pool.eval(p, st, now, cost, mode)
+    local kind, wait, left = 0, 0, st
+    if bp_split(p, st, now, cost) ~= nil then
+      left = pool.commit(p, st, now, cost)
+    else
+      kind, wait = 2, bp_wait_for(p, st, now, cost)
+    end
+    local steady, spare = bp_available(p, left, now)
+    local remaining = steady + spare
+    local capacity = p.steady.cap + p.pool.cap
+    local reset = 0
+    if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, capacity, remaining, reset
+  end
+
+  function pool.refund(p, st, now, units)
+    local _, spare = bp_available(p, st, now)
+    local to_pool = min(units, p.pool.cap - min(spare, p.pool.cap))
+    return {
+      s = tb_refund(p.steady, st.s, now, units - to_pool),
+      p = tb_refund(p.pool, st.p, now, to_pool),
+    }
+  end
+
+  -- Takes back a charge exactly: `aux` units to the steady bucket, the rest to the pool.
+  function pool.undo(p, st, now, units, aux, at)
+    return {
+      s = tb_refund(p.steady, st.s, now, aux),
+      p = tb_refund(p.pool, st.p, now, units - aux),
+    }
+  end
+
+  function pool.expires(p, st)
+    return max(st.s, st.p)
+  end
+
+  function pool.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'p' then return nil end
+    local n = numbers(raw)
+    return { s = n[1], p = n[2] }
+  end
+
+  function pool.encode(st)
+    return 'p' .. int(st.s) .. ',' .. int(st.p)
+  end
+
+  return pool
 end
 
 ------------------------------------------------------------------------------------------------
--- Encoding: a tag letter, then decimal integers separated by commas.
-
-local function numbers(raw)
-  local out = {}
-  for digits in string.gmatch(raw, '%d+') do out[#out + 1] = tonumber(digits) end
-  return out
+-- Each call defines only the algorithms its records use (a script runs from the top every time).
+local MAKERS = { make_bucket, make_fixed, make_sliding, make_log, make_pool }
+local made = {}
+local function algorithm(code)
+  local alg = made[code]
+  if alg == nil then
+    alg = MAKERS[code]()
+    made[code] = alg
+  end
+  return alg
 end
 
-function fixed.decode(p, raw)
-  if string.sub(raw, 1, 1) ~= 'w' then return nil end
-  local n = numbers(raw)
-  return { ws = n[1], rem = n[2] }
-end
-
-function fixed.encode(s)
-  return 'w' .. int(s.ws) .. ',' .. int(s.rem)
-end
-
-function sliding.decode(p, raw)
-  if string.sub(raw, 1, 1) ~= 's' then return nil end
-  local n = numbers(raw)
-  -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
-  -- within their bound then too.
-  return { ws = n[1], cur = min(n[2], p.limit), prev = min(n[3], p.limit) }
-end
-
-function sliding.encode(s)
-  return 's' .. int(s.ws) .. ',' .. int(s.cur) .. ',' .. int(s.prev)
-end
-
-function log.decode(p, raw)
-  if string.sub(raw, 1, 1) ~= 'l' then return nil end
-  return numbers(raw)
-end
-
-function log.encode(e)
-  local parts = {}
-  for i = 1, #e do parts[i] = int(e[i]) end
-  return 'l' .. table.concat(parts, ',')
-end
-
-function pool.decode(p, raw)
-  if string.sub(raw, 1, 1) ~= 'p' then return nil end
-  local n = numbers(raw)
-  return { s = n[1], p = n[2] }
-end
-
-function pool.encode(st)
-  return 'p' .. int(st.s) .. ',' .. int(st.p)
-end
-
--- For these, a refund is the exact inverse of a charge, even after time has passed.
-for _, alg in ipairs({ bucket, fixed, sliding }) do
-  alg.undo = function(p, s, now, units) return alg.refund(p, s, now, units) end
-end
-
-local ALGORITHMS = { bucket, fixed, sliding, log, pool }
 
 ------------------------------------------------------------------------------------------------
 -- Driver.
@@ -538,54 +570,68 @@ end
 local grace = tonumber(ARGV[3])
 local count = tonumber(ARGV[4])
 
+-- Tables are built whole by constructors (growing them field by field rehashes them).
+local argv, keys = ARGV, KEYS
 local a, k = 5, 1
-local function arg()
-  local v = tonumber(ARGV[a])
-  a = a + 1
-  return v
+
+local function bucket_params(at)
+  local T, cap = tonumber(argv[at]), tonumber(argv[at + 1])
+  return { T = T, cap = cap, init = tonumber(argv[at + 2]), span = cap * T }
 end
 
-local function read_bucket(b)
-  b.T = arg()
-  b.cap = arg()
-  b.init = arg()
-  b.span = b.cap * b.T
-  return b
-end
-
--- The parameters of one candidate; `cost` is the record's cost.
-local function read(cost)
-  local code = arg()
-  local p = { alg = ALGORITHMS[code], key = KEYS[k] }
+-- The parameters of one candidate, from argv[a] on.
+local function read()
+  local code = tonumber(argv[a])
+  local alg, key = algorithm(code), keys[k]
   k = k + 1
+  local p
   if code == 1 then
-    read_bucket(p)
-    p.cost_span = arg()
-    p.max_after = arg()
-    p.max_wait = arg()
+    local T, cap = tonumber(argv[a + 1]), tonumber(argv[a + 2])
+    p = {
+      alg = alg, code = 1, key = key, T = T, cap = cap, init = tonumber(argv[a + 3]),
+      span = cap * T, cost_span = tonumber(argv[a + 4]), max_after = tonumber(argv[a + 5]),
+      max_wait = tonumber(argv[a + 6]), state = false,
+    }
+    a = a + 7
   elseif code == 2 then
-    p.limit = arg()
-    p.period = arg()
-    p.cap = arg()
-    p.offset = arg()
+    p = {
+      alg = alg, code = 2, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), cap = tonumber(argv[a + 3]),
+      offset = tonumber(argv[a + 4]), state = false,
+    }
+    a = a + 5
   elseif code == 3 then
-    p.limit = arg()
-    p.period = arg()
-    p.offset = arg()
+    p = {
+      alg = alg, code = 3, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), offset = tonumber(argv[a + 3]), state = false,
+    }
+    a = a + 4
   elseif code == 4 then
-    p.limit = arg()
-    p.period = arg()
+    p = {
+      alg = alg, code = 4, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), state = false,
+    }
+    a = a + 3
   else
-    p.steady = read_bucket({})
-    p.pool = read_bucket({})
+    p = {
+      alg = alg, code = 5, key = key, steady = bucket_params(a + 1),
+      pool = bucket_params(a + 4), state = false,
+    }
+    a = a + 7
   end
   return p
 end
 
 local records = {}
 for r = 1, count do
-  local rec = { n = arg(), mode = arg(), cost = arg(), aux = arg(), at = arg(), c = {} }
-  for j = 1, rec.n do rec.c[j] = read(rec.cost) end
+  local n = tonumber(argv[a])
+  local rec = {
+    n = n, mode = tonumber(argv[a + 1]), cost = tonumber(argv[a + 2]),
+    aux = tonumber(argv[a + 3]), at = tonumber(argv[a + 4]), c = {}, res = false, chosen = 1,
+    aux_out = 0,
+  }
+  a = a + 5
+  for j = 1, n do rec.c[j] = read() end
   records[r] = rec
 end
 
@@ -625,7 +671,7 @@ if op == 'A' or op == 'C' then
       local res = { p.alg.eval(p, p.state, now, rec.cost, rec.mode) }
       local best = rec.res
       local better
-      if best == nil then
+      if not best then
         better = true
       elseif (res[1] ~= 2) ~= (best[1] ~= 2) then
         better = res[1] ~= 2
@@ -668,14 +714,23 @@ elseif op == 'R' or op == 'U' then
       if remaining < rec.c[rec.chosen].remaining then rec.chosen = j end
     end
     local p = rec.c[rec.chosen]
-    -- A token bucket that is not stored is full: nothing to give back.
-    if p.stored ~= nil or p.alg ~= bucket then
-      if op == 'R' then
+    if op == 'R' then
+      -- A token bucket that is not stored is full: nothing to give back.
+      if p.stored ~= nil or p.code ~= 1 then
         p.state = p.alg.refund(p, p.state, now, rec.cost)
-      else
-        p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
+        save(p, p.state)
       end
-      save(p, p.state)
+    elseif rec.mode ~= 1 and p.stored ~= nil then
+      -- A check wrote nothing; anything else is taken back. A key the charge created, and that
+      -- nothing else touched since, is removed again: a new key's state can depend on when it
+      -- is first seen (an initial balance below the capacity).
+      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
+      local encoded = p.alg.encode(p.state)
+      if encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
+        redis.call('DEL', p.key)
+      else
+        save(p, p.state)
+      end
     end
     local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
     answer(rec, { 0, 0, limit, remaining, reset })
