@@ -6,6 +6,9 @@
 
 #[path = "support/differential.rs"]
 mod differential;
+#[allow(dead_code)]
+#[path = "../examples/redis.rs"]
+mod redis_example;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -619,4 +622,34 @@ async fn refunds_and_resets() {
         limiter.check("tokens", "u", 0).await.unwrap().remaining,
         100
     );
+}
+
+/// The `redis` example, twice on two loopback ports with one Redis, through real HTTP: the two
+/// copies share one limit per client IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_of_the_example_share_one_limit() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let server = RedisServer::start();
+    let mut addresses = Vec::new();
+    for _ in 0..2 {
+        let app = redis_example::app(RedisStore::connect(&server.url()).await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap());
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let uri = format!("http://{}/expensive", addresses[i % 2]);
+        let response =
+            tokio::time::timeout(Duration::from_secs(10), client.get(uri.parse().unwrap()))
+                .await
+                .expect("bounded")
+                .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
 }

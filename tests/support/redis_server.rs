@@ -140,12 +140,21 @@ impl RedisServer {
         command(self.port, line).unwrap_or_else(|e| panic!("{line}: {e}"))
     }
 
-    /// An integer field of `INFO` (e.g. `calls` of `cmdstat_evalsha`), 0 when absent.
+    /// How many times `command` ran, from `INFO commandstats` (0 when it never ran).
     pub fn command_calls(&self, command: &str) -> u64 {
+        self.command_stat(command, 1)
+    }
+
+    /// Microseconds the server spent in `command`, from `INFO commandstats`.
+    pub fn command_usec(&self, command: &str) -> u64 {
+        self.command_stat(command, 3)
+    }
+
+    fn command_stat(&self, command: &str, field: usize) -> u64 {
         let info = self.run("INFO commandstats");
         info.lines()
             .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-            .and_then(|l| l.split(['=', ',']).nth(1))
+            .and_then(|l| l.split(['=', ',']).nth(field))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     }
