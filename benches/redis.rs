@@ -88,6 +88,31 @@ async fn hammer(
     }
 }
 
+/// The client library alone: `CALLERS` tasks sending EVALSHA of `return 1` through one
+/// multiplexed connection, as the store does — what the store's client side costs on top.
+async fn client_alone(server: &RedisServer, duration: Duration) -> f64 {
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+    let script = ::redis::Script::new("return 1");
+    let calls = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (mut conn, script, calls) = (conn.clone(), script.clone(), calls.clone());
+            tokio::spawn(async move {
+                while started.elapsed() < duration {
+                    let _: i64 = script.invoke_async(&mut conn).await.unwrap();
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
 /// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
 fn redis_benchmark(server: &RedisServer, requests: u64) -> f64 {
     let sha = server.run("SCRIPT LOAD \"return 1\"");
@@ -149,6 +174,7 @@ fn main() {
         hammer(&server, roomy.clone(), "roomy", false, duration / 5).await;
         let allowed = hammer(&server, roomy, "roomy", false, duration).await;
         let baseline = redis_benchmark(&server, requests);
+        let alone = client_alone(&server, duration).await;
 
         // Denied decisions on one hot key, with and without the deny cache.
         let tight = |store: RedisStore| {
@@ -181,6 +207,10 @@ fn main() {
             "  RedisStore / redis-benchmark: {:.2}",
             allowed.per_second() / baseline
         );
+        println!(
+            "the redis crate alone, {CALLERS} callers on one multiplexed connection, same script:"
+        );
+        println!("  {alone:>10.0} requests/s");
         for (name, run) in [("deny cache on ", &cached), ("deny cache off", &uncached)] {
             println!(
                 "one hot key, limit exhausted, {name}: {:>10.0} decisions/s, {} admitted, \
