@@ -165,7 +165,9 @@ pub(super) fn push(
 }
 
 fn push_bucket(args: &mut Vec<u64>, tb: &TokenBucket) {
-    let initial_debt = (tb.capacity() - tb.initial().min(tb.capacity())) * tb.interval();
+    // Validated rules keep this below 2^50; saturating keeps an unvalidated one from panicking.
+    let initial_debt =
+        (tb.capacity() - tb.initial().min(tb.capacity())).saturating_mul(tb.interval());
     args.extend([tb.interval(), tb.capacity(), initial_debt]);
 }
 
