@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
 # Every check, as CI runs it: format, lints on all targets and features, all tests (unit,
 # integration, examples, benches in test mode) and the doc tests.
+#
+# The Redis store's tests run real `redis-server` processes (and `redis-cli`, `redis-benchmark`):
+# they are installed from Debian's packages when missing, and a failed install stops here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
+
+step "redis-server, redis-cli and redis-benchmark (Debian packages redis-server, redis-tools)"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null ||
+    ! command -v redis-benchmark >/dev/null; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    if ! { $sudo apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools; }; then
+        echo "error: could not install redis-server and redis-tools from Debian's packages;" \
+            "the Redis store's tests need them" >&2
+        exit 1
+    fi
+fi
+redis-server --version
 
 step "format"
 cargo fmt --all -- --check
@@ -12,8 +29,9 @@ cargo fmt --all -- --check
 step "clippy (all targets, all features, warnings are errors)"
 cargo clippy --all-targets --all-features -- -D warnings
 
-step "clippy without default features"
+step "clippy without default features, and with only the redis feature"
 cargo clippy --lib --no-default-features -- -D warnings
+cargo clippy --lib --no-default-features --features redis -- -D warnings
 
 step "tests (lib, integration, examples, benches once each)"
 cargo test --all-targets --all-features

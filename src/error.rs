@@ -11,11 +11,13 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn new(rule: &str, field: &'static str, message: String) -> Self {
+    /// An error about `field` of the rule named `rule` (for [`Store::validate`](crate::Store::validate)
+    /// implementations).
+    pub fn new(rule: &str, field: &'static str, message: impl Into<String>) -> Self {
         ConfigError {
             rule: rule.to_owned(),
             field,
-            message,
+            message: message.into(),
         }
     }
 

@@ -72,6 +72,8 @@ pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
 
 /// The README's examples, compiled and run as doc tests so they cannot go stale.

@@ -84,6 +84,7 @@ impl LimiterBuilder {
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
         let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        rules.check_store(&*store)?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: ArcSwap::from_pointee(rules),
@@ -169,9 +170,12 @@ impl Limiter {
     /// Replaces the rules (and allow and deny lists) atomically: requests in flight finish with
     /// the rules they started with, the next ones use the new set. State lives in the store under
     /// each rule's name, so rules that keep their name keep their counts.
-    pub(crate) fn replace(&self, rules: RuleSet) {
+    /// The store may still refuse a rule it cannot decide exactly; then nothing changes.
+    fn replace(&self, rules: RuleSet) -> Result<(), ConfigError> {
+        rules.check_store(self.store())?;
         self.inner.rules.store(Arc::new(rules));
         tracing::info!(rules = ?self.rule_names(), "rate limit: rules reloaded");
+        Ok(())
     }
 
     /// Replaces the rules with `rules` (validated first: on error nothing changes).
@@ -182,8 +186,7 @@ impl Limiter {
             current.allow().to_vec(),
             current.deny().to_vec(),
         )?;
-        self.replace(next);
-        Ok(())
+        self.replace(next)
     }
 
     /// Replaces the rules and the allow and deny lists together, e.g. from a configuration file
@@ -200,8 +203,7 @@ impl Limiter {
             allow.into_iter().collect(),
             deny.into_iter().collect(),
         )?;
-        self.replace(next);
-        Ok(())
+        self.replace(next)
     }
 
     pub(crate) fn store(&self) -> &dyn Store {

@@ -262,7 +262,7 @@ fn positive(rule: &str, field: &'static str, value: impl Into<u128>) -> Result<(
         } else {
             "must be greater than 0"
         };
-        Err(ConfigError::new(rule, field, what.into()))
+        Err(ConfigError::new(rule, field, what))
     } else {
         Ok(())
     }

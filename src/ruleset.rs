@@ -95,7 +95,7 @@ impl RuleSet {
                 return Err(ConfigError::new(
                     &rule.name,
                     "name",
-                    "another rule has the same name (names are the rules' namespaces)".into(),
+                    "another rule has the same name (names are the rules' namespaces)",
                 ));
             }
             compiled.push(rule);
@@ -191,6 +191,14 @@ impl RuleSet {
             }
         }
         Ok(Route::Charge { enforced, shadow })
+    }
+
+    /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
+    /// arithmetic).
+    pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
+        self.rules
+            .iter()
+            .try_for_each(|rule| store.validate(&rule.name, rule.algorithm()))
     }
 
     /// Asks `store` for a plan's outcomes: the answer now, or the future of a store that needs

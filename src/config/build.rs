@@ -23,7 +23,7 @@ use crate::limit::Limit;
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::AccessList;
-use crate::store::{MemoryStore, Store};
+use crate::store::MemoryStore;
 use crate::Cost;
 
 /// A value that cannot work, at its place in the file.
@@ -47,16 +47,51 @@ pub(crate) struct Rules {
     pub(crate) deny: Vec<AccessList>,
 }
 
-/// The whole layer.
+/// The whole layer, for a file whose store needs no connecting.
 pub(crate) fn layer(file: &File) -> Result<RateLimitLayer, Invalid> {
-    builder(file)?.build().map_err(|error| Invalid {
+    finish(builder(file)?)
+}
+
+pub(crate) fn finish(builder: RateLimitLayerBuilder) -> Result<RateLimitLayer, Invalid> {
+    builder.build().map_err(|error| Invalid {
         path: "rules".into(),
         message: error.to_string(),
     })
 }
 
-/// Everything the file says, as a builder code can still adjust.
+/// Everything the file says, as a builder code can still adjust. A Redis store connects
+/// asynchronously, so a file naming one is refused here: see [`builder_connected`].
 pub(crate) fn builder(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
+    let builder = without_redis(file)?;
+    match file.store.as_ref().map(|spec| spec.kind) {
+        Some(StoreKind::Redis) => invalid(
+            "store.kind",
+            "a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`",
+        ),
+        _ => Ok(builder),
+    }
+}
+
+/// [`builder`], connecting to Redis when the file names a Redis store.
+pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
+    let builder = without_redis(file)?;
+    match file.store.as_ref() {
+        Some(spec) if spec.kind == StoreKind::Redis => {
+            let url = spec.url.as_deref().unwrap_or_default();
+            let store = redis_store(url, spec.timeout.map(|t| t.0))
+                .await
+                .map_err(|message| Invalid {
+                    path: "store.url".into(),
+                    message,
+                })?;
+            Ok(builder.store(store))
+        }
+        _ => Ok(builder),
+    }
+}
+
+/// The builder with everything but a Redis store.
+fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
     let Rules { rules, allow, deny } = rules(file)?;
     let mut builder = RateLimitLayer::builder()
         .shadow(file.shadow)
@@ -606,14 +641,8 @@ fn store(
             Some(max_keys) => builder.store(MemoryStore::builder().max_keys(max_keys).build()),
             None => builder,
         },
-        StoreKind::Redis => {
-            let url = spec.url.as_deref().unwrap_or_default();
-            let store = redis_store(url, spec.timeout.map(|t| t.0)).map_err(|message| Invalid {
-                path: "store.kind".into(),
-                message,
-            })?;
-            builder.store(store)
-        }
+        // Connected by `builder_connected`.
+        StoreKind::Redis => builder,
     })
 }
 
@@ -691,15 +720,24 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     }
 }
 
-/// The Redis store of a config file.
-///
-/// `RedisStore` is not part of this build yet: when it is, this becomes
-/// `#[cfg(feature = "redis")]` building it from `url` with `timeout` (`None`: the store's
-/// default), and a `#[cfg(not(feature = "redis"))]` twin keeps this error. (The hidden store
-/// type is never built; it only names a `Store`.)
-fn redis_store(url: &str, timeout: Option<Duration>) -> Result<impl Store, String> {
+/// Connects the Redis store a file names.
+#[cfg(feature = "redis")]
+async fn redis_store(
+    url: &str,
+    timeout: Option<Duration>,
+) -> Result<crate::store::RedisStore, String> {
+    let mut builder = crate::store::RedisStore::builder().url(url);
+    if let Some(timeout) = timeout {
+        builder = builder.timeout(timeout);
+    }
+    builder.build().await.map_err(|error| error.to_string())
+}
+
+/// Without the `redis` feature, a file naming a Redis store cannot be served.
+#[cfg(not(feature = "redis"))]
+async fn redis_store(url: &str, timeout: Option<Duration>) -> Result<MemoryStore, String> {
     let _ = (url, timeout);
-    Err::<MemoryStore, _>("tollgate was built without the `redis` feature".to_owned())
+    Err("tollgate was built without the `redis` feature".to_owned())
 }
 
 fn response_options(

@@ -123,6 +123,18 @@ impl RateLimitLayer {
         build::builder(&file).map_err(invalid)
     }
 
+    /// A layer configured by the file at `path`, with any store, connecting to Redis when the file
+    /// names a Redis store (the other `from_config_*` functions are synchronous and refuse one).
+    pub async fn load_config(path: impl AsRef<Path>) -> Result<RateLimitLayer, ConfigFileError> {
+        let path = path.as_ref();
+        let (format, text) = read(path)?;
+        let file = parse(format, &text).map_err(|error| error.in_file(path))?;
+        let builder = build::builder_connected(&file)
+            .await
+            .map_err(|error| invalid(error).in_file(path))?;
+        build::finish(builder).map_err(|error| invalid(error).in_file(path))
+    }
+
     /// Replaces the rules and the allow and deny lists with those of the file at `path`, while
     /// requests flow.
     ///

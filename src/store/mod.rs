@@ -1,10 +1,12 @@
 //! Where limits keep their state, and the one atomic step that charges a request.
 //!
 //! A [`Store`] applies a batch of [`Charge`]s — one per rule that applies to a request — as a single
-//! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; other stores
-//! (Redis) plug into the same trait.
+//! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
+//! (feature `redis`) shares limits between the instances of an app through the same trait.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -14,7 +16,10 @@ use std::task::{Context, Poll};
 use smallvec::SmallVec;
 
 use crate::algorithm::{Algorithm, Mode, Outcome};
+use crate::error::ConfigError;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
@@ -70,6 +75,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Forgets the key: its next request is treated like a new key's.
     fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()>;
+
+    /// Checks, when a limiter is built, that this store can decide `rule` exactly (the default
+    /// accepts every rule). A store with narrower arithmetic than the algorithms' — the Redis
+    /// store's Lua counts in doubles — rejects the parameters it cannot handle here, so that the
+    /// error names the rule and the field instead of a request meeting it.
+    fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+        let _ = (rule, algorithm);
+        Ok(())
+    }
 }
 
 /// A store failed to answer (unreachable, timed out, or an unexpected reply).
@@ -89,6 +103,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The store answered something unexpected.
     Protocol,
+    /// The store's own settings are unusable (a malformed address, a bad key prefix).
+    Config,
 }
 
 impl StoreError {
@@ -115,6 +131,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Timeout => "rate-limit store timed out",
             StoreErrorKind::Unavailable => "rate-limit store unavailable",
             StoreErrorKind::Protocol => "rate-limit store answered unexpectedly",
+            StoreErrorKind::Config => "rate-limit store misconfigured",
         };
         write!(f, "{what}: {}", self.source)
     }

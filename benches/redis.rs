@@ -1,0 +1,236 @@
+//! Decisions per second through `RedisStore` with 64 concurrent callers, side by side with
+//! `redis-benchmark` running `EVALSHA` of a trivial script at the same concurrency on the same
+//! server, and Redis commands per decision read from `INFO commandstats`.
+//!
+//! ```text
+//! cargo bench --bench redis --features redis
+//! ```
+//!
+//! It starts its own `redis-server` on a free loopback port (Debian packages `redis-server` and
+//! `redis-tools`). Under `cargo test` (no `--bench` argument) it runs each phase briefly, as a
+//! smoke test.
+
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use tollgate::{Limit, Limiter, RedisStore, Rule};
+
+const CALLERS: usize = 64;
+
+struct Run {
+    decisions: u64,
+    admitted: u64,
+    elapsed: Duration,
+    evalsha: u64,
+    /// Server time spent running the script.
+    script: Duration,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.decisions as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn calls_per_decision(&self) -> f64 {
+        self.evalsha as f64 / self.decisions as f64
+    }
+}
+
+/// `CALLERS` tasks charging `rule` for `duration`; each caller uses its own key unless `one_key`.
+async fn hammer(
+    server: &RedisServer,
+    limiter: Limiter,
+    rule: &'static str,
+    one_key: bool,
+    duration: Duration,
+) -> Run {
+    server.run("CONFIG RESETSTAT");
+    let decisions = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let limiter = limiter.clone();
+            let (decisions, admitted) = (decisions.clone(), admitted.clone());
+            tokio::spawn(async move {
+                let key = if one_key {
+                    "hot".to_owned()
+                } else {
+                    format!("caller-{caller}")
+                };
+                // Locally cached answers complete without yielding: each caller checks the
+                // deadline itself and yields between requests, as separate requests would, so
+                // the connection's task keeps running.
+                while started.elapsed() < duration {
+                    tokio::task::yield_now().await;
+                    let outcome = limiter.charge(rule, &key, 1).await.expect("Redis answers");
+                    decisions.fetch_add(1, Ordering::Relaxed);
+                    admitted.fetch_add(u64::from(outcome.verdict.is_admitted()), Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    Run {
+        decisions: decisions.load(Ordering::Relaxed),
+        admitted: admitted.load(Ordering::Relaxed),
+        elapsed: started.elapsed(),
+        evalsha: server.command_calls("evalsha"),
+        script: Duration::from_micros(server.command_usec("evalsha")),
+    }
+}
+
+/// The client library alone: `CALLERS` tasks sending EVALSHA of `return 1` through one
+/// multiplexed connection, as the store does — what the store's client side costs on top.
+async fn client_alone(server: &RedisServer, duration: Duration) -> f64 {
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+    let script = ::redis::Script::new("return 1");
+    let calls = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let (mut conn, script, calls) = (conn.clone(), script.clone(), calls.clone());
+            tokio::spawn(async move {
+                while started.elapsed() < duration {
+                    let _: i64 = script.invoke_async(&mut conn).await.unwrap();
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
+fn redis_benchmark(server: &RedisServer, requests: u64) -> f64 {
+    let sha = server.run("SCRIPT LOAD \"return 1\"");
+    let sha = sha.lines().nth(1).expect("a SHA").trim().to_owned();
+    let output = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args([
+            "-c",
+            &CALLERS.to_string(),
+            "-n",
+            &requests.to_string(),
+            "-q",
+        ])
+        .args(["EVALSHA", &sha, "0"])
+        .output()
+        .expect("run redis-benchmark (Debian package `redis-tools`)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    // "EVALSHA ...: 136986.30 requests per second, p50=..." (the last of the \r-updated lines).
+    text.rsplit(['\r', '\n'])
+        .find_map(|line| {
+            let (_, rest) = line.split_once(": ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("cannot read redis-benchmark's output: {text:?}"))
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (duration, requests) = if full {
+        (Duration::from_secs(5), 1_000_000)
+    } else {
+        (Duration::from_millis(300), 20_000)
+    };
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = |cache: bool| {
+            let url = server.url();
+            async move {
+                RedisStore::builder()
+                    .url(url)
+                    .deny_cache(cache)
+                    .timeout(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .expect("connect")
+            }
+        };
+        // Allowed decisions: a limit far above what the run can use.
+        let roomy = Limiter::builder()
+            .rule(Rule::new("roomy", Limit::per_second(1_000_000_000)))
+            .store(store(true).await)
+            .build()
+            .unwrap();
+        // Warm up connections and the script.
+        hammer(&server, roomy.clone(), "roomy", false, duration / 5).await;
+        let allowed = hammer(&server, roomy, "roomy", false, duration).await;
+        let baseline = redis_benchmark(&server, requests);
+        let alone = client_alone(&server, duration).await;
+
+        // Denied decisions on one hot key, with and without the deny cache.
+        let tight = |store: RedisStore| {
+            Limiter::builder()
+                .rule(Rule::new("tight", Limit::per_hour(100)))
+                .store(store)
+                .build()
+                .unwrap()
+        };
+        let cached = hammer(&server, tight(store(true).await), "tight", true, duration).await;
+        server.run("FLUSHALL");
+        let uncached = hammer(&server, tight(store(false).await), "tight", true, duration).await;
+
+        println!("RedisStore, {CALLERS} concurrent callers, one rule, all allowed:");
+        println!(
+            "  {:>10.0} decisions/s   ({} decisions in {:.2?}), {:.3} EVALSHA per decision",
+            allowed.per_second(),
+            allowed.decisions,
+            allowed.elapsed,
+            allowed.calls_per_decision()
+        );
+        println!(
+            "  server time in the script: {:.1} µs per call, {:.0}% of the run",
+            allowed.script.as_secs_f64() * 1e6 / allowed.evalsha as f64,
+            100.0 * allowed.script.as_secs_f64() / allowed.elapsed.as_secs_f64()
+        );
+        println!("redis-benchmark -c {CALLERS} EVALSHA of `return 1` on the same server:");
+        println!("  {baseline:>10.0} requests/s");
+        println!(
+            "  RedisStore / redis-benchmark: {:.2}",
+            allowed.per_second() / baseline
+        );
+        println!(
+            "the redis crate alone, {CALLERS} callers on one multiplexed connection, same script:"
+        );
+        println!("  {alone:>10.0} requests/s");
+        for (name, run) in [("deny cache on ", &cached), ("deny cache off", &uncached)] {
+            println!(
+                "one hot key, limit exhausted, {name}: {:>10.0} decisions/s, {} admitted, \
+                 {:.5} EVALSHA per decision ({} calls for {} decisions)",
+                run.per_second(),
+                run.admitted,
+                run.calls_per_decision(),
+                run.evalsha,
+                run.decisions
+            );
+        }
+        assert_eq!(allowed.evalsha, allowed.decisions, "one call per decision");
+        assert_eq!(
+            uncached.evalsha, uncached.decisions,
+            "one call per decision"
+        );
+        assert!(
+            cached.evalsha < uncached.evalsha.min(cached.decisions),
+            "cached denials make no call"
+        );
+        assert!(cached.admitted <= 100 && uncached.admitted <= 100);
+    });
+}

@@ -1,0 +1,120 @@
+//! The connection: one multiplexed, auto-reconnecting connection to a Redis server, or the cluster
+//! client's connection (which follows slot moves and reconnects to nodes by itself). Both are
+//! cheap to clone and pipeline the commands of concurrent callers on shared sockets.
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+
+use crate::store::{StoreError, StoreErrorKind};
+
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Where the store connects.
+#[derive(Clone, Debug)]
+pub(super) enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl Conn {
+    pub(super) async fn connect(target: &Target, timeout: Duration) -> Result<Conn, StoreError> {
+        // Connecting may take a little longer than one decision; reconnection attempts back off
+        // up to a second, so a server that comes back is found again within about a second.
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        match target {
+            Target::Single(url) => {
+                let client = ::redis::Client::open(url.as_str()).map_err(config)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(timeout))
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_min_delay(Duration::from_millis(20))
+                    .set_max_delay(Duration::from_secs(1))
+                    .set_number_of_retries(4);
+                let manager = ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(error)?;
+                Ok(Conn::Single(manager))
+            }
+            Target::Cluster(nodes) => {
+                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(config)?;
+                let connection = client.get_async_connection().await.map_err(error)?;
+                Ok(Conn::Cluster(connection))
+            }
+        }
+    }
+
+    pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// Runs an EVALSHA of `script`; after `NOSCRIPT` (a restarted or flushed server), loads the
+    /// script and runs it again.
+    pub(super) async fn eval<T: FromRedisValue>(
+        &mut self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, RedisError> {
+        match self.query(cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match self {
+                    Conn::Single(c) => script.load_async(c).await?,
+                    Conn::Cluster(c) => script.load_async(c).await?,
+                };
+                self.query(cmd).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// A Redis failure as the layer's failure policy sees it.
+pub(super) fn error(e: RedisError) -> StoreError {
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+    {
+        StoreErrorKind::Unavailable
+    } else {
+        StoreErrorKind::Protocol
+    };
+    StoreError::new(kind, e)
+}
+
+fn config(e: RedisError) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, e)
+}
+
+pub(super) fn timed_out(timeout: Duration) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        format!("no answer from Redis within {timeout:?}"),
+    )
+}

@@ -1,0 +1,794 @@
+//! `RedisStore`: limits shared by every instance of an app, in Redis or a Redis Cluster (see the
+//! type's documentation for how it decides, fails and scales).
+
+mod cache;
+mod conn;
+mod keys;
+mod params;
+mod shard;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::{Cmd, Script};
+use smallvec::SmallVec;
+
+use self::cache::{CacheView, DenyCache};
+use self::conn::{Conn, Target};
+use self::shard::Sharding;
+use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
+use crate::algorithm::{duration, Algorithm, Micros, Mode, Outcome, Verdict};
+use crate::clock::{Clock, SystemClock};
+use crate::error::ConfigError;
+
+const SCRIPT: &str = include_str!("script.lua");
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+const DEFAULT_PREFIX: &str = "tollgate";
+const DEFAULT_CACHE_SIZE: usize = 65_536;
+/// Extra lifetime of keys written with an injected clock (see "Tests" on [`RedisStore`]).
+const TEST_GRACE_MS: u64 = 60_000;
+
+/// A [`Store`] in Redis or a Redis Cluster: one limit for all the instances of an app.
+///
+/// Clones share the connection and the deny cache.
+///
+/// # How it decides
+/// Every request is **one round trip**, whatever the number of rules: one Lua script (sent with
+/// `EVALSHA`, and loaded again transparently after `NOSCRIPT`, e.g. when Redis restarted) reads
+/// every key of the request, decides every rule with the same math as the [`MemoryStore`]
+/// (`src/store/redis/script.lua` is a port of [`algorithm`](crate::algorithm), kept equal by a
+/// differential test), and commits all charges or none. Redis runs a script atomically, so
+/// concurrent requests from any number of app instances never over-admit.
+///
+/// Time comes from the Redis server (`TIME`), so app hosts whose clocks disagree still agree on
+/// every limit. (A Redis Cluster's nodes each use their own clock for the keys they hold.)
+///
+/// Each key gets an expiry at the moment its state becomes equal to a new key's (a bucket that
+/// has refilled, a window that has passed), so Redis holds no dead keys. A token bucket with an
+/// [`initial`](crate::Limit::initial) balance below its capacity starts from that balance again
+/// once its key has expired, as with the memory store's cleanup.
+///
+/// # Keys
+/// `<prefix>:{<key value>}:<rule>`, prefix `tollgate` by default
+/// ([`prefix`](RedisStoreBuilder::prefix)). The key value is the Redis Cluster hash tag, so all
+/// the rules of a request that count by the same value (per IP and per IP on `/login`) share a
+/// slot and are decided in one script call. Values that are empty or contain `{`, `}`, `|` (or
+/// start with `=`) are written as `=` and their hex digits.
+///
+/// # Redis Cluster
+/// [`cluster`](RedisStoreBuilder::cluster) connects to a cluster. A request whose keys share a
+/// slot is one script call, as above. Rules counting by different values (a per-user rule and a
+/// global rule) usually live in different slots, which one script cannot touch together; such a
+/// request is split into one group per slot, applied one after the other in slot order, each
+/// group atomic on its own. If a later group denies, the earlier groups' charges are refunded and
+/// the request is denied. This **never over-admits**: a unit is only ever taken by an atomic
+/// script that saw it free. The cost: between a group's charge and its refund (one round trip),
+/// concurrent requests see those units as spent and may be denied; and the request takes one
+/// round trip per slot, plus one for the compensation when it is denied. Keep the rules of
+/// latency-critical routes on one key value when that matters.
+///
+/// # Failures
+/// Every call has a timeout (default 100 ms, [`timeout`](RedisStoreBuilder::timeout)). When Redis
+/// is unreachable, slow or answers nonsense, the store returns a [`StoreError`] (kind `Timeout`,
+/// `Unavailable` or `Protocol`) and the layer's [`FailurePolicy`](crate::FailurePolicy) decides:
+/// the store never panics and never makes a request wait longer than the timeout. The connection
+/// reconnects by itself (backing off up to one second), so the app recovers when Redis comes
+/// back, without a restart.
+///
+/// **Which failure policy?** The layer's default, fail open, suits most users of a shared Redis: a
+/// rate limiter protects a service from overload and abuse, and an outage of the limiter's Redis
+/// should degrade that protection for its duration (every failure is logged with `tracing`)
+/// rather than turn into an outage of the service itself — which is what failing closed does,
+/// since every request then gets `503`. Choose
+/// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) when going over the limit costs more
+/// than refusing service: a paid upstream with a hard quota, an SMS or e-mail budget, a login
+/// throttle against password guessing. The short default timeout keeps either policy quick to
+/// apply when Redis hangs.
+///
+/// # Local deny cache
+/// On by default ([`deny_cache`](RedisStoreBuilder::deny_cache)). When Redis denies a key and says
+/// no unit is left, nothing can pass that key before its quota grows again, so this instance
+/// answers the key's requests itself until then, without a Redis call: a client hammering a
+/// limit costs Redis one call per refill interval instead of one per request. The deadline is kept
+/// on this process's monotonic clock; the cached interval is what Redis reported, so the local
+/// answer can be off only by the network delay of the call that filled the cache. A
+/// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
+/// clears the entry; one made by another instance takes effect here when the entry expires. The
+/// cache holds a bounded number of entries ([`deny_cache_size`](RedisStoreBuilder::deny_cache_size)).
+///
+/// # Hot keys: sharding
+/// One global key (a service-wide limit) puts every request on one Redis node.
+/// [`shard_rule`](RedisStoreBuilder::shard_rule) splits such a rule into `n` keys, each holding
+/// an `n`-th of the limit (rate, capacity, window limit), in different cluster slots. Each request
+/// picks two shards at random and charges the one with more units left (the power of two
+/// choices). On a single server both candidates are read by the same script call; in a cluster
+/// they usually sit on different nodes, so the choice uses the units this instance last saw in
+/// each (still one call per request).
+///
+/// Accuracy: the shards together never admit more than the rule's limit, but a request can be
+/// denied while another shard still has room (the two candidates happened to be the emptiest),
+/// a request can never cost more than one shard holds (the limit divided by `n`), and the
+/// `remaining` reported is the chosen shard's. Use as few shards as spread the load.
+///
+/// # Exact arithmetic
+/// Lua counts in doubles, exact for integers up to 2^53; times are microseconds since the Unix
+/// epoch. Building a layer fails, naming the rule and the field, when a rule's numbers could leave
+/// that range: spans (a bucket's refill time, a window's longest wait) above 2^50 µs (35 years),
+/// counts above 2^50, and for sliding windows `limit × period` (µs) near 2^53 — at most about
+/// 100 000 requests per day; use a fixed window, a token bucket or a sliding log above that.
+/// Reservations may reach at most 2^51 µs ahead.
+///
+/// # Tests
+/// [`clock`](RedisStoreBuilder::clock) makes the store send its own time instead of using the
+/// server's, so tests can drive a [`ManualClock`](crate::ManualClock) through Redis exactly as
+/// through the memory store. Expiries then follow that clock, plus one minute of slack, so keys do
+/// not vanish while a test's clock runs slower than real time. Don't combine a `RedisStore` with
+/// tokio's paused time: its timeouts would fire at once while the runtime waits for the network.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::{FailurePolicy, Key, Limit, RateLimitLayer, RedisStore, Rule};
+///
+/// let store = RedisStore::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .timeout(Duration::from_millis(50))
+///     .build()
+///     .await?;
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("per-ip", Limit::per_minute(60)).key(Key::client_ip()))
+///     .store(store)
+///     .on_store_failure(FailurePolicy::Open)
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+///
+/// [`MemoryStore`]: crate::MemoryStore
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    target: Target,
+    script: Script,
+    prefix: Box<str>,
+    timeout: Duration,
+    /// Test mode: the time sent to the script instead of the server's.
+    clock: Option<Arc<dyn Clock>>,
+    /// The deny cache's time.
+    local: Arc<dyn Clock>,
+    cache: Option<DenyCache>,
+    shards: HashMap<Box<str>, Arc<Sharding>>,
+}
+
+/// Configures and connects a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    target: Target,
+    prefix: String,
+    timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    cache: Option<usize>,
+    shards: Vec<(String, u32)>,
+}
+
+impl RedisStore {
+    /// Connects to the Redis server at `url` (e.g. `redis://127.0.0.1:6379`) with the default
+    /// settings.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        Self::builder().url(url).build().await
+    }
+
+    /// Configures a store (default: `redis://127.0.0.1:6379`, prefix `tollgate`, 100 ms timeout,
+    /// deny cache on).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target: Target::Single("redis://127.0.0.1:6379".to_owned()),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            clock: None,
+            cache: Some(DEFAULT_CACHE_SIZE),
+            shards: Vec::new(),
+        }
+    }
+
+    /// The Redis key names holding `(rule, key)`: one, or one per shard of a sharded rule.
+    pub fn key_names(&self, rule: &str, key: &[u8]) -> Vec<Vec<u8>> {
+        self.inner.names(rule, key)
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Connects to one Redis server (default `redis://127.0.0.1:6379`; `rediss://` needs TLS,
+    /// which this build leaves out).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target = Target::Single(url.into());
+        self
+    }
+
+    /// Connects to a Redis Cluster through these nodes (any subset; the others are discovered).
+    pub fn cluster<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target = Target::Cluster(nodes.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The first part of every key name (default `tollgate`); no `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest a decision may wait for Redis before the layer's failure policy applies
+    /// (default 100 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether keys known to be empty are answered locally until they refill (default: on).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.cache = on.then_some(self.cache.unwrap_or(DEFAULT_CACHE_SIZE));
+        self
+    }
+
+    /// The most entries the deny cache holds (default 65 536; zero turns it off).
+    pub fn deny_cache_size(mut self, entries: usize) -> Self {
+        self.cache = (entries > 0).then_some(entries);
+        self
+    }
+
+    /// Splits the rule named `rule` over `shards` Redis keys (two or more; see the type's docs
+    /// on hot keys). Each shard gets an `n`-th of the limit.
+    pub fn shard_rule(mut self, rule: impl Into<String>, shards: u32) -> Self {
+        let rule = rule.into();
+        self.shards.retain(|(r, _)| *r != rule);
+        if shards >= 2 {
+            self.shards.push((rule, shards));
+        }
+        self
+    }
+
+    /// **For tests**: the time comes from `clock` instead of the Redis server, and the deny cache
+    /// follows it too. Don't use it in production: app hosts' clocks differ.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connects (and loads the script).
+    ///
+    /// # Errors
+    /// `Config` for a malformed URL or prefix; `Unavailable` or `Timeout` when Redis cannot be
+    /// reached.
+    pub async fn build(self) -> Result<RedisStore, StoreError> {
+        if !keys::valid_prefix(&self.prefix) {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                format!(
+                    "key prefix {:?} contains `{{` or `}}`, which would move the cluster hash tag",
+                    self.prefix
+                ),
+            ));
+        }
+        let mut conn = Conn::connect(&self.target, self.timeout).await?;
+        let script = Script::new(SCRIPT);
+        match &mut conn {
+            Conn::Single(c) => script.load_async(c).await,
+            Conn::Cluster(c) => script.load_async(c).await,
+        }
+        .map_err(conn::error)?;
+        let local: Arc<dyn Clock> = match &self.clock {
+            Some(clock) => clock.clone(),
+            None => Arc::new(SystemClock::new()),
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                target: self.target,
+                script,
+                prefix: self.prefix.into(),
+                timeout: self.timeout,
+                clock: self.clock,
+                local,
+                cache: self.cache.map(DenyCache::new),
+                shards: self
+                    .shards
+                    .into_iter()
+                    .map(|(rule, n)| (rule.into(), Arc::new(Sharding::new(n))))
+                    .collect(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("deny_cache", &self.cache)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        f.debug_struct("RedisStore")
+            .field("target", &inner.target)
+            .field("prefix", &inner.prefix)
+            .field("timeout", &inner.timeout)
+            .field("deny_cache", &inner.cache.is_some())
+            .field("test_clock", &inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for RedisStore {
+    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+        let inner = &self.inner;
+        let views: SmallVec<[CacheView; 2]> = match &inner.cache {
+            Some(cache) => batch
+                .iter()
+                .map(|charge| CacheView {
+                    hash: cache.hash(charge.rule, charge.key),
+                    mode: charge.mode,
+                    cacheable: !inner.shards.contains_key(charge.rule),
+                })
+                .collect(),
+            None => SmallVec::new(),
+        };
+        if let Some(cache) = &inner.cache {
+            let hashes: SmallVec<[u64; 2]> = views.iter().map(|v| v.hash).collect();
+            if let Some(outcomes) = cache.answer(batch, &hashes, inner.local.now()) {
+                return StoreFuture::ready(Ok(outcomes));
+            }
+        }
+        if batch.is_empty() {
+            return StoreFuture::ready(Ok(Outcomes::new()));
+        }
+        let now = match inner.injected_now() {
+            Ok(now) => now,
+            Err(error) => return StoreFuture::ready(Err(error)),
+        };
+        let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            let outcomes = inner.timed(inner.decide(now, &records)).await?;
+            if let Some(cache) = &inner.cache {
+                cache.learn(&views, &outcomes, inner.local.now());
+            }
+            Ok(outcomes)
+        })
+    }
+
+    fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.cache {
+            cache.forget(cache.hash(charge.rule, charge.key));
+        }
+        let now = match inner.injected_now() {
+            Ok(now) => now,
+            Err(error) => return StoreFuture::ready(Err(error)),
+        };
+        let record = inner.record(charge, true);
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            let item = Item::apply(&record);
+            inner.timed(inner.call(Op::Refund, now, &[item])).await?;
+            Ok(())
+        })
+    }
+
+    fn reset(&self, rule: &str, _algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.cache {
+            cache.forget(cache.hash(rule, key));
+        }
+        let names = inner.names(rule, key);
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            inner
+                .timed(async {
+                    let mut conn = inner.conn.clone();
+                    // A cluster cannot delete keys of several slots in one command.
+                    let per_command = match conn {
+                        Conn::Single(_) => names.len(),
+                        Conn::Cluster(_) => 1,
+                    };
+                    for chunk in names.chunks(per_command.max(1)) {
+                        let mut cmd = ::redis::cmd("DEL");
+                        for name in chunk {
+                            cmd.arg(name);
+                        }
+                        conn.query::<i64>(&cmd).await.map_err(conn::error)?;
+                    }
+                    Ok(())
+                })
+                .await
+        })
+    }
+
+    fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+        params::validate(rule, algorithm)?;
+        match self.inner.shards.get(rule) {
+            Some(sharding) => sharding.validate(rule, algorithm),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One charge as the script sees it: its candidate keys (two for a sharded rule's choice).
+struct Record {
+    mode: Mode,
+    cost: u64,
+    limit: u64,
+    candidates: SmallVec<[Candidate; 2]>,
+    sharding: Option<Arc<Sharding>>,
+}
+
+struct Candidate {
+    name: Vec<u8>,
+    slot: u16,
+    shard: u32,
+    args: SmallVec<[u64; 8]>,
+}
+
+/// A record in one script call, with the mode and cost that call uses; `only` restricts it to
+/// one candidate (the shard an earlier call chose); `undo` is what an undo needs to know.
+#[derive(Clone, Copy)]
+struct Item<'r> {
+    record: &'r Record,
+    mode: Mode,
+    cost: u64,
+    only: Option<usize>,
+    undo: Taken,
+}
+
+/// What one record's charge took: the candidate it chose, what a burst pool took from its steady
+/// bucket, and when.
+#[derive(Clone, Copy, Debug, Default)]
+struct Taken {
+    chosen: usize,
+    steady: u64,
+    at: Micros,
+}
+
+impl<'r> Item<'r> {
+    fn apply(record: &'r Record) -> Self {
+        Item {
+            record,
+            mode: record.mode,
+            cost: record.cost,
+            only: None,
+            undo: Taken::default(),
+        }
+    }
+
+    fn candidates(&self) -> &'r [Candidate] {
+        match self.only {
+            Some(i) => std::slice::from_ref(&self.record.candidates[i]),
+            None => &self.record.candidates,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    /// Decide and charge, all or nothing.
+    Apply,
+    /// Decide without charging; admitted records report what they have left.
+    Check,
+    /// Give units back.
+    Refund,
+    /// Take back an earlier charge exactly.
+    Undo,
+}
+
+impl Inner {
+    fn injected_now(&self) -> Result<Option<Micros>, StoreError> {
+        self.clock
+            .as_ref()
+            .map(|clock| params::check_now(clock.now()))
+            .transpose()
+            .map_err(|message| StoreError::new(StoreErrorKind::Config, message))
+    }
+
+    fn names(&self, rule: &str, key: &[u8]) -> Vec<Vec<u8>> {
+        match self.shards.get(rule) {
+            Some(sharding) => (0..sharding.n)
+                .map(|i| keys::key_name(&self.prefix, rule, key, Some(i)))
+                .collect(),
+            None => vec![keys::key_name(&self.prefix, rule, key, None)],
+        }
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    fn candidate(
+        &self,
+        charge: &Charge<'_>,
+        algorithm: &Algorithm,
+        shard: Option<u32>,
+    ) -> Candidate {
+        let name = keys::key_name(&self.prefix, charge.rule, charge.key, shard);
+        let mut args = Vec::with_capacity(8);
+        params::push(
+            &mut args,
+            algorithm,
+            charge.rule,
+            charge.key,
+            charge.cost,
+            charge.mode,
+        );
+        Candidate {
+            slot: if self.is_cluster() {
+                keys::slot(&name)
+            } else {
+                0
+            },
+            name,
+            shard: shard.unwrap_or(0),
+            args: args.into(),
+        }
+    }
+
+    /// The record of a charge; for a sharded rule, its candidate shards.
+    fn record(&self, charge: &Charge<'_>, refund: bool) -> Record {
+        let sharding = self.shards.get(charge.rule).cloned();
+        let candidates = match &sharding {
+            None => SmallVec::from_iter([self.candidate(charge, charge.algorithm, None)]),
+            Some(sharding) => {
+                let (a, b) = sharding.two();
+                let make = |i: u32| {
+                    let part = shard::split(charge.algorithm, sharding.n, i);
+                    self.candidate(charge, &part, Some(i))
+                };
+                let (first, second) = (make(a), make(b));
+                if first.slot == second.slot {
+                    SmallVec::from_iter([first, second])
+                } else if refund || sharding.likelier((a, b)) == a {
+                    // Different nodes: one script cannot read both, so choose by what this
+                    // instance last saw (refunds go to the first at random).
+                    SmallVec::from_iter([first])
+                } else {
+                    SmallVec::from_iter([second])
+                }
+            }
+        };
+        Record {
+            mode: charge.mode,
+            cost: charge.cost,
+            limit: charge.algorithm.capacity(),
+            candidates,
+            sharding,
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(conn::timed_out(self.timeout)),
+        }
+    }
+
+    /// Decides a batch: one script call, or one per slot on a cluster.
+    async fn decide(
+        &self,
+        now: Option<Micros>,
+        records: &[Record],
+    ) -> Result<Outcomes, StoreError> {
+        let groups = self.groups(records);
+        if groups.len() <= 1 {
+            let items: Vec<Item<'_>> = records.iter().map(Item::apply).collect();
+            let results = self.call(Op::Apply, now, &items).await?;
+            return Ok(results.into_iter().map(|(outcome, _)| outcome).collect());
+        }
+        self.cross_slot(now, records, &groups).await
+    }
+
+    /// The records grouped by cluster slot, in slot order (one group on a single server).
+    fn groups(&self, records: &[Record]) -> Vec<Vec<usize>> {
+        if !self.is_cluster() {
+            return vec![(0..records.len()).collect()];
+        }
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, record) in records.iter().enumerate() {
+            groups.entry(record.candidates[0].slot).or_default().push(i);
+        }
+        groups.into_values().collect()
+    }
+
+    /// A batch over several slots: groups in slot order; a denial undoes the earlier groups.
+    async fn cross_slot(
+        &self,
+        now: Option<Micros>,
+        records: &[Record],
+        groups: &[Vec<usize>],
+    ) -> Result<Outcomes, StoreError> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
+        let mut taken = vec![Taken::default(); records.len()];
+        for (g, group) in groups.iter().enumerate() {
+            let items: Vec<Item<'_>> = group.iter().map(|&i| Item::apply(&records[i])).collect();
+            let results = self.call(Op::Apply, now, &items).await?;
+            let denied = results.iter().any(|(o, _)| !o.verdict.is_admitted());
+            for (&i, (outcome, took)) in group.iter().zip(results) {
+                outcomes[i] = Some(outcome);
+                taken[i] = took;
+            }
+            if !denied {
+                continue;
+            }
+            for earlier in &groups[..g] {
+                // Each group committed atomically on its own: take this request's charges back
+                // (the script leaves checks alone and reports what every key has left).
+                let items: Vec<Item<'_>> = earlier
+                    .iter()
+                    .map(|&i| Item {
+                        only: Some(taken[i].chosen),
+                        undo: taken[i],
+                        ..Item::apply(&records[i])
+                    })
+                    .collect();
+                match self.call(Op::Undo, now, &items).await {
+                    Ok(results) => {
+                        for (&i, (outcome, _)) in earlier.iter().zip(results) {
+                            outcomes[i] = Some(outcome);
+                        }
+                    }
+                    // The units stay taken until they refill: under-admits, never over.
+                    Err(error) => {
+                        tracing::warn!(%error, "rate-limit undo after a cross-slot denial failed")
+                    }
+                }
+            }
+            for later in &groups[g + 1..] {
+                let items: Vec<Item<'_>> =
+                    later.iter().map(|&i| Item::apply(&records[i])).collect();
+                match self.call(Op::Check, now, &items).await {
+                    Ok(results) => {
+                        for (&i, (outcome, _)) in later.iter().zip(results) {
+                            outcomes[i] = Some(outcome);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "rate-limit check after a cross-slot denial failed")
+                    }
+                }
+            }
+            break;
+        }
+        Ok(outcomes
+            .into_iter()
+            .zip(records)
+            .map(|(outcome, record)| {
+                // Only when a follow-up call failed: the request is denied anyway.
+                outcome.unwrap_or(Outcome {
+                    verdict: Verdict::Allowed,
+                    limit: record.limit,
+                    remaining: 0,
+                    reset: Duration::ZERO,
+                })
+            })
+            .collect())
+    }
+
+    /// One script call; the outcome of each item, with the candidate it chose.
+    async fn call(
+        &self,
+        op: Op,
+        now: Option<Micros>,
+        items: &[Item<'_>],
+    ) -> Result<Vec<(Outcome, Taken)>, StoreError> {
+        let cmd = self.command(op, now, items);
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        decode(&reply, items)
+    }
+
+    fn command(&self, op: Op, now: Option<Micros>, items: &[Item<'_>]) -> Cmd {
+        let keys: usize = items.iter().map(|item| item.candidates().len()).sum();
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(keys);
+        for item in items {
+            for candidate in item.candidates() {
+                cmd.arg(&candidate.name);
+            }
+        }
+        cmd.arg(match op {
+            Op::Apply => "A",
+            Op::Check => "C",
+            Op::Refund => "R",
+            Op::Undo => "U",
+        });
+        match now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(if now.is_some() { TEST_GRACE_MS } else { 0 })
+            .arg(items.len());
+        for item in items {
+            let candidates = item.candidates();
+            cmd.arg(candidates.len())
+                .arg(params::mode_code(item.mode))
+                .arg(params::units_arg(item.cost))
+                .arg(item.undo.steady)
+                .arg(item.undo.at);
+            for candidate in candidates {
+                for &value in &candidate.args {
+                    cmd.arg(value);
+                }
+            }
+        }
+        cmd
+    }
+}
+
+/// Reads the script's reply: seven integers per item, then the time the script used.
+fn decode(reply: &[i64], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
+    if reply.len() != 7 * items.len() + 1 {
+        return Err(protocol(format!(
+            "the script answered {} values for {} charges",
+            reply.len(),
+            items.len()
+        )));
+    }
+    let number = |value: i64| {
+        u64::try_from(value)
+            .map_err(|_| protocol(format!("negative value in the script's reply: {reply:?}")))
+    };
+    let at = number(reply[reply.len() - 1])?;
+    items
+        .iter()
+        .zip(reply.chunks_exact(7))
+        .map(|(item, values)| {
+            let wait = duration(number(values[1])?);
+            let verdict = match values[0] {
+                0 => Verdict::Allowed,
+                1 => Verdict::Reserved { wait },
+                2 => Verdict::Denied { retry_after: wait },
+                other => return Err(protocol(format!("unknown verdict {other}"))),
+            };
+            let candidates = item.candidates();
+            let index = usize::try_from(values[5])
+                .ok()
+                .filter(|&i| i < candidates.len())
+                .ok_or_else(|| protocol(format!("unknown candidate {}", values[5])))?;
+            let mut outcome = Outcome {
+                verdict,
+                limit: number(values[2])?,
+                remaining: number(values[3])?,
+                reset: duration(number(values[4])?),
+            };
+            if let Some(sharding) = &item.record.sharding {
+                sharding.saw(candidates[index].shard, outcome.remaining);
+                outcome.limit = item.record.limit;
+            }
+            let taken = Taken {
+                chosen: item.only.unwrap_or(index),
+                steady: number(values[6])?,
+                at,
+            };
+            Ok((outcome, taken))
+        })
+        .collect()
+}
+
+fn protocol(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}

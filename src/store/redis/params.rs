@@ -1,0 +1,246 @@
+//! What the Rust side computes for the script: every parameter that does not depend on a key's
+//! state, and the bounds that keep the script's double arithmetic exact.
+//!
+//! The script counts in Lua numbers (doubles), exact for integers up to 2^53. Times are about
+//! 1.7·10^15 µs today and stay below 2^52 until the year 2112; every configured span (a bucket's
+//! refill time, a window's longest wait) is kept below 2^50 µs (35 years) and every count below
+//! 2^50, so sums of a time and two spans, and every product the script forms, stay below 2^53.
+
+use crate::algorithm::{micros, Algorithm, Micros, Mode, TokenBucket};
+use crate::error::ConfigError;
+
+/// The longest span a rule may configure, in µs (about 35.7 years).
+pub(super) const MAX_SPAN: u64 = 1 << 50;
+/// The most units a rule may hold.
+pub(super) const MAX_UNITS: u64 = 1 << 50;
+/// Integers up to here are exact in a double.
+pub(super) const EXACT: u64 = 1 << 53;
+/// The latest `now` the script accepts (the year 2112).
+pub(super) const MAX_NOW: u64 = 1 << 52;
+/// How far a reservation may reach ahead: twice [`MAX_SPAN`] (71 years).
+const MAX_AFTER: u64 = 1 << 51;
+
+const BUCKET: u64 = 1;
+const FIXED: u64 = 2;
+const SLIDING: u64 = 3;
+const LOG: u64 = 4;
+const POOL: u64 = 5;
+
+/// Rejects parameters whose intermediates could leave the exact range in the script.
+pub(super) fn validate(rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+    let fail = |field: &'static str, message: String| Err(ConfigError::new(rule, field, message));
+    let units = |field: &'static str, value: u64| {
+        if value > MAX_UNITS {
+            fail(
+                field,
+                format!("{value} is more than the Redis store counts exactly (2^50)"),
+            )
+        } else {
+            Ok(())
+        }
+    };
+    let span = |field: &'static str, what: &str, value: u128| {
+        if value > u128::from(MAX_SPAN) {
+            fail(
+                field,
+                format!(
+                    "{what} is {value} µs, more than the Redis store's bound of 2^50 µs (35 years)"
+                ),
+            )
+        } else {
+            Ok(())
+        }
+    };
+    let bucket = |prefix: &'static str, tb: &TokenBucket| {
+        let (capacity, period) = match prefix {
+            "" => ("capacity", "period"),
+            _ => ("pool.capacity", "pool.period"),
+        };
+        units(capacity, tb.capacity())?;
+        span(period, "the period", u128::from(micros(tb.period())))?;
+        span(
+            capacity,
+            "the refill time (capacity × emission interval)",
+            u128::from(tb.capacity()) * u128::from(tb.interval()),
+        )
+    };
+    match algorithm {
+        Algorithm::TokenBucket(tb) => bucket("", tb),
+        Algorithm::BurstPool(p) => {
+            bucket("", p.steady())?;
+            bucket("pool", p.pool())?;
+            units("pool.capacity", p.capacity())
+        }
+        Algorithm::FixedWindow(w) => {
+            units("capacity", w.capacity())?;
+            let period = u128::from(w.period_micros());
+            span("period", "the period", period)?;
+            let windows = u128::from(w.capacity().div_ceil(w.limit().max(1))) + 1;
+            span(
+                "capacity",
+                "the longest wait (capacity / limit + 1 windows)",
+                windows * period,
+            )
+        }
+        Algorithm::SlidingWindow(w) => {
+            units("limit", w.limit())?;
+            span("period", "the period", u128::from(w.period_micros()))?;
+            let product = (u128::from(w.limit()) + 1) * (u128::from(w.period_micros()) + 1);
+            if product > u128::from(EXACT) {
+                return fail(
+                    "limit",
+                    format!(
+                        "limit × period ({} × {} µs) must stay below 2^53 for the Redis store's \
+                         exact arithmetic; use a sliding log, a fixed window or a token bucket for \
+                         this limit",
+                        w.limit(),
+                        w.period_micros()
+                    ),
+                );
+            }
+            Ok(())
+        }
+        Algorithm::SlidingLog(w) => {
+            units("limit", w.limit())?;
+            span("period", "the period", u128::from(micros(w.period())))
+        }
+    }
+}
+
+/// The script's arguments for one candidate key: algorithm code and parameters.
+pub(super) fn push(
+    args: &mut Vec<u64>,
+    algorithm: &Algorithm,
+    rule: &str,
+    key: &[u8],
+    cost: u64,
+    mode: Mode,
+) {
+    match algorithm {
+        Algorithm::TokenBucket(tb) => {
+            args.push(BUCKET);
+            push_bucket(args, tb);
+            let span = |units: u64| u128::from(units) * u128::from(tb.interval());
+            // Beyond MAX_AFTER a reservation can never be within bounds: clamping keeps the
+            // script's sum exact without changing the answer.
+            args.push(span(cost).min(u128::from(MAX_AFTER) + 1) as u64);
+            let (max_after, max_wait) = match mode {
+                Mode::Reserve(bound) => (
+                    bound.max_units.map_or(u128::from(MAX_AFTER), |units| {
+                        span(tb.capacity().saturating_add(units)).min(u128::from(MAX_AFTER))
+                    }) as u64,
+                    bound.max_wait.map_or(EXACT, |wait| micros(wait).min(EXACT)),
+                ),
+                _ => (0, 0),
+            };
+            args.push(max_after);
+            args.push(max_wait);
+        }
+        Algorithm::FixedWindow(w) => {
+            let period = w.period_micros();
+            args.extend([
+                FIXED,
+                w.limit(),
+                period,
+                w.capacity(),
+                w.start().offset(period, rule, key),
+            ]);
+        }
+        Algorithm::SlidingWindow(w) => {
+            let period = w.period_micros();
+            args.extend([
+                SLIDING,
+                w.limit(),
+                period,
+                w.start().offset(period, rule, key),
+            ]);
+        }
+        Algorithm::SlidingLog(w) => args.extend([LOG, w.limit(), micros(w.period())]),
+        Algorithm::BurstPool(p) => {
+            args.push(POOL);
+            push_bucket(args, p.steady());
+            push_bucket(args, p.pool());
+        }
+    }
+}
+
+fn push_bucket(args: &mut Vec<u64>, tb: &TokenBucket) {
+    // Validated rules keep this below 2^50; saturating keeps an unvalidated one from panicking.
+    let initial_debt =
+        (tb.capacity() - tb.initial().min(tb.capacity())).saturating_mul(tb.interval());
+    args.extend([tb.interval(), tb.capacity(), initial_debt]);
+}
+
+/// The mode's code in the script.
+pub(super) fn mode_code(mode: Mode) -> u64 {
+    match mode {
+        Mode::Charge => 0,
+        Mode::Check => 1,
+        Mode::Reserve(_) => 2,
+    }
+}
+
+/// A cost or refund as the script reads it: anything above 2^53 acts the same as 2^53 there.
+pub(super) fn units_arg(units: u64) -> u64 {
+    units.min(EXACT)
+}
+
+/// Checks an injected time against the script's range.
+pub(super) fn check_now(now: Micros) -> Result<Micros, String> {
+    if now < MAX_NOW {
+        Ok(now)
+    } else {
+        Err(format!(
+            "time {now} µs is past the Redis store's range (2^52 µs)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algorithm::{FixedWindow, SlidingLog, SlidingWindow};
+
+    fn error(algorithm: Algorithm) -> String {
+        validate("r", &algorithm).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn usual_limits_pass() {
+        let day = Duration::from_secs(86_400);
+        for algorithm in [
+            Algorithm::TokenBucket(TokenBucket::new(1_000_000, day)),
+            Algorithm::FixedWindow(FixedWindow::new(10_000_000, day)),
+            Algorithm::SlidingWindow(SlidingWindow::new(100_000, day)),
+            Algorithm::SlidingLog(SlidingLog::new(1_000, day)),
+        ] {
+            assert!(validate("r", &algorithm).is_ok(), "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn inexact_parameters_are_rejected_naming_the_field() {
+        let day = Duration::from_secs(86_400);
+        let message = error(Algorithm::SlidingWindow(SlidingWindow::new(1_000_000, day)));
+        assert!(
+            message.starts_with("rule \"r\": limit: limit × period"),
+            "{message}"
+        );
+        let years = Duration::from_secs(40 * 365 * 86_400);
+        let message = error(Algorithm::TokenBucket(TokenBucket::new(1, years)));
+        assert!(message.starts_with("rule \"r\": period:"), "{message}");
+        let message = error(Algorithm::TokenBucket(
+            TokenBucket::new(1, Duration::from_secs(3600)).with_capacity(400_000),
+        ));
+        assert!(
+            message.starts_with("rule \"r\": capacity: the refill time"),
+            "{message}"
+        );
+        let message = error(Algorithm::FixedWindow(
+            FixedWindow::new(1, Duration::from_secs(1)).with_capacity(1 << 51),
+        ));
+        assert!(message.starts_with("rule \"r\": capacity:"), "{message}");
+    }
+}

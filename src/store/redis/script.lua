@@ -1,0 +1,746 @@
+-- tollgate: one atomic step of the Redis store (src/store/redis/mod.rs).
+--
+-- The same math as src/algorithm/*.rs, kept equal by the differential tests in tests/redis.rs.
+-- Lua numbers are doubles: every integer below 2^53 is exact, and so is every sum, difference and
+-- product whose result stays below 2^53 (IEEE arithmetic is correctly rounded). The Rust side
+-- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions
+-- go through `div`, which corrects the float quotient to the exact floor.
+--
+-- ARGV[1]  op: "A" applies the batch (all or nothing); "C" checks it (no change; admitted records
+--          report what they have left, uncharged); "R" refunds each record; "U" undoes each
+--          record's earlier charge exactly (a cross-slot batch that was denied in another slot)
+-- ARGV[2]  now in microseconds since the Unix epoch, or "" to read the server's TIME
+-- ARGV[3]  milliseconds added to every expiry (0 unless a test clock injects the time)
+-- ARGV[4]  number of records, then for each record:
+--            n (1, or 2 for a sharded rule's two candidate shards), mode (0 charge, 1 check,
+--            2 reserve), cost, aux (undo: the units a burst pool took from its steady bucket),
+--            at (undo: the time of the charge), then n times: algorithm code and parameters
+--            (see `read`).
+-- KEYS     one per candidate, in order.
+-- Reply    seven integers per record: verdict (0 allowed, 1 reserved, 2 denied), wait or
+--          retry-after (µs), limit, remaining, reset (µs), chosen candidate (0 or 1), aux (the
+--          units a burst pool charge took from its steady bucket); then the time used.
+
+local floor = math.floor
+
+-- floor(a / b) for integers a >= 0, b > 0 with a + b <= 2^53.
+local function div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function cdiv(a, b)
+  return div(a + b - 1, b)
+end
+
+local function pos(x)
+  if x < 0 then return 0 end
+  return x
+end
+
+local function min(a, b)
+  if a < b then return a end
+  return b
+end
+
+local function max(a, b)
+  if a > b then return a end
+  return b
+end
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- Encoding: a tag letter, then decimal integers separated by commas.
+
+local function numbers(raw)
+  local out = {}
+  for digits in string.gmatch(raw, '%d+') do out[#out + 1] = tonumber(digits) end
+  return out
+end
+
+-- The start of the window containing `now`, for windows at offset + k * period.
+local function window_containing(now, offset, period)
+  local into = now + period - offset
+  into = into - div(into, period) * period
+  return pos(now - into)
+end
+
+------------------------------------------------------------------------------------------------
+-- Token bucket (GCRA): the state is `tat`. `b` holds T (emission interval), cap, span = cap * T.
+
+local function tb_available(b, debt)
+  if debt >= b.span then return 0 end
+  return div(b.span - debt, b.T)
+end
+
+local function tb_wait_for(b, debt, units)
+  local slack = 0
+  if units < b.cap then slack = (b.cap - units) * b.T end
+  return pos(debt - slack)
+end
+
+local function tb_reset(b, debt)
+  local a = tb_available(b, debt)
+  if a >= b.cap then return 0 end
+  return tb_wait_for(b, debt, a + 1)
+end
+
+local function tb_refund(b, tat, now, units)
+  -- units * T is exact below 2^53 and at least 2^53 otherwise: either way the max is right.
+  return max(tat - units * b.T, now)
+end
+
+local function make_bucket()
+  local bucket = {}
+
+  function bucket.fresh(p, now)
+    return now + p.init
+  end
+
+  function bucket.eval(p, tat, now, cost, mode)
+    local debt = pos(tat - now)
+    local cost_span = 0
+    if cost > 0 then cost_span = p.cost_span end
+    local after = debt + cost_span
+    local kind, wait
+    if after <= p.span then
+      kind, wait = 0, 0
+    elseif mode == 2 and after <= p.max_after and pos(after - p.span) <= p.max_wait then
+      kind, wait = 1, pos(after - p.span)
+    elseif mode == 2 then
+      -- Past the queue's bound: when it could queue, never later than when it fits outright.
+      local could_queue = max(pos(after - p.max_after), pos(after - p.span - p.max_wait))
+      kind, wait = 2, min(could_queue, tb_wait_for(p, debt, cost))
+    else
+      kind, wait = 2, tb_wait_for(p, debt, cost)
+    end
+    local left = debt
+    if kind ~= 2 then left = after end
+    return kind, wait, p.cap, tb_available(p, left), tb_reset(p, left)
+  end
+
+  function bucket.commit(p, tat, now, cost)
+    if cost == 0 then return max(tat, now) end
+    return max(tat, now) + p.cost_span
+  end
+
+  function bucket.refund(p, tat, now, units)
+    return tb_refund(p, tat, now, units)
+  end
+
+  function bucket.expires(p, tat)
+    return tat
+  end
+
+  function bucket.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'b' then return nil end
+    return tonumber(string.sub(raw, 2))
+  end
+
+  function bucket.encode(tat)
+    return 'b' .. int(tat)
+  end
+
+  bucket.undo = bucket.refund
+
+  return bucket
+end
+
+------------------------------------------------------------------------------------------------
+-- Fixed window: { ws = window start, rem = units left }.
+
+local function make_fixed()
+  local fixed = {}
+
+  function fixed.fresh(p, now)
+    return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
+  end
+
+  local function fw_roll(p, s, now)
+    local windows = div(pos(now - s.ws), p.period)
+    local rem
+    if s.rem >= p.cap then
+      rem = p.cap
+    elseif windows >= cdiv(p.cap - s.rem, p.limit) then
+      rem = p.cap
+    else
+      rem = s.rem + windows * p.limit
+    end
+    return { ws = s.ws + windows * p.period, rem = rem }
+  end
+
+  local function fw_wait_for(p, s, now, units)
+    if s.rem >= units then return 0 end
+    local windows = cdiv(units - s.rem, p.limit)
+    return pos(s.ws + windows * p.period - now)
+  end
+
+  function fixed.eval(p, s, now, cost, mode)
+    local r = fw_roll(p, s, now)
+    local kind, wait, left = 0, 0, r
+    if r.rem >= cost then
+      left = { ws = r.ws, rem = r.rem - cost }
+    else
+      kind, wait = 2, fw_wait_for(p, r, now, cost)
+    end
+    local reset = 0
+    if left.rem < p.cap then reset = fw_wait_for(p, left, now, left.rem + 1) end
+    return kind, wait, p.cap, left.rem, reset
+  end
+
+  function fixed.commit(p, s, now, cost)
+    local r = fw_roll(p, s, now)
+    return { ws = r.ws, rem = pos(r.rem - cost) }
+  end
+
+  function fixed.refund(p, s, now, units)
+    local r = fw_roll(p, s, now)
+    return { ws = r.ws, rem = min(r.rem + units, p.cap) }
+  end
+
+  function fixed.expires(p, s)
+    return s.ws + cdiv(pos(p.cap - s.rem), p.limit) * p.period
+  end
+
+  function fixed.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'w' then return nil end
+    local n = numbers(raw)
+    return { ws = n[1], rem = n[2] }
+  end
+
+  function fixed.encode(s)
+    return 'w' .. int(s.ws) .. ',' .. int(s.rem)
+  end
+
+  fixed.undo = fixed.refund
+
+  return fixed
+end
+
+------------------------------------------------------------------------------------------------
+-- Sliding window counter: { ws = window start, cur = current count, prev = previous count }.
+
+local function make_sliding()
+  local sliding = {}
+
+  function sliding.fresh(p, now)
+    return { ws = window_containing(now, p.offset, p.period), cur = 0, prev = 0 }
+  end
+
+  local function sw_roll(p, s, now)
+    local windows = div(pos(now - s.ws), p.period)
+    local ws = s.ws + windows * p.period
+    if windows == 0 then return s end
+    if windows == 1 then return { ws = ws, cur = 0, prev = s.cur } end
+    return { ws = ws, cur = 0, prev = 0 }
+  end
+
+  -- The part of the previous window still inside the sliding period, in µs.
+  local function sw_left(p, s, now)
+    return p.period - pos(now - s.ws)
+  end
+
+  -- prev·left + (cur + units)·period <= limit·period, without forming the sums.
+  local function sw_fits(p, s, now, units)
+    local room = p.limit - s.cur - units
+    if room < 0 then return false end
+    return s.prev * sw_left(p, s, now) <= room * p.period
+  end
+
+  local function sw_wait_for(p, s, now, units)
+    if sw_fits(p, s, now, units) then return 0 end
+    local P = p.period
+    if s.prev > 0 then
+      local room = p.limit - (s.cur + units)
+      if room >= 0 then
+        local keep = min(div(room * P, s.prev), P)
+        local at = s.ws + (P - keep)
+        if at < s.ws + P then return at - now end
+      end
+    end
+    local into = 0
+    if s.cur > 0 then into = P - min(div((p.limit - units) * P, s.cur), P) end
+    return s.ws + P + into - now
+  end
+
+  -- floor((limit·P − prev·left − cur·P) / P), or 0.
+  local function sw_remaining(p, s, now)
+    return pos(p.limit - s.cur - cdiv(s.prev * sw_left(p, s, now), p.period))
+  end
+
+  function sliding.eval(p, s, now, cost, mode)
+    local r = sw_roll(p, s, now)
+    local kind, wait, left = 0, 0, r
+    if sw_fits(p, r, now, cost) then
+      left = { ws = r.ws, cur = r.cur + cost, prev = r.prev }
+    else
+      kind, wait = 2, sw_wait_for(p, r, now, cost)
+    end
+    local remaining = sw_remaining(p, left, now)
+    local reset = 0
+    if remaining < p.limit then reset = sw_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, p.limit, remaining, reset
+  end
+
+  function sliding.commit(p, s, now, cost)
+    local r = sw_roll(p, s, now)
+    return { ws = r.ws, cur = r.cur + cost, prev = r.prev }
+  end
+
+  function sliding.refund(p, s, now, units)
+    local r = sw_roll(p, s, now)
+    local from_current = min(units, r.cur)
+    return { ws = r.ws, cur = r.cur - from_current, prev = pos(r.prev - (units - from_current)) }
+  end
+
+  function sliding.expires(p, s)
+    local windows = 0
+    if s.cur > 0 then windows = 2 elseif s.prev > 0 then windows = 1 end
+    return s.ws + windows * p.period
+  end
+
+  function sliding.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 's' then return nil end
+    local n = numbers(raw)
+    -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
+    -- within their bound then too.
+    return { ws = n[1], cur = min(n[2], p.limit), prev = min(n[3], p.limit) }
+  end
+
+  function sliding.encode(s)
+    return 's' .. int(s.ws) .. ',' .. int(s.cur) .. ',' .. int(s.prev)
+  end
+
+  sliding.undo = sliding.refund
+
+  return sliding
+end
+
+------------------------------------------------------------------------------------------------
+-- Sliding log: a flat list { at1, n1, at2, n2, ... }, oldest first.
+
+local function make_log()
+  local log = {}
+
+  function log.fresh(p, now)
+    return {}
+  end
+
+  local function sl_used(p, e, now)
+    local used = 0
+    for i = 1, #e, 2 do
+      if e[i] + p.period > now then used = used + e[i + 1] end
+    end
+    return used
+  end
+
+  -- Smallest wait until `units` fit, with `extra` (a charge admitted now) counted after the log.
+  local function sl_wait_for(p, e, now, extra, units)
+    local allowed = p.limit - units
+    local still = sl_used(p, e, now) + extra
+    for i = 1, #e, 2 do
+      if e[i] + p.period > now then
+        if still <= allowed then return 0 end
+        still = still - e[i + 1]
+        if still <= allowed then return e[i] + p.period - now end
+      end
+    end
+    if extra > 0 then
+      if still <= allowed then return 0 end
+      still = still - extra
+      if still <= allowed then return p.period end
+    end
+    return 0
+  end
+
+  function log.eval(p, e, now, cost, mode)
+    local used = sl_used(p, e, now)
+    local kind, wait, charged = 0, 0, cost
+    if used + cost > p.limit then
+      kind, wait, charged = 2, sl_wait_for(p, e, now, 0, cost), 0
+    end
+    local remaining = pos(p.limit - (used + charged))
+    local reset = 0
+    if remaining < p.limit then reset = sl_wait_for(p, e, now, charged, remaining + 1) end
+    return kind, wait, p.limit, remaining, reset
+  end
+
+  local function sl_prune(p, e, now)
+    local first = 1
+    while first < #e and e[first] + p.period <= now do first = first + 2 end
+    if first == 1 then return e end
+    local kept = {}
+    for i = first, #e do kept[#kept + 1] = e[i] end
+    return kept
+  end
+
+  function log.commit(p, e, now, cost)
+    e = sl_prune(p, e, now)
+    if cost == 0 then return e end
+    local n = #e
+    if n > 0 and e[n - 1] == now then
+      e[n] = e[n] + cost
+    else
+      e[n + 1] = now
+      e[n + 2] = cost
+    end
+    return e
+  end
+
+  function log.refund(p, e, now, units)
+    e = sl_prune(p, e, now)
+    while units > 0 and #e > 0 do
+      local n = #e
+      local take = min(units, e[n])
+      e[n] = e[n] - take
+      units = units - take
+      if e[n] == 0 then
+        e[n] = nil
+        e[n - 1] = nil
+      end
+    end
+    return e
+  end
+
+  -- Takes back `units` charged at `at`: from that instant's entry (units of one instant are
+  -- interchangeable), so later entries keep their times.
+  function log.undo(p, e, now, units, aux, at)
+    e = sl_prune(p, e, now)
+    for i = 1, #e, 2 do
+      if e[i] == at then
+        local take = min(units, e[i + 1])
+        e[i + 1] = e[i + 1] - take
+        if e[i + 1] == 0 then
+          table.remove(e, i + 1)
+          table.remove(e, i)
+        end
+        break
+      end
+    end
+    return e
+  end
+
+  function log.expires(p, e)
+    local n = #e
+    if n == 0 then return 0 end
+    return e[n - 1] + p.period
+  end
+
+  function log.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'l' then return nil end
+    return numbers(raw)
+  end
+
+  function log.encode(e)
+    local parts = {}
+    for i = 1, #e do parts[i] = int(e[i]) end
+    return 'l' .. table.concat(parts, ',')
+  end
+
+  return log
+end
+
+------------------------------------------------------------------------------------------------
+-- Burst pool: { s = steady tat, p = pool tat }; p.steady and p.pool are token buckets.
+
+local function make_pool()
+  local pool = {}
+
+  function pool.fresh(p, now)
+    return { s = now + p.steady.init, p = now + p.pool.init }
+  end
+
+  local function bp_available(p, st, now)
+    return tb_available(p.steady, pos(st.s - now)), tb_available(p.pool, pos(st.p - now))
+  end
+
+  local function bp_split(p, st, now, cost)
+    local steady, spare = bp_available(p, st, now)
+    local from_steady = min(cost, steady)
+    local from_pool = cost - from_steady
+    if from_pool <= spare then return from_steady, from_pool end
+    return nil
+  end
+
+  local function bp_wait_in(b, tat, now, units)
+    if units > b.cap then return math.huge end
+    return tb_wait_for(b, pos(tat - now), units)
+  end
+
+  local function bp_wait_for(p, st, now, units)
+    local function steady_wait(k) return bp_wait_in(p.steady, st.s, now, k) end
+    local function pool_wait(k) return bp_wait_in(p.pool, st.p, now, units - k) end
+    local lo, hi = 0, min(units, p.steady.cap)
+    while lo < hi do
+      local mid = lo + div(hi - lo, 2)
+      if steady_wait(mid) >= pool_wait(mid) then hi = mid else lo = mid + 1 end
+    end
+    local function at(k) return max(steady_wait(k), pool_wait(k)) end
+    local best = at(lo)
+    if lo > 0 then best = min(best, at(lo - 1)) end
+    return best
+  end
+
+  function pool.commit(p, st, now, cost)
+    local from_steady, from_pool = bp_split(p, st, now, cost)
+    if from_steady == nil then from_steady, from_pool = cost, 0 end
+    return {
+      s = max(st.s, now) + from_steady * p.steady.T,
+      p = max(st.p, now) + from_pool * p.pool.T,
+    }, from_steady
+  end
+
+  function pool.eval(p, st, now, cost, mode)
+    local kind, wait, left = 0, 0, st
+    if bp_split(p, st, now, cost) ~= nil then
+      left = pool.commit(p, st, now, cost)
+    else
+      kind, wait = 2, bp_wait_for(p, st, now, cost)
+    end
+    local steady, spare = bp_available(p, left, now)
+    local remaining = steady + spare
+    local capacity = p.steady.cap + p.pool.cap
+    local reset = 0
+    if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, capacity, remaining, reset
+  end
+
+  function pool.refund(p, st, now, units)
+    local _, spare = bp_available(p, st, now)
+    local to_pool = min(units, p.pool.cap - min(spare, p.pool.cap))
+    return {
+      s = tb_refund(p.steady, st.s, now, units - to_pool),
+      p = tb_refund(p.pool, st.p, now, to_pool),
+    }
+  end
+
+  -- Takes back a charge exactly: `aux` units to the steady bucket, the rest to the pool.
+  function pool.undo(p, st, now, units, aux, at)
+    return {
+      s = tb_refund(p.steady, st.s, now, aux),
+      p = tb_refund(p.pool, st.p, now, units - aux),
+    }
+  end
+
+  function pool.expires(p, st)
+    return max(st.s, st.p)
+  end
+
+  function pool.decode(p, raw)
+    if string.sub(raw, 1, 1) ~= 'p' then return nil end
+    local n = numbers(raw)
+    return { s = n[1], p = n[2] }
+  end
+
+  function pool.encode(st)
+    return 'p' .. int(st.s) .. ',' .. int(st.p)
+  end
+
+  return pool
+end
+
+------------------------------------------------------------------------------------------------
+-- Each call defines only the algorithms its records use (a script runs from the top every time).
+local MAKERS = { make_bucket, make_fixed, make_sliding, make_log, make_pool }
+local made = {}
+local function algorithm(code)
+  local alg = made[code]
+  if alg == nil then
+    alg = MAKERS[code]()
+    made[code] = alg
+  end
+  return alg
+end
+
+
+------------------------------------------------------------------------------------------------
+-- Driver.
+
+local op = ARGV[1]
+local now
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[2])
+end
+local grace = tonumber(ARGV[3])
+local count = tonumber(ARGV[4])
+
+-- Tables are built whole by constructors (growing them field by field rehashes them).
+local argv, keys = ARGV, KEYS
+local a, k = 5, 1
+
+local function bucket_params(at)
+  local T, cap = tonumber(argv[at]), tonumber(argv[at + 1])
+  return { T = T, cap = cap, init = tonumber(argv[at + 2]), span = cap * T }
+end
+
+-- The parameters of one candidate, from argv[a] on.
+local function read()
+  local code = tonumber(argv[a])
+  local alg, key = algorithm(code), keys[k]
+  k = k + 1
+  local p
+  if code == 1 then
+    local T, cap = tonumber(argv[a + 1]), tonumber(argv[a + 2])
+    p = {
+      alg = alg, code = 1, key = key, T = T, cap = cap, init = tonumber(argv[a + 3]),
+      span = cap * T, cost_span = tonumber(argv[a + 4]), max_after = tonumber(argv[a + 5]),
+      max_wait = tonumber(argv[a + 6]), state = false,
+    }
+    a = a + 7
+  elseif code == 2 then
+    p = {
+      alg = alg, code = 2, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), cap = tonumber(argv[a + 3]),
+      offset = tonumber(argv[a + 4]), state = false,
+    }
+    a = a + 5
+  elseif code == 3 then
+    p = {
+      alg = alg, code = 3, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), offset = tonumber(argv[a + 3]), state = false,
+    }
+    a = a + 4
+  elseif code == 4 then
+    p = {
+      alg = alg, code = 4, key = key, limit = tonumber(argv[a + 1]),
+      period = tonumber(argv[a + 2]), state = false,
+    }
+    a = a + 3
+  else
+    p = {
+      alg = alg, code = 5, key = key, steady = bucket_params(a + 1),
+      pool = bucket_params(a + 4), state = false,
+    }
+    a = a + 7
+  end
+  return p
+end
+
+local records = {}
+for r = 1, count do
+  local n = tonumber(argv[a])
+  local rec = {
+    n = n, mode = tonumber(argv[a + 1]), cost = tonumber(argv[a + 2]),
+    aux = tonumber(argv[a + 3]), at = tonumber(argv[a + 4]), c = {}, res = false, chosen = 1,
+    aux_out = 0,
+  }
+  a = a + 5
+  for j = 1, n do rec.c[j] = read() end
+  records[r] = rec
+end
+
+-- The candidate's state, or nil when the key is missing or holds another algorithm's state.
+local function load(p)
+  local raw = redis.call('GET', p.key)
+  if raw then return p.alg.decode(p, raw) end
+  return nil
+end
+
+local function state_of(p)
+  local s = load(p)
+  if s == nil then s = p.alg.fresh(p, now) end
+  return s
+end
+
+-- The key expires when its state equals a fresh key's (never sooner than 1 ms).
+local function save(p, s)
+  local ttl = p.alg.expires(p, s) - now
+  local px = 1
+  if ttl > 0 then px = cdiv(ttl, 1000) end
+  redis.call('SET', p.key, p.alg.encode(s), 'PX', int(px + grace))
+end
+
+local reply = {}
+local function answer(rec, res)
+  for i = 1, 5 do reply[#reply + 1] = res[i] end
+  reply[#reply + 1] = rec.chosen - 1
+  reply[#reply + 1] = rec.aux_out or 0
+end
+
+if op == 'A' or op == 'C' then
+  local all = true
+  for _, rec in ipairs(records) do
+    for j, p in ipairs(rec.c) do
+      p.state = state_of(p)
+      local res = { p.alg.eval(p, p.state, now, rec.cost, rec.mode) }
+      local best = rec.res
+      local better
+      if not best then
+        better = true
+      elseif (res[1] ~= 2) ~= (best[1] ~= 2) then
+        better = res[1] ~= 2
+      elseif res[1] ~= 2 then
+        better = res[4] > best[4]
+      else
+        better = res[2] < best[2]
+      end
+      if better then
+        rec.res = res
+        rec.chosen = j
+      end
+    end
+    if rec.res[1] == 2 then all = false end
+  end
+  for _, rec in ipairs(records) do
+    local p = rec.c[rec.chosen]
+    if all and op == 'A' then
+      if rec.mode ~= 1 then
+        local s, aux = p.alg.commit(p, p.state, now, rec.cost)
+        rec.aux_out = aux
+        save(p, s)
+      end
+    elseif rec.res[1] ~= 2 then
+      -- All or nothing: report what the admitted charge leaves, uncharged.
+      local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
+      rec.res = { 0, 0, limit, remaining, reset }
+    end
+    answer(rec, rec.res)
+  end
+elseif op == 'R' or op == 'U' then
+  for _, rec in ipairs(records) do
+    -- A sharded refund goes to the candidate with fewer units left.
+    rec.chosen = 1
+    for j, p in ipairs(rec.c) do
+      p.stored = load(p)
+      p.state = p.stored or p.alg.fresh(p, now)
+      local _, _, _, remaining = p.alg.eval(p, p.state, now, 0, 1)
+      p.remaining = remaining
+      if remaining < rec.c[rec.chosen].remaining then rec.chosen = j end
+    end
+    local p = rec.c[rec.chosen]
+    if op == 'R' then
+      -- A token bucket that is not stored is full: nothing to give back.
+      if p.stored ~= nil or p.code ~= 1 then
+        p.state = p.alg.refund(p, p.state, now, rec.cost)
+        save(p, p.state)
+      end
+    elseif rec.mode ~= 1 and p.stored ~= nil then
+      -- A check wrote nothing; anything else is taken back. A key the charge created, and that
+      -- nothing else touched since, is removed again: a new key's state can depend on when it
+      -- is first seen (an initial balance below the capacity).
+      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
+      local encoded = p.alg.encode(p.state)
+      if encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
+        redis.call('DEL', p.key)
+      else
+        save(p, p.state)
+      end
+    end
+    local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
+    answer(rec, { 0, 0, limit, remaining, reset })
+  end
+else
+  return redis.error_reply('tollgate: unknown op')
+end
+reply[#reply + 1] = now
+return reply

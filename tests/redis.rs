@@ -1,0 +1,694 @@
+//! The Redis store against real `redis-server` processes on loopback ports: the same answers as
+//! the memory store, exact limits under concurrency from two app instances, and the failure
+//! paths (killed, restarted, paused server).
+
+#![cfg(feature = "redis")]
+
+#[path = "support/differential.rs"]
+mod differential;
+#[allow(dead_code)]
+#[path = "../examples/redis.rs"]
+mod redis_example;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use proptest::prelude::*;
+use tollgate::algorithm::{Mode, Verdict};
+use tollgate::store::{Charge, Store, StoreErrorKind};
+use tollgate::{
+    FailurePolicy, Key, Limit, LimitError, Limiter, ManualClock, MemoryStore, RateLimitLayer,
+    RedisStore, Rule,
+};
+use tower::{service_fn, Layer, ServiceExt};
+
+use redis_server::RedisServer;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder()
+        .url(server.url())
+        .build()
+        .await
+        .expect("connect")
+}
+
+#[test]
+fn same_answers_as_the_memory_store() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(scenario in differential::scenario())| {
+        rt.block_on(async {
+            let clock = ManualClock::new(Duration::ZERO);
+            let redis = RedisStore::builder()
+                .url(server.url())
+                .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)))
+                .clock(clock.clone())
+                .deny_cache(false)
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap();
+            let memory = MemoryStore::builder().clock(clock.clone()).build();
+            differential::run(&redis, &memory, &clock, &scenario).await;
+        });
+    });
+}
+
+/// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
+/// test might take long to find (a sliding log at the edge of its window, a burst pool split).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_picked_edges_match() {
+    use tollgate::algorithm::{Algorithm, BurstPool, SlidingLog, TokenBucket};
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .deny_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let log = Algorithm::SlidingLog(SlidingLog::new(3, Duration::from_secs(1)));
+    let pool = Algorithm::BurstPool(BurstPool::new(
+        TokenBucket::new(2, Duration::from_secs(1)),
+        TokenBucket::new(1, Duration::from_secs(3)).with_capacity(3),
+    ));
+    for step in 0..40 {
+        for (rule, algorithm, cost) in [("log", &log, 1), ("pool", &pool, 2)] {
+            let batch = [Charge {
+                rule,
+                algorithm,
+                key: b"k",
+                cost,
+                mode: Mode::Charge,
+            }];
+            let expected = memory.apply(&batch).await.unwrap();
+            let got = redis.apply(&batch).await.unwrap();
+            assert_eq!(got, expected, "step {step}, rule {rule}");
+        }
+        clock.advance(Duration::from_micros(if step % 3 == 0 {
+            1_000_000
+        } else {
+            333_333
+        }));
+    }
+}
+
+/// Two app instances (two stores, two connections) hammering one key concurrently: exactly the
+/// limit passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_hammering_one_key_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let limiters: Vec<Limiter> = futures::future::join_all((0..2).map(|_| async {
+        Limiter::builder()
+            .rule(Rule::new("api", Limit::per_day(100)))
+            .store(store(&server).await)
+            .build()
+            .unwrap()
+    }))
+    .await;
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for limiter in &limiters {
+        for _ in 0..8 {
+            let (limiter, admitted) = (limiter.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..40 {
+                    let outcome = limiter.charge("api", "", 1).await.unwrap();
+                    if outcome.verdict.is_admitted() {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::SeqCst), 100);
+}
+
+type Body = Full<Bytes>;
+
+fn ok_service(
+) -> impl tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
+       + Clone {
+    service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    })
+}
+
+fn request(ip: &str) -> Request<Body> {
+    let mut req = Request::get("/").body(Body::default()).unwrap();
+    req.extensions_mut()
+        .insert(SocketAddr::new(ip.parse().unwrap(), 40_000));
+    req
+}
+
+/// The layer as users meet it, on two instances sharing one Redis: two rules (per IP and
+/// global) are one script call per request, and the headers carry Redis's numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
+    let server = RedisServer::start();
+    let mut services = Vec::new();
+    for _ in 0..2 {
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("per-ip", Limit::per_day(3)).key(Key::peer_ip()))
+            .rule(Rule::new("global", Limit::per_day(5)))
+            .store(
+                RedisStore::builder()
+                    .url(server.url())
+                    .deny_cache(false)
+                    .build()
+                    .await
+                    .unwrap(),
+            )
+            .build()
+            .unwrap();
+        services.push(layer.layer(ok_service()));
+    }
+    let calls_before = server.command_calls("evalsha");
+    let mut statuses = Vec::new();
+    for (i, ip) in [
+        "10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.3",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let response = services[i % 2].clone().oneshot(request(ip)).await.unwrap();
+        statuses.push(response.status().as_u16());
+        if i == 0 {
+            assert_eq!(
+                response.headers()["ratelimit"],
+                "\"per-ip\";r=2;t=28800, \"global\";r=4;t=17280"
+            );
+        }
+    }
+    // 10.0.0.1 gets three, 10.0.0.2 two; the global five are then gone.
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(server.command_calls("evalsha") - calls_before, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_when_their_state_equals_a_new_keys() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limiter = Limiter::builder()
+        .rule(Rule::new("bucket", Limit::per_second(10)))
+        .rule(Rule::new(
+            "window",
+            Limit::fixed_window(5, Duration::from_secs(60)).aligned(),
+        ))
+        .rule(Rule::new(
+            "sliding",
+            Limit::sliding_window(5, Duration::from_secs(10)),
+        ))
+        .rule(Rule::new(
+            "log",
+            Limit::sliding_log(5, Duration::from_secs(20)),
+        ))
+        .store(redis.clone())
+        .build()
+        .unwrap();
+    let pttl = |rule: &str| -> i64 {
+        let name = redis.key_names(rule, b"k").remove(0);
+        let name = String::from_utf8(name).unwrap();
+        server.run(&format!("PTTL {name}"))[1..]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    limiter.charge("bucket", "k", 3).await.unwrap();
+    let ttl = pttl("bucket");
+    assert!(
+        (250..=300).contains(&ttl),
+        "3 of 10/s refill in 300 ms: {ttl}"
+    );
+    limiter.charge("window", "k", 1).await.unwrap();
+    let ttl = pttl("window");
+    assert!((0..=60_000).contains(&ttl), "until the minute ends: {ttl}");
+    limiter.charge("sliding", "k", 1).await.unwrap();
+    let ttl = pttl("sliding");
+    assert!(
+        (10_000..=20_000).contains(&ttl),
+        "two windows from this one's start: {ttl}"
+    );
+    limiter.charge("log", "k", 1).await.unwrap();
+    let ttl = pttl("log");
+    assert!(
+        (19_000..=20_000).contains(&ttl),
+        "one period after the entry: {ttl}"
+    );
+    // A check writes nothing.
+    limiter.check("bucket", "other", 1).await.unwrap();
+    let name = String::from_utf8(redis.key_names("bucket", b"other").remove(0)).unwrap();
+    assert_eq!(server.run(&format!("EXISTS {name}")).trim(), ":0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let cached = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder()
+        .rule(Rule::new("hourly", Limit::per_hour(2)))
+        .store(cached)
+        .build()
+        .unwrap();
+    let before = server.command_calls("evalsha");
+    for _ in 0..2 {
+        assert!(limiter
+            .charge("hourly", "k", 1)
+            .await
+            .unwrap()
+            .verdict
+            .is_admitted());
+    }
+    let denied = limiter.charge("hourly", "k", 1).await.unwrap();
+    assert_eq!(
+        denied.verdict,
+        Verdict::Denied {
+            retry_after: Duration::from_secs(1800)
+        }
+    );
+    assert_eq!(server.command_calls("evalsha") - before, 3);
+    clock.advance(Duration::from_secs(600));
+    for _ in 0..20 {
+        let local = limiter.charge("hourly", "k", 1).await.unwrap();
+        assert_eq!(
+            local,
+            tollgate::Outcome {
+                verdict: Verdict::Denied {
+                    retry_after: Duration::from_secs(1200)
+                },
+                limit: 2,
+                remaining: 0,
+                reset: Duration::from_secs(1200),
+            }
+        );
+    }
+    assert_eq!(
+        server.command_calls("evalsha") - before,
+        3,
+        "zero calls for cached denials"
+    );
+    // A peek still asks Redis; so does the key once it has refilled.
+    assert_eq!(limiter.check("hourly", "k", 0).await.unwrap().remaining, 0);
+    clock.advance(Duration::from_secs(1200));
+    assert!(limiter
+        .charge("hourly", "k", 1)
+        .await
+        .unwrap()
+        .verdict
+        .is_admitted());
+    assert_eq!(server.command_calls("evalsha") - before, 5);
+    // A reset through this store forgets the cached denial at once.
+    assert!(!limiter
+        .charge("hourly", "k", 1)
+        .await
+        .unwrap()
+        .verdict
+        .is_admitted());
+    limiter.reset("hourly", "k").await.unwrap();
+    assert!(limiter
+        .charge("hourly", "k", 1)
+        .await
+        .unwrap()
+        .verdict
+        .is_admitted());
+
+    // Without the cache, every request is a call.
+    let uncached = Limiter::builder()
+        .rule(Rule::new("hourly", Limit::per_hour(2)))
+        .store(
+            RedisStore::builder()
+                .url(server.url())
+                .prefix("nocache")
+                .clock(clock.clone())
+                .deny_cache(false)
+                .build()
+                .await
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let before = server.command_calls("evalsha");
+    for _ in 0..10 {
+        uncached.charge("hourly", "k", 1).await.unwrap();
+    }
+    assert_eq!(server.command_calls("evalsha") - before, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
+    let server = RedisServer::start();
+    let mut limiters = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::builder()
+            .url(server.url())
+            .shard_rule("global", 4)
+            .build()
+            .await
+            .unwrap();
+        limiters.push(
+            Limiter::builder()
+                .rule(Rule::new("global", Limit::per_day(100)))
+                .store(store.clone())
+                .build()
+                .unwrap(),
+        );
+        assert_eq!(store.key_names("global", b"").len(), 4);
+    }
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for limiter in &limiters {
+        for _ in 0..4 {
+            let (limiter, admitted) = (limiter.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..60 {
+                    if limiter
+                        .charge("global", "", 1)
+                        .await
+                        .unwrap()
+                        .verdict
+                        .is_admitted()
+                    {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // 480 attempts on 4 shards of 25: every shard is drained, none over.
+    assert_eq!(admitted.load(Ordering::SeqCst), 100);
+    // A rule that cannot be split that many ways is refused when the limiter is built.
+    let error = Limiter::builder()
+        .rule(Rule::new("global", Limit::per_second(3)))
+        .store(
+            RedisStore::builder()
+                .url(server.url())
+                .shard_rule("global", 4)
+                .build()
+                .await
+                .unwrap(),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!((error.rule(), error.field()), ("global", "rate"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_the_script_cannot_count_exactly_are_refused_at_build_time() {
+    let server = RedisServer::start();
+    let error = Limiter::builder()
+        .rule(Rule::new("daily", Limit::sliding_window(1_000_000, DAY)))
+        .store(store(&server).await)
+        .build()
+        .unwrap_err();
+    assert_eq!((error.rule(), error.field()), ("daily", "limit"));
+    // The same rule is fine in memory, and a smaller one in Redis.
+    assert!(Limiter::builder()
+        .rule(Rule::new("daily", Limit::sliding_window(1_000_000, DAY)))
+        .build()
+        .is_ok());
+    assert!(Limiter::builder()
+        .rule(Rule::new("daily", Limit::sliding_window(100_000, DAY)))
+        .store(store(&server).await)
+        .build()
+        .is_ok());
+    // A bad prefix is a configuration error.
+    let error = RedisStore::builder()
+        .url(server.url())
+        .prefix("a{b")
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), StoreErrorKind::Config);
+}
+
+fn failing_layer(store: RedisStore, policy: FailurePolicy) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .rule(Rule::new("global", Limit::per_day(1_000)))
+        .store(store)
+        .on_store_failure(policy)
+        .build()
+        .unwrap()
+}
+
+/// Redis killed mid-traffic: every request gets the failure policy's answer within the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let closed = failing_layer(store.clone(), FailurePolicy::Closed).layer(ok_service());
+    let open = failing_layer(store, FailurePolicy::Open).layer(ok_service());
+    let response = closed.clone().oneshot(request("10.0.0.1")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().contains_key("ratelimit"));
+    server.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let response = closed.clone().oneshot(request("10.0.0.1")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            started.elapsed() < timeout + Duration::from_millis(150),
+            "{:?}",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        let response = open.clone().oneshot(request("10.0.0.1")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("ratelimit"));
+        assert!(
+            started.elapsed() < timeout + Duration::from_millis(150),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Redis restarted (empty, without the script): the same store recovers by itself, and the
+/// script is loaded again after `NOSCRIPT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .rule(Rule::new("api", Limit::per_day(10)))
+        .store(
+            RedisStore::builder()
+                .url(server.url())
+                .deny_cache(false)
+                .build()
+                .await
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(limiter.charge("api", "k", 4).await.unwrap().remaining, 6);
+    server.restart();
+    assert_eq!(server.command_calls("script|load"), 0);
+    // Bounded wait for the reconnection (it backs off up to a second).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let outcome = loop {
+        match limiter.charge("api", "k", 1).await {
+            Ok(outcome) => break outcome,
+            Err(LimitError::Store(error)) => {
+                assert!(Instant::now() < deadline, "no recovery: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    // The new server is empty: a new key.
+    assert_eq!(outcome.remaining, 9);
+    assert_eq!(
+        server.command_calls("script|load"),
+        1,
+        "NOSCRIPT led to one SCRIPT LOAD"
+    );
+    assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 8);
+}
+
+/// Redis paused (SIGSTOP): calls time out instead of hanging, and work again once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_times_out_and_recovers() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let limiter = Limiter::builder()
+        .rule(Rule::new("api", Limit::per_day(10)))
+        .store(
+            RedisStore::builder()
+                .url(server.url())
+                .timeout(timeout)
+                .build()
+                .await
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 9);
+    server.pause();
+    for _ in 0..3 {
+        let started = Instant::now();
+        match limiter.charge("api", "k", 1).await {
+            Err(LimitError::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Timeout),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < timeout + Duration::from_millis(150),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match limiter.charge("api", "k", 1).await {
+            Ok(outcome) => {
+                // The timed-out calls may or may not have been applied once Redis resumed.
+                assert!(outcome.remaining <= 8, "{outcome:?}");
+                break;
+            }
+            Err(error) => {
+                assert!(Instant::now() < deadline, "no recovery: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Refunds and resets go through Redis, and a refund never exceeds the capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_resets() {
+    let server = RedisServer::start();
+    let limiter = Limiter::builder()
+        .rule(Rule::new("tokens", Limit::per_day(100)))
+        .store(store(&server).await)
+        .build()
+        .unwrap();
+    assert_eq!(
+        limiter.charge("tokens", "u", 60).await.unwrap().remaining,
+        40
+    );
+    limiter.refund("tokens", "u", 25).await.unwrap();
+    assert_eq!(limiter.check("tokens", "u", 0).await.unwrap().remaining, 65);
+    limiter.refund("tokens", "u", 1_000).await.unwrap();
+    assert_eq!(
+        limiter.check("tokens", "u", 0).await.unwrap().remaining,
+        100
+    );
+    limiter.charge("tokens", "u", 100).await.unwrap();
+    limiter.reset("tokens", "u").await.unwrap();
+    assert_eq!(
+        limiter.check("tokens", "u", 0).await.unwrap().remaining,
+        100
+    );
+}
+
+/// The `redis` example, twice on two loopback ports with one Redis, through real HTTP: the two
+/// copies share one limit per client IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_copies_of_the_example_share_one_limit() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let server = RedisServer::start();
+    let mut addresses = Vec::new();
+    for _ in 0..2 {
+        let app = redis_example::app(RedisStore::connect(&server.url()).await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap());
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let uri = format!("http://{}/expensive", addresses[i % 2]);
+        let response =
+            tokio::time::timeout(Duration::from_secs(10), client.get(uri.parse().unwrap()))
+                .await
+                .expect("bounded")
+                .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+}
+
+/// A configuration file naming a Redis store: `load_config` connects, and the limit is Redis's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_file_can_name_the_redis_store() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_failure = \"closed\"\n\n\
+         [[rules]]\nname = \"global\"\nrate = 2\nperiod = \"1h\"\n",
+        server.url()
+    );
+    std::fs::write(&path, text).unwrap();
+    // The synchronous loaders cannot connect and say so.
+    let refused = RateLimitLayer::from_config_file(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("load_config"), "{refused}");
+    let layer = RateLimitLayer::load_config(&path).await.unwrap();
+    let service = layer.layer(ok_service());
+    let calls_before = server.command_calls("evalsha");
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(
+            service
+                .clone()
+                .oneshot(request("10.0.0.1"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    assert!(
+        server.command_calls("evalsha") - calls_before >= 2,
+        "decided by Redis"
+    );
+}

@@ -1,0 +1,310 @@
+//! The Redis store on a real three-master Redis Cluster on loopback ports: rules of one request in
+//! one slot are one script call; rules in several slots are applied slot by slot and never
+//! over-admit; sharded rules spread over the nodes.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/differential.rs"]
+mod differential;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
+use tollgate::algorithm::{Algorithm, Mode, TokenBucket, Verdict};
+use tollgate::store::{Charge, Outcomes, Store};
+use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RedisStore, Rule};
+
+use redis_server::RedisCluster;
+
+fn slot_of(cluster: &RedisCluster, name: &[u8]) -> u16 {
+    let name = String::from_utf8(name.to_vec()).unwrap();
+    cluster.nodes[0].run(&format!("CLUSTER KEYSLOT {name}"))[1..]
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn cluster_store(cluster: &RedisCluster) -> RedisStore {
+    prefixed(cluster, "tollgate").await
+}
+
+async fn prefixed(cluster: &RedisCluster, prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix(prefix)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(false)
+        .build()
+        .await
+        .expect("connect to the cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_with_one_key_value_share_a_slot_and_one_call() {
+    let cluster = RedisCluster::start();
+    let store = cluster_store(&cluster).await;
+    // Our slot computation is the cluster's.
+    for (rule, key) in [
+        ("per-user", "alice"),
+        ("x", ""),
+        ("y", "a{b}c"),
+        ("z", "=q"),
+    ] {
+        for name in store.key_names(rule, key.as_bytes()) {
+            let ours = slot_of(&cluster, &name);
+            let name_text = String::from_utf8(name.clone()).unwrap();
+            assert_eq!(
+                cluster.nodes[0].run(&format!("CLUSTER KEYSLOT {name_text}"))[1..].trim(),
+                ours.to_string()
+            );
+        }
+    }
+    let a = store.key_names("per-user", b"alice").remove(0);
+    let b = store.key_names("per-user-writes", b"alice").remove(0);
+    assert_eq!(slot_of(&cluster, &a), slot_of(&cluster, &b));
+    let limiter = Limiter::builder()
+        .rule(
+            Rule::new("per-user", Limit::per_day(5))
+                .key(Key::header(http::HeaderName::from_static("x-user"))),
+        )
+        .rule(
+            Rule::new("per-user-writes", Limit::per_day(2))
+                .key(Key::header(http::HeaderName::from_static("x-user"))),
+        )
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let layer = tollgate::RateLimitLayer::builder()
+        .limiter(limiter)
+        .build()
+        .unwrap();
+    use tower::{Layer, ServiceExt};
+    let service = layer.layer(tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    }));
+    let before = cluster.command_calls("evalsha");
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let request = http::Request::get("/")
+            .header("x-user", "alice")
+            .body(String::new())
+            .unwrap();
+        statuses.push(
+            service
+                .clone()
+                .oneshot(request)
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(
+        cluster.command_calls("evalsha") - before,
+        4,
+        "one call per request"
+    );
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// A request charging `per-user` for `user` and `global`, straight through the store.
+async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> Outcomes {
+    let per_user = Algorithm::TokenBucket(TokenBucket::new(per_user, DAY));
+    let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
+    let batch = [
+        Charge {
+            rule: "per-user",
+            algorithm: &per_user,
+            key: user.as_bytes(),
+            cost: 1,
+            mode: Mode::Charge,
+        },
+        Charge {
+            rule: "global",
+            algorithm: &global,
+            key: b"",
+            cost: 1,
+            mode: Mode::Charge,
+        },
+    ];
+    store.apply(&batch).await.expect("the cluster answers")
+}
+
+async fn global_left(store: &RedisStore, global: u64) -> u64 {
+    let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
+    let peek = [Charge {
+        rule: "global",
+        algorithm: &global,
+        key: b"",
+        cost: 0,
+        mode: Mode::Check,
+    }];
+    store.apply(&peek).await.unwrap()[0].remaining
+}
+
+/// A per-user rule and a global rule live in different slots: the request is applied slot by
+/// slot, and a denial in a later slot gives back what the earlier one took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_requests_are_compensated_and_never_over_admit() {
+    let cluster = RedisCluster::start();
+    let store = cluster_store(&cluster).await;
+    let global_slot = slot_of(&cluster, &store.key_names("global", b"")[0]);
+    // Users whose slot comes after the global key's (global charged first, then undone) and
+    // before it (the user's denial stops the request before the global slot).
+    for global_first in [true, false] {
+        let user = (0..)
+            .map(|i| format!("user{i}"))
+            .find(|user| {
+                let slot = slot_of(&cluster, &store.key_names("per-user", user.as_bytes())[0]);
+                slot != global_slot && (slot > global_slot) == global_first
+            })
+            .unwrap();
+        let before = global_left(&store, 40).await;
+        let first = request(&store, &user, 1, 40).await;
+        assert!(first.iter().all(|o| o.verdict.is_admitted()), "{first:?}");
+        assert_eq!(first[1].remaining, before - 1);
+        let calls = cluster.command_calls("evalsha");
+        let second = request(&store, &user, 1, 40).await;
+        let used = cluster.command_calls("evalsha") - calls;
+        assert!(!second[0].verdict.is_admitted(), "{second:?}");
+        assert_eq!(second[1].verdict, Verdict::Allowed);
+        assert_eq!(second[1].remaining, before - 1, "reported uncharged");
+        assert_eq!(
+            global_left(&store, 40).await,
+            before - 1,
+            "global first: {global_first}"
+        );
+        // Global first: charge global, deny user, undo global. User first: deny user, check
+        // global.
+        let expected = if global_first { 3 } else { 2 };
+        assert_eq!(used, expected);
+    }
+
+    // Many users from two app instances: the global limit holds exactly, no user passes its own,
+    // and once the compensations are done every global unit is accounted for.
+    let instances = [
+        prefixed(&cluster, "crowd").await,
+        prefixed(&cluster, "crowd").await,
+    ];
+    let per_user: Arc<Vec<AtomicUsize>> = Arc::new((0..12).map(|_| AtomicUsize::new(0)).collect());
+    let mut tasks = Vec::new();
+    for (i, store) in instances.iter().enumerate() {
+        for t in 0..4 {
+            let (store, per_user) = (store.clone(), per_user.clone());
+            tasks.push(tokio::spawn(async move {
+                for round in 0..12 {
+                    let user = (i * 4 + t + round) % 12;
+                    let outcomes = request(&store, &format!("crowd{user}"), 3, 20).await;
+                    if outcomes.iter().all(|o| o.verdict.is_admitted()) {
+                        per_user[user].fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let counts: Vec<usize> = per_user.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    let admitted: usize = counts.iter().sum();
+    assert!(counts.iter().all(|&c| c <= 3), "{counts:?}");
+    assert!(admitted <= 20, "never over the global limit: {admitted}");
+    assert_eq!(
+        admitted as u64 + global_left(&instances[0], 20).await,
+        20,
+        "{counts:?}"
+    );
+}
+
+#[test]
+fn same_answers_as_the_memory_store_across_slots() {
+    let cluster = RedisCluster::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 32,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = AtomicUsize::new(0);
+    runner
+        .run(&differential::scenario(), |scenario| {
+            rt.block_on(async {
+                let clock = ManualClock::new(Duration::ZERO);
+                let redis = RedisStore::builder()
+                    .cluster(cluster.urls())
+                    .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)))
+                    .clock(clock.clone())
+                    .deny_cache(false)
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .unwrap();
+                let memory = MemoryStore::builder().clock(clock.clone()).build();
+                differential::run(&redis, &memory, &clock, &scenario).await;
+            });
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_global_rule_spreads_over_nodes() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .shard_rule("global", 6)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let nodes: HashSet<usize> = store
+        .key_names("global", b"")
+        .iter()
+        .map(|name| cluster.node_of_slot(slot_of(&cluster, name)))
+        .collect();
+    assert!(nodes.len() >= 2, "shards on nodes {nodes:?}");
+    let limiter = Limiter::builder()
+        .rule(Rule::new("global", Limit::per_day(60)))
+        .store(store)
+        .build()
+        .unwrap();
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (limiter, admitted) = (limiter.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..60 {
+                if limiter
+                    .charge("global", "", 1)
+                    .await
+                    .unwrap()
+                    .verdict
+                    .is_admitted()
+                {
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.load(Ordering::SeqCst);
+    assert!(admitted <= 60, "never over the limit: {admitted}");
+    assert!(
+        admitted >= 50,
+        "the shards are used evenly enough: {admitted}"
+    );
+}

@@ -1,0 +1,209 @@
+//! The differential test: the same scenario — rules, keys, costs, modes, refunds, resets and
+//! times — against the memory store and the Redis store, comparing every field of every outcome.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate::algorithm::{
+    Algorithm, BurstPool, FixedWindow, Mode, ReserveBound, SlidingLog, SlidingWindow, TokenBucket,
+    WindowStart,
+};
+use tollgate::store::{Charge, Outcomes, Store};
+use tollgate::{ManualClock, MemoryStore, RedisStore};
+
+/// One step of a scenario.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// A request: (rule, key, cost, mode) per charge, rules distinct.
+    Apply(Vec<(usize, usize, u64, Mode)>),
+    Refund(usize, usize, u64),
+    Reset(usize, usize),
+    Advance(u64),
+}
+
+/// Key values: the global (empty) key, and two others.
+pub const KEYS: [&[u8]; 3] = [b"", b"alice", b"10.0.0.7"];
+
+fn period() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::from_millis(1)),
+        Just(Duration::from_millis(7)),
+        Just(Duration::from_secs(1)),
+        Just(Duration::from_micros(1_300_001)),
+        Just(Duration::from_secs(60)),
+        (1u64..5_000_000).prop_map(Duration::from_micros),
+    ]
+}
+
+fn bucket() -> impl Strategy<Value = TokenBucket> {
+    (1u64..12, period(), 0u64..3, any::<prop::sample::Index>()).prop_map(
+        |(rate, period, extra, initial)| {
+            let capacity = rate + extra * rate / 2;
+            TokenBucket::new(rate, period)
+                .with_capacity(capacity)
+                .with_initial(initial.index(capacity as usize + 1) as u64)
+        },
+    )
+}
+
+fn start() -> impl Strategy<Value = WindowStart> {
+    prop_oneof![
+        Just(WindowStart::PerKey),
+        (0u64..10_000_000).prop_map(|us| WindowStart::Aligned(Duration::from_micros(us))),
+    ]
+}
+
+pub fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        3 => bucket().prop_map(Algorithm::TokenBucket),
+        2 => (1u64..10, period(), 0u64..3, start()).prop_map(|(limit, period, extra, start)| {
+            Algorithm::FixedWindow(
+                FixedWindow::new(limit, period)
+                    .with_capacity(limit + extra * limit / 2 + extra)
+                    .with_start(start),
+            )
+        }),
+        2 => (1u64..10, period(), start()).prop_map(|(limit, period, start)| {
+            Algorithm::SlidingWindow(SlidingWindow::new(limit, period).with_start(start))
+        }),
+        2 => (1u64..8, period())
+            .prop_map(|(limit, period)| Algorithm::SlidingLog(SlidingLog::new(limit, period))),
+        2 => (bucket(), bucket()).prop_map(|(steady, pool)| {
+            Algorithm::BurstPool(BurstPool::new(steady, pool))
+        }),
+    ]
+}
+
+fn mode(algorithm: &Algorithm) -> BoxedStrategy<Mode> {
+    let plain = prop_oneof![4 => Just(Mode::Charge), 1 => Just(Mode::Check)];
+    if algorithm.reserves() {
+        let bound = (
+            prop::option::of(0u64..6),
+            prop::option::of((0u64..3_000_000).prop_map(Duration::from_micros)),
+        )
+            .prop_map(|(max_units, max_wait)| {
+                Mode::Reserve(ReserveBound {
+                    max_units,
+                    max_wait,
+                })
+            });
+        prop_oneof![3 => plain, 1 => bound].boxed()
+    } else {
+        plain.boxed()
+    }
+}
+
+fn charge(rules: &[Algorithm], rule: usize) -> BoxedStrategy<(usize, usize, u64, Mode)> {
+    let algorithm = rules[rule].clone();
+    mode(&algorithm)
+        .prop_flat_map(move |mode| {
+            let max = algorithm.max_cost(mode).min(algorithm.capacity() * 2 + 2);
+            (0..KEYS.len(), 0..=max, Just(mode))
+        })
+        .prop_map(move |(key, cost, mode)| (rule, key, cost, mode))
+        .boxed()
+}
+
+fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
+    let n = rules.len();
+    let apply = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
+        .prop_flat_map(move |chosen| {
+            chosen
+                .into_iter()
+                .map(|rule| charge(&rules, rule))
+                .collect::<Vec<_>>()
+        })
+        .prop_map(Step::Apply);
+    prop_oneof![
+        8 => apply,
+        4 => prop_oneof![
+            Just(0u64),
+            1u64..2_000,
+            1u64..400_000,
+            1u64..3_000_000,
+            (1u64..120).prop_map(|s| s * 1_000_000),
+        ]
+        .prop_map(Step::Advance),
+        1 => (0..n, 0..KEYS.len(), 0u64..5).prop_map(|(r, k, u)| Step::Refund(r, k, u)),
+        1 => (0..n, 0..KEYS.len()).prop_map(|(r, k)| Step::Reset(r, k)),
+    ]
+    .boxed()
+}
+
+/// A scenario: a start time (near today's, so the script's numbers are as large as in
+/// production), rules, and steps.
+pub fn scenario() -> impl Strategy<Value = (u64, Vec<Algorithm>, Vec<Step>)> {
+    (
+        1_700_000_000_000_000u64..1_800_000_000_000_000,
+        prop::collection::vec(algorithm(), 1..=3),
+    )
+        .prop_flat_map(|(start, rules)| {
+            let steps = prop::collection::vec(step(rules.clone()), 1..40);
+            (Just(start), Just(rules), steps)
+        })
+}
+
+fn name(rule: usize) -> String {
+    format!("r{rule}")
+}
+
+async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
+    store.apply(batch).await.expect("the store answers")
+}
+
+/// Runs a scenario on both stores; panics on the first difference.
+pub async fn run(
+    redis: &RedisStore,
+    memory: &MemoryStore,
+    clock: &ManualClock,
+    (start, rules, steps): &(u64, Vec<Algorithm>, Vec<Step>),
+) {
+    clock.set(Duration::from_micros(*start));
+    let names: Vec<String> = (0..rules.len()).map(name).collect();
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            Step::Apply(charges) => {
+                let batch: Vec<Charge<'_>> = charges
+                    .iter()
+                    .map(|&(rule, key, cost, mode)| Charge {
+                        rule: &names[rule],
+                        algorithm: &rules[rule],
+                        key: KEYS[key],
+                        cost,
+                        mode,
+                    })
+                    .collect();
+                let expected = apply(memory, &batch).await;
+                let got = apply(redis, &batch).await;
+                assert_eq!(
+                    got, expected,
+                    "step {i} {step:?} differs (left: Redis, right: memory)"
+                );
+            }
+            Step::Refund(rule, key, units) => {
+                let charge = Charge {
+                    rule: &names[*rule],
+                    algorithm: &rules[*rule],
+                    key: KEYS[*key],
+                    cost: *units,
+                    mode: Mode::Charge,
+                };
+                memory.refund(&charge).await.unwrap();
+                redis.refund(&charge).await.unwrap();
+            }
+            Step::Reset(rule, key) => {
+                memory
+                    .reset(&names[*rule], &rules[*rule], KEYS[*key])
+                    .await
+                    .unwrap();
+                redis
+                    .reset(&names[*rule], &rules[*rule], KEYS[*key])
+                    .await
+                    .unwrap();
+            }
+            Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
+        }
+    }
+}

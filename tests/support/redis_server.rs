@@ -1,0 +1,309 @@
+//! Real Redis servers for tests and benches: `redis-server` processes on free loopback ports, in
+//! their own temporary directories, stopped on drop.
+//!
+//! A missing `redis-server` binary is a failure with a message naming the Debian package, never a
+//! skipped test. (`scripts/test.sh` installs it.)
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer its first PING.
+const STARTUP: Duration = Duration::from_secs(10);
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().unwrap().port()
+}
+
+fn temp_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-redis-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the server's directory");
+    dir
+}
+
+fn spawn(port: u16, dir: &PathBuf, extra: &[String]) -> Child {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match command.spawn() {
+        Ok(child) => child,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
+            "`redis-server` is not on PATH: the Redis store's tests need a real server. Install \
+             the Debian packages `redis-server` and `redis-tools` \
+             (`apt-get install -y redis-server redis-tools`), or run ./scripts/test.sh, which does."
+        ),
+        Err(error) => panic!("cannot start redis-server: {error}"),
+    }
+}
+
+/// Sends one inline command and returns the raw reply (bounded wait).
+pub fn command(port: u16, line: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(format!("{line}\r\n").as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        let n = stream.read(&mut buffer)?;
+        reply.extend_from_slice(&buffer[..n]);
+        if n == 0 || is_complete(&reply) {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Whether a RESP reply (simple, error, integer or bulk string) has fully arrived.
+fn is_complete(reply: &[u8]) -> bool {
+    let Some(end) = reply.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    match reply.first() {
+        Some(b'$') => {
+            let len: i64 = String::from_utf8_lossy(&reply[1..end]).parse().unwrap_or(0);
+            len < 0 || reply.len() >= end + 2 + len as usize + 2
+        }
+        _ => true,
+    }
+}
+
+fn wait_until_up(port: u16, child: &mut Child) -> bool {
+    let deadline = Instant::now() + STARTUP;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false;
+        }
+        if command(port, "PING").is_ok_and(|r| r.starts_with("+PONG")) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+impl RedisServer {
+    /// A standalone server on a free loopback port.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // A port found free can be taken before the server binds it: try a few.
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir(port);
+            let mut child = spawn(port, &dir, &extra);
+            if wait_until_up(port, &mut child) {
+                return RedisServer {
+                    port,
+                    child: Some(child),
+                    dir,
+                    extra,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("redis-server did not come up on a free loopback port");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs an inline command against the server.
+    pub fn run(&self, line: &str) -> String {
+        command(self.port, line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    /// How many times `command` ran, from `INFO commandstats` (0 when it never ran).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.command_stat(command, 1)
+    }
+
+    /// Microseconds the server spent in `command`, from `INFO commandstats`.
+    pub fn command_usec(&self, command: &str) -> u64 {
+        self.command_stat(command, 3)
+    }
+
+    fn command_stat(&self, command: &str, field: usize) -> u64 {
+        let info = self.run("INFO commandstats");
+        info.lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+            .and_then(|l| l.split(['=', ',']).nth(field))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills the server (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: nothing was saved).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let mut child = spawn(self.port, &self.dir, &self.extra);
+            if wait_until_up(self.port, &mut child) {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(Instant::now() < deadline, "redis-server did not restart");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused server must be able to die.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas) on free loopback ports.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run `redis-cli` ({e}): install the Debian package `redis-tools` \
+                     (`apt-get install -y redis-server redis-tools`)"
+                )
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + STARTUP;
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.run("CLUSTER INFO").contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// `calls` of a command, summed over the masters.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.nodes.iter().map(|n| n.command_calls(command)).sum()
+    }
+
+    /// The node (index) serving a slot.
+    pub fn node_of_slot(&self, slot: u16) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| owns(n, slot))
+            .expect("some node serves every slot")
+    }
+}
+
+fn owns(node: &RedisServer, slot: u16) -> bool {
+    // `CLUSTER NODES`: the line flagged `myself` lists this node's slot ranges.
+    let nodes = node.run("CLUSTER NODES");
+    nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .map(|line| {
+            line.split_whitespace().skip(8).any(|range| {
+                let mut bounds = range.split('-').map(|b| b.parse::<u16>());
+                match (bounds.next(), bounds.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            })
+        })
+        .unwrap_or(false)
+}
