@@ -15,6 +15,7 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "clippy without default features"
 cargo clippy --lib --no-default-features -- -D warnings
 
+# The integration tests include the fuzz corpora's replay and the quick soak.
 step "tests (lib, integration, examples, benches once each)"
 cargo test --all-targets --all-features
 
