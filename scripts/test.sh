@@ -33,6 +33,7 @@ step "clippy without default features, and with only the redis feature"
 cargo clippy --lib --no-default-features -- -D warnings
 cargo clippy --lib --no-default-features --features redis -- -D warnings
 
+# The integration tests include the fuzz corpora's replay and the quick soak.
 step "tests (lib, integration, examples, benches once each)"
 cargo test --all-targets --all-features
 

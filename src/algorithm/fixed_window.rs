@@ -93,7 +93,11 @@ impl FixedWindow {
             return 0;
         }
         let windows = (units - state.remaining).div_ceil(self.limit);
-        (state.window_start + windows * self.period).saturating_sub(now)
+        // Saturating: a window end beyond the clock's range is "never".
+        state
+            .window_start
+            .saturating_add(windows.saturating_mul(self.period))
+            .saturating_sub(now)
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state.

@@ -84,7 +84,8 @@ impl SlidingLog {
             }
             still -= n;
             if still <= allowed {
-                return at + self.period - now;
+                // Saturating: with a period beyond any clock the entry never leaves.
+                return at.saturating_add(self.period).saturating_sub(now);
             }
         }
         0
@@ -93,7 +94,11 @@ impl SlidingLog {
     /// The outcome of charging `cost` at `now`, without changing the state.
     pub fn evaluate(&self, state: &SlidingLogState, now: Micros, cost: u64) -> Outcome {
         let used = self.used(state, now);
-        let (verdict, charged) = if used.saturating_add(cost) <= self.limit {
+        // Checked, not saturating: with a limit of `u64::MAX` a saturated sum would always fit.
+        let fits = used
+            .checked_add(cost)
+            .is_some_and(|total| total <= self.limit);
+        let (verdict, charged) = if fits {
             (Verdict::Allowed, cost)
         } else {
             let retry_after = duration(self.wait_for(state, now, 0, cost));

@@ -111,14 +111,15 @@ impl SlidingWindow {
             if let Some(room) = self.limit.checked_sub(state.current.saturating_add(units)) {
                 // Need previous·(p − e) ≤ room·p, i.e. e ≥ p − floor(room·p / previous).
                 let keep = (u128::from(room) * p / u128::from(state.previous)).min(p);
-                let at = state.window_start + (p - keep) as u64;
-                if at < state.window_start + self.period {
-                    return at - now;
+                let at = state.window_start.saturating_add((p - keep) as u64);
+                if at < state.window_start.saturating_add(self.period) {
+                    return at.saturating_sub(now);
                 }
             }
         }
         // Early in the next window, where the current count becomes the previous one.
-        let next = state.window_start + self.period;
+        // Saturating: a window end beyond the clock's range is "never".
+        let next = state.window_start.saturating_add(self.period);
         let into = if state.current == 0 {
             0
         } else {
@@ -126,7 +127,7 @@ impl SlidingWindow {
             let keep = (room * p / u128::from(state.current)).min(p);
             (p - keep) as u64
         };
-        next + into - now
+        next.saturating_add(into).saturating_sub(now)
     }
 
     fn remaining(&self, state: SlidingWindowState, now: Micros) -> u64 {
@@ -184,13 +185,15 @@ impl SlidingWindow {
 
     /// The moment the state becomes equal to a fresh key's: neither count weighs any more.
     pub fn expires_at(&self, state: SlidingWindowState) -> Micros {
-        let windows = if state.current > 0 {
+        let windows: u64 = if state.current > 0 {
             2
         } else if state.previous > 0 {
             1
         } else {
             0
         };
-        state.window_start.saturating_add(windows * self.period)
+        state
+            .window_start
+            .saturating_add(windows.saturating_mul(self.period))
     }
 }

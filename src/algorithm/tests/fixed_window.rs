@@ -179,3 +179,17 @@ proptest! {
         check_expiry(&fw, start, offset, &history, later, &follow_up)?;
     }
 }
+
+#[test]
+fn a_period_beyond_the_clock_saturates() {
+    // Found by the `config` fuzz target: `period = "500000000y"` (microseconds saturate at
+    // `u64::MAX`) with a per-key start overflowed the end of the window.
+    let fw = FixedWindow::new(1, Duration::MAX);
+    let state = fw.fresh(T0, 1);
+    assert_eq!(state.window_start, 1);
+    let never = us(u64::MAX - T0);
+    let mut run = Run::new(&fw, state);
+    assert_eq!(run.charge(T0, 1), allowed(1, 0, never));
+    assert_eq!(run.charge(T0, 1), denied(1, 0, never, never));
+    assert_eq!(fw.expires_at(run.state), u64::MAX);
+}

@@ -134,3 +134,33 @@ proptest! {
         check_expiry(&log, start, 0, &history, later, &follow_up)?;
     }
 }
+
+#[test]
+fn a_period_beyond_the_clock_saturates() {
+    // Found by the `config` fuzz target: `period = "500000000y"` overflowed the moment an entry
+    // leaves the window.
+    let log = SlidingLog::new(1, Duration::MAX);
+    let never = us(u64::MAX - T0);
+    let mut run = Run::new(&log, SlidingLogState::default());
+    assert_eq!(run.charge(T0, 1), allowed(1, 0, never));
+    assert_eq!(
+        run.charge(T0 + 1, 1),
+        denied(1, 0, us(u64::MAX - T0 - 1), us(u64::MAX - T0 - 1))
+    );
+    assert_eq!(log.expires_at(&run.state), u64::MAX);
+}
+
+#[test]
+fn a_limit_of_u64_max_still_counts() {
+    // Found by the `config` fuzz target: the fit check saturated, so with a limit of `u64::MAX`
+    // every charge fit and the log's entry overflowed.
+    let log = SlidingLog::new(u64::MAX, secs(1));
+    let mut run = Run::new(&log, SlidingLogState::default());
+    assert_eq!(run.charge(T0, u64::MAX), allowed(u64::MAX, 0, secs(1)));
+    assert_eq!(run.charge(T0, 1), denied(u64::MAX, 0, secs(1), secs(1)));
+    assert_eq!(
+        run.charge(T0, u64::MAX),
+        denied(u64::MAX, 0, secs(1), secs(1))
+    );
+    assert_eq!(run.state.entries().collect::<Vec<_>>(), [(T0, u64::MAX)]);
+}

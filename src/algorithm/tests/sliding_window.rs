@@ -169,3 +169,28 @@ proptest! {
         check_expiry(&sw, start, offset, &history, later, &follow_up)?;
     }
 }
+
+#[test]
+fn a_period_beyond_the_clock_saturates() {
+    // Found by the `config` fuzz target: `period = "500000000y"` with a per-key start overflowed
+    // the end of the window, both for the reset and for the moment the state expires.
+    let sw = SlidingWindow::new(2, Duration::MAX);
+    let state = sw.fresh(T0, 1);
+    assert_eq!(state.window_start, 1);
+    let never = us(u64::MAX - T0);
+    let mut run = Run::new(&sw, state);
+    assert_eq!(run.charge(T0, 1), allowed(2, 1, never));
+    assert_eq!(run.charge(T0, 1), allowed(2, 0, never));
+    assert_eq!(run.charge(T0, 1), denied(2, 0, never, never));
+    assert_eq!(sw.expires_at(run.state), u64::MAX);
+    // A previous window's count that will not decay within the clock's range.
+    let run = Run::new(
+        &sw,
+        SlidingWindowState {
+            window_start: T0,
+            current: 0,
+            previous: 1,
+        },
+    );
+    assert_eq!(run.peek(T0), allowed(2, 1, us(u64::MAX - T0)));
+}
