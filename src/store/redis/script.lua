@@ -470,6 +470,7 @@ local function make_pool()
   end
 
   local function bp_wait_in(b, tat, now, units)
+    if units == 0 then return 0 end
     if units > b.cap then return math.huge end
     return tb_wait_for(b, pos(tat - now), units)
   end
@@ -513,8 +514,9 @@ local function make_pool()
   end
 
   function pool.refund(p, st, now, units)
-    local _, spare = bp_available(p, st, now)
-    local to_pool = min(units, p.pool.cap - min(spare, p.pool.cap))
+    -- The whole units the pool misses, rounded down so that none is lost to its cap.
+    local room = div(pos(st.p - now), p.pool.T)
+    local to_pool = min(units, min(room, p.pool.cap))
     return {
       s = tb_refund(p.steady, st.s, now, units - to_pool),
       p = tb_refund(p.pool, st.p, now, to_pool),
