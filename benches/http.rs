@@ -10,8 +10,9 @@
 //! tokio runtime, so `wrk` (one thread, 32 connections) has the other core. Besides requests per
 //! second and latency, the table reports the server's CPU time per request, read from
 //! `/proc/PID/stat` before and after each run: with client and server sharing two cores, that is
-//! the sharper measure of what the middleware costs. Each cell is the median of the runs, with the
-//! min–max range.
+//! the sharper measure of what the middleware costs. All servers start together and each round
+//! runs every variant once, so the machine's changing state hits them alike. Each cell is the
+//! median of the rounds, with the min–max range.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -298,13 +299,26 @@ fn main() {
     println!("wrk -t1 -c32 -d{seconds}s, {runs} runs each, server on one tokio worker thread\n");
     println!("| server | requests/s | p50 ms | p99 ms | server CPU µs/request | non-2xx |");
     println!("|---|---|---|---|---|---|");
-    for variant in Variant::all() {
-        let (mut child, addr) = start(variant);
+    // All servers run for the whole measurement and every round runs each variant once, so a
+    // change in the machine's state (a VM's CPU steal, frequency) hits every variant alike.
+    let mut servers: Vec<(Variant, Child, SocketAddr)> = Variant::all()
+        .into_iter()
+        .map(|variant| {
+            let (child, addr) = start(variant);
+            (variant, child, addr)
+        })
+        .collect();
+    for (_, child, addr) in &servers {
         // Warm up: connections, allocator, and (for the denied runs) an exhausted bucket.
-        let _ = wrk(addr, 1, child.id(), ticks);
-        let results: Vec<Run> = (0..runs)
-            .map(|_| wrk(addr, seconds, child.id(), ticks))
-            .collect();
+        let _ = wrk(*addr, 1, child.id(), ticks);
+    }
+    let mut results: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
+    for _ in 0..runs {
+        for (i, (_, child, addr)) in servers.iter().enumerate() {
+            results[i].push(wrk(*addr, seconds, child.id(), ticks));
+        }
+    }
+    for ((variant, child, _), results) in servers.iter_mut().zip(&results) {
         let _ = child.kill();
         let _ = child.wait();
         println!(
