@@ -25,6 +25,10 @@ use tollgate::{
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::send;
+
 type Body = Full<Bytes>;
 
 const LIMIT: Duration = Duration::from_secs(10);
@@ -98,19 +102,6 @@ fn request(method: Method, path: &str, headers: &[(&str, &str)], peer: &str) -> 
 
 fn get(path: &str, headers: &[(&str, &str)]) -> Request<Body> {
     request(Method::GET, path, headers, "192.0.2.1")
-}
-
-async fn send<S>(service: &S, request: Request<Body>) -> Response<Bytes>
-where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone,
-{
-    let response = service.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
 }
 
 fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {

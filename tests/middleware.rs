@@ -9,13 +9,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use tollgate::{Cost, Decision, FailurePolicy, Key, Limit, MissingKey, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
 #[path = "support/stores.rs"]
 mod stores;
 use stores::{Broken, Slow};
+
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::send;
 
 #[path = "support/paused.rs"]
 mod paused;
@@ -44,20 +48,6 @@ fn from(ip: &str, mut req: Request<Body>) -> Request<Body> {
     req.extensions_mut()
         .insert(SocketAddr::new(ip.parse().unwrap(), 40_000));
     req
-}
-
-async fn send<S>(service: &S, req: Request<Body>) -> Response<Bytes>
-where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone,
-{
-    let response = service.clone().oneshot(req).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    Response::from_parts(parts, bytes)
 }
 
 fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {

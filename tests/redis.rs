@@ -6,6 +6,8 @@
 
 #[path = "support/differential.rs"]
 mod differential;
+#[path = "support/hammer.rs"]
+mod hammer;
 #[allow(dead_code)]
 #[path = "../examples/redis.rs"]
 mod redis_example;
@@ -14,8 +16,7 @@ mod redis_server;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,6 +31,7 @@ use tollgate::{
 };
 use tower::{service_fn, Layer, ServiceExt};
 
+use hammer::hammer;
 use redis_server::RedisServer;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -132,25 +134,7 @@ async fn two_instances_hammering_one_key_admit_exactly_the_limit() {
             .unwrap()
     }))
     .await;
-    let admitted = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for limiter in &limiters {
-        for _ in 0..8 {
-            let (limiter, admitted) = (limiter.clone(), admitted.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..40 {
-                    let outcome = limiter.charge("api", "", 1).await.unwrap();
-                    if outcome.verdict.is_admitted() {
-                        admitted.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            }));
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(admitted.load(Ordering::SeqCst), 100);
+    assert_eq!(hammer(&limiters, "api", 8, 40).await, 100);
 }
 
 type Body = Full<Bytes>;
@@ -389,31 +373,8 @@ async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
         );
         assert_eq!(store.key_names("global", b"").len(), 4);
     }
-    let admitted = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for limiter in &limiters {
-        for _ in 0..4 {
-            let (limiter, admitted) = (limiter.clone(), admitted.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..60 {
-                    if limiter
-                        .charge("global", "", 1)
-                        .await
-                        .unwrap()
-                        .verdict
-                        .is_admitted()
-                    {
-                        admitted.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            }));
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
     // 480 attempts on 4 shards of 25: every shard is drained, none over.
-    assert_eq!(admitted.load(Ordering::SeqCst), 100);
+    assert_eq!(hammer(&limiters, "global", 4, 60).await, 100);
     // A rule that cannot be split that many ways is refused when the limiter is built.
     let error = Limiter::builder()
         .rule(Rule::new("global", Limit::per_second(3)))

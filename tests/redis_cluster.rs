@@ -6,6 +6,8 @@
 
 #[path = "support/differential.rs"]
 mod differential;
+#[path = "support/hammer.rs"]
+mod hammer;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -20,6 +22,7 @@ use tollgate::algorithm::{Algorithm, Mode, TokenBucket, Verdict};
 use tollgate::store::{Charge, Outcomes, Store};
 use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RedisStore, Rule};
 
+use hammer::hammer;
 use redis_server::RedisCluster;
 
 fn slot_of(cluster: &RedisCluster, name: &[u8]) -> u16 {
@@ -280,28 +283,7 @@ async fn a_sharded_global_rule_spreads_over_nodes() {
         .store(store)
         .build()
         .unwrap();
-    let admitted = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let (limiter, admitted) = (limiter.clone(), admitted.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..60 {
-                if limiter
-                    .charge("global", "", 1)
-                    .await
-                    .unwrap()
-                    .verdict
-                    .is_admitted()
-                {
-                    admitted.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let admitted = admitted.load(Ordering::SeqCst);
+    let admitted = hammer(std::slice::from_ref(&limiter), "global", 4, 60).await;
     assert!(admitted <= 60, "never over the limit: {admitted}");
     assert!(
         admitted >= 50,
