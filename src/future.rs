@@ -165,14 +165,15 @@ where
                     };
                     let Deciding {
                         mut inner,
-                        request,
+                        mut request,
                         plan,
                         rules,
                         shared,
                         started,
                     } = *deciding;
                     rules.store_latency.record(started.elapsed().as_secs_f64());
-                    decide(&mut inner, &shared, &rules, request, plan, result)
+                    decide(&shared, &rules, &mut request, plan, result)
+                        .into_state(&mut inner, request)
                 }
                 StateProj::Waiting { sleep, queued } => {
                     ready!(sleep.as_mut().poll(cx));

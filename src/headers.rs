@@ -13,7 +13,7 @@ use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
 use crate::algorithm::Algorithm;
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 
 /// `RateLimit-Policy`.
@@ -99,30 +99,68 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
 
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
-    let mut value = Vec::with_capacity(40 * decision.rules().len());
-    let mut numbers = itoa::Buffer::new();
-    for (i, entry) in decision.rules().iter().enumerate() {
+    let entries = decision.rules();
+    let numbers = |entry: &RuleDecision| {
+        let remaining = entry.outcome.remaining.min(SF_INTEGER_MAX);
+        let t = whole_seconds(entry.outcome.reset).min(SF_INTEGER_MAX);
+        (remaining, t)
+    };
+    // The exact length first: a buffer of exactly its length becomes the value's `Bytes` without
+    // a second allocation.
+    let mut len = 2 * entries.len().saturating_sub(1);
+    for entry in entries {
+        let (r, t) = numbers(entry);
+        len += items.get(entry.index)?.name.len() + 6 + digits(r) + digits(t);
+    }
+    let mut value = Vec::with_capacity(len);
+    let mut buffer = itoa::Buffer::new();
+    for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             value.extend_from_slice(b", ");
         }
+        let (r, t) = numbers(entry);
         value.extend_from_slice(items.get(entry.index)?.name.as_bytes());
         value.extend_from_slice(b";r=");
-        value.extend_from_slice(
-            numbers
-                .format(entry.outcome.remaining.min(SF_INTEGER_MAX))
-                .as_bytes(),
-        );
+        value.extend_from_slice(buffer.format(r).as_bytes());
         value.extend_from_slice(b";t=");
-        let t = whole_seconds(entry.outcome.reset).min(SF_INTEGER_MAX);
-        value.extend_from_slice(numbers.format(t).as_bytes());
+        value.extend_from_slice(buffer.format(t).as_bytes());
     }
     HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
 }
 
+/// The number of decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
 /// `Retry-After` in whole seconds, rounded up, never 0.
 pub(crate) fn retry_after_value(wait: Duration) -> HeaderValue {
-    HeaderValue::from(whole_seconds(wait).max(1))
+    seconds_value(whole_seconds(wait).max(1))
 }
+
+/// `n` as a field value. Waits under a hundred seconds — most of them — point into a static table
+/// instead of allocating: a flood of 429s is the moment every refusal should be cheap.
+fn seconds_value(n: u64) -> HeaderValue {
+    match TWO_DIGITS.get(n as usize) {
+        Some(digits) => {
+            let digits: &'static [u8] = if n < 10 { &digits[1..] } else { digits };
+            HeaderValue::from_maybe_shared(bytes::Bytes::from_static(digits))
+                .unwrap_or_else(|_| HeaderValue::from(n))
+        }
+        None => HeaderValue::from(n),
+    }
+}
+
+/// `00` to `99`.
+static TWO_DIGITS: [[u8; 2]; 100] = {
+    let mut table = [[0u8; 2]; 100];
+    let mut n = 0;
+    while n < 100 {
+        table[n] = [b'0' + (n / 10) as u8, b'0' + (n % 10) as u8];
+        n += 1;
+    }
+    table
+};
 
 /// Adds `Retry-After` to `headers`.
 pub(crate) fn insert_retry_after(headers: &mut HeaderMap, wait: Duration) {
@@ -139,24 +177,37 @@ pub(crate) fn insert_delay(headers: &mut HeaderMap, wait: Duration) {
     }
 }
 
-/// Adds the legacy `X-RateLimit-*` fields for the most restrictive rule of the decision.
-pub(crate) fn insert_legacy(headers: &mut HeaderMap, decision: &Decision) {
-    let Some(entry) = decision.most_restrictive() else {
-        return;
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    let reset_at = whole_seconds(now + entry.outcome.reset);
-    headers.insert(
-        X_RATELIMIT_LIMIT.clone(),
-        HeaderValue::from(entry.outcome.limit),
-    );
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(entry.outcome.remaining),
-    );
-    headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset_at));
+/// The legacy `X-RateLimit-*` figures of a decision's most restrictive rule: three numbers, so an
+/// allowed response carries them to the inner service's response without a copy of the decision.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Legacy {
+    limit: u64,
+    remaining: u64,
+    reset: Duration,
+}
+
+impl Legacy {
+    pub(crate) fn of(decision: &Decision) -> Option<Legacy> {
+        decision.most_restrictive().map(|entry| Legacy {
+            limit: entry.outcome.limit,
+            remaining: entry.outcome.remaining,
+            reset: entry.outcome.reset,
+        })
+    }
+
+    /// Adds the fields; the reset moment is reckoned from the wall clock when they are written.
+    pub(crate) fn insert(self, headers: &mut HeaderMap) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        let reset_at = whole_seconds(now + self.reset);
+        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(self.limit));
+        headers.insert(
+            X_RATELIMIT_REMAINING.clone(),
+            HeaderValue::from(self.remaining),
+        );
+        headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset_at));
+    }
 }
 
 #[cfg(test)]
@@ -191,5 +242,9 @@ mod tests {
         assert_eq!(retry_after_value(Duration::from_secs(1)), "1");
         assert_eq!(retry_after_value(Duration::from_millis(1001)), "2");
         assert_eq!(retry_after_value(Duration::from_secs(7)), "7");
+        assert_eq!(retry_after_value(Duration::from_secs(10)), "10");
+        assert_eq!(retry_after_value(Duration::from_millis(98_500)), "99");
+        assert_eq!(retry_after_value(Duration::from_secs(100)), "100");
+        assert_eq!(retry_after_value(Duration::from_secs(3600)), "3600");
     }
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::headers::{self, RATELIMIT, RATELIMIT_POLICY};
+use crate::headers::{self, Legacy, RATELIMIT, RATELIMIT_POLICY};
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 
@@ -36,7 +36,7 @@ pub(crate) struct Responder {
 pub(crate) struct AllowedHeaders {
     policy: HeaderValue,
     ratelimit: HeaderValue,
-    decision: Option<Decision>,
+    legacy: Option<Legacy>,
 }
 
 impl AllowedHeaders {
@@ -46,8 +46,8 @@ impl AllowedHeaders {
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         headers.append(RATELIMIT_POLICY.clone(), self.policy);
         headers.append(RATELIMIT.clone(), self.ratelimit);
-        if let Some(decision) = &self.decision {
-            headers::insert_legacy(headers, decision);
+        if let Some(legacy) = self.legacy {
+            legacy.insert(headers);
         }
     }
 }
@@ -74,15 +74,32 @@ impl Responder {
         headers::join(items.map(|i| i.policy.as_str()))
     }
 
-    fn insert_fields(&self, rules: &RuleSet, headers: &mut HeaderMap, decision: &Decision) {
+    /// Adds the `RateLimit` fields to a rejection. A response the user built keeps any field it
+    /// set; the default rejection is the layer's own and has none yet, so it appends directly.
+    fn insert_fields(
+        &self,
+        rules: &RuleSet,
+        headers: &mut HeaderMap,
+        decision: &Decision,
+        own: bool,
+    ) {
+        let mut add = |name: &HeaderName, value: HeaderValue| {
+            if own {
+                headers.append(name.clone(), value);
+            } else {
+                headers.entry(name.clone()).or_insert(value);
+            }
+        };
         if let Some(policy) = Self::policy(rules, decision) {
-            headers.entry(RATELIMIT_POLICY.clone()).or_insert(policy);
+            add(&RATELIMIT_POLICY, policy);
         }
         if let Some(value) = headers::ratelimit_value(&rules.items, decision) {
-            headers.entry(RATELIMIT.clone()).or_insert(value);
+            add(&RATELIMIT, value);
         }
         if self.legacy {
-            headers::insert_legacy(headers, decision);
+            if let Some(legacy) = Legacy::of(decision) {
+                legacy.insert(headers);
+            }
         }
     }
 
@@ -94,7 +111,7 @@ impl Responder {
         Some(AllowedHeaders {
             policy: Self::policy(rules, decision)?,
             ratelimit: headers::ratelimit_value(&rules.items, decision)?,
-            decision: self.legacy.then(|| decision.clone()),
+            legacy: self.legacy.then(|| Legacy::of(decision)).flatten(),
         })
     }
 
@@ -118,11 +135,12 @@ impl Responder {
                 response
             }
         };
+        let own = self.rejection.is_none();
         let headers = response.headers_mut();
-        if !headers.contains_key(http::header::RETRY_AFTER) {
+        if own || !headers.contains_key(http::header::RETRY_AFTER) {
             headers::insert_retry_after(headers, wait);
         }
-        self.insert_fields(rules, headers, decision);
+        self.insert_fields(rules, headers, decision, own);
         response
     }
 
@@ -192,31 +210,46 @@ fn quota_exceeded(
             .filter_map(|r| rules.items.get(r.index))
     };
     let mut numbers = itoa::Buffer::new();
-    let mut body = String::with_capacity(256);
-    body.push_str("{\"type\":\"");
-    body.push_str(QUOTA_EXCEEDED);
-    body.push_str("\",\"title\":\"Too Many Requests\",\"status\":");
-    body.push_str(numbers.format(status.as_u16()));
-    body.push_str(",\"detail\":\"Rate limit exceeded (");
+    let mut body = Text(String::with_capacity(256));
+    body.push("{\"type\":\"");
+    body.push(QUOTA_EXCEEDED);
+    body.push("\",\"title\":\"Too Many Requests\",\"status\":");
+    body.push(numbers.format(status.as_u16()));
+    body.push(",\"detail\":\"Rate limit exceeded (");
     for (i, item) in violated().enumerate() {
         if i > 0 {
-            body.push_str(", ");
+            body.push(", ");
         }
-        body.push_str(&item.json_name);
+        body.push(&item.json_name);
     }
-    body.push_str("); retry in ");
-    body.push_str(numbers.format(retry_seconds));
-    body.push_str(" s.\",\"violated-policies\":[");
+    body.push("); retry in ");
+    body.push(numbers.format(retry_seconds));
+    body.push(" s.\",\"violated-policies\":[");
     for (i, item) in violated().enumerate() {
         if i > 0 {
-            body.push(',');
+            body.push(",");
         }
-        body.push('"');
-        body.push_str(&item.json_name);
-        body.push('"');
+        body.push("\"");
+        body.push(&item.json_name);
+        body.push("\"");
     }
-    body.push_str("]}");
-    Bytes::from(body)
+    body.push("]}");
+    body.into_bytes()
+}
+
+/// The body text of a layer's own response.
+struct Text(String);
+
+impl Text {
+    fn push(&mut self, text: &str) {
+        self.0.push_str(text);
+    }
+
+    /// Trimmed to its length first (a shrink in place): `Bytes` then takes the allocation over
+    /// as it is, where a buffer with spare capacity would cost it a second allocation.
+    fn into_bytes(self) -> Bytes {
+        Bytes::from(self.0.into_bytes().into_boxed_slice())
+    }
 }
 
 const PROBLEM_JSON: &str = "application/problem+json";

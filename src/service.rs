@@ -2,6 +2,9 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
 
 use http::{Request, Response};
 use smallvec::SmallVec;
@@ -14,6 +17,7 @@ use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
+use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Plan, Route, RuleSet};
 use crate::store::{Outcomes, StoreError};
@@ -89,7 +93,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let rules = shared.limiter.rules();
         let (enforced, shadow) = match rules.route(&request, shared.shadow_all) {
@@ -109,14 +113,10 @@ where
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
         match rules.ask(shared.limiter.store(), &enforced) {
-            Answer::Now(result) => ResponseFuture::new(decide(
-                &mut self.inner,
-                shared,
-                &rules,
-                request,
-                enforced,
-                result,
-            )),
+            Answer::Now(result) => {
+                let next = decide(shared, &rules, &mut request, enforced, result);
+                ResponseFuture::new(next.into_state(&mut self.inner, request))
+            }
             Answer::Later(store) => {
                 // The store needs I/O: the ready inner service goes into the future and a clone
                 // takes its place (the contract of `poll_ready` is per instance).
@@ -174,18 +174,55 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
     }
 }
 
-/// Turns the store's answer into the next state: call the inner service, wait, or answer.
-pub(crate) fn decide<S, B>(
-    inner: &mut S,
+/// What happens to a request once the store has answered.
+pub(crate) enum Next {
+    /// Forward it now, adding these fields to the response.
+    Forward(Option<AllowedHeaders>),
+    /// Queue mode: hold it until its slot.
+    Wait {
+        wait: Duration,
+        headers: Option<AllowedHeaders>,
+        hold: Hold,
+    },
+    /// Answer it with this response.
+    Respond(Response<Bytes>),
+}
+
+impl Next {
+    /// The future's state that carries this out. (The request is moved once, here, into the
+    /// inner service or the queue: the decision itself only borrows it.)
+    #[inline]
+    pub(crate) fn into_state<S, B>(self, inner: &mut S, request: Request<B>) -> State<S, B>
+    where
+        S: Service<Request<B>> + Clone,
+    {
+        match self {
+            Next::Forward(headers) => State::calling(inner.call(request), headers),
+            Next::Respond(response) => State::respond(response),
+            Next::Wait {
+                wait,
+                headers,
+                hold,
+            } => {
+                // The ready service goes with the request (a clone takes its place): the contract
+                // of `poll_ready` is per instance.
+                let clone = inner.clone();
+                let ready = std::mem::replace(inner, clone);
+                State::waiting(wait, ready, request, headers, hold)
+            }
+        }
+    }
+}
+
+/// Turns the store's answer into what happens next: forward, wait, or answer. The decision goes
+/// into the request's extensions for the handler.
+pub(crate) fn decide<B>(
     shared: &Shared,
     rules: &Arc<RuleSet>,
-    mut request: Request<B>,
+    request: &mut Request<B>,
     plan: Plan,
     result: Result<Outcomes, StoreError>,
-) -> State<S, B>
-where
-    S: Service<Request<B>> + Clone,
-{
+) -> Next {
     let outcomes = result.and_then(|outcomes| {
         if outcomes.len() == plan.len() {
             Ok(outcomes)
@@ -205,11 +242,11 @@ where
             return match shared.failure {
                 FailurePolicy::Open => {
                     tracing::warn!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
-                    State::calling(inner.call(request), None)
+                    Next::Forward(None)
                 }
                 FailurePolicy::Closed => {
                     tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
-                    State::respond(shared.responder.unavailable(&error))
+                    Next::Respond(shared.responder.unavailable(&error))
                 }
             };
         }
@@ -237,21 +274,22 @@ where
         observe::event(entry, false, shared.redact_keys);
     }
     if !allowed {
-        return State::respond(shared.responder.denied(rules, &decision));
+        return Next::Respond(shared.responder.denied(rules, &decision));
     }
     let headers = shared.responder.allowed(rules, &decision);
     let wait = decision.wait();
     if wait.is_zero() {
         request.extensions_mut().insert(decision);
-        return State::calling(inner.call(request), headers);
+        return Next::Forward(headers);
     }
-    // Queue mode: hold the request until its slot. The ready service goes with it (a clone takes
-    // its place), and the units go back to the store if the request is dropped while it waits.
+    // Queue mode: the units go back to the store if the request is dropped while it waits.
     let hold = Hold::new(shared.limiter.clone(), rules.clone(), &decision);
     request.extensions_mut().insert(decision);
-    let clone = inner.clone();
-    let ready = std::mem::replace(inner, clone);
-    State::waiting(wait, ready, request, headers, hold)
+    Next::Wait {
+        wait,
+        headers,
+        hold,
+    }
 }
 
 /// The units a queued request holds; given back unless the request reaches the inner service.
