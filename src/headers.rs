@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Outcome};
 use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 
@@ -100,11 +100,7 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
     let entries = decision.rules();
-    let numbers = |entry: &RuleDecision| {
-        let remaining = entry.outcome.remaining.min(SF_INTEGER_MAX);
-        let t = whole_seconds(entry.outcome.reset).min(SF_INTEGER_MAX);
-        (remaining, t)
-    };
+    let numbers = |entry: &RuleDecision| reported(&entry.outcome);
     // The exact length first: a buffer of exactly its length becomes the value's `Bytes` without
     // a second allocation.
     let mut len = 2 * entries.len().saturating_sub(1);
@@ -126,6 +122,15 @@ pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Opti
         value.extend_from_slice(buffer.format(t).as_bytes());
     }
     HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
+}
+
+/// The `r` (units left) and `t` (whole seconds until the quota grows) a rule's `RateLimit` item
+/// reports.
+pub(crate) fn reported(outcome: &Outcome) -> (u64, u64) {
+    (
+        outcome.remaining.min(SF_INTEGER_MAX),
+        whole_seconds(outcome.reset).min(SF_INTEGER_MAX),
+    )
 }
 
 /// The number of decimal digits of `n`.

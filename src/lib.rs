@@ -43,6 +43,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod observe;
+mod prepared;
 mod queue;
 mod response;
 mod rule;

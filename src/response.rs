@@ -11,6 +11,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use crate::decision::Decision;
 use crate::headers::{self, Legacy, RATELIMIT, RATELIMIT_POLICY};
+use crate::prepared::Fingerprint;
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 
@@ -118,6 +119,22 @@ impl Responder {
     /// The response to a denied request.
     pub(crate) fn denied(&self, rules: &RuleSet, decision: &Decision) -> Response<Bytes> {
         let wait = decision.retry_after().unwrap_or_default() + self.jitter();
+        if self.rejection.is_none() && !self.legacy {
+            let retry_seconds = headers::whole_seconds(wait).max(1);
+            let fingerprint = Fingerprint::of(self.status, retry_seconds, decision);
+            return rules
+                .prepared
+                .get_or_build(fingerprint, || self.build_denied(rules, decision, wait));
+        }
+        self.build_denied(rules, decision, wait)
+    }
+
+    fn build_denied(
+        &self,
+        rules: &RuleSet,
+        decision: &Decision,
+        wait: Duration,
+    ) -> Response<Bytes> {
         let mut response = match &self.rejection {
             Some(build) => build(decision),
             None => {

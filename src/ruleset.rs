@@ -15,6 +15,7 @@ use crate::error::ConfigError;
 use crate::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
+use crate::prepared::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
 
@@ -26,6 +27,8 @@ pub(crate) struct RuleSet {
     pub(crate) store_latency: metrics::Histogram,
     /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
     pub(crate) all_rules_policy: Option<HeaderValue>,
+    /// The last default 429s, for floods of identical refusals.
+    pub(crate) prepared: Prepared,
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
@@ -115,6 +118,7 @@ impl RuleSet {
             metrics,
             store_latency: crate::observe::store_latency(),
             all_rules_policy,
+            prepared: Prepared::new(),
             allow,
             deny,
         })

@@ -627,3 +627,57 @@ async fn the_problem_body_is_valid_json_whatever_the_rule_names() {
     let list: sfv::List = sfv::Parser::new(policy).parse().unwrap();
     assert_eq!(list.len(), 2);
 }
+
+/// Refusals alike are answered from a prepared copy (the layer keeps its last few default 429s):
+/// the copy must be the same response, and a refusal that differs in any number must not get it.
+#[tokio::test(start_paused = true)]
+async fn prepared_refusals_are_exact_copies_and_follow_the_clock() {
+    let (_, inner) = counting();
+    let rule = Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip());
+    let service = paused::layer(rule).layer(inner);
+    let parts = |r: &Response<Bytes>| (r.status(), r.headers().clone(), r.body().clone());
+
+    assert_eq!(
+        send(&service, from("192.0.2.1", get("/"))).await.status(),
+        StatusCode::OK
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        send(&service, from("192.0.2.2", get("/"))).await.status(),
+        StatusCode::OK
+    );
+
+    // Two clients refused alternately, with different waits: each gets its own numbers, and a
+    // repeat is identical to the first refusal of its kind.
+    let first_x = send(&service, from("192.0.2.1", get("/"))).await;
+    let first_y = send(&service, from("192.0.2.2", get("/"))).await;
+    for _ in 0..3 {
+        let x = send(&service, from("192.0.2.1", get("/"))).await;
+        let y = send(&service, from("192.0.2.2", get("/"))).await;
+        assert_eq!(parts(&x), parts(&first_x));
+        assert_eq!(parts(&y), parts(&first_y));
+    }
+    assert_eq!(first_x.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&first_x, "retry-after"), Some("50"));
+    assert_eq!(header(&first_x, "ratelimit"), Some("\"per-ip\";r=0;t=50"));
+    assert_eq!(
+        header(&first_x, "ratelimit-policy"),
+        Some("\"per-ip\";q=1;w=60")
+    );
+    assert_eq!(
+        json(&first_x)["detail"],
+        "Rate limit exceeded (per-ip); retry in 50 s."
+    );
+    assert_eq!(header(&first_y, "retry-after"), Some("60"));
+    assert_eq!(header(&first_y, "ratelimit"), Some("\"per-ip\";r=0;t=60"));
+
+    // Time moves on: the next refusal says so.
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let later = send(&service, from("192.0.2.1", get("/"))).await;
+    assert_eq!(header(&later, "retry-after"), Some("49"));
+    assert_eq!(header(&later, "ratelimit"), Some("\"per-ip\";r=0;t=49"));
+    assert_eq!(
+        json(&later)["detail"],
+        "Rate limit exceeded (per-ip); retry in 49 s."
+    );
+}
