@@ -13,12 +13,17 @@
 //! the sharper measure of what the middleware costs. All servers start together and each round
 //! runs every variant once, so the machine's changing state hits them alike. Each cell is the
 //! median of the rounds, with the min–max range.
+//!
+//! The limiters are added with `Router::layer`, as their READMEs show, except in the two
+//! "around the Router" rows, where they wrap the whole router: a refusal then skips routing.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use axum::extract::Request;
 use axum::{routing::get, Router};
+use tower::{Layer, ServiceExt};
 
 /// The quota every limiter gets in the "allowed" runs: nothing is ever denied.
 const GENEROUS_PER_SECOND: u64 = 1_000_000;
@@ -28,12 +33,23 @@ const TIGHT_PER_SECOND: u64 = 10;
 #[derive(Clone, Copy, Debug)]
 enum Variant {
     Bare,
-    Tollgate { tight: bool, headers: bool },
-    TowerGovernor { tight: bool },
+    Tollgate {
+        tight: bool,
+        headers: bool,
+    },
+    TowerGovernor {
+        tight: bool,
+    },
+    /// Denied runs with the limiter wrapped around the whole `Router` rather than added with
+    /// `Router::layer`: a refusal then skips routing, the placement that shields a server from a
+    /// flood (and also limits requests to unknown paths).
+    Around {
+        tollgate: bool,
+    },
 }
 
 impl Variant {
-    fn all() -> [Variant; 6] {
+    fn all() -> [Variant; 8] {
         [
             Variant::Bare,
             Variant::Tollgate {
@@ -50,6 +66,8 @@ impl Variant {
                 headers: true,
             },
             Variant::TowerGovernor { tight: true },
+            Variant::Around { tollgate: true },
+            Variant::Around { tollgate: false },
         ]
     }
 
@@ -62,6 +80,8 @@ impl Variant {
                 if headers { "headers" } else { "noheaders" }
             ),
             Variant::TowerGovernor { tight } => format!("tower_governor-{}", path(tight)),
+            Variant::Around { tollgate: true } => "tollgate-denied-around".into(),
+            Variant::Around { tollgate: false } => "tower_governor-denied-around".into(),
         }
     }
 
@@ -83,6 +103,12 @@ impl Variant {
             Variant::Tollgate { tight: true, .. } => "tollgate, denied (429)".into(),
             Variant::TowerGovernor { tight: false } => "tower_governor, allowed (200)".into(),
             Variant::TowerGovernor { tight: true } => "tower_governor, denied (429)".into(),
+            Variant::Around { tollgate: true } => {
+                "tollgate, denied (429), around the Router".into()
+            }
+            Variant::Around { tollgate: false } => {
+                "tower_governor, denied (429), around the Router".into()
+            }
         }
     }
 }
@@ -95,37 +121,54 @@ fn path(tight: bool) -> &'static str {
     }
 }
 
+fn per_second(tight: bool) -> u64 {
+    if tight {
+        TIGHT_PER_SECOND
+    } else {
+        GENEROUS_PER_SECOND
+    }
+}
+
+fn tollgate_layer(tight: bool, headers: bool) -> tollgate::RateLimitLayer {
+    tollgate::RateLimitLayer::builder()
+        .rule(tollgate::Limit::per_second(per_second(tight)).key(tollgate::Key::peer_ip()))
+        .headers_on_allowed(headers)
+        .build()
+        .expect("valid rule")
+}
+
+fn governor_layer(
+    tight: bool,
+) -> tower_governor::GovernorLayer<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::NoOpMiddleware,
+    axum::body::Body,
+> {
+    let per_second = per_second(tight);
+    // tower_governor counts "one unit every `period`"; the burst is the capacity.
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .period(Duration::from_nanos(1_000_000_000 / per_second))
+        .burst_size(per_second as u32)
+        .finish()
+        .expect("valid quota");
+    tower_governor::GovernorLayer::new(config)
+}
+
+/// A service around the `Router` answers with its own body type; `axum::serve` wants axum's.
+fn into_axum_body<B>(response: http::Response<B>) -> axum::response::Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    response.map(axum::body::Body::new)
+}
+
 fn app(variant: Variant) -> Router {
     let router = Router::new().route("/", get(|| async { "Hello, World!" }));
     match variant {
-        Variant::Bare => router,
-        Variant::Tollgate { tight, headers } => {
-            let per_second = if tight {
-                TIGHT_PER_SECOND
-            } else {
-                GENEROUS_PER_SECOND
-            };
-            let layer = tollgate::RateLimitLayer::builder()
-                .rule(tollgate::Limit::per_second(per_second).key(tollgate::Key::peer_ip()))
-                .headers_on_allowed(headers)
-                .build()
-                .expect("valid rule");
-            router.layer(layer)
-        }
-        Variant::TowerGovernor { tight } => {
-            let per_second = if tight {
-                TIGHT_PER_SECOND
-            } else {
-                GENEROUS_PER_SECOND
-            };
-            // tower_governor counts "one unit every `period`"; the burst is the capacity.
-            let config = tower_governor::governor::GovernorConfigBuilder::default()
-                .period(Duration::from_nanos(1_000_000_000 / per_second))
-                .burst_size(per_second as u32)
-                .finish()
-                .expect("valid quota");
-            router.layer(tower_governor::GovernorLayer::new(config))
-        }
+        Variant::Bare | Variant::Around { .. } => router,
+        Variant::Tollgate { tight, headers } => router.layer(tollgate_layer(tight, headers)),
+        Variant::TowerGovernor { tight } => router.layer(governor_layer(tight)),
     }
 }
 
@@ -137,8 +180,32 @@ fn serve(variant: Variant, addr: SocketAddr) {
         .expect("runtime");
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-        let service = app(variant).into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(listener, service).await.expect("serve");
+        match variant {
+            Variant::Around { tollgate: true } => {
+                let service = ServiceExt::<Request>::map_response(
+                    tollgate_layer(true, true).layer(app(variant)),
+                    into_axum_body,
+                );
+                let service = axum::ServiceExt::<Request>::into_make_service_with_connect_info::<
+                    SocketAddr,
+                >(service);
+                axum::serve(listener, service).await.expect("serve");
+            }
+            Variant::Around { tollgate: false } => {
+                let service = ServiceExt::<Request>::map_response(
+                    governor_layer(true).layer(app(variant)),
+                    into_axum_body,
+                );
+                let service = axum::ServiceExt::<Request>::into_make_service_with_connect_info::<
+                    SocketAddr,
+                >(service);
+                axum::serve(listener, service).await.expect("serve");
+            }
+            _ => {
+                let service = app(variant).into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, service).await.expect("serve");
+            }
+        }
     });
 }
 
