@@ -720,22 +720,37 @@ impl Inner {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
         };
-        cmd.arg(if now.is_some() { TEST_GRACE_MS } else { 0 })
-            .arg(items.len());
+        // Every other number as one string of little-endian doubles, exact below 2^53 (the
+        // script reads them with one `struct.unpack` instead of one `tonumber` each).
+        let mut packed = Packed::default();
+        packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
+        packed.push(items.len() as u64);
         for item in items {
             let candidates = item.candidates();
-            cmd.arg(candidates.len())
-                .arg(params::mode_code(item.mode))
-                .arg(params::units_arg(item.cost))
-                .arg(item.undo.steady)
-                .arg(item.undo.at);
+            packed.push(candidates.len() as u64);
+            packed.push(params::mode_code(item.mode));
+            packed.push(params::units_arg(item.cost));
+            packed.push(item.undo.steady);
+            packed.push(item.undo.at);
             for candidate in candidates {
                 for &value in &candidate.args {
-                    cmd.arg(value);
+                    packed.push(value);
                 }
             }
         }
+        cmd.arg(packed.0.as_slice());
         cmd
+    }
+}
+
+/// Numbers for the script, as it reads them: little-endian doubles.
+#[derive(Default)]
+struct Packed(SmallVec<[u8; 128]>);
+
+impl Packed {
+    /// Integers below 2^53 convert exactly; the rules are validated to stay there.
+    fn push(&mut self, value: u64) {
+        self.0.extend_from_slice(&(value as f64).to_le_bytes());
     }
 }
 
