@@ -697,7 +697,7 @@ impl Inner {
     ) -> Result<Vec<(Outcome, Taken)>, StoreError> {
         let cmd = self.command(op, now, items);
         let mut conn = self.conn.clone();
-        let reply: Vec<i64> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        let reply: Vec<u8> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
         decode(&reply, items)
     }
 
@@ -738,6 +738,7 @@ impl Inner {
                 }
             }
         }
+        packed.pad();
         cmd.arg(packed.0.as_slice());
         cmd
     }
@@ -748,24 +749,44 @@ impl Inner {
 struct Packed(SmallVec<[u8; 128]>);
 
 impl Packed {
+    /// The script reads a call's first numbers with one unpack: it needs at least this many.
+    const MIN: usize = 14;
+
     /// Integers below 2^53 convert exactly; the rules are validated to stay there.
     fn push(&mut self, value: u64) {
         self.0.extend_from_slice(&(value as f64).to_le_bytes());
     }
+
+    fn pad(&mut self) {
+        while self.0.len() < 8 * Self::MIN {
+            self.push(0);
+        }
+    }
 }
 
-/// Reads the script's reply: seven integers per item, then the time the script used.
-fn decode(reply: &[i64], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 7 * items.len() + 1 {
+/// Reads the script's reply: seven integers per item, then the time the script used, as
+/// little-endian doubles.
+fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
+    if reply.len() != 8 * (7 * items.len() + 1) {
         return Err(protocol(format!(
-            "the script answered {} values for {} charges",
+            "the script answered {} bytes for {} charges",
             reply.len(),
             items.len()
         )));
     }
-    let number = |value: i64| {
-        u64::try_from(value)
-            .map_err(|_| protocol(format!("negative value in the script's reply: {reply:?}")))
+    let reply: SmallVec<[f64; 8]> = reply
+        .chunks_exact(8)
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        .collect();
+    let number = |value: f64| {
+        // The script's numbers are integers below 2^53, where the conversion is exact.
+        if value.is_finite() && value >= 0.0 {
+            Ok(value as u64)
+        } else {
+            Err(protocol(format!(
+                "a value in the script's reply is not a count: {reply:?}"
+            )))
+        }
     };
     let at = number(reply[reply.len() - 1])?;
     items
@@ -773,14 +794,14 @@ fn decode(reply: &[i64], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, St
         .zip(reply.chunks_exact(7))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
-            let verdict = match values[0] {
+            let verdict = match number(values[0])? {
                 0 => Verdict::Allowed,
                 1 => Verdict::Reserved { wait },
                 2 => Verdict::Denied { retry_after: wait },
                 other => return Err(protocol(format!("unknown verdict {other}"))),
             };
             let candidates = item.candidates();
-            let index = usize::try_from(values[5])
+            let index = usize::try_from(number(values[5])?)
                 .ok()
                 .filter(|&i| i < candidates.len())
                 .ok_or_else(|| protocol(format!("unknown candidate {}", values[5])))?;

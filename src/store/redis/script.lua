@@ -11,17 +11,19 @@
 --          record's earlier charge exactly (a cross-slot batch that was denied in another slot)
 -- ARGV[2]  now in microseconds since the Unix epoch, or "" to read the server's TIME
 -- ARGV[3]  every other number, packed as little-endian doubles (one `struct.unpack` reads many
---          numbers for the price of one `tonumber`; integers below 2^53 are exact): milliseconds
---          added to every expiry (0 unless a test clock injects the time), the number of
---          records, then for each record:
+--          numbers for the price of one `tonumber`; integers below 2^53 are exact), at least 14
+--          (zeros pad the end): milliseconds added to every expiry (0 unless a test clock
+--          injects the time), the number of records, then for each record:
 --            n (1, or 2 for a sharded rule's two candidate shards), mode (0 charge, 1 check,
 --            2 reserve), cost, aux (undo: the units a burst pool took from its steady bucket),
 --            at (undo: the time of the charge), then n times: algorithm code and parameters
 --            (see `read`).
 -- KEYS     one per candidate, in order.
--- Reply    seven integers per record: verdict (0 allowed, 1 reserved, 2 denied), wait or
---          retry-after (µs), limit, remaining, reset (µs), chosen candidate (0 or 1), aux (the
---          units a burst pool charge took from its steady bucket); then the time used.
+-- Reply    one string of little-endian doubles, like ARGV[3] (cheaper to build and to read than
+--          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
+--          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
+--          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
+--          used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (below) therefore comes first and creates almost
@@ -40,15 +42,6 @@ local function div(a, b)
   return q
 end
 
-local function cdiv(a, b)
-  return div(a + b - 1, b)
-end
-
--- The decimal digits of an integer below 2^53 ('%d' is exact there, and cheaper than '%.0f').
-local function int(x)
-  return string.format('%d', x)
-end
-
 local op, packed = ARGV[1], ARGV[3]
 local now
 if ARGV[2] == '' then
@@ -65,7 +58,10 @@ end
 -- here and larger ones through the general code.
 
 if op == 'A' then
-  local grace, count, n, mode, cost, _, _, code = struct.unpack('<dddddddd', packed)
+  -- Every call packs at least 14 numbers (the Rust side pads), so one unpack reads a whole
+  -- record: the header, then the algorithm code and up to six parameters.
+  local grace, count, n, mode, cost, _, _, code, p1, p2, p3, p4, p5, p6 =
+    struct.unpack('<dddddddddddddd', packed)
   if count == 1 and n == 1 and code <= 3 then
     local key = KEYS[1]
     local raw = redis.call('GET', key)
@@ -75,12 +71,10 @@ if op == 'A' then
 
     if code == 1 then
       -- Token bucket (GCRA): `make_bucket`.
-      local T, cap, init, cost_span, max_after, max_wait =
-        struct.unpack('<dddddd', packed, 65)
+      local T, cap, cost_span, max_after, max_wait = p1, p2, p4, p5, p6
       local span = cap * T
-      local tat
-      if raw and string.byte(raw, 1) == 98 then tat = tonumber(string.sub(raw, 2)) end -- 'b'
-      if tat == nil then tat = now + init end
+      local tat = tonumber(raw) -- nil for a missing key (false) or another algorithm's state
+      if tat == nil then tat = now + p3 end
       local debt = tat - now
       if debt < 0 then debt = 0 end
       if cost == 0 then cost_span = 0 end
@@ -114,11 +108,12 @@ if op == 'A' then
       if kind ~= 2 and mode ~= 1 then
         if tat < now then tat = now end
         expires = tat + cost_span
-        value = 'b' .. int(expires)
+        value = string.format('%d', expires)
       end
     else
-      -- Windows: both keep the start of the current window first.
-      local period = struct.unpack('<d', packed, 73)
+      -- Windows: both keep the start of the current window first. Parameters: the limit, the
+      -- period, then the fixed window's capacity and offset, or the sliding window's offset.
+      local period = p2
       local ws, a, b
       if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
         ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
@@ -127,7 +122,8 @@ if op == 'A' then
       local windows = 0
       if ws == nil then
         -- A fresh key: `window_containing` (windows at offset + k * period).
-        local offset = struct.unpack('<d', packed, code == 2 and 89 or 81)
+        local offset = p3
+        if code == 2 then offset = p4 end
         local into = now + period - offset
         into = into - div(into, period) * period
         ws = now - into
@@ -139,9 +135,9 @@ if op == 'A' then
 
       if code == 2 then
         -- Fixed window: `make_fixed`; `a` units left.
-        local rate, _, cap = struct.unpack('<ddd', packed, 65)
+        local rate, cap = p1, p3
         local rem = a or cap
-        if rem >= cap or windows >= cdiv(cap - rem, rate) then
+        if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
           rem = cap
         else
           rem = rem + windows * rate
@@ -149,11 +145,11 @@ if op == 'A' then
         if rem >= cost then
           rem = rem - cost
           if mode ~= 1 then
-            value = 'w' .. int(ws) .. ',' .. int(rem)
-            expires = ws + cdiv(cap - rem, rate) * period
+            value = string.format('w%d,%d', ws, rem)
+            expires = ws + div(cap - rem + rate - 1, rate) * period
           end
         else
-          kind, wait = 2, ws + cdiv(cost - rem, rate) * period - now
+          kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
           if wait < 0 then wait = 0 end
         end
         limit, remaining = cap, rem
@@ -164,7 +160,7 @@ if op == 'A' then
       else
         -- Sliding window counter: `make_sliding`; `a` units in the current window, `b` in the
         -- previous one (never above the limit, which may have been lowered since).
-        limit = struct.unpack('<d', packed, 65)
+        limit = p1
         local cur, prev = 0, 0
         if a then
           if a > limit then a = limit end
@@ -204,7 +200,7 @@ if op == 'A' then
         if fits(cur, cost) then
           cur = cur + cost
           if mode ~= 1 then
-            value = 's' .. int(ws) .. ',' .. int(cur) .. ',' .. int(prev)
+            value = string.format('s%d,%d,%d', ws, cur, prev)
             expires = ws
             if cur > 0 then
               expires = ws + 2 * period
@@ -215,7 +211,7 @@ if op == 'A' then
         else
           kind, wait = 2, wait_for(cur, cost)
         end
-        remaining = limit - cur - cdiv(prev * left, period)
+        remaining = limit - cur - div(prev * left + period - 1, period)
         if remaining < 0 then remaining = 0 end
         if remaining < limit then reset = wait_for(cur, remaining + 1) end
       end
@@ -224,15 +220,24 @@ if op == 'A' then
     if value then
       -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
       local px = 1
-      if expires > now then px = cdiv(expires - now, 1000) end
-      redis.call('SET', key, value, 'PX', int(px + grace))
+      if expires > now then px = div(expires - now + 999, 1000) end
+      redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
     end
-    return { kind, wait, limit, remaining, reset, 0, 0, now }
+    return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
   end
 end
 
 ------------------------------------------------------------------------------------------------
 -- The general code: any number of records and candidates, every algorithm and operation.
+
+local function cdiv(a, b)
+  return div(a + b - 1, b)
+end
+
+-- The decimal digits of an integer below 2^53 ('%d' is exact there, and cheaper than '%.0f').
+local function int(x)
+  return string.format('%d', x)
+end
 
 local function pos(x)
   if x < 0 then return 0 end
@@ -249,7 +254,8 @@ local function max(a, b)
   return b
 end
 
--- Encoding: a tag letter, then decimal integers separated by commas.
+-- Encoding: a tag letter, then decimal integers separated by commas; except a token bucket's
+-- state, the most common, which is its one number alone (no other state reads as a number).
 
 local function numbers(raw)
   local out = {}
@@ -332,12 +338,11 @@ local function make_bucket()
   end
 
   function bucket.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 'b' then return nil end
-    return tonumber(string.sub(raw, 2))
+    return tonumber(raw)
   end
 
   function bucket.encode(tat)
-    return 'b' .. int(tat)
+    return int(tat)
   end
 
   bucket.undo = bucket.refund
@@ -849,9 +854,9 @@ end
 
 local reply = {}
 local function answer(rec, res)
-  for i = 1, 5 do reply[#reply + 1] = res[i] end
-  reply[#reply + 1] = rec.chosen - 1
-  reply[#reply + 1] = rec.aux_out or 0
+  reply[#reply + 1] = struct.pack(
+    '<ddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0
+  )
 end
 
 if op == 'A' or op == 'C' then
@@ -929,5 +934,5 @@ elseif op == 'R' or op == 'U' then
 else
   return redis.error_reply('tollgate: unknown op')
 end
-reply[#reply + 1] = now
-return reply
+reply[#reply + 1] = struct.pack('<d', now)
+return table.concat(reply)
