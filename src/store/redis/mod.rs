@@ -441,7 +441,7 @@ struct Candidate {
     name: Vec<u8>,
     slot: u16,
     shard: u32,
-    args: SmallVec<[u64; 8]>,
+    args: params::Args,
 }
 
 /// A record in one script call, with the mode and cost that call uses; `only` restricts it to
@@ -524,7 +524,7 @@ impl Inner {
         shard: Option<u32>,
     ) -> Candidate {
         let name = keys::key_name(&self.prefix, charge.rule, charge.key, shard);
-        let mut args = Vec::with_capacity(8);
+        let mut args = params::Args::new();
         params::push(
             &mut args,
             algorithm,
@@ -541,7 +541,7 @@ impl Inner {
             },
             name,
             shard: shard.unwrap_or(0),
-            args: args.into(),
+            args,
         }
     }
 
@@ -593,20 +593,21 @@ impl Inner {
         now: Option<Micros>,
         records: &[Record],
     ) -> Result<Outcomes, StoreError> {
-        let groups = self.groups(records);
+        let groups = if self.is_cluster() {
+            self.groups(records)
+        } else {
+            Vec::new()
+        };
         if groups.len() <= 1 {
-            let items: Vec<Item<'_>> = records.iter().map(Item::apply).collect();
+            let items: SmallVec<[Item<'_>; 2]> = records.iter().map(Item::apply).collect();
             let results = self.call(Op::Apply, now, &items).await?;
             return Ok(results.into_iter().map(|(outcome, _)| outcome).collect());
         }
         self.cross_slot(now, records, &groups).await
     }
 
-    /// The records grouped by cluster slot, in slot order (one group on a single server).
+    /// The records grouped by cluster slot, in slot order.
     fn groups(&self, records: &[Record]) -> Vec<Vec<usize>> {
-        if !self.is_cluster() {
-            return vec![(0..records.len()).collect()];
-        }
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, record) in records.iter().enumerate() {
             groups.entry(record.candidates[0].slot).or_default().push(i);
@@ -702,27 +703,30 @@ impl Inner {
     }
 
     fn command(&self, op: Op, now: Option<Micros>, items: &[Item<'_>]) -> Cmd {
-        let keys: usize = items.iter().map(|item| item.candidates().len()).sum();
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(keys);
-        for item in items {
-            for candidate in item.candidates() {
-                cmd.arg(&candidate.name);
-            }
+        let candidates = || items.iter().flat_map(|item| item.candidates());
+        let keys = candidates().count();
+        let names: usize = candidates().map(|c| c.name.len()).sum();
+        let numbers = 4 + 5 * items.len() + candidates().map(|c| c.args.len()).sum::<usize>();
+        // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
+        let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers.max(Packed::MIN));
+        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
+        for candidate in candidates() {
+            cmd.arg(&candidate.name);
         }
-        cmd.arg(match op {
-            Op::Apply => "A",
-            Op::Check => "C",
-            Op::Refund => "R",
-            Op::Undo => "U",
+        // Every number as one string of little-endian doubles, exact below 2^53 (the script
+        // reads them with one `struct.unpack` instead of one `tonumber` each).
+        let mut packed = Packed::default();
+        packed.push(match op {
+            Op::Apply => 1,
+            Op::Check => 2,
+            Op::Refund => 3,
+            Op::Undo => 4,
         });
         match now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        // Every other number as one string of little-endian doubles, exact below 2^53 (the
-        // script reads them with one `struct.unpack` instead of one `tonumber` each).
-        let mut packed = Packed::default();
+            Some(now) => packed.push(now),
+            // The server's time.
+            None => packed.0.extend_from_slice(&(-1f64).to_le_bytes()),
+        }
         packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
         packed.push(items.len() as u64);
         for item in items {
@@ -750,7 +754,7 @@ struct Packed(SmallVec<[u8; 128]>);
 
 impl Packed {
     /// The script reads a call's first numbers with one unpack: it needs at least this many.
-    const MIN: usize = 14;
+    const MIN: usize = 16;
 
     /// Integers below 2^53 convert exactly; the rules are validated to stay there.
     fn push(&mut self, value: u64) {

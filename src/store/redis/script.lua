@@ -6,20 +6,22 @@
 -- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions
 -- go through `div`, which corrects the float quotient to the exact floor.
 --
--- ARGV[1]  op: "A" applies the batch (all or nothing); "C" checks it (no change; admitted records
---          report what they have left, uncharged); "R" refunds each record; "U" undoes each
---          record's earlier charge exactly (a cross-slot batch that was denied in another slot)
--- ARGV[2]  now in microseconds since the Unix epoch, or "" to read the server's TIME
--- ARGV[3]  every other number, packed as little-endian doubles (one `struct.unpack` reads many
---          numbers for the price of one `tonumber`; integers below 2^53 are exact), at least 14
---          (zeros pad the end): milliseconds added to every expiry (0 unless a test clock
---          injects the time), the number of records, then for each record:
+-- ARGV[1]  every number of the call, packed as little-endian doubles (integers below 2^53 are
+--          exact; one `struct.unpack` reads many numbers for less than one `tonumber` costs, and
+--          one argument is cheaper for Redis to pass than many), at least 16 (zeros pad the end):
+--            op: 1 applies the batch (all or nothing); 2 checks it (no change; admitted records
+--              report what they have left, uncharged); 3 refunds each record; 4 undoes each
+--              record's earlier charge exactly (a cross-slot batch that was denied in another
+--              slot)
+--            now in microseconds since the Unix epoch, or -1 to read the server's TIME
+--            milliseconds added to every expiry (0 unless a test clock injects the time)
+--            the number of records, then for each record:
 --            n (1, or 2 for a sharded rule's two candidate shards), mode (0 charge, 1 check,
 --            2 reserve), cost, aux (undo: the units a burst pool took from its steady bucket),
 --            at (undo: the time of the charge), then n times: algorithm code and parameters
 --            (see `read`).
 -- KEYS     one per candidate, in order.
--- Reply    one string of little-endian doubles, like ARGV[3] (cheaper to build and to read than
+-- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
 --          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
 --          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
 --          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
@@ -42,13 +44,13 @@ local function div(a, b)
   return q
 end
 
-local op, packed = ARGV[1], ARGV[3]
-local now
-if ARGV[2] == '' then
+-- The call's first numbers: enough for a whole record of the fast path below.
+local packed = ARGV[1]
+local op, now, grace, count, n, mode, cost, _, _, code, p1, p2, p3, p4, p5, p6 =
+  struct.unpack('<dddddddddddddddd', packed)
+if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
 end
 
 ------------------------------------------------------------------------------------------------
@@ -57,174 +59,168 @@ end
 -- functions named in each part), inlined; the differential tests send single-rule batches through
 -- here and larger ones through the general code.
 
-if op == 'A' then
-  -- Every call packs at least 14 numbers (the Rust side pads), so one unpack reads a whole
-  -- record: the header, then the algorithm code and up to six parameters.
-  local grace, count, n, mode, cost, _, _, code, p1, p2, p3, p4, p5, p6 =
-    struct.unpack('<dddddddddddddd', packed)
-  if count == 1 and n == 1 and code <= 3 then
-    local key = KEYS[1]
-    local raw = redis.call('GET', key)
-    local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
-    -- Set when the charge is committed: the new state, and when it equals a fresh key's.
-    local value, expires
+if op == 1 and count == 1 and n == 1 and code <= 3 then
+  local key = KEYS[1]
+  local raw = redis.call('GET', key)
+  local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
+  -- Set when the charge is committed: the new state, and when it equals a fresh key's.
+  local value, expires
 
-    if code == 1 then
-      -- Token bucket (GCRA): `make_bucket`.
-      local T, cap, cost_span, max_after, max_wait = p1, p2, p4, p5, p6
-      local span = cap * T
-      local tat = tonumber(raw) -- nil for a missing key (false) or another algorithm's state
-      if tat == nil then tat = now + p3 end
-      local debt = tat - now
-      if debt < 0 then debt = 0 end
-      if cost == 0 then cost_span = 0 end
-      local after = debt + cost_span
-      local left = after
-      if after > span then
-        if mode == 2 and after <= max_after and after - span <= max_wait then
-          kind, wait = 1, after - span
-        else
-          -- `tb_wait_for(debt, cost)`: when the cost fits outright.
-          kind, left, wait = 2, debt, debt
-          if cost < cap then wait = debt - (cap - cost) * T end
-          if wait < 0 then wait = 0 end
-          if mode == 2 then
-            -- Past the queue's bound: when it could queue, if that is sooner.
-            local could_queue = after - max_after
-            if after - span - max_wait > could_queue then could_queue = after - span - max_wait end
-            if could_queue < 0 then could_queue = 0 end
-            if could_queue < wait then wait = could_queue end
-          end
+  if code == 1 then
+    -- Token bucket (GCRA): `make_bucket`.
+    local T, cap, cost_span, max_after, max_wait = p1, p2, p4, p5, p6
+    local span = cap * T
+    local tat = tonumber(raw) -- nil for a missing key (false) or another algorithm's state
+    if tat == nil then tat = now + p3 end
+    local debt = tat - now
+    if debt < 0 then debt = 0 end
+    if cost == 0 then cost_span = 0 end
+    local after = debt + cost_span
+    local left = after
+    if after > span then
+      if mode == 2 and after <= max_after and after - span <= max_wait then
+        kind, wait = 1, after - span
+      else
+        -- `tb_wait_for(debt, cost)`: when the cost fits outright.
+        kind, left, wait = 2, debt, debt
+        if cost < cap then wait = debt - (cap - cost) * T end
+        if wait < 0 then wait = 0 end
+        if mode == 2 then
+          -- Past the queue's bound: when it could queue, if that is sooner.
+          local could_queue = after - max_after
+          if after - span - max_wait > could_queue then could_queue = after - span - max_wait end
+          if could_queue < 0 then could_queue = 0 end
+          if could_queue < wait then wait = could_queue end
         end
       end
-      limit = cap
-      if left < span then remaining = div(span - left, T) end
-      if remaining < cap then
-        -- `tb_reset`: until one more unit is available.
-        reset = left
-        if remaining + 1 < cap then reset = left - (cap - remaining - 1) * T end
-        if reset < 0 then reset = 0 end
-      end
-      if kind ~= 2 and mode ~= 1 then
-        if tat < now then tat = now end
-        expires = tat + cost_span
-        value = string.format('%d', expires)
-      end
-    else
-      -- Windows: both keep the start of the current window first. Parameters: the limit, the
-      -- period, then the fixed window's capacity and offset, or the sliding window's offset.
-      local period = p2
-      local ws, a, b
-      if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
-        ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
-        ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
-      end
-      local windows = 0
-      if ws == nil then
-        -- A fresh key: `window_containing` (windows at offset + k * period).
-        local offset = p3
-        if code == 2 then offset = p4 end
-        local into = now + period - offset
-        into = into - div(into, period) * period
-        ws = now - into
-        if ws < 0 then ws = 0 end
-      elseif now > ws then
-        windows = div(now - ws, period)
-        ws = ws + windows * period
-      end
+    end
+    limit = cap
+    if left < span then remaining = div(span - left, T) end
+    if remaining < cap then
+      -- `tb_reset`: until one more unit is available.
+      reset = left
+      if remaining + 1 < cap then reset = left - (cap - remaining - 1) * T end
+      if reset < 0 then reset = 0 end
+    end
+    if kind ~= 2 and mode ~= 1 then
+      if tat < now then tat = now end
+      expires = tat + cost_span
+      value = string.format('%d', expires)
+    end
+  else
+    -- Windows: both keep the start of the current window first. Parameters: the limit, the
+    -- period, then the fixed window's capacity and offset, or the sliding window's offset.
+    local period = p2
+    local ws, a, b
+    if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
+      ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
+      ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
+    end
+    local windows = 0
+    if ws == nil then
+      -- A fresh key: `window_containing` (windows at offset + k * period).
+      local offset = p3
+      if code == 2 then offset = p4 end
+      local into = now + period - offset
+      into = into - div(into, period) * period
+      ws = now - into
+      if ws < 0 then ws = 0 end
+    elseif now > ws then
+      windows = div(now - ws, period)
+      ws = ws + windows * period
+    end
 
-      if code == 2 then
-        -- Fixed window: `make_fixed`; `a` units left.
-        local rate, cap = p1, p3
-        local rem = a or cap
-        if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
-          rem = cap
-        else
-          rem = rem + windows * rate
-        end
-        if rem >= cost then
-          rem = rem - cost
-          if mode ~= 1 then
-            value = string.format('w%d,%d', ws, rem)
-            expires = ws + div(cap - rem + rate - 1, rate) * period
-          end
-        else
-          kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
-          if wait < 0 then wait = 0 end
-        end
-        limit, remaining = cap, rem
-        if rem < cap then
-          reset = ws + period - now
-          if reset < 0 then reset = 0 end
+    if code == 2 then
+      -- Fixed window: `make_fixed`; `a` units left.
+      local rate, cap = p1, p3
+      local rem = a or cap
+      if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
+        rem = cap
+      else
+        rem = rem + windows * rate
+      end
+      if rem >= cost then
+        rem = rem - cost
+        if mode ~= 1 then
+          value = string.format('w%d,%d', ws, rem)
+          expires = ws + div(cap - rem + rate - 1, rate) * period
         end
       else
-        -- Sliding window counter: `make_sliding`; `a` units in the current window, `b` in the
-        -- previous one (never above the limit, which may have been lowered since).
-        limit = p1
-        local cur, prev = 0, 0
-        if a then
-          if a > limit then a = limit end
-          if b > limit then b = limit end
-          if windows == 0 then
-            cur, prev = a, b
-          elseif windows == 1 then
-            prev = a
-          end
-        end
-        -- The part of the previous window still inside the sliding period.
-        local left = period - (now - ws)
-        if left > period then left = period end
-        local function fits(c, units)
-          local room = limit - c - units
-          return room >= 0 and prev * left <= room * period
-        end
-        -- `sw_wait_for`
-        local function wait_for(c, units)
-          if fits(c, units) then return 0 end
-          if prev > 0 then
-            local room = limit - (c + units)
-            if room >= 0 then
-              local keep = div(room * period, prev)
-              if keep > period then keep = period end
-              if keep > 0 then return ws + (period - keep) - now end
-            end
-          end
-          local into = 0
-          if c > 0 then
-            into = div((limit - units) * period, c)
-            if into > period then into = period end
-            into = period - into
-          end
-          return ws + period + into - now
-        end
-        if fits(cur, cost) then
-          cur = cur + cost
-          if mode ~= 1 then
-            value = string.format('s%d,%d,%d', ws, cur, prev)
-            expires = ws
-            if cur > 0 then
-              expires = ws + 2 * period
-            elseif prev > 0 then
-              expires = ws + period
-            end
-          end
-        else
-          kind, wait = 2, wait_for(cur, cost)
-        end
-        remaining = limit - cur - div(prev * left + period - 1, period)
-        if remaining < 0 then remaining = 0 end
-        if remaining < limit then reset = wait_for(cur, remaining + 1) end
+        kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
+        if wait < 0 then wait = 0 end
       end
+      limit, remaining = cap, rem
+      if rem < cap then
+        reset = ws + period - now
+        if reset < 0 then reset = 0 end
+      end
+    else
+      -- Sliding window counter: `make_sliding`; `a` units in the current window, `b` in the
+      -- previous one (never above the limit, which may have been lowered since).
+      limit = p1
+      local cur, prev = 0, 0
+      if a then
+        if a > limit then a = limit end
+        if b > limit then b = limit end
+        if windows == 0 then
+          cur, prev = a, b
+        elseif windows == 1 then
+          prev = a
+        end
+      end
+      -- The part of the previous window still inside the sliding period.
+      local left = period - (now - ws)
+      if left > period then left = period end
+      local function fits(c, units)
+        local room = limit - c - units
+        return room >= 0 and prev * left <= room * period
+      end
+      -- `sw_wait_for`
+      local function wait_for(c, units)
+        if fits(c, units) then return 0 end
+        if prev > 0 then
+          local room = limit - (c + units)
+          if room >= 0 then
+            local keep = div(room * period, prev)
+            if keep > period then keep = period end
+            if keep > 0 then return ws + (period - keep) - now end
+          end
+        end
+        local into = 0
+        if c > 0 then
+          into = div((limit - units) * period, c)
+          if into > period then into = period end
+          into = period - into
+        end
+        return ws + period + into - now
+      end
+      if fits(cur, cost) then
+        cur = cur + cost
+        if mode ~= 1 then
+          value = string.format('s%d,%d,%d', ws, cur, prev)
+          expires = ws
+          if cur > 0 then
+            expires = ws + 2 * period
+          elseif prev > 0 then
+            expires = ws + period
+          end
+        end
+      else
+        kind, wait = 2, wait_for(cur, cost)
+      end
+      remaining = limit - cur - div(prev * left + period - 1, period)
+      if remaining < 0 then remaining = 0 end
+      if remaining < limit then reset = wait_for(cur, remaining + 1) end
     end
-
-    if value then
-      -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
-      local px = 1
-      if expires > now then px = div(expires - now + 999, 1000) end
-      redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
-    end
-    return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
   end
+
+  if value then
+    -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
+    local px = 1
+    if expires > now then px = div(expires - now + 999, 1000) end
+    redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
+  end
+  return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
 end
 
 ------------------------------------------------------------------------------------------------
@@ -764,11 +760,10 @@ end
 -- Every number of the call, in order.
 local argv = {}
 for i = 1, #packed / 8 do argv[i] = struct.unpack('<d', packed, 8 * i - 7) end
-local grace, count = argv[1], argv[2]
 
 -- Tables are built whole by constructors (growing them field by field rehashes them).
 local keys = KEYS
-local a, k = 3, 1
+local a, k = 5, 1
 
 local function bucket_params(at)
   local T, cap = argv[at], argv[at + 1]
@@ -859,7 +854,7 @@ local function answer(rec, res)
   )
 end
 
-if op == 'A' or op == 'C' then
+if op == 1 or op == 2 then
   local all = true
   for _, rec in ipairs(records) do
     for j, p in ipairs(rec.c) do
@@ -885,7 +880,7 @@ if op == 'A' or op == 'C' then
   end
   for _, rec in ipairs(records) do
     local p = rec.c[rec.chosen]
-    if all and op == 'A' then
+    if all and op == 1 then
       if rec.mode ~= 1 then
         local s, aux = p.alg.commit(p, p.state, now, rec.cost)
         rec.aux_out = aux
@@ -898,7 +893,7 @@ if op == 'A' or op == 'C' then
     end
     answer(rec, rec.res)
   end
-elseif op == 'R' or op == 'U' then
+elseif op == 3 or op == 4 then
   for _, rec in ipairs(records) do
     -- A sharded refund goes to the candidate with fewer units left.
     rec.chosen = 1
@@ -910,7 +905,7 @@ elseif op == 'R' or op == 'U' then
       if remaining < rec.c[rec.chosen].remaining then rec.chosen = j end
     end
     local p = rec.c[rec.chosen]
-    if op == 'R' then
+    if op == 3 then
       -- A token bucket that is not stored is full: nothing to give back.
       if p.stored ~= nil or p.code ~= 1 then
         p.state = p.alg.refund(p, p.state, now, rec.cost)
