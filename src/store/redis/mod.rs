@@ -715,7 +715,7 @@ impl Inner {
         }
         // Every number as one string of little-endian doubles, exact below 2^53 (the script
         // reads them with one `struct.unpack` instead of one `tonumber` each).
-        let mut packed = Packed::default();
+        let mut packed = Packed(Vec::with_capacity(8 * numbers.max(Packed::MIN)));
         packed.push(match op {
             Op::Apply => 1,
             Op::Check => 2,
@@ -749,8 +749,7 @@ impl Inner {
 }
 
 /// Numbers for the script, as it reads them: little-endian doubles.
-#[derive(Default)]
-struct Packed(SmallVec<[u8; 128]>);
+struct Packed(Vec<u8>);
 
 impl Packed {
     /// The script reads a call's first numbers with one unpack: it needs at least this many.
