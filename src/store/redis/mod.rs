@@ -280,11 +280,17 @@ impl RedisStoreBuilder {
         }
         let mut conn = Conn::connect(&self.target, self.timeout).await?;
         let script = Script::new(SCRIPT);
-        match &mut conn {
-            Conn::Single(c) => script.load_async(c).await,
-            Conn::Cluster(c) => script.load_async(c).await,
-        }
-        .map_err(conn::error)?;
+        let load = async {
+            match &mut conn {
+                Conn::Single(c) => script.load_async(c).await,
+                Conn::Cluster(c) => script.load_async(c).await,
+            }
+        };
+        let wait = conn::connect_timeout(self.timeout);
+        tokio::time::timeout(wait, load)
+            .await
+            .map_err(|_| conn::timed_out(wait))?
+            .map_err(conn::error)?;
         let local: Arc<dyn Clock> = match &self.clock {
             Some(clock) => clock.clone(),
             None => Arc::new(SystemClock::new()),
@@ -334,8 +340,14 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+impl RedisStore {
+    /// [`Store::apply`], with `finish` applied to the outcomes inside the one future (a single
+    /// charge's caller gets its outcome without a second boxed future around the first).
+    fn decide<T>(
+        &self,
+        batch: &[Charge<'_>],
+        finish: impl FnOnce(Outcomes) -> Result<T, StoreError> + Send + 'static,
+    ) -> StoreFuture<T> {
         let inner = &self.inner;
         let views: SmallVec<[CacheView; 2]> = match &inner.cache {
             Some(cache) => batch
@@ -351,11 +363,11 @@ impl Store for RedisStore {
         if let Some(cache) = &inner.cache {
             let hashes: SmallVec<[u64; 2]> = views.iter().map(|v| v.hash).collect();
             if let Some(outcomes) = cache.answer(batch, &hashes, inner.local.now()) {
-                return StoreFuture::ready(Ok(outcomes));
+                return StoreFuture::ready(finish(outcomes));
             }
         }
         if batch.is_empty() {
-            return StoreFuture::ready(Ok(Outcomes::new()));
+            return StoreFuture::ready(finish(Outcomes::new()));
         }
         let now = match inner.injected_now() {
             Ok(now) => now,
@@ -368,7 +380,22 @@ impl Store for RedisStore {
             if let Some(cache) = &inner.cache {
                 cache.learn(&views, &outcomes, inner.local.now());
             }
-            Ok(outcomes)
+            finish(outcomes)
+        })
+    }
+}
+
+impl Store for RedisStore {
+    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+        self.decide(batch, Ok)
+    }
+
+    fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        self.decide(std::slice::from_ref(charge), |outcomes| {
+            outcomes
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
         })
     }
 
