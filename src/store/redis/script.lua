@@ -6,20 +6,19 @@
 -- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions
 -- go through `div`, which corrects the float quotient to the exact floor.
 --
--- ARGV[1]  every number of the call, packed as little-endian doubles (integers below 2^53 are
---          exact; one `struct.unpack` reads many numbers for less than one `tonumber` costs, and
---          one argument is cheaper for Redis to pass than many), at least 16 (zeros pad the end):
+-- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53), at
+--          least 16 of them (zeros pad the end): one string is cheaper for Redis to pass than
+--          many arguments, and one `struct.unpack` reads it for less than one `tonumber` costs.
 --            op: 1 applies the batch (all or nothing); 2 checks it (no change; admitted records
 --              report what they have left, uncharged); 3 refunds each record; 4 undoes each
 --              record's earlier charge exactly (a cross-slot batch that was denied in another
---              slot)
---            now in microseconds since the Unix epoch, or -1 to read the server's TIME
---            milliseconds added to every expiry (0 unless a test clock injects the time)
---            the number of records, then for each record:
---            n (1, or 2 for a sharded rule's two candidate shards), mode (0 charge, 1 check,
---            2 reserve), cost, aux (undo: the units a burst pool took from its steady bucket),
---            at (undo: the time of the charge), then n times: algorithm code and parameters
---            (see `read`).
+--              slot);
+--            now in microseconds since the Unix epoch, or -1 to read the server's TIME;
+--            milliseconds added to every expiry (0 unless a test clock injects the time);
+--            the number of records, then for each record: n (1, or 2 for a sharded rule's two
+--              candidate shards), mode (0 charge, 1 check, 2 reserve), cost, aux (undo: the
+--              units a burst pool took from its steady bucket), at (undo: the time of the
+--              charge), then n times: algorithm code and parameters (see `read`).
 -- KEYS     one per candidate, in order.
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
 --          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
