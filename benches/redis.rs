@@ -1,6 +1,6 @@
 //! Decisions per second through `RedisStore` with 64 concurrent callers, side by side with
 //! `redis-benchmark` running `EVALSHA` of a trivial script at the same concurrency on the same
-//! server, and Redis commands per decision read from `INFO commandstats`.
+//! server, and Redis commands and server time per decision read from `INFO commandstats`.
 //!
 //! ```text
 //! cargo bench --bench redis --features redis
@@ -188,6 +188,22 @@ fn main() {
         server.run("FLUSHALL");
         let uncached = hammer(&server, tight(store(false).await), "tight", true, duration).await;
 
+        // The windows, all allowed: their keys live for a period, so each call reads a state.
+        let windows = Limiter::builder()
+            .rule(Rule::new(
+                "fixed",
+                Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
+            ))
+            .rule(Rule::new(
+                "sliding",
+                Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
+            ))
+            .store(store(true).await)
+            .build()
+            .unwrap();
+        let fixed = hammer(&server, windows.clone(), "fixed", false, duration / 2).await;
+        let sliding = hammer(&server, windows, "sliding", false, duration / 2).await;
+
         println!("RedisStore, {CALLERS} concurrent callers, one rule, all allowed:");
         println!(
             "  {:>10.0} decisions/s   ({} decisions in {:.2?}), {:.3} EVALSHA per decision",
@@ -220,6 +236,14 @@ fn main() {
                 run.calls_per_decision(),
                 run.evalsha,
                 run.decisions
+            );
+        }
+        for (name, run) in [("fixed window  ", &fixed), ("sliding window", &sliding)] {
+            println!(
+                "{name}, one rule, all allowed: {:>10.0} decisions/s, {:.1} µs of server time \
+                 per call",
+                run.per_second(),
+                run.script.as_secs_f64() * 1e6 / run.evalsha as f64
             );
         }
         assert_eq!(allowed.evalsha, allowed.decisions, "one call per decision");

@@ -26,14 +26,17 @@ pub(super) enum Target {
 
 impl Conn {
     pub(super) async fn connect(target: &Target, timeout: Duration) -> Result<Conn, StoreError> {
-        // Connecting may take a little longer than one decision; reconnection attempts back off
-        // up to a second, so a server that comes back is found again within about a second.
-        let connect_timeout = timeout.max(Duration::from_secs(1));
+        // Reconnection attempts back off up to a second, so a server that comes back is found
+        // again within about a second.
+        let connect_timeout = connect_timeout(timeout);
         match target {
             Target::Single(url) => {
                 let client = ::redis::Client::open(url.as_str()).map_err(config)?;
+                // No response timeout here: every call already runs under the store's own
+                // timeout (which also bounds reconnecting and reloading the script), and a second
+                // timer per request would only cost time.
                 let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(timeout))
+                    .set_response_timeout(None)
                     .set_connection_timeout(Some(connect_timeout))
                     .set_min_delay(Duration::from_millis(20))
                     .set_max_delay(Duration::from_secs(1))
@@ -110,6 +113,11 @@ pub(super) fn error(e: RedisError) -> StoreError {
 
 fn config(e: RedisError) -> StoreError {
     StoreError::new(StoreErrorKind::Config, e)
+}
+
+/// How long connecting (and loading the script) may take: a little longer than one decision.
+pub(super) fn connect_timeout(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(1))
 }
 
 pub(super) fn timed_out(timeout: Duration) -> StoreError {

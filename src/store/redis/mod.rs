@@ -280,11 +280,17 @@ impl RedisStoreBuilder {
         }
         let mut conn = Conn::connect(&self.target, self.timeout).await?;
         let script = Script::new(SCRIPT);
-        match &mut conn {
-            Conn::Single(c) => script.load_async(c).await,
-            Conn::Cluster(c) => script.load_async(c).await,
-        }
-        .map_err(conn::error)?;
+        let load = async {
+            match &mut conn {
+                Conn::Single(c) => script.load_async(c).await,
+                Conn::Cluster(c) => script.load_async(c).await,
+            }
+        };
+        let wait = conn::connect_timeout(self.timeout);
+        tokio::time::timeout(wait, load)
+            .await
+            .map_err(|_| conn::timed_out(wait))?
+            .map_err(conn::error)?;
         let local: Arc<dyn Clock> = match &self.clock {
             Some(clock) => clock.clone(),
             None => Arc::new(SystemClock::new()),
@@ -334,8 +340,14 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+impl RedisStore {
+    /// [`Store::apply`], with `finish` applied to the outcomes inside the one future (a single
+    /// charge's caller gets its outcome without a second boxed future around the first).
+    fn decide<T>(
+        &self,
+        batch: &[Charge<'_>],
+        finish: impl FnOnce(Outcomes) -> Result<T, StoreError> + Send + 'static,
+    ) -> StoreFuture<T> {
         let inner = &self.inner;
         let views: SmallVec<[CacheView; 2]> = match &inner.cache {
             Some(cache) => batch
@@ -351,11 +363,11 @@ impl Store for RedisStore {
         if let Some(cache) = &inner.cache {
             let hashes: SmallVec<[u64; 2]> = views.iter().map(|v| v.hash).collect();
             if let Some(outcomes) = cache.answer(batch, &hashes, inner.local.now()) {
-                return StoreFuture::ready(Ok(outcomes));
+                return StoreFuture::ready(finish(outcomes));
             }
         }
         if batch.is_empty() {
-            return StoreFuture::ready(Ok(Outcomes::new()));
+            return StoreFuture::ready(finish(Outcomes::new()));
         }
         let now = match inner.injected_now() {
             Ok(now) => now,
@@ -368,7 +380,22 @@ impl Store for RedisStore {
             if let Some(cache) = &inner.cache {
                 cache.learn(&views, &outcomes, inner.local.now());
             }
-            Ok(outcomes)
+            finish(outcomes)
+        })
+    }
+}
+
+impl Store for RedisStore {
+    fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
+        self.decide(batch, Ok)
+    }
+
+    fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        self.decide(std::slice::from_ref(charge), |outcomes| {
+            outcomes
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
         })
     }
 
@@ -441,7 +468,7 @@ struct Candidate {
     name: Vec<u8>,
     slot: u16,
     shard: u32,
-    args: SmallVec<[u64; 8]>,
+    args: params::Args,
 }
 
 /// A record in one script call, with the mode and cost that call uses; `only` restricts it to
@@ -524,7 +551,7 @@ impl Inner {
         shard: Option<u32>,
     ) -> Candidate {
         let name = keys::key_name(&self.prefix, charge.rule, charge.key, shard);
-        let mut args = Vec::with_capacity(8);
+        let mut args = params::Args::new();
         params::push(
             &mut args,
             algorithm,
@@ -541,7 +568,7 @@ impl Inner {
             },
             name,
             shard: shard.unwrap_or(0),
-            args: args.into(),
+            args,
         }
     }
 
@@ -593,20 +620,21 @@ impl Inner {
         now: Option<Micros>,
         records: &[Record],
     ) -> Result<Outcomes, StoreError> {
-        let groups = self.groups(records);
+        let groups = if self.is_cluster() {
+            self.groups(records)
+        } else {
+            Vec::new()
+        };
         if groups.len() <= 1 {
-            let items: Vec<Item<'_>> = records.iter().map(Item::apply).collect();
+            let items: SmallVec<[Item<'_>; 2]> = records.iter().map(Item::apply).collect();
             let results = self.call(Op::Apply, now, &items).await?;
             return Ok(results.into_iter().map(|(outcome, _)| outcome).collect());
         }
         self.cross_slot(now, records, &groups).await
     }
 
-    /// The records grouped by cluster slot, in slot order (one group on a single server).
+    /// The records grouped by cluster slot, in slot order.
     fn groups(&self, records: &[Record]) -> Vec<Vec<usize>> {
-        if !self.is_cluster() {
-            return vec![(0..records.len()).collect()];
-        }
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, record) in records.iter().enumerate() {
             groups.entry(record.candidates[0].slot).or_default().push(i);
@@ -697,60 +725,98 @@ impl Inner {
     ) -> Result<Vec<(Outcome, Taken)>, StoreError> {
         let cmd = self.command(op, now, items);
         let mut conn = self.conn.clone();
-        let reply: Vec<i64> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        let reply: Vec<u8> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
         decode(&reply, items)
     }
 
     fn command(&self, op: Op, now: Option<Micros>, items: &[Item<'_>]) -> Cmd {
-        let keys: usize = items.iter().map(|item| item.candidates().len()).sum();
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(keys);
-        for item in items {
-            for candidate in item.candidates() {
-                cmd.arg(&candidate.name);
-            }
+        let candidates = || items.iter().flat_map(|item| item.candidates());
+        let keys = candidates().count();
+        let names: usize = candidates().map(|c| c.name.len()).sum();
+        let numbers = 4 + 5 * items.len() + candidates().map(|c| c.args.len()).sum::<usize>();
+        // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
+        let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers.max(Packed::MIN));
+        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
+        for candidate in candidates() {
+            cmd.arg(&candidate.name);
         }
-        cmd.arg(match op {
-            Op::Apply => "A",
-            Op::Check => "C",
-            Op::Refund => "R",
-            Op::Undo => "U",
+        // Every number as one string of little-endian doubles, exact below 2^53 (the script
+        // reads them with one `struct.unpack` instead of one `tonumber` each).
+        let mut packed = Packed(Vec::with_capacity(8 * numbers.max(Packed::MIN)));
+        packed.push(match op {
+            Op::Apply => 1,
+            Op::Check => 2,
+            Op::Refund => 3,
+            Op::Undo => 4,
         });
         match now {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        cmd.arg(if now.is_some() { TEST_GRACE_MS } else { 0 })
-            .arg(items.len());
+            Some(now) => packed.push(now),
+            // The server's time.
+            None => packed.0.extend_from_slice(&(-1f64).to_le_bytes()),
+        }
+        packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
+        packed.push(items.len() as u64);
         for item in items {
             let candidates = item.candidates();
-            cmd.arg(candidates.len())
-                .arg(params::mode_code(item.mode))
-                .arg(params::units_arg(item.cost))
-                .arg(item.undo.steady)
-                .arg(item.undo.at);
+            packed.push(candidates.len() as u64);
+            packed.push(params::mode_code(item.mode));
+            packed.push(params::units_arg(item.cost));
+            packed.push(item.undo.steady);
+            packed.push(item.undo.at);
             for candidate in candidates {
                 for &value in &candidate.args {
-                    cmd.arg(value);
+                    packed.push(value);
                 }
             }
         }
+        packed.pad();
+        cmd.arg(packed.0.as_slice());
         cmd
     }
 }
 
-/// Reads the script's reply: seven integers per item, then the time the script used.
-fn decode(reply: &[i64], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 7 * items.len() + 1 {
+/// Numbers for the script, as it reads them: little-endian doubles.
+struct Packed(Vec<u8>);
+
+impl Packed {
+    /// The script reads a call's first numbers with one unpack: it needs at least this many.
+    const MIN: usize = 16;
+
+    /// Integers below 2^53 convert exactly; the rules are validated to stay there.
+    fn push(&mut self, value: u64) {
+        self.0.extend_from_slice(&(value as f64).to_le_bytes());
+    }
+
+    fn pad(&mut self) {
+        while self.0.len() < 8 * Self::MIN {
+            self.push(0);
+        }
+    }
+}
+
+/// Reads the script's reply: seven integers per item, then the time the script used, as
+/// little-endian doubles.
+fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
+    if reply.len() != 8 * (7 * items.len() + 1) {
         return Err(protocol(format!(
-            "the script answered {} values for {} charges",
+            "the script answered {} bytes for {} charges",
             reply.len(),
             items.len()
         )));
     }
-    let number = |value: i64| {
-        u64::try_from(value)
-            .map_err(|_| protocol(format!("negative value in the script's reply: {reply:?}")))
+    let reply: SmallVec<[f64; 8]> = reply
+        .chunks_exact(8)
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        .collect();
+    let number = |value: f64| {
+        // The script's numbers are integers below 2^53, where the conversion is exact.
+        if value.is_finite() && value >= 0.0 {
+            Ok(value as u64)
+        } else {
+            Err(protocol(format!(
+                "a value in the script's reply is not a count: {reply:?}"
+            )))
+        }
     };
     let at = number(reply[reply.len() - 1])?;
     items
@@ -758,14 +824,14 @@ fn decode(reply: &[i64], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, St
         .zip(reply.chunks_exact(7))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
-            let verdict = match values[0] {
+            let verdict = match number(values[0])? {
                 0 => Verdict::Allowed,
                 1 => Verdict::Reserved { wait },
                 2 => Verdict::Denied { retry_after: wait },
                 other => return Err(protocol(format!("unknown verdict {other}"))),
             };
             let candidates = item.candidates();
-            let index = usize::try_from(values[5])
+            let index = usize::try_from(number(values[5])?)
                 .ok()
                 .filter(|&i| i < candidates.len())
                 .ok_or_else(|| protocol(format!("unknown candidate {}", values[5])))?;

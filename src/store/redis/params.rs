@@ -6,8 +6,13 @@
 //! refill time, a window's longest wait) is kept below 2^50 µs (35 years) and every count below
 //! 2^50, so sums of a time and two spans, and every product the script forms, stay below 2^53.
 
+use smallvec::SmallVec;
+
 use crate::algorithm::{micros, Algorithm, Micros, Mode, TokenBucket};
 use crate::error::ConfigError;
+
+/// One candidate's parameters (seven numbers at most).
+pub(super) type Args = SmallVec<[u64; 8]>;
 
 /// The longest span a rule may configure, in µs (about 35.7 years).
 pub(super) const MAX_SPAN: u64 = 1 << 50;
@@ -109,7 +114,7 @@ pub(super) fn validate(rule: &str, algorithm: &Algorithm) -> Result<(), ConfigEr
 
 /// The script's arguments for one candidate key: algorithm code and parameters.
 pub(super) fn push(
-    args: &mut Vec<u64>,
+    args: &mut Args,
     algorithm: &Algorithm,
     rule: &str,
     key: &[u8],
@@ -164,7 +169,7 @@ pub(super) fn push(
     }
 }
 
-fn push_bucket(args: &mut Vec<u64>, tb: &TokenBucket) {
+fn push_bucket(args: &mut Args, tb: &TokenBucket) {
     // Validated rules keep this below 2^50; saturating keeps an unvalidated one from panicking.
     let initial_debt =
         (tb.capacity() - tb.initial().min(tb.capacity())).saturating_mul(tb.interval());

@@ -6,20 +6,29 @@
 -- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions
 -- go through `div`, which corrects the float quotient to the exact floor.
 --
--- ARGV[1]  op: "A" applies the batch (all or nothing); "C" checks it (no change; admitted records
---          report what they have left, uncharged); "R" refunds each record; "U" undoes each
---          record's earlier charge exactly (a cross-slot batch that was denied in another slot)
--- ARGV[2]  now in microseconds since the Unix epoch, or "" to read the server's TIME
--- ARGV[3]  milliseconds added to every expiry (0 unless a test clock injects the time)
--- ARGV[4]  number of records, then for each record:
---            n (1, or 2 for a sharded rule's two candidate shards), mode (0 charge, 1 check,
---            2 reserve), cost, aux (undo: the units a burst pool took from its steady bucket),
---            at (undo: the time of the charge), then n times: algorithm code and parameters
---            (see `read`).
+-- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53), at
+--          least 16 of them (zeros pad the end): one string is cheaper for Redis to pass than
+--          many arguments, and one `struct.unpack` reads it for less than one `tonumber` costs.
+--            op: 1 applies the batch (all or nothing); 2 checks it (no change; admitted records
+--              report what they have left, uncharged); 3 refunds each record; 4 undoes each
+--              record's earlier charge exactly (a cross-slot batch that was denied in another
+--              slot);
+--            now in microseconds since the Unix epoch, or -1 to read the server's TIME;
+--            milliseconds added to every expiry (0 unless a test clock injects the time);
+--            the number of records, then for each record: n (1, or 2 for a sharded rule's two
+--              candidate shards), mode (0 charge, 1 check, 2 reserve), cost, aux (undo: the
+--              units a burst pool took from its steady bucket), at (undo: the time of the
+--              charge), then n times: algorithm code and parameters (see `read`).
 -- KEYS     one per candidate, in order.
--- Reply    seven integers per record: verdict (0 allowed, 1 reserved, 2 denied), wait or
---          retry-after (µs), limit, remaining, reset (µs), chosen candidate (0 or 1), aux (the
---          units a burst pool charge took from its steady bucket); then the time used.
+-- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
+--          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
+--          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
+--          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
+--          used.
+--
+-- Redis runs the whole script from the top on every call, and every function, table or string
+-- it creates there costs time. The common case (below) therefore comes first and creates almost
+-- nothing; the general code is only defined when a call needs it.
 
 local floor = math.floor
 
@@ -34,8 +43,195 @@ local function div(a, b)
   return q
 end
 
+-- The call's first numbers: enough for a whole record of the fast path below.
+local packed = ARGV[1]
+local op, now, grace, count, n, mode, cost, _, _, code, p1, p2, p3, p4, p5, p6 =
+  struct.unpack('<dddddddddddddddd', packed)
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
+end
+
+------------------------------------------------------------------------------------------------
+-- Fast path: one record with one candidate key, applied, for a token bucket, a fixed window or a
+-- sliding window — what nearly every request is. The same math as the general code below (the
+-- functions named in each part), inlined; the differential tests send single-rule batches through
+-- here and larger ones through the general code.
+
+if op == 1 and count == 1 and n == 1 and code <= 3 then
+  local key = KEYS[1]
+  local raw = redis.call('GET', key)
+  local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
+  -- Set when the charge is committed: the new state, and when it equals a fresh key's.
+  local value, expires
+
+  if code == 1 then
+    -- Token bucket (GCRA): `make_bucket`.
+    local T, cap, cost_span, max_after, max_wait = p1, p2, p4, p5, p6
+    local span = cap * T
+    local tat = tonumber(raw) -- nil for a missing key (false) or another algorithm's state
+    if tat == nil then tat = now + p3 end
+    local debt = tat - now
+    if debt < 0 then debt = 0 end
+    if cost == 0 then cost_span = 0 end
+    local after = debt + cost_span
+    local left = after
+    if after > span then
+      if mode == 2 and after <= max_after and after - span <= max_wait then
+        kind, wait = 1, after - span
+      else
+        -- `tb_wait_for(debt, cost)`: when the cost fits outright.
+        kind, left, wait = 2, debt, debt
+        if cost < cap then wait = debt - (cap - cost) * T end
+        if wait < 0 then wait = 0 end
+        if mode == 2 then
+          -- Past the queue's bound: when it could queue, if that is sooner.
+          local could_queue = after - max_after
+          if after - span - max_wait > could_queue then could_queue = after - span - max_wait end
+          if could_queue < 0 then could_queue = 0 end
+          if could_queue < wait then wait = could_queue end
+        end
+      end
+    end
+    limit = cap
+    if left < span then remaining = div(span - left, T) end
+    if remaining < cap then
+      -- `tb_reset`: until one more unit is available.
+      reset = left
+      if remaining + 1 < cap then reset = left - (cap - remaining - 1) * T end
+      if reset < 0 then reset = 0 end
+    end
+    if kind ~= 2 and mode ~= 1 then
+      if tat < now then tat = now end
+      expires = tat + cost_span
+      value = string.format('%d', expires)
+    end
+  else
+    -- Windows: both keep the start of the current window first. Parameters: the limit, the
+    -- period, then the fixed window's capacity and offset, or the sliding window's offset.
+    local period = p2
+    local ws, a, b
+    if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
+      ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
+      ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
+    end
+    local windows = 0
+    if ws == nil then
+      -- A fresh key: `window_containing` (windows at offset + k * period).
+      local offset = p3
+      if code == 2 then offset = p4 end
+      local into = now + period - offset
+      into = into - div(into, period) * period
+      ws = now - into
+      if ws < 0 then ws = 0 end
+    elseif now > ws then
+      windows = div(now - ws, period)
+      ws = ws + windows * period
+    end
+
+    if code == 2 then
+      -- Fixed window: `make_fixed`; `a` units left.
+      local rate, cap = p1, p3
+      local rem = a or cap
+      if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
+        rem = cap
+      else
+        rem = rem + windows * rate
+      end
+      if rem >= cost then
+        rem = rem - cost
+        if mode ~= 1 then
+          value = string.format('w%d,%d', ws, rem)
+          expires = ws + div(cap - rem + rate - 1, rate) * period
+        end
+      else
+        kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
+        if wait < 0 then wait = 0 end
+      end
+      limit, remaining = cap, rem
+      if rem < cap then
+        reset = ws + period - now
+        if reset < 0 then reset = 0 end
+      end
+    else
+      -- Sliding window counter: `make_sliding`; `a` units in the current window, `b` in the
+      -- previous one (never above the limit, which may have been lowered since).
+      limit = p1
+      local cur, prev = 0, 0
+      if a then
+        if a > limit then a = limit end
+        if b > limit then b = limit end
+        if windows == 0 then
+          cur, prev = a, b
+        elseif windows == 1 then
+          prev = a
+        end
+      end
+      -- The part of the previous window still inside the sliding period.
+      local left = period - (now - ws)
+      if left > period then left = period end
+      local function fits(c, units)
+        local room = limit - c - units
+        return room >= 0 and prev * left <= room * period
+      end
+      -- `sw_wait_for`
+      local function wait_for(c, units)
+        if fits(c, units) then return 0 end
+        if prev > 0 then
+          local room = limit - (c + units)
+          if room >= 0 then
+            local keep = div(room * period, prev)
+            if keep > period then keep = period end
+            if keep > 0 then return ws + (period - keep) - now end
+          end
+        end
+        local into = 0
+        if c > 0 then
+          into = div((limit - units) * period, c)
+          if into > period then into = period end
+          into = period - into
+        end
+        return ws + period + into - now
+      end
+      if fits(cur, cost) then
+        cur = cur + cost
+        if mode ~= 1 then
+          value = string.format('s%d,%d,%d', ws, cur, prev)
+          expires = ws
+          if cur > 0 then
+            expires = ws + 2 * period
+          elseif prev > 0 then
+            expires = ws + period
+          end
+        end
+      else
+        kind, wait = 2, wait_for(cur, cost)
+      end
+      remaining = limit - cur - div(prev * left + period - 1, period)
+      if remaining < 0 then remaining = 0 end
+      if remaining < limit then reset = wait_for(cur, remaining + 1) end
+    end
+  end
+
+  if value then
+    -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
+    local px = 1
+    if expires > now then px = div(expires - now + 999, 1000) end
+    redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
+  end
+  return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
+end
+
+------------------------------------------------------------------------------------------------
+-- The general code: any number of records and candidates, every algorithm and operation.
+
 local function cdiv(a, b)
   return div(a + b - 1, b)
+end
+
+-- The decimal digits of an integer below 2^53 ('%d' is exact there, and cheaper than '%.0f').
+local function int(x)
+  return string.format('%d', x)
 end
 
 local function pos(x)
@@ -53,11 +249,8 @@ local function max(a, b)
   return b
 end
 
-local function int(x)
-  return string.format('%.0f', x)
-end
-
--- Encoding: a tag letter, then decimal integers separated by commas.
+-- Encoding: a tag letter, then decimal integers separated by commas; except a token bucket's
+-- state, the most common, which is its one number alone (no other state reads as a number).
 
 local function numbers(raw)
   local out = {}
@@ -140,12 +333,11 @@ local function make_bucket()
   end
 
   function bucket.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 'b' then return nil end
-    return tonumber(string.sub(raw, 2))
+    return tonumber(raw)
   end
 
   function bucket.encode(tat)
-    return 'b' .. int(tat)
+    return int(tat)
   end
 
   bucket.undo = bucket.refund
@@ -561,61 +753,53 @@ local function algorithm(code)
   return alg
 end
 
-
 ------------------------------------------------------------------------------------------------
 -- Driver.
 
-local op = ARGV[1]
-local now
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
-local grace = tonumber(ARGV[3])
-local count = tonumber(ARGV[4])
+-- Every number of the call, in order.
+local argv = {}
+for i = 1, #packed / 8 do argv[i] = struct.unpack('<d', packed, 8 * i - 7) end
 
 -- Tables are built whole by constructors (growing them field by field rehashes them).
-local argv, keys = ARGV, KEYS
+local keys = KEYS
 local a, k = 5, 1
 
 local function bucket_params(at)
-  local T, cap = tonumber(argv[at]), tonumber(argv[at + 1])
-  return { T = T, cap = cap, init = tonumber(argv[at + 2]), span = cap * T }
+  local T, cap = argv[at], argv[at + 1]
+  return { T = T, cap = cap, init = argv[at + 2], span = cap * T }
 end
 
 -- The parameters of one candidate, from argv[a] on.
 local function read()
-  local code = tonumber(argv[a])
+  local code = argv[a]
   local alg, key = algorithm(code), keys[k]
   k = k + 1
   local p
   if code == 1 then
-    local T, cap = tonumber(argv[a + 1]), tonumber(argv[a + 2])
+    local T, cap = argv[a + 1], argv[a + 2]
     p = {
-      alg = alg, code = 1, key = key, T = T, cap = cap, init = tonumber(argv[a + 3]),
-      span = cap * T, cost_span = tonumber(argv[a + 4]), max_after = tonumber(argv[a + 5]),
-      max_wait = tonumber(argv[a + 6]), state = false,
+      alg = alg, code = 1, key = key, T = T, cap = cap, init = argv[a + 3],
+      span = cap * T, cost_span = argv[a + 4], max_after = argv[a + 5],
+      max_wait = argv[a + 6], state = false,
     }
     a = a + 7
   elseif code == 2 then
     p = {
-      alg = alg, code = 2, key = key, limit = tonumber(argv[a + 1]),
-      period = tonumber(argv[a + 2]), cap = tonumber(argv[a + 3]),
-      offset = tonumber(argv[a + 4]), state = false,
+      alg = alg, code = 2, key = key, limit = argv[a + 1],
+      period = argv[a + 2], cap = argv[a + 3],
+      offset = argv[a + 4], state = false,
     }
     a = a + 5
   elseif code == 3 then
     p = {
-      alg = alg, code = 3, key = key, limit = tonumber(argv[a + 1]),
-      period = tonumber(argv[a + 2]), offset = tonumber(argv[a + 3]), state = false,
+      alg = alg, code = 3, key = key, limit = argv[a + 1],
+      period = argv[a + 2], offset = argv[a + 3], state = false,
     }
     a = a + 4
   elseif code == 4 then
     p = {
-      alg = alg, code = 4, key = key, limit = tonumber(argv[a + 1]),
-      period = tonumber(argv[a + 2]), state = false,
+      alg = alg, code = 4, key = key, limit = argv[a + 1],
+      period = argv[a + 2], state = false,
     }
     a = a + 3
   else
@@ -630,10 +814,10 @@ end
 
 local records = {}
 for r = 1, count do
-  local n = tonumber(argv[a])
+  local n = argv[a]
   local rec = {
-    n = n, mode = tonumber(argv[a + 1]), cost = tonumber(argv[a + 2]),
-    aux = tonumber(argv[a + 3]), at = tonumber(argv[a + 4]), c = {}, res = false, chosen = 1,
+    n = n, mode = argv[a + 1], cost = argv[a + 2],
+    aux = argv[a + 3], at = argv[a + 4], c = {}, res = false, chosen = 1,
     aux_out = 0,
   }
   a = a + 5
@@ -664,12 +848,12 @@ end
 
 local reply = {}
 local function answer(rec, res)
-  for i = 1, 5 do reply[#reply + 1] = res[i] end
-  reply[#reply + 1] = rec.chosen - 1
-  reply[#reply + 1] = rec.aux_out or 0
+  reply[#reply + 1] = struct.pack(
+    '<ddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0
+  )
 end
 
-if op == 'A' or op == 'C' then
+if op == 1 or op == 2 then
   local all = true
   for _, rec in ipairs(records) do
     for j, p in ipairs(rec.c) do
@@ -695,7 +879,7 @@ if op == 'A' or op == 'C' then
   end
   for _, rec in ipairs(records) do
     local p = rec.c[rec.chosen]
-    if all and op == 'A' then
+    if all and op == 1 then
       if rec.mode ~= 1 then
         local s, aux = p.alg.commit(p, p.state, now, rec.cost)
         rec.aux_out = aux
@@ -708,7 +892,7 @@ if op == 'A' or op == 'C' then
     end
     answer(rec, rec.res)
   end
-elseif op == 'R' or op == 'U' then
+elseif op == 3 or op == 4 then
   for _, rec in ipairs(records) do
     -- A sharded refund goes to the candidate with fewer units left.
     rec.chosen = 1
@@ -720,7 +904,7 @@ elseif op == 'R' or op == 'U' then
       if remaining < rec.c[rec.chosen].remaining then rec.chosen = j end
     end
     local p = rec.c[rec.chosen]
-    if op == 'R' then
+    if op == 3 then
       -- A token bucket that is not stored is full: nothing to give back.
       if p.stored ~= nil or p.code ~= 1 then
         p.state = p.alg.refund(p, p.state, now, rec.cost)
@@ -744,5 +928,5 @@ elseif op == 'R' or op == 'U' then
 else
   return redis.error_reply('tollgate: unknown op')
 end
-reply[#reply + 1] = now
-return reply
+reply[#reply + 1] = struct.pack('<d', now)
+return table.concat(reply)
