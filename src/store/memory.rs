@@ -274,16 +274,9 @@ impl MemoryStore {
     fn decide_one(&self, charge: &Charge<'_>) -> Outcome {
         let now = self.now();
         let hash = self.hash(charge.rule, charge.key);
-        match charge.algorithm {
-            Algorithm::TokenBucket(tb) => self.apply_bucket(tb, charge, hash, now),
-            _ => self.decide_other(charge, hash, now),
+        if let Algorithm::TokenBucket(tb) = charge.algorithm {
+            return self.apply_bucket(tb, charge, hash, now);
         }
-    }
-
-    /// [`decide_one`](Self::decide_one) for the algorithms other than the token bucket. Kept out
-    /// of line, so that the token-bucket path stays small enough to inline into callers.
-    #[inline(never)]
-    fn decide_other(&self, charge: &Charge<'_>, hash: u64, now: Micros) -> Outcome {
         let cell = Cell::new(charge, hash, now);
         let mut locked = Locked::one(&self.inner, cell.table, cell.hash);
         // A denied charge changes nothing; an admitted one is committed unless it only looks.
