@@ -101,7 +101,13 @@ impl Limiter for TokenBucket {
         self.fresh(now)
     }
     fn eval(&self, state: &Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
-        self.evaluate(*state, now, cost, mode)
+        let out = self.evaluate(*state, now, cost, mode);
+        // The memory store decides with `admits` under its lock: it must agree, always.
+        assert_eq!(
+            self.admits(*state, now, cost, mode),
+            out.verdict.is_admitted()
+        );
+        out
     }
     fn apply(&self, state: &mut Micros, now: Micros, cost: u64) {
         *state = self.commit(*state, now, cost);

@@ -120,7 +120,14 @@ impl TokenBucket {
 
     /// Whole units available while owing `debt`.
     fn available(&self, debt: Micros) -> u64 {
-        self.span(self.capacity).saturating_sub(debt) / self.interval
+        let room = self.span(self.capacity).saturating_sub(debt);
+        // A denied single unit leaves less than one interval of room: answer without the
+        // division, the slowest step of a decision.
+        if room < self.interval {
+            0
+        } else {
+            room / self.interval
+        }
     }
 
     /// The smallest wait after which `units` (≤ capacity) fit.
@@ -141,6 +148,7 @@ impl TokenBucket {
     /// The outcome of charging `cost` at `now` to a bucket in `tat`, without changing it.
     ///
     /// The caller has checked `cost` against [`max_cost`](Self::max_cost).
+    #[inline]
     pub fn evaluate(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let debt = tat.saturating_sub(now);
         let after = debt.saturating_add(self.cost_micros(cost));
@@ -167,6 +175,16 @@ impl TokenBucket {
             remaining,
             reset: self.reset(left, remaining),
         }
+    }
+
+    /// Whether charging `cost` at `now` is admitted (allowed or reserved): the verdict of
+    /// [`evaluate`](Self::evaluate) alone. A store decides this while it holds the key and
+    /// builds the full outcome, a pure function of the same `tat`, after letting go.
+    pub(crate) fn admits(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> bool {
+        let debt = tat.saturating_sub(now);
+        self.fits(debt, cost)
+            || matches!(mode, Mode::Reserve(bound)
+                if self.within(debt.saturating_add(self.cost_micros(cost)), bound))
     }
 
     /// For a reservation past its bound: the smallest wait after which it would be accepted into

@@ -239,6 +239,52 @@ fn concurrent_batches_never_over_admit_any_rule() {
 }
 
 #[test]
+fn single_charges_and_batches_on_shared_keys_stay_exact() {
+    // Single charges take the one-key fast path and batches the ordered multi-shard path; on the
+    // same keys they must still be atomic with respect to each other.
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(2)
+        .build();
+    let a = bucket(50, Duration::from_secs(3_600));
+    let b = Algorithm::FixedWindow(FixedWindow::new(30, Duration::from_secs(3_600)));
+    let c = bucket(40, Duration::from_secs(3_600));
+    let (batches, singles) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let (a, b, c, store) = (&a, &b, &c, &store);
+            let (batches, singles) = (&batches, &singles);
+            s.spawn(move || {
+                for _ in 0..300 {
+                    if t % 2 == 0 {
+                        let batch = [
+                            charge("a", a, b"k", 1),
+                            charge("b", b, b"k", 1),
+                            charge("c", c, b"k", 1),
+                        ];
+                        if admitted(store, &batch) {
+                            batches.fetch_add(1, Ordering::Relaxed);
+                        }
+                    } else if admitted(store, &[charge("a", a, b"k", 1)]) {
+                        singles.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let (batches, singles) = (batches.into_inner(), singles.into_inner());
+    // Singles drain `a` whatever happens, so `a` ends empty and every unit of it is accounted for
+    // by exactly one admitted charge; a batch is charged to all three rules or to none.
+    assert_eq!(batches + singles, 50);
+    assert!(batches <= 30);
+    let peek = |rule, algorithm| apply(&store, &[charge(rule, algorithm, b"k", 0)])[0].remaining;
+    assert_eq!(peek("a", &a), 0);
+    assert_eq!(peek("b", &b), 30 - batches);
+    assert_eq!(peek("c", &c), 40 - batches);
+}
+
+#[test]
 fn idle_keys_are_dropped_as_the_table_grows() {
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let store = MemoryStore::builder()

@@ -1,0 +1,190 @@
+//! `MemoryStore`, called the way the middleware calls it, against governor's keyed limiter,
+//! alternating in short rounds: the scenarios of `benches/store.rs`, measured so that a noisy
+//! machine cannot favour either side.
+//!
+//! ```text
+//! cargo run --release --example decision_ab -- [ROUNDS] [FILTER]
+//! ```
+//!
+//! Criterion measures one implementation for seconds, then the other; on a virtual machine whose
+//! speed changes under it, or beside a build, that alone can move a result by half. Here every
+//! round runs tollgate and governor back to back for 400,000 decisions each (in alternating order),
+//! and each scenario prints the median of its rounds (default 30) in nanoseconds per decision, and
+//! the median of the per-round ratios: below 1 is faster than governor. Scenario names work as in
+//! `benches/store.rs`; FILTER keeps the scenarios whose name contains it (e.g. `hot`, `2t`).
+//!
+//! Tollgate's store is called through `&dyn Store`, as the middleware holds it (`Arc<dyn Store>`),
+//! so its decision is one call; the bench calls `MemoryStore` directly, where the compiler may
+//! inline the whole decision into the bench's loop, as it does with governor's generic
+//! `check_key` (governor is inlined here too).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::store::{Charge, MemoryStore, Store};
+
+/// Decisions per implementation per round (split between the threads).
+const DECISIONS: u64 = 400_000;
+
+/// Decide one unit for `key`; `true` if allowed.
+trait Limiter: Sync {
+    fn decide(&self, key: u64) -> bool;
+}
+
+/// Tollgate through `dyn Store`, as the middleware calls its store.
+struct Tollgate {
+    algorithm: Algorithm,
+    store: Box<dyn Store>,
+}
+
+impl Limiter for Tollgate {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        let bytes = key.to_le_bytes();
+        let charge = Charge {
+            rule: "bench",
+            algorithm: &self.algorithm,
+            key: &bytes,
+            cost: 1,
+            mode: Mode::Charge,
+        };
+        match self.store.apply_one(&charge).into_ready() {
+            Ok(Ok(outcome)) => black_box(outcome).verdict.is_admitted(),
+            _ => unreachable!("the memory store answers at once"),
+        }
+    }
+}
+
+struct Governor(DefaultKeyedRateLimiter<u64>);
+
+impl Limiter for Governor {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        black_box(self.0.check_key(&key)).is_ok()
+    }
+}
+
+/// 100 000 distinct pseudo-random keys (splitmix64), the same as the bench's.
+fn keys() -> Vec<u64> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..100_000)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+        .collect()
+}
+
+fn cycle(limiter: &impl Limiter, keys: &[u64], start: usize, decisions: u64) {
+    let mut i = start;
+    for _ in 0..decisions {
+        black_box(limiter.decide(black_box(keys[i])));
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+}
+
+/// Nanoseconds per decision of one thread, or wall time per decision of each of two threads
+/// deciding at once (as in the bench). Generic, as in the bench, so each implementation's
+/// decision is compiled into its own loop.
+fn measure(limiter: &impl Limiter, keys: &[u64], threads: usize) -> f64 {
+    let decisions = DECISIONS / threads as u64;
+    let start = if threads == 1 {
+        let start = Instant::now();
+        cycle(limiter, keys, 0, decisions);
+        start
+    } else {
+        let barrier = Barrier::new(threads + 1);
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    cycle(limiter, keys, t * keys.len() / threads, decisions);
+                });
+            }
+            barrier.wait();
+            Instant::now()
+        })
+    };
+    start.elapsed().as_nanos() as f64 / decisions as f64
+}
+
+/// Tracks every key, and checks the path: the first decision spends a fresh key's unit, and the
+/// second is refused on the denied path.
+fn check(limiter: &impl Limiter, keys: &[u64], denied: bool) {
+    for &key in keys {
+        assert!(limiter.decide(key), "a fresh key must be allowed");
+        assert_eq!(limiter.decide(key), !denied);
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let rounds: usize = args
+        .next()
+        .map(|n| n.parse().expect("ROUNDS must be a number"))
+        .unwrap_or(30)
+        .max(1);
+    let filter = args.next().unwrap_or_default();
+    println!("scenario              tollgate  governor   ratio");
+    for (keyset, keys) in [("hot_key", vec![0x5eed_u64]), ("100k_keys", keys())] {
+        for denied in [false, true] {
+            // The bench's limits: a burst that never runs out, or one per hour already spent.
+            let (bucket, quota) = if denied {
+                (
+                    TokenBucket::new(1, Duration::from_secs(3600)),
+                    Quota::per_hour(NonZeroU32::MIN),
+                )
+            } else {
+                (
+                    TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX)),
+                    Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX),
+                )
+            };
+            let tollgate = Tollgate {
+                algorithm: Algorithm::TokenBucket(bucket),
+                store: Box::new(MemoryStore::new()),
+            };
+            let governor = Governor(RateLimiter::dashmap(quota));
+            check(&tollgate, &keys, denied);
+            check(&governor, &keys, denied);
+            for threads in [1, 2] {
+                let path = if denied { "denied" } else { "allowed" };
+                let name = format!("{keyset}/{path}/{threads}t");
+                if !name.contains(&filter) {
+                    continue;
+                }
+                let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+                for round in 0..rounds {
+                    let (t, g) = if round % 2 == 0 {
+                        let t = measure(&tollgate, &keys, threads);
+                        (t, measure(&governor, &keys, threads))
+                    } else {
+                        let g = measure(&governor, &keys, threads);
+                        (measure(&tollgate, &keys, threads), g)
+                    };
+                    ours.push(t);
+                    theirs.push(g);
+                    ratios.push(t / g);
+                }
+                let (t, g, r) = (median(ours), median(theirs), median(ratios));
+                println!("{name:20} {t:9.1} {g:9.1} {r:7.3}");
+            }
+        }
+    }
+}
