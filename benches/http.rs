@@ -364,8 +364,11 @@ fn main() {
     let runs = env("HTTP_BENCH_RUNS", 3) as usize;
     let ticks = clock_ticks_per_second();
     println!("wrk -t1 -c32 -d{seconds}s, {runs} runs each, server on one tokio worker thread\n");
-    println!("| server | requests/s | p50 ms | p99 ms | server CPU µs/request | non-2xx |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| server | requests/s | vs bare, same round | p50 ms | p99 ms | server CPU µs/request \
+         | added CPU µs, same round | non-2xx |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     // All servers run for the whole measurement and every round runs each variant once, so a
     // change in the machine's state (a VM's CPU steal, frequency) hits every variant alike.
     let mut servers: Vec<(Variant, Child, SocketAddr)> = Variant::all()
@@ -385,16 +388,31 @@ fn main() {
             results[i].push(wrk(*addr, seconds, child.id(), ticks));
         }
     }
+    // This VM switches between speeds for seconds at a time, which moves whole rounds: each
+    // variant is also compared with bare axum in the same round, a steadier figure.
+    let bare = results[0].clone();
     for ((variant, child, _), results) in servers.iter_mut().zip(&results) {
         let _ = child.kill();
         let _ = child.wait();
+        let paired = || results.iter().zip(&bare);
         println!(
-            "| {} | {} | {} | {} | {} | {:.0}% |",
+            "| {} | {} | {} % | {} | {} | {} | {} | {:.0}% |",
             variant.label(),
             cell(summary(results.iter().map(|r| r.requests_per_second)), 0),
+            cell(
+                summary(
+                    paired()
+                        .map(|(r, b)| { 100.0 * r.requests_per_second / b.requests_per_second })
+                ),
+                0
+            ),
             cell(summary(results.iter().map(|r| r.p50_ms)), 2),
             cell(summary(results.iter().map(|r| r.p99_ms)), 2),
             cell(summary(results.iter().map(|r| r.cpu_us_per_request)), 1),
+            cell(
+                summary(paired().map(|(r, b)| r.cpu_us_per_request - b.cpu_us_per_request)),
+                2
+            ),
             100.0 * summary(results.iter().map(|r| r.non_2xx_share)).0,
         );
     }
