@@ -1,5 +1,6 @@
 //! `Limiter`: a set of rules and the store behind them, usable with or without the middleware.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use crate::algorithm::{CostTooLarge, Mode, Outcome};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule};
-use crate::ruleset::{AccessList, RuleSet};
+use crate::ruleset::{AccessList, RuleSet, StoreRef};
 use crate::store::{Charge, MemoryStore, Store, StoreError};
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
@@ -44,6 +45,9 @@ pub struct Limiter {
 struct Inner {
     rules: ArcSwap<RuleSet>,
     store: Arc<dyn Store>,
+    /// The same store when it is the memory store, held by its type: requests then reach its
+    /// decision without a virtual call, and the compiler can build it into the request path.
+    memory: Option<MemoryStore>,
 }
 
 /// Builds a [`Limiter`].
@@ -53,6 +57,7 @@ pub struct LimiterBuilder {
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
     store: Option<Arc<dyn Store>>,
+    memory: Option<MemoryStore>,
 }
 
 impl LimiterBuilder {
@@ -64,6 +69,7 @@ impl LimiterBuilder {
 
     /// The store (default: a new [`MemoryStore`]).
     pub fn store(mut self, store: impl Store) -> Self {
+        self.memory = (&store as &dyn Any).downcast_ref::<MemoryStore>().cloned();
         self.store = Some(Arc::new(store));
         self
     }
@@ -83,12 +89,19 @@ impl LimiterBuilder {
     /// Validates the rules and builds the limiter.
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
-        let store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let (store, memory) = match self.store {
+            Some(store) => (store, self.memory),
+            None => {
+                let memory = MemoryStore::new();
+                (Arc::new(memory.clone()) as Arc<dyn Store>, Some(memory))
+            }
+        };
         rules.check_store(&*store)?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: ArcSwap::from_pointee(rules),
                 store,
+                memory,
             }),
         })
     }
@@ -208,6 +221,14 @@ impl Limiter {
 
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    /// The store, by type when it is the memory store.
+    pub(crate) fn store_ref(&self) -> StoreRef<'_> {
+        match &self.inner.memory {
+            Some(memory) => StoreRef::Memory(memory),
+            None => StoreRef::Dyn(&*self.inner.store),
+        }
     }
 
     /// The key `rule` derives from `request` (what the middleware would charge), if present.

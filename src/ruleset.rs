@@ -17,7 +17,7 @@ use crate::key::{Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
 use crate::prepared::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
-use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
+use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 
 /// Rules, compiled, with everything per rule that never changes between requests.
 pub(crate) struct RuleSet {
@@ -65,6 +65,23 @@ pub(crate) enum Refusal {
     },
     /// The request matched a deny list.
     Denied { list: String },
+}
+
+/// The store a plan goes to: the memory store by its type (its decision can then be compiled
+/// into the request path), any other through its trait object.
+#[derive(Clone, Copy)]
+pub(crate) enum StoreRef<'a> {
+    Memory(&'a MemoryStore),
+    Dyn(&'a dyn Store),
+}
+
+impl<'a> StoreRef<'a> {
+    fn as_dyn(self) -> &'a dyn Store {
+        match self {
+            StoreRef::Memory(memory) => memory,
+            StoreRef::Dyn(store) => store,
+        }
+    }
 }
 
 /// A store's answer to a plan.
@@ -207,19 +224,21 @@ impl RuleSet {
 
     /// Asks `store` for a plan's outcomes: the answer now, or the future of a store that needs
     /// I/O. A plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(&self, store: &dyn Store, plan: &Plan) -> Answer {
+    pub(crate) fn ask(&self, store: StoreRef<'_>, plan: &Plan) -> Answer {
         if let [one] = &plan[..] {
-            return match store
-                .apply_one(&self.charge(one.rule, &one.key, one.cost))
-                .into_ready()
-            {
+            let charge = self.charge(one.rule, &one.key, one.cost);
+            let answer = match store {
+                StoreRef::Memory(memory) => memory.apply_one(&charge),
+                StoreRef::Dyn(store) => store.apply_one(&charge),
+            };
+            return match answer.into_ready() {
                 Ok(result) => Answer::Now(result.map(|outcome| smallvec::smallvec![outcome])),
                 Err(pending) => Answer::Later(StoreFuture::pending(async move {
                     pending.await.map(|outcome| smallvec::smallvec![outcome])
                 })),
             };
         }
-        match store.apply(&self.charges(plan)).into_ready() {
+        match store.as_dyn().apply(&self.charges(plan)).into_ready() {
             Ok(result) => Answer::Now(result),
             Err(pending) => Answer::Later(pending),
         }

@@ -112,7 +112,7 @@ where
         if enforced.is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        match rules.ask(shared.limiter.store(), &enforced) {
+        match rules.ask(shared.limiter.store_ref(), &enforced) {
             Answer::Now(result) => {
                 let next = decide(shared, &rules, &mut request, enforced, result);
                 ResponseFuture::new(next.into_state(&mut self.inner, request))
@@ -163,7 +163,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(shared.limiter.store(), &plan) {
+    match rules.ask(shared.limiter.store_ref(), &plan) {
         Answer::Now(result) => record(shared, rules, plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
