@@ -1,4 +1,4 @@
-//! `MemoryStore`, called the way the middleware calls it, against governor's keyed limiter,
+//! `MemoryStore` called through `&dyn Store` against governor's keyed limiter,
 //! alternating in short rounds: the scenarios of `benches/store.rs`, measured so that a noisy
 //! machine cannot favour either side.
 //!
@@ -13,10 +13,10 @@
 //! the median of the per-round ratios: below 1 is faster than governor. Scenario names work as in
 //! `benches/store.rs`; FILTER keeps the scenarios whose name contains it (e.g. `hot`, `2t`).
 //!
-//! Tollgate's store is called through `&dyn Store`, as the middleware holds it (`Arc<dyn Store>`),
-//! so its decision is one call; the bench calls `MemoryStore` directly, where the compiler may
-//! inline the whole decision into the bench's loop, as it does with governor's generic
-//! `check_key` (governor is inlined here too).
+//! Tollgate's store is called through `&dyn Store`, as the middleware calls any store but the
+//! memory store (a store wrapping it, say), so its decision is one call. The middleware calls a
+//! `MemoryStore` by its type, as `benches/store.rs` does, where the compiler may inline the whole
+//! decision into the caller, as it does with governor's generic `check_key` (inlined here too).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -35,7 +35,7 @@ trait Limiter: Sync {
     fn decide(&self, key: u64) -> bool;
 }
 
-/// Tollgate through `dyn Store`, as the middleware calls its store.
+/// Tollgate through `dyn Store`, as the middleware calls a store other than `MemoryStore`.
 struct Tollgate {
     algorithm: Algorithm,
     store: Box<dyn Store>,
