@@ -18,61 +18,23 @@
 //!   limiter (the aggregate throughput is twice the reciprocal).
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate::store::MemoryStore;
+
+#[path = "support/peers.rs"]
+mod peers;
+use peers::{keys, Governor, Limiter, Tollgate};
 
 const KEYS: usize = 100_000;
-const RULE: &str = "bench";
 
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(40)
-}
-
-/// The two implementations behind one interface: decide one unit for `key`, `true` if allowed.
-trait Limiter: Sync {
-    fn decide(&self, key: u64) -> bool;
-}
-
-struct Tollgate {
-    store: MemoryStore,
-    algorithm: Algorithm,
-}
-
-impl Limiter for Tollgate {
-    #[inline]
-    fn decide(&self, key: u64) -> bool {
-        let bytes = key.to_le_bytes();
-        let charge = Charge {
-            rule: RULE,
-            algorithm: &self.algorithm,
-            key: &bytes,
-            cost: 1,
-            mode: Mode::Charge,
-        };
-        // The single-charge path the middleware takes for a request under one rule.
-        match self.store.apply_one(&charge).into_ready() {
-            Ok(Ok(outcome)) => black_box(outcome).verdict.is_admitted(),
-            _ => unreachable!("the memory store answers at once"),
-        }
-    }
-}
-
-struct Governor(DefaultKeyedRateLimiter<u64>);
-
-impl Limiter for Governor {
-    #[inline]
-    fn decide(&self, key: u64) -> bool {
-        black_box(self.0.check_key(&key)).is_ok()
-    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -88,46 +50,6 @@ impl Path {
             Path::Denied => "denied",
         }
     }
-}
-
-fn tollgate(path: Path) -> Tollgate {
-    let bucket = match path {
-        Path::Allowed => {
-            TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX))
-        }
-        Path::Denied => TokenBucket::new(1, Duration::from_secs(3600)),
-    };
-    Tollgate {
-        store: MemoryStore::new(),
-        algorithm: Algorithm::TokenBucket(bucket),
-    }
-}
-
-fn governor(path: Path) -> Governor {
-    let quota = match path {
-        Path::Allowed => Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX),
-        Path::Denied => Quota::per_hour(NonZeroU32::MIN),
-    };
-    Governor(RateLimiter::dashmap(quota))
-}
-
-/// 100 000 distinct pseudo-random keys (splitmix64), the same on every run.
-fn keys() -> Vec<u64> {
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let keys: Vec<u64> = (0..KEYS)
-        .map(|_| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        })
-        .collect();
-    let mut distinct = keys.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    assert_eq!(distinct.len(), KEYS);
-    keys
 }
 
 /// Tracks every key before measuring, and checks the path: on the denied path the first decision
@@ -174,8 +96,8 @@ fn two_threads(limiter: &impl Limiter, keys: &[u64], iters: u64) -> Duration {
 }
 
 fn scenario(c: &mut Criterion, keyset: &str, keys: &[u64], path: Path) {
-    let tollgate = tollgate(path);
-    let governor = governor(path);
+    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), path == Path::Denied);
+    let governor = Governor::new(path == Path::Denied);
     prepare(&tollgate, keys, path);
     prepare(&governor, keys, path);
 
@@ -229,7 +151,7 @@ fn hot_key(c: &mut Criterion) {
 }
 
 fn many_keys(c: &mut Criterion) {
-    let keys = keys();
+    let keys = keys(KEYS);
     scenario(c, "100k_keys", &keys, Path::Allowed);
     scenario(c, "100k_keys", &keys, Path::Denied);
 }

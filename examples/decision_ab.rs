@@ -19,68 +19,17 @@
 //! decision into the caller, as it does with governor's generic `check_key` (inlined here too).
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate::store::{MemoryStore, Store};
+
+#[path = "../benches/support/peers.rs"]
+mod peers;
+use peers::{keys, Governor, Limiter, Tollgate};
 
 /// Decisions per implementation per round (split between the threads).
 const DECISIONS: u64 = 400_000;
-
-/// Decide one unit for `key`; `true` if allowed.
-trait Limiter: Sync {
-    fn decide(&self, key: u64) -> bool;
-}
-
-/// Tollgate through `dyn Store`, as the middleware calls a store other than `MemoryStore`.
-struct Tollgate {
-    algorithm: Algorithm,
-    store: Box<dyn Store>,
-}
-
-impl Limiter for Tollgate {
-    #[inline]
-    fn decide(&self, key: u64) -> bool {
-        let bytes = key.to_le_bytes();
-        let charge = Charge {
-            rule: "bench",
-            algorithm: &self.algorithm,
-            key: &bytes,
-            cost: 1,
-            mode: Mode::Charge,
-        };
-        match self.store.apply_one(&charge).into_ready() {
-            Ok(Ok(outcome)) => black_box(outcome).verdict.is_admitted(),
-            _ => unreachable!("the memory store answers at once"),
-        }
-    }
-}
-
-struct Governor(DefaultKeyedRateLimiter<u64>);
-
-impl Limiter for Governor {
-    #[inline]
-    fn decide(&self, key: u64) -> bool {
-        black_box(self.0.check_key(&key)).is_ok()
-    }
-}
-
-/// 100 000 distinct pseudo-random keys (splitmix64), the same as the bench's.
-fn keys() -> Vec<u64> {
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    (0..100_000)
-        .map(|_| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        })
-        .collect()
-}
 
 fn cycle(limiter: &impl Limiter, keys: &[u64], start: usize, decisions: u64) {
     let mut i = start;
@@ -142,25 +91,11 @@ fn main() {
         .max(1);
     let filter = args.next().unwrap_or_default();
     println!("scenario              tollgate  governor   ratio");
-    for (keyset, keys) in [("hot_key", vec![0x5eed_u64]), ("100k_keys", keys())] {
+    for (keyset, keys) in [("hot_key", vec![0x5eed_u64]), ("100k_keys", keys(100_000))] {
         for denied in [false, true] {
             // The bench's limits: a burst that never runs out, or one per hour already spent.
-            let (bucket, quota) = if denied {
-                (
-                    TokenBucket::new(1, Duration::from_secs(3600)),
-                    Quota::per_hour(NonZeroU32::MIN),
-                )
-            } else {
-                (
-                    TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX)),
-                    Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX),
-                )
-            };
-            let tollgate = Tollgate {
-                algorithm: Algorithm::TokenBucket(bucket),
-                store: Box::new(MemoryStore::new()),
-            };
-            let governor = Governor(RateLimiter::dashmap(quota));
+            let tollgate = Tollgate::<dyn Store>::new(Box::new(MemoryStore::new()), denied);
+            let governor = Governor::new(denied);
             check(&tollgate, &keys, denied);
             check(&governor, &keys, denied);
             for threads in [1, 2] {

@@ -207,11 +207,7 @@ fn threads_hammering_one_key_admit_exactly_the_capacity() {
 
 #[test]
 fn concurrent_batches_never_over_admit_any_rule() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(2)
-        .build();
+    let store = two_shards();
     let a = bucket(50, Duration::from_secs(3_600));
     let b = Algorithm::FixedWindow(FixedWindow::new(30, Duration::from_secs(3_600)));
     let passed = AtomicU64::new(0);
@@ -242,11 +238,7 @@ fn concurrent_batches_never_over_admit_any_rule() {
 fn single_charges_and_batches_on_shared_keys_stay_exact() {
     // Single charges take the one-key fast path and batches the ordered multi-shard path; on the
     // same keys they must still be atomic with respect to each other.
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(2)
-        .build();
+    let store = two_shards();
     let a = bucket(50, Duration::from_secs(3_600));
     let b = Algorithm::FixedWindow(FixedWindow::new(30, Duration::from_secs(3_600)));
     let c = bucket(40, Duration::from_secs(3_600));
@@ -410,4 +402,13 @@ fn table_entries_are_as_small_as_the_readme_says() {
     // hash and a `Timed` state (the README's "48-byte table entry").
     assert_eq!(std::mem::size_of::<(u64, Micros)>(), 16);
     assert_eq!(std::mem::size_of::<(u64, Timed)>(), 48);
+}
+
+/// A store of two shards (so that keys share shards and batches lock several), on a clock that
+/// stands still.
+fn two_shards() -> MemoryStore {
+    MemoryStore::builder()
+        .clock(ManualClock::new(Duration::from_secs(1_000)))
+        .shards(2)
+        .build()
 }

@@ -1,0 +1,99 @@
+//! The limiters the store benchmarks compare, behind one interface, with the limits and keys they
+//! decide: shared by `benches/store.rs` and `examples/decision_ab.rs`.
+
+#![allow(dead_code)]
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::store::{Charge, Store};
+
+/// Decide one unit for `key`; `true` if allowed.
+pub(crate) trait Limiter: Sync {
+    fn decide(&self, key: u64) -> bool;
+}
+
+/// A tollgate store deciding for rule `bench` on the key's eight little-endian bytes. `S` is
+/// `MemoryStore` for the typed call the middleware makes, or `dyn Store` for a trait-object call.
+pub(crate) struct Tollgate<S: ?Sized> {
+    pub(crate) algorithm: Algorithm,
+    pub(crate) store: Box<S>,
+}
+
+impl<S: Store + ?Sized> Tollgate<S> {
+    /// `store` deciding the limits of the `denied` or allowed path.
+    pub(crate) fn new(store: Box<S>, denied: bool) -> Self {
+        let bucket = if denied {
+            TokenBucket::new(1, Duration::from_secs(3600))
+        } else {
+            TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX))
+        };
+        Tollgate {
+            algorithm: Algorithm::TokenBucket(bucket),
+            store,
+        }
+    }
+}
+
+impl<S: Store + ?Sized> Limiter for Tollgate<S> {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        let bytes = key.to_le_bytes();
+        let charge = Charge {
+            rule: "bench",
+            algorithm: &self.algorithm,
+            key: &bytes,
+            cost: 1,
+            mode: Mode::Charge,
+        };
+        // The single-charge path the middleware takes for a request under one rule.
+        match self.store.apply_one(&charge).into_ready() {
+            Ok(Ok(outcome)) => black_box(outcome).verdict.is_admitted(),
+            _ => unreachable!("the memory store answers at once"),
+        }
+    }
+}
+
+/// governor's keyed limiter (DashMap), deciding with `check_key`.
+pub(crate) struct Governor(DefaultKeyedRateLimiter<u64>);
+
+impl Governor {
+    /// The same limits as [`Tollgate::new`]: a burst that never runs out, or one per hour.
+    pub(crate) fn new(denied: bool) -> Self {
+        let quota = if denied {
+            Quota::per_hour(NonZeroU32::MIN)
+        } else {
+            Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX)
+        };
+        Governor(RateLimiter::dashmap(quota))
+    }
+}
+
+impl Limiter for Governor {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        black_box(self.0.check_key(&key)).is_ok()
+    }
+}
+
+/// `count` distinct pseudo-random keys (splitmix64), the same on every run.
+pub(crate) fn keys(count: usize) -> Vec<u64> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let keys: Vec<u64> = (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        })
+        .collect();
+    let mut distinct = keys.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), count);
+    keys
+}
