@@ -357,7 +357,7 @@ impl Limiter {
                 mode,
                 ..rules.charge(index, &key, cost)
             };
-            self.store().apply_one(&charge)
+            self.store_ref().apply_one(&charge)
         };
         Ok(pending.await?)
     }

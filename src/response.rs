@@ -227,46 +227,33 @@ fn quota_exceeded(
             .filter_map(|r| rules.items.get(r.index))
     };
     let mut numbers = itoa::Buffer::new();
-    let mut body = Text(String::with_capacity(256));
-    body.push("{\"type\":\"");
-    body.push(QUOTA_EXCEEDED);
-    body.push("\",\"title\":\"Too Many Requests\",\"status\":");
-    body.push(numbers.format(status.as_u16()));
-    body.push(",\"detail\":\"Rate limit exceeded (");
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":\"");
+    body.push_str(QUOTA_EXCEEDED);
+    body.push_str("\",\"title\":\"Too Many Requests\",\"status\":");
+    body.push_str(numbers.format(status.as_u16()));
+    body.push_str(",\"detail\":\"Rate limit exceeded (");
     for (i, item) in violated().enumerate() {
         if i > 0 {
-            body.push(", ");
+            body.push_str(", ");
         }
-        body.push(&item.json_name);
+        body.push_str(&item.json_name);
     }
-    body.push("); retry in ");
-    body.push(numbers.format(retry_seconds));
-    body.push(" s.\",\"violated-policies\":[");
+    body.push_str("); retry in ");
+    body.push_str(numbers.format(retry_seconds));
+    body.push_str(" s.\",\"violated-policies\":[");
     for (i, item) in violated().enumerate() {
         if i > 0 {
-            body.push(",");
+            body.push(',');
         }
-        body.push("\"");
-        body.push(&item.json_name);
-        body.push("\"");
+        body.push('"');
+        body.push_str(&item.json_name);
+        body.push('"');
     }
-    body.push("]}");
-    body.into_bytes()
-}
-
-/// The body text of a layer's own response.
-struct Text(String);
-
-impl Text {
-    fn push(&mut self, text: &str) {
-        self.0.push_str(text);
-    }
-
-    /// Trimmed to its length first (a shrink in place): `Bytes` then takes the allocation over
-    /// as it is, where a buffer with spare capacity would cost it a second allocation.
-    fn into_bytes(self) -> Bytes {
-        Bytes::from(self.0.into_bytes().into_boxed_slice())
-    }
+    body.push_str("]}");
+    // Trimmed to its length first (a shrink in place): `Bytes` then takes the allocation over as
+    // it is, where a buffer with spare capacity would cost it a second allocation.
+    Bytes::from(body.into_bytes().into_boxed_slice())
 }
 
 const PROBLEM_JSON: &str = "application/problem+json";

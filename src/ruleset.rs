@@ -9,7 +9,7 @@ use http::{Request, StatusCode};
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
-use crate::algorithm::CostTooLarge;
+use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::error::ConfigError;
 use crate::headers::{self, PolicyItem};
@@ -76,6 +76,15 @@ pub(crate) enum StoreRef<'a> {
 }
 
 impl<'a> StoreRef<'a> {
+    /// [`Store::apply_one`], called by type when the store is the memory store.
+    #[inline]
+    pub(crate) fn apply_one(self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        match self {
+            StoreRef::Memory(memory) => memory.apply_one(charge),
+            StoreRef::Dyn(store) => store.apply_one(charge),
+        }
+    }
+
     fn as_dyn(self) -> &'a dyn Store {
         match self {
             StoreRef::Memory(memory) => memory,
@@ -226,12 +235,10 @@ impl RuleSet {
     /// I/O. A plan of one charge (the usual case) takes the store's single-charge path.
     pub(crate) fn ask(&self, store: StoreRef<'_>, plan: &Plan) -> Answer {
         if let [one] = &plan[..] {
-            let charge = self.charge(one.rule, &one.key, one.cost);
-            let answer = match store {
-                StoreRef::Memory(memory) => memory.apply_one(&charge),
-                StoreRef::Dyn(store) => store.apply_one(&charge),
-            };
-            return match answer.into_ready() {
+            return match store
+                .apply_one(&self.charge(one.rule, &one.key, one.cost))
+                .into_ready()
+            {
                 Ok(result) => Answer::Now(result.map(|outcome| smallvec::smallvec![outcome])),
                 Err(pending) => Answer::Later(StoreFuture::pending(async move {
                     pending.await.map(|outcome| smallvec::smallvec![outcome])
