@@ -1,0 +1,78 @@
+//! The layer's log events. Alone in this test binary on purpose: `tracing` caches per call site
+//! whether anyone listens, and a test on another thread hitting the same call site while this
+//! one installs its subscriber can cache "nobody" and swallow the events it checks.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tollgate::{Key, Limit, Rule};
+use tower::{service_fn, Layer};
+
+#[path = "support/paused.rs"]
+mod paused;
+
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::send;
+
+type Body = Full<Bytes>;
+
+fn from(ip: &str, path: &str) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::default()).unwrap();
+    req.extensions_mut()
+        .insert(SocketAddr::new(ip.parse().unwrap(), 1));
+    req
+}
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn denial_log(redact: bool) -> String {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = paused::builder()
+        .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
+        .redact_keys(redact)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }));
+    send(&service, from("198.51.100.7", "/")).await;
+    send(&service, from("198.51.100.7", "/")).await;
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    text
+}
+
+#[tokio::test(start_paused = true)]
+async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
+    let plain = denial_log(false).await;
+    assert!(plain.contains("rate limit: denied"), "{plain}");
+    assert!(plain.contains("rule=per-ip"), "{plain}");
+    assert!(plain.contains("key=198.51.100.7"), "{plain}");
+    let redacted = denial_log(true).await;
+    assert!(redacted.contains("rate limit: denied"), "{redacted}");
+    assert!(!redacted.contains("198.51.100.7"), "{redacted}");
+    assert!(redacted.contains("key=#"), "{redacted}");
+}
