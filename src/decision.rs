@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::{Outcome, Verdict};
 use crate::key::KeyValue;
+use crate::store::{Outcomes, StoreError, StoreErrorKind};
 
 /// What the limiter decided for a request: one entry per rule that applied.
 ///
@@ -16,6 +17,14 @@ use crate::key::KeyValue;
 pub struct Decision {
     rules: SmallVec<[RuleDecision; 2]>,
 }
+
+/// A planned charge's outcome until the store answers; never seen outside the crate.
+const PENDING: Outcome = Outcome {
+    verdict: Verdict::Allowed,
+    limit: 0,
+    remaining: 0,
+    reset: Duration::ZERO,
+};
 
 /// One rule's part of a [`Decision`].
 #[derive(Clone, Debug)]
@@ -32,23 +41,38 @@ pub struct RuleDecision {
 }
 
 impl Decision {
-    pub(crate) fn new(rules: SmallVec<[RuleDecision; 2]>) -> Self {
-        Decision { rules }
-    }
-
-    pub(crate) fn entry(
-        index: usize,
-        rule: Arc<str>,
-        outcome: Outcome,
-        key: KeyValue,
-        cost: u64,
-    ) -> RuleDecision {
-        RuleDecision {
+    /// Adds a rule's charge; its outcome is filled in by [`Decision::answer`]. (The middleware
+    /// builds the decision in place as the request goes through — rules, then the store — so it
+    /// is moved once, into the request's extensions.)
+    pub(crate) fn plan(&mut self, index: usize, rule: Arc<str>, key: KeyValue, cost: u64) {
+        self.rules.push(RuleDecision {
             rule,
-            outcome,
+            outcome: PENDING,
             key,
             cost,
             index,
+        });
+    }
+
+    /// Fills in the store's outcomes, one per planned charge, in order.
+    pub(crate) fn answer(&mut self, outcomes: Outcomes) -> Result<(), StoreError> {
+        if outcomes.len() != self.rules.len() {
+            return Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("{} outcomes for {} rules", outcomes.len(), self.rules.len()),
+            ));
+        }
+        for (entry, outcome) in self.rules.iter_mut().zip(outcomes) {
+            entry.outcome = outcome;
+        }
+        Ok(())
+    }
+
+    /// Fills in the outcome of a decision with one charge.
+    pub(crate) fn answer_one(&mut self, outcome: Outcome) {
+        debug_assert_eq!(self.rules.len(), 1);
+        if let Some(entry) = self.rules.first_mut() {
+            entry.outcome = outcome;
         }
     }
 

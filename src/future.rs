@@ -12,9 +12,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::decision::Decision;
 use crate::layer::Shared;
 use crate::response::AllowedHeaders;
-use crate::ruleset::{Plan, RuleSet};
+use crate::ruleset::RuleSet;
 use crate::service::{decide, Hold};
 use crate::store::{Outcomes, StoreFuture};
 
@@ -73,7 +74,7 @@ pub(crate) struct Queued<S, B> {
 pub(crate) struct Deciding<S, B> {
     inner: S,
     request: Request<B>,
-    plan: Plan,
+    plan: Decision,
     rules: Arc<RuleSet>,
     shared: Arc<Shared>,
     started: tokio::time::Instant,
@@ -87,7 +88,7 @@ where
         store: StoreFuture<Outcomes>,
         inner: S,
         request: Request<B>,
-        plan: Plan,
+        plan: Decision,
         rules: Arc<RuleSet>,
         shared: Arc<Shared>,
     ) -> Self {
@@ -166,12 +167,13 @@ where
                     let Deciding {
                         mut inner,
                         mut request,
-                        plan,
+                        mut plan,
                         rules,
                         shared,
                         started,
                     } = *deciding;
                     rules.store_latency.record(started.elapsed().as_secs_f64());
+                    let result = result.and_then(|outcomes| plan.answer(outcomes));
                     decide(&shared, &rules, &mut request, plan, result)
                         .into_state(&mut inner, request)
                 }

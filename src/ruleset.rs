@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
+use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
@@ -32,17 +33,6 @@ pub(crate) struct RuleSet {
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
-
-/// One rule's charge for a request: which rule, which key, how much.
-#[derive(Debug)]
-pub(crate) struct Planned {
-    pub(crate) rule: usize,
-    pub(crate) key: KeyValue,
-    pub(crate) cost: u64,
-}
-
-/// The charges of one request.
-pub(crate) type Plan = SmallVec<[Planned; 2]>;
 
 /// A request answered before the store is asked.
 #[derive(Debug)]
@@ -93,22 +83,20 @@ impl<'a> StoreRef<'a> {
     }
 }
 
-/// A store's answer to a plan.
+/// A store's answer to a planned decision.
 pub(crate) enum Answer {
-    /// Decided at once (the memory store).
-    Now(Result<Outcomes, StoreError>),
-    /// Deciding needs I/O.
+    /// Decided at once (the memory store): the outcomes are in the decision.
+    Now(Result<(), StoreError>),
+    /// Deciding needs I/O; [`Decision::answer`] takes the outcomes.
     Later(StoreFuture<Outcomes>),
 }
 
 /// What a request's way through the rules is.
-// Returned once per request and taken apart at once; boxing the plans would allocate per request.
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Route {
     /// On an allow list: forwarded, not limited.
     Allowed,
-    /// Charge these (enforced) and these (shadow: recorded, never blocking).
-    Charge { enforced: Plan, shadow: Plan },
+    /// The rules that apply are planned (enforced and shadow ones apart).
+    Planned,
 }
 
 impl RuleSet {
@@ -166,12 +154,15 @@ impl RuleSet {
             .find(|(_, r)| &*r.name == name)
     }
 
-    /// The charges a request makes: which rules apply, with which key and cost. `shadow_all` treats
-    /// every rule as a shadow rule.
+    /// Plans the charges a request makes: which rules apply, with which key and cost, into
+    /// `enforced` and `shadow` (recorded, never blocking; `shadow_all` makes every rule one).
+    /// (Filled in place: a decision is a few hundred bytes, and each move is a copy.)
     pub(crate) fn route<B>(
         &self,
         request: &Request<B>,
         shadow_all: bool,
+        enforced: &mut Decision,
+        shadow: &mut Decision,
     ) -> Result<Route, Refusal> {
         if let Some(list) = self.deny.iter().find(|list| list.matches(request)) {
             return Err(Refusal::Denied {
@@ -182,7 +173,6 @@ impl RuleSet {
             return Ok(Route::Allowed);
         }
         let head = RequestHead::of(request);
-        let (mut enforced, mut shadow) = (Plan::new(), Plan::new());
         for (index, rule) in self.rules.iter().enumerate() {
             if !rule.applies_to(&head) {
                 continue;
@@ -209,18 +199,14 @@ impl RuleSet {
                     rule: rule.name.clone(),
                     error,
                 })?;
-            let planned = Planned {
-                rule: index,
-                key,
-                cost,
-            };
-            if shadow_all || rule.shadow {
-                shadow.push(planned);
+            let plan = if shadow_all || rule.shadow {
+                &mut *shadow
             } else {
-                enforced.push(planned);
-            }
+                &mut *enforced
+            };
+            plan.plan(index, rule.name.clone(), key, cost);
         }
-        Ok(Route::Charge { enforced, shadow })
+        Ok(Route::Planned)
     }
 
     /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
@@ -231,30 +217,33 @@ impl RuleSet {
             .try_for_each(|rule| store.validate(&rule.name, rule.algorithm()))
     }
 
-    /// Asks `store` for a plan's outcomes: the answer now, or the future of a store that needs
-    /// I/O. A plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(&self, store: StoreRef<'_>, plan: &Plan) -> Answer {
-        if let [one] = &plan[..] {
+    /// Asks `store` for the outcomes of a planned decision: filled in now, or the future of a
+    /// store that needs I/O. A plan of one charge (the usual case) takes the store's
+    /// single-charge path.
+    pub(crate) fn ask(&self, store: StoreRef<'_>, plan: &mut Decision) -> Answer {
+        if let [one] = plan.rules() {
             return match store
-                .apply_one(&self.charge(one.rule, &one.key, one.cost))
+                .apply_one(&self.charge(one.index, &one.key, one.cost))
                 .into_ready()
             {
-                Ok(result) => Answer::Now(result.map(|outcome| smallvec::smallvec![outcome])),
+                Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
                 Err(pending) => Answer::Later(StoreFuture::pending(async move {
                     pending.await.map(|outcome| smallvec::smallvec![outcome])
                 })),
             };
         }
-        match store.as_dyn().apply(&self.charges(plan)).into_ready() {
-            Ok(result) => Answer::Now(result),
+        let answer = store.as_dyn().apply(&self.charges(plan));
+        match answer.into_ready() {
+            Ok(result) => Answer::Now(result.and_then(|outcomes| plan.answer(outcomes))),
             Err(pending) => Answer::Later(pending),
         }
     }
 
-    /// The store's view of a plan.
-    pub(crate) fn charges<'a>(&'a self, plan: &'a Plan) -> SmallVec<[Charge<'a>; 2]> {
-        plan.iter()
-            .map(|p| self.charge(p.rule, &p.key, p.cost))
+    /// The store's view of a planned decision.
+    pub(crate) fn charges<'a>(&'a self, plan: &'a Decision) -> SmallVec<[Charge<'a>; 2]> {
+        plan.rules()
+            .iter()
+            .map(|p| self.charge(p.index, &p.key, p.cost))
             .collect()
     }
 

@@ -19,8 +19,8 @@ use crate::limiter::Limiter;
 use crate::observe;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
-use crate::ruleset::{Answer, Plan, Route, RuleSet};
-use crate::store::{Outcomes, StoreError};
+use crate::ruleset::{Answer, Route, RuleSet};
+use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
 ///
@@ -96,8 +96,9 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let rules = shared.limiter.rules();
-        let (enforced, shadow) = match rules.route(&request, shared.shadow_all) {
-            Ok(Route::Charge { enforced, shadow }) => (enforced, shadow),
+        let (mut enforced, mut shadow) = (Decision::default(), Decision::default());
+        match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
+            Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
                 return ResponseFuture::new(State::calling(self.inner.call(request), None))
             }
@@ -105,14 +106,14 @@ where
                 tracing::debug!(?refusal, "rate limit: request refused before counting");
                 return ResponseFuture::new(State::respond(shared.responder.refused(&refusal)));
             }
-        };
-        if !shadow.is_empty() {
+        }
+        if !shadow.rules().is_empty() {
             record_shadow(shared, &rules, shadow);
         }
-        if enforced.is_empty() {
+        if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        match rules.ask(shared.limiter.store_ref(), &enforced) {
+        match rules.ask(shared.limiter.store_ref(), &mut enforced) {
             Answer::Now(result) => {
                 let next = decide(shared, &rules, &mut request, enforced, result);
                 ResponseFuture::new(next.into_state(&mut self.inner, request))
@@ -138,37 +139,33 @@ where
 
 /// Decides shadow rules: counted and logged like the others, never blocking. A store that needs
 /// I/O answers in the background, so shadow rules add no latency.
-fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, plan: Plan) {
+fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision) {
     let record = |shared: &Shared,
                   rules: &RuleSet,
-                  plan: Plan,
-                  result: Result<Outcomes, StoreError>| match result {
-        Ok(outcomes) => {
-            for (planned, outcome) in plan.into_iter().zip(outcomes) {
-                rules.metrics[planned.rule].record_shadow(outcome.verdict);
-                let entry = Decision::entry(
-                    planned.rule,
-                    rules.rules[planned.rule].name.clone(),
-                    outcome,
-                    planned.key,
-                    planned.cost,
-                );
-                observe::event(&entry, true, shared.redact_keys);
+                  decision: &Decision,
+                  result: Result<(), StoreError>| match result {
+        Ok(()) => {
+            for entry in decision.rules() {
+                rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
+                observe::event(entry, true, shared.redact_keys);
             }
         }
         Err(error) => {
-            for planned in &plan {
-                rules.metrics[planned.rule].store_error();
+            for entry in decision.rules() {
+                rules.metrics[entry.index].store_error();
             }
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(shared.limiter.store_ref(), &plan) {
-        Answer::Now(result) => record(shared, rules, plan, result),
+    match rules.ask(shared.limiter.store_ref(), &mut plan) {
+        Answer::Now(result) => record(shared, rules, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let (shared, rules) = (shared.clone(), rules.clone());
-                runtime.spawn(async move { record(&shared, &rules, plan, pending.await) });
+                runtime.spawn(async move {
+                    let result = pending.await.and_then(|outcomes| plan.answer(outcomes));
+                    record(&shared, &rules, &plan, result)
+                });
             }
         }
     }
@@ -216,28 +213,21 @@ impl Next {
 
 /// Turns the store's answer into what happens next: forward, wait, or answer. The decision goes
 /// into the request's extensions for the handler.
+// Inlined into the request path: the decision and the answer are a few hundred bytes each, and a
+// call copies both.
+#[inline(always)]
 pub(crate) fn decide<B>(
     shared: &Shared,
     rules: &Arc<RuleSet>,
     request: &mut Request<B>,
-    plan: Plan,
-    result: Result<Outcomes, StoreError>,
+    decision: Decision,
+    result: Result<(), StoreError>,
 ) -> Next {
-    let outcomes = result.and_then(|outcomes| {
-        if outcomes.len() == plan.len() {
-            Ok(outcomes)
-        } else {
-            Err(StoreError::new(
-                crate::store::StoreErrorKind::Protocol,
-                format!("{} outcomes for {} rules", outcomes.len(), plan.len()),
-            ))
-        }
-    });
-    let outcomes = match outcomes {
-        Ok(outcomes) => outcomes,
+    match result {
+        Ok(()) => {}
         Err(error) => {
-            for planned in &plan {
-                rules.metrics[planned.rule].store_error();
+            for entry in decision.rules() {
+                rules.metrics[entry.index].store_error();
             }
             return match shared.failure {
                 FailurePolicy::Open => {
@@ -250,21 +240,7 @@ pub(crate) fn decide<B>(
                 }
             };
         }
-    };
-    let decision = Decision::new(
-        plan.into_iter()
-            .zip(outcomes)
-            .map(|(p, outcome)| {
-                Decision::entry(
-                    p.rule,
-                    rules.rules[p.rule].name.clone(),
-                    outcome,
-                    p.key,
-                    p.cost,
-                )
-            })
-            .collect(),
-    );
+    }
     let allowed = decision.is_allowed();
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
