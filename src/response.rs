@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::decision::Decision;
@@ -144,12 +144,7 @@ impl Responder {
                     self.status,
                     headers::whole_seconds(wait).max(1),
                 );
-                let mut response = Response::new(body);
-                *response.status_mut() = self.status;
-                response
-                    .headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-                response
+                problem(self.status, body)
             }
         };
         let own = self.rejection.is_none();
@@ -195,7 +190,7 @@ impl Responder {
             "status": status.as_u16(),
             "detail": detail,
         });
-        problem(status, &body)
+        problem(status, Bytes::from(body.to_string()))
     }
 
     /// The response when the store failed and the layer fails closed.
@@ -207,7 +202,7 @@ impl Responder {
             "status": status.as_u16(),
             "detail": format!("The rate limiter cannot decide right now ({:?}); try again shortly.", error.kind()),
         });
-        problem(status, &body)
+        problem(status, Bytes::from(body.to_string()))
     }
 }
 
@@ -258,12 +253,16 @@ fn quota_exceeded(
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
-fn problem(status: StatusCode, body: &serde_json::Value) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::from(body.to_string()));
+/// A problem+json response. `Content-Length` is set here, with the other fields: a server or
+/// router that adds it later (axum does, from the body's size) would grow the header map of every
+/// prepared copy.
+fn problem(status: StatusCode, body: Bytes) -> Response<Bytes> {
+    let length = HeaderValue::from(body.len());
+    let mut response = Response::new(body);
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    headers.insert(CONTENT_LENGTH, length);
     response
 }
 

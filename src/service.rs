@@ -213,9 +213,6 @@ impl Next {
 
 /// Turns the store's answer into what happens next: forward, wait, or answer. The decision goes
 /// into the request's extensions for the handler.
-// Inlined into the request path: the decision and the answer are a few hundred bytes each, and a
-// call copies both.
-#[inline(always)]
 pub(crate) fn decide<B>(
     shared: &Shared,
     rules: &Arc<RuleSet>,

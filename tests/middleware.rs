@@ -54,7 +54,10 @@ fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {
     response.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
+/// The body of a response the layer wrote, which states its length (so a router need not add it).
 fn json(response: &Response<Bytes>) -> serde_json::Value {
+    let length = response.body().len().to_string();
+    assert_eq!(header(response, "content-length"), Some(length.as_str()));
     serde_json::from_slice(response.body()).unwrap()
 }
 
@@ -535,6 +538,7 @@ async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
         header(&response, "content-type"),
         Some("application/problem+json")
     );
+    assert_eq!(json(&response)["status"], 503);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
