@@ -20,7 +20,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket, Verdict};
 use tollgate::store::{Charge, Outcomes, Store};
-use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RedisStore, Rule};
+use tollgate::{Key, Limit, Limiter, RedisStore, Rule};
 
 use hammer::hammer;
 use redis_server::RedisCluster;
@@ -244,18 +244,10 @@ fn same_answers_as_the_memory_store_across_slots() {
     runner
         .run(&differential::scenario(), |scenario| {
             rt.block_on(async {
-                let clock = ManualClock::new(Duration::ZERO);
                 let redis = RedisStore::builder()
                     .cluster(cluster.urls())
-                    .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)))
-                    .clock(clock.clone())
-                    .deny_cache(false)
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .await
-                    .unwrap();
-                let memory = MemoryStore::builder().clock(clock.clone()).build();
-                differential::run(&redis, &memory, &clock, &scenario).await;
+                    .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)));
+                differential::run(redis, &scenario).await;
             });
             Ok(())
         })

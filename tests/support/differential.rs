@@ -10,8 +10,9 @@ use tollgate::algorithm::{
     Algorithm, BurstPool, FixedWindow, Mode, ReserveBound, SlidingLog, SlidingWindow, TokenBucket,
     WindowStart,
 };
+use tollgate::store::RedisStoreBuilder;
 use tollgate::store::{Charge, Outcomes, Store};
-use tollgate::{ManualClock, MemoryStore, RedisStore};
+use tollgate::{ManualClock, MemoryStore};
 
 /// One step of a scenario.
 #[derive(Clone, Debug)]
@@ -153,14 +154,22 @@ async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
     store.apply(batch).await.expect("the store answers")
 }
 
-/// Runs a scenario on both stores; panics on the first difference.
+/// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
+/// clock (and no deny cache, so every answer comes from Redis); panics on the first difference.
 pub async fn run(
-    redis: &RedisStore,
-    memory: &MemoryStore,
-    clock: &ManualClock,
+    redis: RedisStoreBuilder,
     (start, rules, steps): &(u64, Vec<Algorithm>, Vec<Step>),
 ) {
-    clock.set(Duration::from_micros(*start));
+    let clock = ManualClock::new(Duration::from_micros(*start));
+    let redis = redis
+        .clock(clock.clone())
+        .deny_cache(false)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let (redis, memory, clock) = (&redis, &memory, &clock);
     let names: Vec<String> = (0..rules.len()).map(name).collect();
     for (i, step) in steps.iter().enumerate() {
         match step {
