@@ -39,6 +39,9 @@ enum Variant {
     },
     TowerGovernor {
         tight: bool,
+        /// tower_governor's `use_headers()`: `x-ratelimit-limit` and `x-ratelimit-remaining` on
+        /// every response, its counterpart of tollgate's fields (for a feature-matched row).
+        headers: bool,
     },
     /// Denied runs with the limiter wrapped around the whole `Router` rather than added with
     /// `Router::layer`: a refusal then skips routing, the placement that shields a server from a
@@ -49,7 +52,7 @@ enum Variant {
 }
 
 impl Variant {
-    fn all() -> [Variant; 8] {
+    fn all() -> [Variant; 9] {
         [
             Variant::Bare,
             Variant::Tollgate {
@@ -60,12 +63,22 @@ impl Variant {
                 tight: false,
                 headers: false,
             },
-            Variant::TowerGovernor { tight: false },
+            Variant::TowerGovernor {
+                tight: false,
+                headers: false,
+            },
+            Variant::TowerGovernor {
+                tight: false,
+                headers: true,
+            },
             Variant::Tollgate {
                 tight: true,
                 headers: true,
             },
-            Variant::TowerGovernor { tight: true },
+            Variant::TowerGovernor {
+                tight: true,
+                headers: false,
+            },
             Variant::Around { tollgate: true },
             Variant::Around { tollgate: false },
         ]
@@ -79,7 +92,11 @@ impl Variant {
                 path(tight),
                 if headers { "headers" } else { "noheaders" }
             ),
-            Variant::TowerGovernor { tight } => format!("tower_governor-{}", path(tight)),
+            Variant::TowerGovernor { tight, headers } => format!(
+                "tower_governor-{}{}",
+                path(tight),
+                if headers { "-headers" } else { "" }
+            ),
             Variant::Around { tollgate: true } => "tollgate-denied-around".into(),
             Variant::Around { tollgate: false } => "tower_governor-denied-around".into(),
         }
@@ -101,8 +118,15 @@ impl Variant {
                 headers: false,
             } => "tollgate, allowed, fields off (200)".into(),
             Variant::Tollgate { tight: true, .. } => "tollgate, denied (429)".into(),
-            Variant::TowerGovernor { tight: false } => "tower_governor, allowed (200)".into(),
-            Variant::TowerGovernor { tight: true } => "tower_governor, denied (429)".into(),
+            Variant::TowerGovernor {
+                tight: false,
+                headers: false,
+            } => "tower_governor, allowed (200)".into(),
+            Variant::TowerGovernor {
+                tight: false,
+                headers: true,
+            } => "tower_governor, allowed, `use_headers()` (200 + x-ratelimit-*)".into(),
+            Variant::TowerGovernor { tight: true, .. } => "tower_governor, denied (429)".into(),
             Variant::Around { tollgate: true } => {
                 "tollgate, denied (429), around the Router".into()
             }
@@ -137,6 +161,22 @@ fn tollgate_layer(tight: bool, headers: bool) -> tollgate::RateLimitLayer {
         .expect("valid rule")
 }
 
+/// tower_governor's builder for the quota of a run.
+fn governor_config(
+    tight: bool,
+) -> tower_governor::governor::GovernorConfigBuilder<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::NoOpMiddleware,
+> {
+    let per_second = per_second(tight);
+    // tower_governor counts "one unit every `period`"; the burst is the capacity.
+    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+    config
+        .period(Duration::from_nanos(1_000_000_000 / per_second))
+        .burst_size(per_second as u32);
+    config
+}
+
 fn governor_layer(
     tight: bool,
 ) -> tower_governor::GovernorLayer<
@@ -144,14 +184,16 @@ fn governor_layer(
     governor::middleware::NoOpMiddleware,
     axum::body::Body,
 > {
-    let per_second = per_second(tight);
-    // tower_governor counts "one unit every `period`"; the burst is the capacity.
-    let config = tower_governor::governor::GovernorConfigBuilder::default()
-        .period(Duration::from_nanos(1_000_000_000 / per_second))
-        .burst_size(per_second as u32)
-        .finish()
-        .expect("valid quota");
-    tower_governor::GovernorLayer::new(config)
+    tower_governor::GovernorLayer::new(governor_config(tight).finish().expect("valid quota"))
+}
+
+fn governor_layer_with_headers() -> tower_governor::GovernorLayer<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::StateInformationMiddleware,
+    axum::body::Body,
+> {
+    let config = governor_config(false).use_headers().finish();
+    tower_governor::GovernorLayer::new(config.expect("valid quota"))
 }
 
 /// A service around the `Router` answers with its own body type; `axum::serve` wants axum's.
@@ -168,7 +210,11 @@ fn app(variant: Variant) -> Router {
     match variant {
         Variant::Bare | Variant::Around { .. } => router,
         Variant::Tollgate { tight, headers } => router.layer(tollgate_layer(tight, headers)),
-        Variant::TowerGovernor { tight } => router.layer(governor_layer(tight)),
+        Variant::TowerGovernor {
+            tight: false,
+            headers: true,
+        } => router.layer(governor_layer_with_headers()),
+        Variant::TowerGovernor { tight, .. } => router.layer(governor_layer(tight)),
     }
 }
 

@@ -66,7 +66,7 @@ pub(crate) struct Queued<S, B> {
     inner: S,
     request: Request<B>,
     headers: Option<AllowedHeaders>,
-    hold: Hold,
+    hold: Box<Hold>,
     wait: Duration,
 }
 
@@ -118,7 +118,7 @@ where
         inner: S,
         request: Request<B>,
         headers: Option<AllowedHeaders>,
-        hold: Hold,
+        hold: Box<Hold>,
     ) -> Self {
         State::Waiting {
             sleep: Box::pin(tokio::time::sleep(wait)),
@@ -174,7 +174,7 @@ where
                     } = *deciding;
                     rules.store_latency.record(started.elapsed().as_secs_f64());
                     let result = result.and_then(|outcomes| plan.answer(outcomes));
-                    decide(&shared, &rules, &mut request, plan, result)
+                    decide(&shared, &rules, &mut request, &mut plan, result)
                         .into_state(&mut inner, request)
                 }
                 StateProj::Waiting { sleep, queued } => {

@@ -115,7 +115,7 @@ where
         }
         match rules.ask(shared.limiter.store_ref(), &mut enforced) {
             Answer::Now(result) => {
-                let next = decide(shared, &rules, &mut request, enforced, result);
+                let next = decide(shared, &rules, &mut request, &mut enforced, result);
                 ResponseFuture::new(next.into_state(&mut self.inner, request))
             }
             Answer::Later(store) => {
@@ -175,11 +175,12 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
 pub(crate) enum Next {
     /// Forward it now, adding these fields to the response.
     Forward(Option<AllowedHeaders>),
-    /// Queue mode: hold it until its slot.
+    /// Queue mode: hold it until its slot. (The hold is boxed: queued requests are rare next to
+    /// forwarded ones, and an inline hold would double the size of every `Next`.)
     Wait {
         wait: Duration,
         headers: Option<AllowedHeaders>,
-        hold: Hold,
+        hold: Box<Hold>,
     },
     /// Answer it with this response.
     Respond(Response<Bytes>),
@@ -217,7 +218,7 @@ pub(crate) fn decide<B>(
     shared: &Shared,
     rules: &Arc<RuleSet>,
     request: &mut Request<B>,
-    decision: Decision,
+    decision: &mut Decision,
     result: Result<(), StoreError>,
 ) -> Next {
     match result {
@@ -247,17 +248,17 @@ pub(crate) fn decide<B>(
         observe::event(entry, false, shared.redact_keys);
     }
     if !allowed {
-        return Next::Respond(shared.responder.denied(rules, &decision));
+        return Next::Respond(shared.responder.denied(rules, decision));
     }
-    let headers = shared.responder.allowed(rules, &decision);
+    let headers = shared.responder.allowed(rules, decision);
     let wait = decision.wait();
     if wait.is_zero() {
-        request.extensions_mut().insert(decision);
+        request.extensions_mut().insert(std::mem::take(decision));
         return Next::Forward(headers);
     }
     // Queue mode: the units go back to the store if the request is dropped while it waits.
-    let hold = Hold::new(shared.limiter.clone(), rules.clone(), &decision);
-    request.extensions_mut().insert(decision);
+    let hold = Box::new(Hold::new(shared.limiter.clone(), rules.clone(), decision));
+    request.extensions_mut().insert(std::mem::take(decision));
     Next::Wait {
         wait,
         headers,
