@@ -21,6 +21,7 @@ done
 variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
     variants=(bare tollgate-allowed-headers tollgate-allowed-noheaders tower_governor-allowed
+        tower_governor-allowed-headers
         tollgate-denied-headers tower_governor-denied tollgate-denied-around
         tower_governor-denied-around)
 fi

@@ -79,6 +79,7 @@ impl Decision {
     }
 
     /// Every rule that applied, in the layer's order.
+    #[inline]
     pub fn rules(&self) -> &[RuleDecision] {
         &self.rules
     }
@@ -89,6 +90,7 @@ impl Decision {
     }
 
     /// Whether the request passes (now or after a queue-mode wait).
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.rules.iter().all(|r| r.outcome.verdict.is_admitted())
     }
@@ -106,6 +108,7 @@ impl Decision {
     }
 
     /// For a request admitted in queue mode: how long it waits for its slot (zero otherwise).
+    #[inline]
     pub fn wait(&self) -> Duration {
         self.rules
             .iter()

@@ -176,6 +176,7 @@ impl Limiter {
     }
 
     /// The rules in force; a guard, cheap to take, not to be held across an await.
+    #[inline]
     pub(crate) fn rules(&self) -> arc_swap::Guard<Arc<RuleSet>> {
         self.inner.rules.load()
     }
@@ -224,6 +225,7 @@ impl Limiter {
     }
 
     /// The store, by type when it is the memory store.
+    #[inline]
     pub(crate) fn store_ref(&self) -> StoreRef<'_> {
         match &self.inner.memory {
             Some(memory) => StoreRef::Memory(memory),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::{Method, StatusCode, Uri};
 
 use crate::algorithm::{Algorithm, Mode};
 use crate::cost::Cost;
@@ -330,10 +330,11 @@ pub(crate) struct CompiledRule {
 
 impl CompiledRule {
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
-        self.scope.matches(head.method, head.uri.path())
+        self.scope.matches(head.method, head.uri)
             && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))
     }
 
+    #[inline]
     pub(crate) fn algorithm(&self) -> &Algorithm {
         self.limit.algorithm()
     }
@@ -347,9 +348,10 @@ struct CompiledScope {
 }
 
 impl CompiledScope {
-    fn matches(&self, method: &Method, path: &str) -> bool {
+    /// (The path is read only when the scope names paths: most rules name none.)
+    fn matches(&self, method: &Method, uri: &Uri) -> bool {
         (self.methods.is_empty() || self.methods.contains(method))
-            && (self.paths.is_empty() || self.paths.iter().any(|p| path_matches(p, path)))
+            && (self.paths.is_empty() || self.paths.iter().any(|p| path_matches(p, uri.path())))
     }
 }
 
@@ -382,7 +384,7 @@ mod tests {
             ..Scope::default()
         }
         .compile();
-        scope.matches(&Method::GET, path)
+        scope.matches(&Method::GET, &Uri::try_from(path).expect("a path"))
     }
 
     #[test]
@@ -408,8 +410,9 @@ mod tests {
             ..Scope::default()
         }
         .compile();
-        assert!(scope.matches(&Method::POST, "/anything"));
-        assert!(!scope.matches(&Method::GET, "/anything"));
+        let uri = Uri::from_static("/anything");
+        assert!(scope.matches(&Method::POST, &uri));
+        assert!(!scope.matches(&Method::GET, &uri));
     }
 
     fn error_of(rule: Rule) -> String {
