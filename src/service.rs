@@ -115,8 +115,13 @@ where
         }
         match rules.ask(shared.limiter.store_ref(), &mut enforced) {
             Answer::Now(result) => {
-                let next = decide(shared, &rules, &mut request, &mut enforced, result);
-                ResponseFuture::new(next.into_state(&mut self.inner, request))
+                match decide(shared, &rules, &mut request, &mut enforced, result) {
+                    // The usual path, spelled out so the inner future is built in place.
+                    Next::Forward(headers) => {
+                        ResponseFuture::new(State::calling(self.inner.call(request), headers))
+                    }
+                    next => ResponseFuture::new(next.into_state(&mut self.inner, request)),
+                }
             }
             Answer::Later(store) => {
                 // The store needs I/O: the ready inner service goes into the future and a clone
