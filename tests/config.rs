@@ -27,7 +27,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[path = "support/oneshot.rs"]
 mod oneshot;
-use oneshot::send;
+use oneshot::{send, Limited};
 
 type Body = Full<Bytes>;
 
@@ -109,14 +109,11 @@ fn header<'a>(response: &'a Response<Bytes>, name: &str) -> Option<&'a str> {
 }
 
 /// The statuses of `n` requests made by `make`.
-async fn statuses<S>(service: &S, n: usize, make: impl Fn() -> Request<Body>) -> Vec<u16>
-where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone,
-{
+async fn statuses<S: Limited<Body>>(
+    service: &S,
+    n: usize,
+    make: impl Fn() -> Request<Body>,
+) -> Vec<u16> {
     let mut out = Vec::new();
     for _ in 0..n {
         out.push(send(service, make()).await.status().as_u16());

@@ -13,6 +13,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::{AccessList, Key, Limit, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::Limited;
+
 #[path = "support/paused.rs"]
 mod paused;
 
@@ -35,14 +39,7 @@ fn from(ip: &str, path: &str) -> Request<Body> {
     req
 }
 
-async fn status<S>(service: &S, req: Request<Body>) -> (StatusCode, Option<String>)
-where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone,
-{
+async fn status<S: Limited<Body>>(service: &S, req: Request<Body>) -> (StatusCode, Option<String>) {
     let response = service.clone().oneshot(req).await.unwrap();
     let fields = response
         .headers()

@@ -11,6 +11,10 @@ use tokio::time::Instant;
 use tollgate::{Cost, Limit, Limiter, Queue, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::Limited;
+
 #[path = "support/paused.rs"]
 mod paused;
 
@@ -49,13 +53,7 @@ fn request(id: u32, cost: Option<u64>) -> Request<Body> {
 /// Sends all requests at the same instant; returns each one's status and `Tollgate-Delay`.
 async fn burst<S>(service: &S, requests: Vec<Request<Body>>) -> Vec<(StatusCode, Option<String>)>
 where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
+    S: Limited<Body> + Send + 'static,
     S::Future: Send,
 {
     let tasks: Vec<_> = requests

@@ -30,7 +30,11 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RateLimitLayer, Rule};
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{service_fn, Layer, ServiceExt};
+
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::Limited;
 
 type Body = Full<Bytes>;
 
@@ -367,14 +371,7 @@ async fn burst(limiter: &Limiter, spec: &Spec, key: &str, n: u64, report: &mut R
     report.check(|| format!("burst of {n} from {key}"), got, spec.limit);
 }
 
-async fn request<S>(service: &S, spec: &Spec, key: &str) -> StatusCode
-where
-    S: Service<
-            Request<Body>,
-            Response = Response<tollgate::ResponseBody<Body>>,
-            Error = Infallible,
-        > + Clone,
-{
+async fn request<S: Limited<Body>>(service: &S, spec: &Spec, key: &str) -> StatusCode {
     let request = Request::get(format!("/{}", spec.rule))
         .header("x-key", key)
         .body(Body::default())

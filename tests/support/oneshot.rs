@@ -9,15 +9,24 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::{Service, ServiceExt};
 
-/// The response to `request`, with its body collected.
-pub(crate) async fn send<S>(service: &S, request: Request<Full<Bytes>>) -> Response<Bytes>
-where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<tollgate::ResponseBody<Full<Bytes>>>,
-            Error = Infallible,
-        > + Clone,
+/// What `RateLimitLayer` makes of a service answering with `B` bodies: the services these tests
+/// send requests through.
+pub(crate) trait Limited<B>:
+    Service<Request<B>, Response = Response<tollgate::ResponseBody<B>>, Error = Infallible> + Clone
 {
+}
+
+impl<B, S> Limited<B> for S where
+    S: Service<Request<B>, Response = Response<tollgate::ResponseBody<B>>, Error = Infallible>
+        + Clone
+{
+}
+
+/// The response to `request`, with its body collected.
+pub(crate) async fn send<S: Limited<Full<Bytes>>>(
+    service: &S,
+    request: Request<Full<Bytes>>,
+) -> Response<Bytes> {
     let response = service.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
     Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
