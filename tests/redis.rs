@@ -459,23 +459,25 @@ async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
     }
 }
 
+/// A limiter with one rule, "api" (10 a day), on `store`.
+fn api_limiter(store: RedisStore) -> Limiter {
+    Limiter::builder()
+        .rule(Rule::new("api", Limit::per_day(10)))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
 /// Redis restarted (empty, without the script): the same store recovers by itself, and the
 /// script is loaded again after `NOSCRIPT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
     let mut server = RedisServer::start();
-    let limiter = Limiter::builder()
-        .rule(Rule::new("api", Limit::per_day(10)))
-        .store(
-            RedisStore::builder()
-                .url(server.url())
-                .deny_cache(false)
-                .build()
-                .await
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .deny_cache(false)
+        .build();
+    let limiter = api_limiter(store.await.unwrap());
     assert_eq!(limiter.charge("api", "k", 4).await.unwrap().remaining, 6);
     server.restart();
     assert_eq!(server.command_calls("script|load"), 0);
@@ -506,18 +508,11 @@ async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
 async fn a_paused_redis_times_out_and_recovers() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let limiter = Limiter::builder()
-        .rule(Rule::new("api", Limit::per_day(10)))
-        .store(
-            RedisStore::builder()
-                .url(server.url())
-                .timeout(timeout)
-                .build()
-                .await
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(timeout)
+        .build();
+    let limiter = api_limiter(store.await.unwrap());
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 9);
     server.pause();
     for _ in 0..3 {
