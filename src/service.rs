@@ -116,7 +116,9 @@ where
         match rules.ask(shared.limiter.store_ref(), &mut enforced) {
             Answer::Now(result) => {
                 match decide(shared, &rules, &mut request, &mut enforced, result) {
-                    // The usual path, spelled out so the inner future is built in place.
+                    // The usual path, spelled out: built here, the inner future goes straight
+                    // into the returned one; through `into_state` it is built, then copied
+                    // whole (measured: ~130 instructions per request, `#[inline(always)]` or not).
                     Next::Forward(headers) => {
                         ResponseFuture::new(State::calling(self.inner.call(request), headers))
                     }
