@@ -23,6 +23,11 @@ use tollgate::{Limit, Limiter, RedisStore, Rule};
 
 const CALLERS: usize = 64;
 
+/// The Redis commands one decision cannot do without: the server's time, the key's state, and
+/// writing it back with its expiry.
+const FLOOR_SCRIPT: &str = "local t = redis.call('TIME') redis.call('GET', KEYS[1]) \
+    redis.call('SET', KEYS[1], t[1], 'PX', 60000) return 1";
+
 struct Run {
     decisions: u64,
     admitted: u64,
@@ -39,6 +44,14 @@ impl Run {
 
     fn calls_per_decision(&self) -> f64 {
         self.evalsha as f64 / self.decisions as f64
+    }
+
+    fn server_micros_per_call(&self) -> f64 {
+        self.script.as_secs_f64() * 1e6 / self.evalsha as f64
+    }
+
+    fn busy_percent(&self) -> f64 {
+        100.0 * self.script.as_secs_f64() / self.elapsed.as_secs_f64()
     }
 }
 
@@ -90,20 +103,24 @@ async fn hammer(
     }
 }
 
-/// The client library alone: `CALLERS` tasks sending EVALSHA of `return 1` through one
-/// multiplexed connection, as the store does — what the store's client side costs on top.
-async fn client_alone(server: &RedisServer, duration: Duration) -> f64 {
+/// The client library alone: `CALLERS` tasks sending EVALSHA of `script` (with one key per
+/// caller) through one multiplexed connection, as the store does. With `return 1`, what the
+/// store's client side costs on top; with only the commands a decision cannot do without, the
+/// most any one-call-per-decision store could reach on this server.
+async fn client_alone(server: &RedisServer, script: &str, duration: Duration) -> Run {
+    server.run("CONFIG RESETSTAT");
     let client = ::redis::Client::open(server.url()).unwrap();
     let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
-    let script = ::redis::Script::new("return 1");
+    let script = ::redis::Script::new(script);
     let calls = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..CALLERS)
-        .map(|_| {
+        .map(|caller| {
             let (mut conn, script, calls) = (conn.clone(), script.clone(), calls.clone());
             tokio::spawn(async move {
+                let key = format!("alone-{caller}");
                 while started.elapsed() < duration {
-                    let _: i64 = script.invoke_async(&mut conn).await.unwrap();
+                    let _: i64 = script.key(&key).invoke_async(&mut conn).await.unwrap();
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -112,7 +129,14 @@ async fn client_alone(server: &RedisServer, duration: Duration) -> f64 {
     for task in tasks {
         task.await.unwrap();
     }
-    calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    let decisions = calls.load(Ordering::Relaxed);
+    Run {
+        decisions,
+        admitted: decisions,
+        elapsed: started.elapsed(),
+        evalsha: server.command_calls("evalsha"),
+        script: Duration::from_micros(server.command_usec("evalsha")),
+    }
 }
 
 /// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
@@ -176,7 +200,10 @@ fn main() {
         hammer(&server, roomy.clone(), "roomy", false, duration / 5).await;
         let allowed = hammer(&server, roomy, "roomy", false, duration).await;
         let baseline = redis_benchmark(&server, requests);
-        let alone = client_alone(&server, duration).await;
+        let alone = client_alone(&server, "return 1", duration).await;
+        // What every decision must do: read the server's clock, read the key, write it back with
+        // its expiry. No arithmetic, no encoding.
+        let floor = client_alone(&server, FLOOR_SCRIPT, duration).await;
 
         // Denied decisions on one hot key, with and without the deny cache.
         let tight = |store: RedisStore| {
@@ -216,8 +243,8 @@ fn main() {
         );
         println!(
             "  server time in the script: {:.1} µs per call, {:.0}% of the run",
-            allowed.script.as_secs_f64() * 1e6 / allowed.evalsha as f64,
-            100.0 * allowed.script.as_secs_f64() / allowed.elapsed.as_secs_f64()
+            allowed.server_micros_per_call(),
+            allowed.busy_percent()
         );
         println!("redis-benchmark -c {CALLERS} EVALSHA of `return 1` on the same server:");
         println!("  {baseline:>10.0} requests/s");
@@ -228,7 +255,16 @@ fn main() {
         println!(
             "the redis crate alone, {CALLERS} callers on one multiplexed connection, same script:"
         );
-        println!("  {alone:>10.0} requests/s");
+        println!("  {:>10.0} requests/s", alone.per_second());
+        println!(
+            "the redis crate alone, same callers, a script with only TIME, GET and SET … PX:"
+        );
+        println!(
+            "  {:>10.0} requests/s, server time in the script: {:.1} µs per call, {:.0}% of the run",
+            floor.per_second(),
+            floor.server_micros_per_call(),
+            floor.busy_percent()
+        );
         for (name, run) in [("deny cache on ", &cached), ("deny cache off", &uncached)] {
             println!(
                 "one hot key, limit exhausted, {name}: {:>10.0} decisions/s, {} admitted, \
@@ -245,7 +281,7 @@ fn main() {
                 "{name}, one rule, all allowed: {:>10.0} decisions/s, {:.1} µs of server time \
                  per call",
                 run.per_second(),
-                run.script.as_secs_f64() * 1e6 / run.evalsha as f64
+                run.server_micros_per_call()
             );
         }
         assert_eq!(allowed.evalsha, allowed.decisions, "one call per decision");
