@@ -38,6 +38,17 @@ struct Run {
 }
 
 impl Run {
+    /// A run that began at `started` (after `CONFIG RESETSTAT`), with the server's script counts.
+    fn finished(server: &RedisServer, decisions: u64, admitted: u64, started: Instant) -> Run {
+        Run {
+            decisions,
+            admitted,
+            elapsed: started.elapsed(),
+            evalsha: server.command_calls("evalsha"),
+            script: Duration::from_micros(server.command_usec("evalsha")),
+        }
+    }
+
     fn per_second(&self) -> f64 {
         self.decisions as f64 / self.elapsed.as_secs_f64()
     }
@@ -94,13 +105,12 @@ async fn hammer(
     for task in tasks {
         task.await.unwrap();
     }
-    Run {
-        decisions: decisions.load(Ordering::Relaxed),
-        admitted: admitted.load(Ordering::Relaxed),
-        elapsed: started.elapsed(),
-        evalsha: server.command_calls("evalsha"),
-        script: Duration::from_micros(server.command_usec("evalsha")),
-    }
+    Run::finished(
+        server,
+        decisions.load(Ordering::Relaxed),
+        admitted.load(Ordering::Relaxed),
+        started,
+    )
 }
 
 /// The client library alone: `CALLERS` tasks sending EVALSHA of `script` (with one key per
@@ -129,14 +139,8 @@ async fn client_alone(server: &RedisServer, script: &str, duration: Duration) ->
     for task in tasks {
         task.await.unwrap();
     }
-    let decisions = calls.load(Ordering::Relaxed);
-    Run {
-        decisions,
-        admitted: decisions,
-        elapsed: started.elapsed(),
-        evalsha: server.command_calls("evalsha"),
-        script: Duration::from_micros(server.command_usec("evalsha")),
-    }
+    let calls = calls.load(Ordering::Relaxed);
+    Run::finished(server, calls, calls, started)
 }
 
 /// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
