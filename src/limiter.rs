@@ -8,7 +8,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::Request;
 
-use crate::algorithm::{CostTooLarge, Mode, Outcome};
+use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule};
@@ -122,6 +122,8 @@ pub enum LimitError {
     },
     /// The rule has no [`Queue`](crate::Queue) settings, so it cannot reserve.
     NotQueued(String),
+    /// The rule's algorithm cannot reserve (only token buckets and fixed windows do).
+    CannotReserve(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -137,6 +139,10 @@ impl fmt::Display for LimitError {
                     "rate-limit rule {name:?} has no queue settings: it cannot reserve"
                 )
             }
+            LimitError::CannotReserve(name) => write!(
+                f,
+                "rate-limit rule {name:?} cannot reserve: only token buckets and fixed windows do"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -147,7 +153,9 @@ impl std::error::Error for LimitError {
         match self {
             LimitError::Store(error) => Some(error),
             LimitError::CostTooLarge { error, .. } => Some(error),
-            LimitError::UnknownRule(_) | LimitError::NotQueued(_) => None,
+            LimitError::UnknownRule(_)
+            | LimitError::NotQueued(_)
+            | LimitError::CannotReserve(_) => None,
         }
     }
 }
@@ -292,6 +300,42 @@ impl Limiter {
             return Err(LimitError::NotQueued(rule.to_owned()));
         }
         let outcome = self.one(rule, key.as_ref(), cost, None).await?;
+        Ok(Reservation {
+            outcome,
+            at: tokio::time::Instant::now(),
+            limiter: self.clone(),
+            rule: rule.to_owned(),
+            key: KeyValue::new(key.as_ref()),
+            cost,
+        })
+    }
+
+    /// Reserves `cost` units for `key` under `rule` with **no bound**: the reservation is always
+    /// granted, now or after a wait however long, and the units are set aside at once (Convex's
+    /// plain `reserve`). For callers that schedule the work themselves and decide what a wait is
+    /// worth: look at [`wait`](Reservation::wait), and [`cancel`](Reservation::cancel) what will
+    /// not run. Works on every token-bucket and fixed-window rule, queued or not; the rule's
+    /// queue bound, if it has one, does not apply. Everyone after this reservation waits behind
+    /// it: a large unbounded reservation delays every later request of the key.
+    ///
+    /// A `RedisStore` counts exactly up to 2^50 µs (35 years) ahead, and denies a reservation
+    /// that would reach further.
+    pub async fn reserve_unbounded(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+    ) -> Result<Reservation, LimitError> {
+        let reserves = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            compiled.algorithm().reserves()
+        };
+        if !reserves {
+            return Err(LimitError::CannotReserve(rule.to_owned()));
+        }
+        let mode = Mode::Reserve(ReserveBound::default());
+        let outcome = self.one(rule, key.as_ref(), cost, Some(mode)).await?;
         Ok(Reservation {
             outcome,
             at: tokio::time::Instant::now(),

@@ -116,7 +116,7 @@ impl Rule {
     }
 
     /// Queues requests that would be denied until their slot, within the queue's bound, instead of
-    /// rejecting them (token buckets only; see [`Queue`]).
+    /// rejecting them (token buckets and fixed windows; see [`Queue`]).
     pub fn queue(mut self, queue: Queue) -> Rule {
         self.queue = Some(queue);
         self

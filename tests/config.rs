@@ -20,8 +20,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
-    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
-    MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
+    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, ManualClock,
+    MemoryStore, MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -453,6 +453,44 @@ queue = { burst = 2, max_delay = "5s" }
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
 
+/// Queue mode on a fixed window, from a file: DESIGN §2's waits (10 per minute, reserve 16 at the
+/// window's start → 60 s; 5 more at +30 s → 90 s).
+#[tokio::test]
+async fn a_queued_fixed_window_from_a_file() {
+    let text = r#"
+[[rules]]
+name = "quota"
+algorithm = "fixed_window"
+limit = 10
+period = "1m"
+aligned = true
+queue = { burst = 11 }
+"#;
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_020)); // a whole minute
+    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+        .unwrap()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let in_code = RateLimitLayer::builder()
+        .rule(
+            Rule::new(
+                "quota",
+                Limit::fixed_window(10, Duration::from_secs(60)).aligned(),
+            )
+            .queue(Queue::burst(11)),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(described(&layer), described(&in_code));
+    let limiter = layer.limiter();
+    let first = limiter.reserve("quota", "k", 16).await.unwrap();
+    assert_eq!(first.wait(), Duration::from_secs(60));
+    clock.advance(Duration::from_secs(30));
+    let second = limiter.reserve("quota", "k", 5).await.unwrap();
+    assert_eq!(second.wait(), Duration::from_secs(90));
+}
+
 #[tokio::test(start_paused = true)]
 async fn shadow_rules_and_response_options() {
     let layer = toml(
@@ -578,7 +616,8 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "rules[0].cost: 11 exceeds the capacity (10): no request could ever pass"),
         (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
         (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "rules[0].queue.delay: a fixed window lets no excess pass at once: raise its limit instead"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "rules[0].queue.delay: must be at most the burst (2)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "rules[0].queue.burst: lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "rules[0].queue.max_delay: must be greater than 0"),

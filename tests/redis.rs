@@ -13,6 +13,8 @@ mod hammer;
 mod redis_example;
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/reservations.rs"]
+mod reservations;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -545,6 +547,25 @@ async fn a_paused_redis_times_out_and_recovers() {
 }
 
 /// Refunds and resets go through Redis, and a refund never exceeds the capacity.
+/// DESIGN §2's fixed-window reservations with their exact waits, on Redis (the same scenario as
+/// tests/queue.rs runs on the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(reservations::W);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let mut builder = Limiter::builder().store(store);
+    for rule in reservations::rules() {
+        builder = builder.rule(rule);
+    }
+    reservations::example(&builder.build().unwrap(), &clock).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_resets() {
     let server = RedisServer::start();

@@ -1,6 +1,8 @@
 use std::time::Duration;
 
-use super::{duration, micros, window_containing, Micros, Outcome, Verdict, WindowStart};
+use super::{
+    duration, micros, window_containing, Micros, Mode, Outcome, ReserveBound, Verdict, WindowStart,
+};
 
 /// Fixed window: `limit` units per window of `period`; with a capacity above the limit, unused units
 /// roll over into later windows (up to the capacity).
@@ -17,8 +19,9 @@ pub struct FixedWindow {
 pub struct FixedWindowState {
     /// Start of the window the state was last updated in.
     pub window_start: Micros,
-    /// Units left in that window.
-    pub remaining: u64,
+    /// Units left in that window; negative while reservations are owed (each later window pays
+    /// `limit` units of the debt before anything is available again).
+    pub balance: i64,
 }
 
 impl FixedWindow {
@@ -68,69 +71,167 @@ impl FixedWindow {
         self.period
     }
 
+    /// The capacity as a balance (a capacity past `i64::MAX` holds `i64::MAX`).
+    fn full(&self) -> i64 {
+        i64::try_from(self.capacity).unwrap_or(i64::MAX)
+    }
+
+    /// The largest cost that can ever pass in `mode`. A reservation bounded by a wait can go
+    /// furthest from a full window in its last microsecond: `m` more windows of `limit` units
+    /// wait `(m − 1)·period + 1 µs`.
+    pub fn max_cost(&self, mode: Mode) -> u64 {
+        match mode {
+            Mode::Reserve(bound) => {
+                let by_units = bound
+                    .max_units
+                    .map_or(u64::MAX, |units| self.capacity.saturating_add(units));
+                let by_wait = bound.max_wait.map_or(u64::MAX, |wait| {
+                    let windows = match micros(wait) {
+                        0 => 0,
+                        wait => (wait - 1) / self.period.max(1) + 1,
+                    };
+                    self.capacity
+                        .saturating_add(windows.saturating_mul(self.limit))
+                });
+                by_units.min(by_wait)
+            }
+            _ => self.capacity,
+        }
+    }
+
     /// The state of a key never seen before: a full window. `offset` comes from
     /// [`WindowStart::offset`].
     pub fn fresh(&self, now: Micros, offset: Micros) -> FixedWindowState {
         FixedWindowState {
             window_start: window_containing(now, offset, self.period),
-            remaining: self.capacity,
+            balance: self.full(),
         }
     }
 
-    /// The state rolled forward to the window that contains `now`.
+    /// The state rolled forward to the window that contains `now`: `min(v + r·k, C)`.
     fn roll(&self, state: FixedWindowState, now: Micros) -> FixedWindowState {
-        let windows = now.saturating_sub(state.window_start) / self.period;
-        let granted = u128::from(windows) * u128::from(self.limit) + u128::from(state.remaining);
+        let windows = now.saturating_sub(state.window_start) / self.period.max(1);
+        let granted = i128::from(windows) * i128::from(self.limit) + i128::from(state.balance);
         FixedWindowState {
             window_start: state.window_start + windows * self.period,
-            remaining: granted.min(u128::from(self.capacity)) as u64,
+            balance: clamp(granted.min(i128::from(self.full()))),
         }
     }
 
-    /// Wait until `units` fit, from a rolled state.
-    fn wait_for(&self, state: FixedWindowState, now: Micros, units: u64) -> Micros {
-        if state.remaining >= units {
+    /// Wait until the balance reaches `units` (negative: a debt of that many), from a rolled
+    /// state: the start of the first window that brings it there, `ts + p·ceil((units − v)/r) − now`.
+    fn wait_for(&self, state: FixedWindowState, now: Micros, units: impl Into<i128>) -> Micros {
+        let missing = units.into() - i128::from(state.balance);
+        if missing <= 0 {
             return 0;
         }
-        let windows = (units - state.remaining).div_ceil(self.limit);
-        // Saturating: a window end beyond the clock's range is "never".
-        state
-            .window_start
-            .saturating_add(windows.saturating_mul(self.period))
-            .saturating_sub(now)
+        let windows = (missing as u128).div_ceil(u128::from(self.limit.max(1)));
+        // A window beyond the clock's range is "never".
+        let at = (u128::from(state.window_start) + windows * u128::from(self.period))
+            .min(u128::from(Micros::MAX));
+        (at as Micros).saturating_sub(now)
     }
 
-    /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64) -> Outcome {
+    /// The outcome of charging `cost` at `now`, without changing the state. In
+    /// [`Mode::Reserve`] a cost that does not fit is reserved within the bound: the balance goes
+    /// negative and the work may start at the first window that brings it back to zero.
+    pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let rolled = self.roll(state, now);
-        let (verdict, left) = if rolled.remaining >= cost {
-            let left = FixedWindowState {
-                remaining: rolled.remaining - cost,
-                ..rolled
-            };
-            (Verdict::Allowed, left)
-        } else {
-            let retry_after = duration(self.wait_for(rolled, now, cost));
-            (Verdict::Denied { retry_after }, rolled)
+        let owed = i128::from(rolled.balance) - i128::from(cost);
+        let after = FixedWindowState {
+            balance: clamp(owed),
+            ..rolled
         };
-        let reset = if left.remaining >= self.capacity {
+        let verdict = if owed >= 0 {
+            Verdict::Allowed
+        } else {
+            match mode {
+                Mode::Reserve(bound) => {
+                    let wait = self.wait_for(after, now, 0);
+                    if within(owed, wait, bound) {
+                        Verdict::Reserved {
+                            wait: duration(wait),
+                        }
+                    } else {
+                        Verdict::Denied {
+                            retry_after: duration(self.wait_to_reserve(rolled, now, cost, bound)),
+                        }
+                    }
+                }
+                _ => Verdict::Denied {
+                    retry_after: duration(self.wait_for(rolled, now, cost)),
+                },
+            }
+        };
+        let left = if verdict.is_admitted() { after } else { rolled };
+        let remaining = left.balance.max(0) as u64;
+        let reset = if left.balance >= self.full() {
             Duration::ZERO
         } else {
-            duration(self.wait_for(left, now, left.remaining + 1))
+            duration(self.wait_for(left, now, remaining + 1))
         };
         Outcome {
             verdict,
             limit: self.capacity,
-            remaining: left.remaining,
+            remaining,
             reset,
         }
     }
 
-    /// Applies an allowed charge.
+    /// For a reservation past its bound: the smallest wait after which it would be accepted into
+    /// the queue, never later than the moment the cost fits outright.
+    ///
+    /// The unit bound is met once the balance reaches `cost − max_units`, and stays met. The wait
+    /// bound is not monotone: while the window refills without reaching its capacity, the
+    /// reservation's slot stays at the same window start `F`, so it is met from `F − max_wait`
+    /// on; once the window is full, the slot moves on with every window (`m` windows after the
+    /// current one's start), so it is met only in the last `p − (m·p − max_wait)` µs of a window.
+    fn wait_to_reserve(
+        &self,
+        rolled: FixedWindowState,
+        now: Micros,
+        cost: u64,
+        bound: ReserveBound,
+    ) -> Micros {
+        let at = |wait: Micros| now.saturating_add(wait);
+        let fits = if cost <= self.capacity {
+            at(self.wait_for(rolled, now, cost))
+        } else {
+            Micros::MAX
+        };
+        let units_ok = at(bound.max_units.map_or(0, |units| {
+            self.wait_for(rolled, now, i128::from(cost) - i128::from(units))
+        }));
+        let accepted = match bound.max_wait {
+            None => units_ok,
+            Some(max_wait) => {
+                let max_wait = micros(max_wait);
+                let full = at(self.wait_for(rolled, now, self.capacity));
+                let slot = at(self.wait_for(rolled, now, cost));
+                let first = units_ok.max(slot.saturating_sub(max_wait));
+                if first < full {
+                    first
+                } else {
+                    let windows = (cost - cost.min(self.capacity)).div_ceil(self.limit.max(1));
+                    let late = windows.saturating_mul(self.period).saturating_sub(max_wait);
+                    let t = units_ok.max(full);
+                    let into = t.saturating_sub(rolled.window_start) % self.period.max(1);
+                    if into >= late {
+                        t
+                    } else {
+                        (t - into).saturating_add(late)
+                    }
+                }
+            }
+        };
+        accepted.min(fits).saturating_sub(now)
+    }
+
+    /// Applies an admitted (allowed or reserved) charge.
     pub fn commit(&self, state: FixedWindowState, now: Micros, cost: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
         FixedWindowState {
-            remaining: rolled.remaining.saturating_sub(cost),
+            balance: clamp(i128::from(rolled.balance) - i128::from(cost)),
             ..rolled
         }
     }
@@ -138,17 +239,30 @@ impl FixedWindow {
     /// Gives `units` back, never above capacity.
     pub fn refund(&self, state: FixedWindowState, now: Micros, units: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
+        let back = i128::from(rolled.balance) + i128::from(units);
         FixedWindowState {
-            remaining: rolled.remaining.saturating_add(units).min(self.capacity),
+            balance: clamp(back.min(i128::from(self.full()))),
             ..rolled
         }
     }
 
     /// The moment the state becomes equal to a fresh key's (a full window).
     pub fn expires_at(&self, state: FixedWindowState) -> Micros {
-        let missing = self.capacity.saturating_sub(state.remaining);
         state
             .window_start
-            .saturating_add(missing.div_ceil(self.limit).saturating_mul(self.period))
+            .saturating_add(self.wait_for(state, state.window_start, self.capacity))
     }
+}
+
+/// Whether a reservation leaving the balance at `owed` (negative) and waiting `wait` µs stays
+/// within `bound`.
+fn within(owed: i128, wait: Micros, bound: ReserveBound) -> bool {
+    bound
+        .max_units
+        .is_none_or(|units| -owed <= i128::from(units))
+        && bound.max_wait.is_none_or(|max| wait <= micros(max))
+}
+
+fn clamp(balance: i128) -> i64 {
+    balance.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }

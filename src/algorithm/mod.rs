@@ -41,8 +41,8 @@ pub enum Mode {
     /// Look only: the outcome a charge would have, with nothing charged.
     Check,
     /// Charge if the cost fits now; otherwise reserve it (the balance goes negative) when the
-    /// reservation stays within the bound, and report how long the caller must wait. Only token
-    /// buckets reserve; other algorithms treat this as [`Mode::Charge`].
+    /// reservation stays within the bound, and report how long the caller must wait. Token
+    /// buckets and fixed windows reserve; other algorithms treat this as [`Mode::Charge`].
     Reserve(ReserveBound),
 }
 
@@ -183,13 +183,14 @@ impl Algorithm {
     pub fn max_cost(&self, mode: Mode) -> u64 {
         match self {
             Algorithm::TokenBucket(a) => a.max_cost(mode),
+            Algorithm::FixedWindow(a) => a.max_cost(mode),
             other => other.capacity(),
         }
     }
 
-    /// Whether `mode` can reserve with this algorithm (only token buckets do).
+    /// Whether `mode` can reserve with this algorithm (token buckets and fixed windows do).
     pub fn reserves(&self) -> bool {
-        matches!(self, Algorithm::TokenBucket(_))
+        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
     /// Checks `cost` against [`max_cost`](Self::max_cost).

@@ -131,11 +131,14 @@ impl Limiter for FixedWindow {
         let period = self.period_micros();
         (period, (period / self.limit()).max(1))
     }
+    fn max_cost_in(&self, mode: Mode) -> u64 {
+        self.max_cost(mode)
+    }
     fn fresh_state(&self, now: Micros, offset: Micros) -> FixedWindowState {
         self.fresh(now, offset)
     }
-    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, _mode: Mode) -> Outcome {
-        self.evaluate(*state, now, cost)
+    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
+        self.evaluate(*state, now, cost, mode)
     }
     fn apply(&self, state: &mut FixedWindowState, now: Micros, cost: u64) {
         *state = self.commit(*state, now, cost);
@@ -405,7 +408,8 @@ fn check_outcome<L: Limiter>(
             // For a reservation: the moment it would be accepted into the queue (reserved or
             // allowed); for a charge or check: the moment the cost fits outright.
             let probe = match mode {
-                Mode::Reserve(_) => {
+                // (A cost above the capacity never fits outright.)
+                Mode::Reserve(_) if cost <= limiter.quota() => {
                     let outright = limiter.eval(before, at, cost, Mode::Check).retry_after();
                     prop_assert!(
                         outright.is_some_and(|outright| retry_after <= outright),
@@ -415,6 +419,7 @@ fn check_outcome<L: Limiter>(
                     );
                     mode
                 }
+                Mode::Reserve(_) => mode,
                 _ => Mode::Check,
             };
             let early = limiter.eval(before, at + retry - 1, cost, probe);

@@ -143,12 +143,28 @@ pub(super) fn push(
         }
         Algorithm::FixedWindow(w) => {
             let period = w.period_micros();
+            let (owed, max_wait) = match mode {
+                Mode::Reserve(bound) => {
+                    // A debt the windows of MAX_AFTER µs cannot pay back is never within bounds:
+                    // the script's sums stay exact, and such a reservation is denied.
+                    let reach = (MAX_AFTER / period.max(1))
+                        .saturating_mul(w.limit())
+                        .min(MAX_UNITS);
+                    (
+                        bound.max_units.map_or(reach, |units| units.min(reach)),
+                        bound.max_wait.map_or(EXACT, |wait| micros(wait).min(EXACT)),
+                    )
+                }
+                _ => (0, 0),
+            };
             args.extend([
                 FIXED,
                 w.limit(),
                 period,
                 w.capacity(),
                 w.start().offset(period, rule, key),
+                owed,
+                max_wait,
             ]);
         }
         Algorithm::SlidingWindow(w) => {

@@ -58,7 +58,8 @@ end
 -- functions named in each part), inlined; the differential tests send single-rule batches through
 -- here and larger ones through the general code.
 
-if op == 1 and count == 1 and n == 1 and code <= 3 then
+-- (A fixed window's reservation goes to the general code: rare enough not to slow this part.)
+if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) then
   local key = KEYS[1]
   local raw = redis.call('GET', key)
   local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
@@ -112,7 +113,7 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     local period = p2
     local ws, a, b
     if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
-      ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
+      ws, a, b = string.match(raw, '(%d+),(-?%d+),?(%d*)') -- a fixed window's may owe units
       ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
     end
     local windows = 0
@@ -130,7 +131,7 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     end
 
     if code == 2 then
-      -- Fixed window: `make_fixed`; `a` units left.
+      -- Fixed window: `make_fixed`; `a` units left, negative while reservations are owed.
       local rate, cap = p1, p3
       local rem = a or cap
       if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
@@ -149,8 +150,10 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
         if wait < 0 then wait = 0 end
       end
       limit, remaining = cap, rem
+      if rem < 0 then remaining = 0 end
       if rem < cap then
-        reset = ws + period - now
+        -- Until one more whole unit: the next window, or the one that pays the debt back.
+        reset = ws + div(remaining - rem + rate, rate) * period - now
         if reset < 0 then reset = 0 end
       end
     else
@@ -346,7 +349,8 @@ local function make_bucket()
 end
 
 ------------------------------------------------------------------------------------------------
--- Fixed window: { ws = window start, rem = units left }.
+-- Fixed window: { ws = window start, rem = units left, negative while reservations are owed }.
+-- `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
 
 local function make_fixed()
   local fixed = {}
@@ -368,28 +372,60 @@ local function make_fixed()
     return { ws = s.ws + windows * p.period, rem = rem }
   end
 
+  -- Until the balance reaches `units` (negative: a debt of that many).
   local function fw_wait_for(p, s, now, units)
     if s.rem >= units then return 0 end
     local windows = cdiv(units - s.rem, p.limit)
     return pos(s.ws + windows * p.period - now)
   end
 
+  -- `wait_to_reserve`: when a reservation past its bound would be accepted.
+  local function fw_wait_to_reserve(p, r, now, cost)
+    local fits = math.huge
+    if cost <= p.cap then fits = now + fw_wait_for(p, r, now, cost) end
+    local units_ok = now + fw_wait_for(p, r, now, cost - p.owed)
+    local full = now + fw_wait_for(p, r, now, p.cap)
+    local slot = now + fw_wait_for(p, r, now, cost)
+    local accepted = max(units_ok, slot - p.max_wait)
+    if accepted >= full then
+      local late = pos(cdiv(pos(cost - p.cap), p.limit) * p.period - p.max_wait)
+      local t = max(units_ok, full)
+      local into = pos(t - r.ws)
+      into = into - div(into, p.period) * p.period
+      if into >= late then
+        accepted = t
+      else
+        accepted = t - into + late
+      end
+    end
+    return pos(min(accepted, fits) - now)
+  end
+
   function fixed.eval(p, s, now, cost, mode)
     local r = fw_roll(p, s, now)
     local kind, wait, left = 0, 0, r
-    if r.rem >= cost then
-      left = { ws = r.ws, rem = r.rem - cost }
+    local after = { ws = r.ws, rem = r.rem - cost }
+    if after.rem >= 0 then
+      left = after
+    elseif mode == 2 then
+      wait = fw_wait_for(p, after, now, 0)
+      if -after.rem <= p.owed and wait <= p.max_wait then
+        kind, left = 1, after
+      else
+        kind, wait = 2, fw_wait_to_reserve(p, r, now, cost)
+      end
     else
       kind, wait = 2, fw_wait_for(p, r, now, cost)
     end
+    local remaining = pos(left.rem)
     local reset = 0
-    if left.rem < p.cap then reset = fw_wait_for(p, left, now, left.rem + 1) end
-    return kind, wait, p.cap, left.rem, reset
+    if left.rem < p.cap then reset = fw_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, p.cap, remaining, reset
   end
 
   function fixed.commit(p, s, now, cost)
     local r = fw_roll(p, s, now)
-    return { ws = r.ws, rem = pos(r.rem - cost) }
+    return { ws = r.ws, rem = r.rem - cost }
   end
 
   function fixed.refund(p, s, now, units)
@@ -402,9 +438,9 @@ local function make_fixed()
   end
 
   function fixed.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 'w' then return nil end
-    local n = numbers(raw)
-    return { ws = n[1], rem = n[2] }
+    local ws, rem = string.match(raw, '^w(%d+),(-?%d+)')
+    if ws == nil then return nil end
+    return { ws = tonumber(ws), rem = tonumber(rem) }
   end
 
   function fixed.encode(s)
@@ -787,9 +823,9 @@ local function read()
     p = {
       alg = alg, code = 2, key = key, limit = argv[a + 1],
       period = argv[a + 2], cap = argv[a + 3],
-      offset = argv[a + 4], state = false,
+      offset = argv[a + 4], owed = argv[a + 5], max_wait = argv[a + 6], state = false,
     }
-    a = a + 5
+    a = a + 7
   elseif code == 3 then
     p = {
       alg = alg, code = 3, key = key, limit = argv[a + 1],
