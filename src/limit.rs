@@ -12,8 +12,8 @@ use crate::rule::Rule;
 /// How much traffic a rule lets through: an algorithm and its numbers.
 ///
 /// The `per_*` constructors build a token bucket: `Limit::per_minute(60)` refills one unit every
-/// second and holds at most 60 (so a quiet client may burst 60 at once). Use [`burst`](Self::burst)
-/// for a different capacity, or pick a window algorithm with the other constructors.
+/// second and holds at most 60 (so a quiet client may burst 60 at once). Use
+/// [`capacity`](Self::capacity) for a different capacity, or pick a window algorithm with the other constructors.
 ///
 /// Nonsense values (a zero rate, a zero period, an initial balance above the capacity) are reported
 /// when the layer is built, naming the rule and the field.
@@ -75,7 +75,9 @@ impl Limit {
 
     /// The capacity: the largest burst of a token bucket, or how far a fixed window may roll unused
     /// units over. A burst pool's steady bucket takes it.
-    pub fn burst(mut self, capacity: u64) -> Limit {
+    ///
+    /// (Formerly `burst`: that word now means only what a [`Queue`](crate::Queue) lets wait.)
+    pub fn capacity(mut self, capacity: u64) -> Limit {
         self.algorithm = match self.algorithm {
             Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(tb.with_capacity(capacity)),
             Algorithm::FixedWindow(w) => Algorithm::FixedWindow(w.with_capacity(capacity)),
@@ -86,6 +88,12 @@ impl Limit {
             other => other,
         };
         self
+    }
+
+    /// The capacity; renamed [`capacity`](Self::capacity).
+    #[deprecated(note = "renamed `capacity`: `burst` now means only what a `Queue` lets wait")]
+    pub fn burst(self, capacity: u64) -> Limit {
+        self.capacity(capacity)
     }
 
     /// The balance a new key starts with (token buckets; default: full).

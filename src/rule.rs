@@ -441,7 +441,10 @@ mod tests {
             "rule \"llm\": cost: 101 exceeds the capacity (100): no request could ever pass"
         );
         assert_eq!(
-            error_of(Rule::new("b", Limit::per_second(5).burst(10).initial(11))),
+            error_of(Rule::new(
+                "b",
+                Limit::per_second(5).capacity(10).initial(11)
+            )),
             "rule \"b\": initial: must be at most the capacity (10)"
         );
         assert_eq!(

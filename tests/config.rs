@@ -167,7 +167,7 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
         .rule(
             Rule::new(
                 "per-ip",
-                Limit::token_bucket(60, minute).burst(120).initial(60),
+                Limit::token_bucket(60, minute).capacity(120).initial(60),
             )
             .key(
                 Key::client_ip()
@@ -201,7 +201,7 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .shadow(true),
         )
         .rule(
-            Rule::new("upstream", Limit::per_second(5).burst(1))
+            Rule::new("upstream", Limit::per_second(5).capacity(1))
                 .path("/proxy/*")
                 .queue(Queue::burst(20).within(Duration::from_secs(10)).delay(5)),
         )
@@ -213,11 +213,14 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
                 .when(|_| true),
         )
         .rule(
-            Rule::new("api:pro", Limit::token_bucket(1_000, minute).burst(2_000))
-                .key(api_key())
-                .path("/api/*")
-                .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-                .when(|_| true),
+            Rule::new(
+                "api:pro",
+                Limit::token_bucket(1_000, minute).capacity(2_000),
+            )
+            .key(api_key())
+            .path("/api/*")
+            .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+            .when(|_| true),
         )
         .build()
         .unwrap();
@@ -258,7 +261,7 @@ rules:
     algorithm: fixed_window
     limit: 10
     period: 1d
-    burst: 30
+    capacity: 30
     aligned: false
     key: { client_ip: { header: x-real-ip } }
   - name: nginx
@@ -313,7 +316,7 @@ rules:
         .rule(
             Rule::new(
                 "rollover",
-                Limit::fixed_window(10, Duration::from_secs(86_400)).burst(30),
+                Limit::fixed_window(10, Duration::from_secs(86_400)).capacity(30),
             )
             .key(Key::client_ip().header(ForwardedHeader::XRealIp)),
         )
@@ -340,7 +343,7 @@ paths = ["/api/*"]
 from = { header = "x-plan" }
 default = "free"
 plans.free = { rate = 60 }
-plans.pro = { rate = 1000, burst = 50 }
+plans.pro = { rate = 1000, capacity = 50 }
 "#,
     );
     let from_yaml = yaml(
@@ -355,7 +358,7 @@ rules:
       default: free
       plans:
         free: { rate: 60 }
-        pro: { rate: 1000, burst: 50 }
+        pro: { rate: 1000, capacity: 50 }
 "#,
     );
     assert_eq!(described(&from_toml), described(&from_yaml));
@@ -392,7 +395,7 @@ legacy_headers = true
 name = "burst"
 rate = 1
 period = "1s"
-burst = 3
+capacity = 3
 initial = 2
 key = { header = "x-user" }
 methods = ["POST"]
@@ -454,6 +457,20 @@ queue = { burst = 2, max_delay = "5s" }
     assert_eq!(delayed.status(), 200);
     assert_eq!(header(&delayed, "tollgate-delay"), Some("1"));
     assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
+/// `capacity` sets a limit's capacity; `burst`, its old spelling, still does (a queue's `burst`
+/// is the only other meaning of the word).
+#[test]
+fn capacity_and_its_old_spelling_burst_say_the_same() {
+    let new = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 7");
+    let old = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 7");
+    let in_code = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).capacity(7)));
+    assert_eq!(described(&new), described(&in_code));
+    assert_eq!(described(&old), described(&in_code));
+    #[allow(deprecated)]
+    let deprecated = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).burst(7)));
+    assert_eq!(described(&deprecated), described(&in_code));
 }
 
 /// Queue mode on a fixed window, from a file: DESIGN §2's waits (10 per minute, reserve 16 at the
@@ -531,7 +548,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -577,7 +594,7 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `unlimited`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
@@ -600,16 +617,16 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"", "rules[0].limit: a token_bucket takes `rate`, not `limit`"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ninitial = 1", "rules[0].initial: is not used by a fixed_window"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\npool = { capacity = 1, rate = 1, period = \"1s\" }", "rules[0].pool: is not used by a sliding_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 10", "rules[0].burst: is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 10", "rules[0].capacity: is not used by a sliding_window"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: only windows are aligned"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned_at = \"1h\"", "rules[0].aligned_at: only windows are aligned"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: a sliding_log has no windows to align"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\naligned = true\naligned_at = \"2h\"", "rules[0].aligned_at: give `aligned = true` or `aligned_at`, not both"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"", "rules[0].rate: must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"0s\"", "rules[0].period: must be at least 1 µs"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 0", "rules[0].burst: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 4", "rules[0].burst: must be at least the per-window limit (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 0", "rules[0].capacity: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 4", "rules[0].capacity: must be at least the per-window limit (5)"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 0\nperiod = \"1s\"", "rules[0].limit: must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"0ms\"", "rules[0].period: must be at least 1 µs"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "rules[0].pool.capacity: must be greater than 0"),

@@ -341,7 +341,7 @@ const LIMIT_FIELDS: [&str; 9] = [
     "rate",
     "limit",
     "period",
-    "burst",
+    "capacity",
     "initial",
     "pool",
     "aligned",
@@ -418,8 +418,8 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
             unused("aligned", "only windows are aligned")?;
             unused("aligned_at", "only windows are aligned")?;
             let mut limit = Limit::token_bucket(required("rate", fields.rate)?, period?);
-            if let Some(burst) = fields.burst {
-                limit = limit.burst(burst);
+            if let Some(capacity) = fields.capacity {
+                limit = limit.capacity(capacity);
             }
             if let Some(initial) = fields.initial {
                 limit = limit.initial(initial);
@@ -434,14 +434,14 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
             unused("initial", &not_used)?;
             unused("pool", &not_used)?;
             if window != AlgorithmName::FixedWindow {
-                unused("burst", &not_used)?;
+                unused("capacity", &not_used)?;
             }
             let (count, period) = (required("limit", fields.limit)?, period?);
             let mut limit = match window {
                 AlgorithmName::FixedWindow => {
                     let limit = Limit::fixed_window(count, period);
-                    match fields.burst {
-                        Some(burst) => limit.burst(burst),
+                    match fields.capacity {
+                        Some(capacity) => limit.capacity(capacity),
                         None => limit,
                     }
                 }
@@ -471,11 +471,7 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
 
 /// A rule's own validation error, at the place of the field in the file.
 fn from_rule_error(error: &ConfigError, place: &dyn Fn(&str) -> String) -> Invalid {
-    let field = match error.field() {
-        // `Limit::burst` sets the capacity.
-        "capacity" => "burst",
-        other => other,
-    };
+    let field = error.field();
     Invalid {
         path: format!("{}.{field}", place(field)),
         message: error.message().to_owned(),
