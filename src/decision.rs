@@ -25,7 +25,9 @@ const PENDING: Outcome = Outcome {
     verdict: Verdict::Allowed,
     limit: 0,
     remaining: 0,
-    reset: Duration::ZERO,
+    balance: 0,
+    next_unit_in: Duration::ZERO,
+    full_in: Duration::ZERO,
 };
 
 /// One rule's part of a [`Decision`].

@@ -303,7 +303,9 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
     for rule in reservations::rules() {
         builder = builder.rule(rule);
     }
-    reservations::example(&builder.build().unwrap(), &clock).await;
+    let limiter = builder.build().unwrap();
+    reservations::example(&limiter, &clock).await;
+    reservations::several_rules(&limiter).await;
 }
 
 /// Queue mode on a fixed window: 10 per minute, up to 11 units owed. The window starts when the

@@ -291,7 +291,9 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
                 },
                 limit: 2,
                 remaining: 0,
-                reset: Duration::from_secs(1200),
+                balance: 0,
+                next_unit_in: Duration::from_secs(1200),
+                full_in: Duration::from_secs(3000),
             }
         );
     }
@@ -563,7 +565,9 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
     for rule in reservations::rules() {
         builder = builder.rule(rule);
     }
-    reservations::example(&builder.build().unwrap(), &clock).await;
+    let limiter = builder.build().unwrap();
+    reservations::example(&limiter, &clock).await;
+    reservations::several_rules(&limiter).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,7 +174,9 @@ impl FixedWindow {
             verdict,
             limit: self.capacity,
             remaining,
-            reset,
+            balance: left.balance,
+            next_unit_in: reset,
+            full_in: duration(self.wait_for(left, now, self.capacity)),
         }
     }
 

@@ -87,10 +87,18 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// The most units the limit can hold (`q` in `RateLimit-Policy`).
     pub limit: u64,
-    /// Whole units available after this decision (`r` in `RateLimit`).
+    /// Whole units available after this decision (`r` in `RateLimit`); never negative.
     pub remaining: u64,
-    /// Time until the available quota grows by at least one unit; zero when it is full (`t`).
-    pub reset: Duration,
+    /// The signed balance after this decision: `remaining` when units are available, negative
+    /// while units are owed (reservations not yet paid back by the refill).
+    pub balance: i64,
+    /// Time until the available quota grows by at least one unit; zero when it is full (`t` in
+    /// `RateLimit`). Not the time until the quota is full again: that is
+    /// [`full_in`](Self::full_in).
+    pub next_unit_in: Duration,
+    /// Time until the quota is full again (`remaining == limit`), debt and reservations
+    /// included; zero when it is full.
+    pub full_in: Duration,
 }
 
 impl Outcome {

@@ -554,7 +554,9 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
         },
         limit: algorithm.capacity(),
         remaining: 0,
-        reset: algorithm.window(),
+        balance: 0,
+        next_unit_in: algorithm.window(),
+        full_in: algorithm.window(),
     }
 }
 

@@ -21,10 +21,10 @@
 --              charge), then n times: algorithm code and parameters (see `read`).
 -- KEYS     one per candidate, in order.
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
---          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
---          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
---          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
---          used.
+--          an array reply): nine integers per record: verdict (0 allowed, 1 reserved, 2
+--          denied), wait or retry-after (µs), limit, remaining, time to the next unit (µs),
+--          chosen candidate (0 or 1), aux (the units a burst pool charge took from its steady
+--          bucket), the signed balance, time until full (µs); then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (below) therefore comes first and creates almost
@@ -62,7 +62,7 @@ end
 if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) then
   local key = KEYS[1]
   local raw = redis.call('GET', key)
-  local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
+  local kind, wait, limit, remaining, reset, balance, full = 0, 0, 0, 0, 0, 0, 0
   -- Set when the charge is committed: the new state, and when it equals a fresh key's.
   local value, expires
 
@@ -96,6 +96,9 @@ if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) 
     end
     limit = cap
     if left < span then remaining = div(span - left, T) end
+    -- `TokenBucket::balance`: minus the whole units owed beyond the capacity.
+    balance, full = remaining, left
+    if left > span then balance = -div(left - span + T - 1, T) end
     if remaining < cap then
       -- `tb_reset`: until one more unit is available.
       reset = left
@@ -149,8 +152,9 @@ if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) 
         kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
         if wait < 0 then wait = 0 end
       end
-      limit, remaining = cap, rem
+      limit, remaining, balance = cap, rem, rem
       if rem < 0 then remaining = 0 end
+      if rem < cap then full = ws + div(cap - rem + rate - 1, rate) * period - now end
       if rem < cap then
         -- Until one more whole unit: the next window, or the one that pays the debt back.
         reset = ws + div(remaining - rem + rate, rate) * period - now
@@ -212,6 +216,12 @@ if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) 
       end
       remaining = limit - cur - div(prev * left + period - 1, period)
       if remaining < 0 then remaining = 0 end
+      balance = remaining
+      if cur > 0 then
+        full = ws + 2 * period - now
+      elseif prev > 0 then
+        full = ws + period - now
+      end
       if remaining < limit then reset = wait_for(cur, remaining + 1) end
     end
   end
@@ -222,7 +232,9 @@ if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) 
     if expires > now then px = div(expires - now + 999, 1000) end
     redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
   end
-  return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
+  return struct.pack(
+    '<dddddddddd', kind, wait, limit, remaining, reset, 0, 0, balance, full, now
+  )
 end
 
 ------------------------------------------------------------------------------------------------
@@ -319,7 +331,10 @@ local function make_bucket()
     end
     local left = debt
     if kind ~= 2 then left = after end
-    return kind, wait, p.cap, tb_available(p, left), tb_reset(p, left)
+    local available = tb_available(p, left)
+    local balance = available
+    if left > p.span then balance = -cdiv(left - p.span, p.T) end
+    return kind, wait, p.cap, available, tb_reset(p, left), balance, left
   end
 
   function bucket.commit(p, tat, now, cost)
@@ -420,7 +435,7 @@ local function make_fixed()
     local remaining = pos(left.rem)
     local reset = 0
     if left.rem < p.cap then reset = fw_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, p.cap, remaining, reset
+    return kind, wait, p.cap, remaining, reset, left.rem, fw_wait_for(p, left, now, p.cap)
   end
 
   function fixed.commit(p, s, now, cost)
@@ -514,7 +529,7 @@ local function make_sliding()
     local remaining = sw_remaining(p, left, now)
     local reset = 0
     if remaining < p.limit then reset = sw_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, p.limit, remaining, reset
+    return kind, wait, p.limit, remaining, reset, remaining, sw_wait_for(p, left, now, p.limit)
   end
 
   function sliding.commit(p, s, now, cost)
@@ -597,7 +612,7 @@ local function make_log()
     local remaining = pos(p.limit - (used + charged))
     local reset = 0
     if remaining < p.limit then reset = sl_wait_for(p, e, now, charged, remaining + 1) end
-    return kind, wait, p.limit, remaining, reset
+    return kind, wait, p.limit, remaining, reset, remaining, sl_wait_for(p, e, now, charged, p.limit)
   end
 
   local function sl_prune(p, e, now)
@@ -738,7 +753,7 @@ local function make_pool()
     local capacity = p.steady.cap + p.pool.cap
     local reset = 0
     if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, capacity, remaining, reset
+    return kind, wait, capacity, remaining, reset, remaining, pos(max(left.s, left.p) - now)
   end
 
   function pool.refund(p, st, now, units)
@@ -885,7 +900,8 @@ end
 local reply = {}
 local function answer(rec, res)
   reply[#reply + 1] = struct.pack(
-    '<ddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0
+    '<ddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
+    res[6], res[7]
   )
 end
 
@@ -923,8 +939,9 @@ if op == 1 or op == 2 then
       end
     elseif rec.res[1] ~= 2 then
       -- All or nothing: report what the admitted charge leaves, uncharged.
-      local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
-      rec.res = { 0, 0, limit, remaining, reset }
+      local res = { p.alg.eval(p, p.state, now, 0, 1) }
+      res[1], res[2] = 0, 0
+      rec.res = res
     end
     answer(rec, rec.res)
   end
@@ -958,8 +975,9 @@ elseif op == 3 or op == 4 then
         save(p, p.state)
       end
     end
-    local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
-    answer(rec, { 0, 0, limit, remaining, reset })
+    local res = { p.alg.eval(p, p.state, now, 0, 1) }
+    res[1], res[2] = 0, 0
+    answer(rec, res)
   end
 else
   return redis.error_reply('tollgate: unknown op')
