@@ -58,6 +58,31 @@ impl Limit {
         }
     }
 
+    /// A fixed window per calendar month: `limit` units from midnight on the 1st to midnight on
+    /// the next 1st, at `utc_offset_secs` seconds east of UTC (negative: west; at most 18 hours
+    /// either way). Real months — 28 to 31 days, leap years included — not 30-day periods:
+    /// "10,000 a month, reset on the 1st" is `Limit::calendar_month(10_000, 0)`.
+    ///
+    /// `RateLimit-Policy` reports `w` as 31 days (the longest month); `t` counts to the next 1st.
+    pub fn calendar_month(limit: u64, utc_offset_secs: i32) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow(FixedWindow::calendar_months(
+                limit,
+                i64::from(utc_offset_secs) * 1_000_000,
+            )),
+        }
+    }
+
+    /// A fixed window per calendar week: `limit` units from Monday 00:00 to the next Monday
+    /// 00:00, at `utc_offset_secs` seconds east of UTC (negative: west).
+    pub fn calendar_week(limit: u64, utc_offset_secs: i32) -> Limit {
+        const WEEK: i64 = 7 * 86_400;
+        // 1970-01-05, four days after the epoch, was a Monday.
+        let monday = (4 * 86_400 - i64::from(utc_offset_secs)).rem_euclid(WEEK);
+        Limit::fixed_window(limit, Duration::from_secs(WEEK as u64))
+            .aligned_at(Duration::from_secs(monday as u64))
+    }
+
     /// A sliding window counter: about `limit` units in any `period` (weighted approximation).
     pub fn sliding_window(limit: u64, period: Duration) -> Limit {
         Limit {

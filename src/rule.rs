@@ -172,6 +172,10 @@ impl Rule {
             }
             Algorithm::FixedWindow(w) => {
                 positive(&name, "limit", w.limit())?;
+                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                    return err("utc_offset", "must be within 18 hours of UTC".into());
+                }
                 positive(&name, "period", w.period().as_micros())?;
                 if w.capacity() < w.limit() {
                     return err(

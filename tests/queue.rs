@@ -18,6 +18,8 @@ use oneshot::Limited;
 #[path = "support/paused.rs"]
 mod paused;
 
+#[path = "support/calendar.rs"]
+mod calendar;
 #[path = "support/reservations.rs"]
 mod reservations;
 
@@ -306,6 +308,16 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
     let limiter = builder.build().unwrap();
     reservations::example(&limiter, &clock).await;
     reservations::several_rules(&limiter).await;
+}
+
+#[tokio::test]
+async fn calendar_windows_follow_the_calendar() {
+    let clock = tollgate::ManualClock::new(calendar::START);
+    let mut builder = Limiter::builder().store(tollgate::MemoryStore::with_clock(clock.clone()));
+    for rule in calendar::rules() {
+        builder = builder.rule(rule);
+    }
+    calendar::scenario(&builder.build().unwrap(), &clock).await;
 }
 
 /// Queue mode on a fixed window: 10 per minute, up to 11 units owed. The window starts when the

@@ -4,6 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/calendar.rs"]
+mod calendar;
 #[path = "support/differential.rs"]
 mod differential;
 #[path = "support/hammer.rs"]
@@ -568,6 +570,25 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
     let limiter = builder.build().unwrap();
     reservations::example(&limiter, &clock).await;
     reservations::several_rules(&limiter).await;
+}
+
+/// Calendar months and weeks across month lengths, leap years and offsets, on Redis (the same
+/// scenario as tests/queue.rs runs on the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_follow_the_calendar() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(calendar::START);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let mut builder = Limiter::builder().store(store);
+    for rule in calendar::rules() {
+        builder = builder.rule(rule);
+    }
+    calendar::scenario(&builder.build().unwrap(), &clock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

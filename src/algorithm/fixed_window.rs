@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use super::{
-    duration, micros, window_containing, Micros, Mode, Outcome, ReserveBound, Verdict, WindowStart,
+    calendar, duration, micros, window_containing, Micros, Mode, Outcome, ReserveBound, Verdict,
+    WindowStart,
 };
 
 /// Fixed window: `limit` units per window of `period`; with a capacity above the limit, unused units
@@ -9,10 +10,16 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
+    /// The window length; for calendar months, the longest month (31 days).
     period: Micros,
     capacity: u64,
     start: WindowStart,
+    /// Windows are calendar months at this offset east of UTC (µs), not `period`s.
+    months: Option<i64>,
 }
+
+/// The longest calendar month, in µs.
+const LONGEST_MONTH: Micros = 31 * 86_400_000_000;
 
 /// The state of one key under a [`FixedWindow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +39,26 @@ impl FixedWindow {
             period: micros(period),
             capacity: limit,
             start: WindowStart::PerKey,
+            months: None,
         }
+    }
+
+    /// `limit` units per calendar month, windows starting at midnight on the 1st at `utc_offset`
+    /// µs east of UTC (negative: west). Months are the calendar's (28 to 31 days, leap years
+    /// included), not 30-day periods.
+    pub fn calendar_months(limit: u64, utc_offset: i64) -> Self {
+        FixedWindow {
+            limit,
+            period: LONGEST_MONTH,
+            capacity: limit,
+            start: WindowStart::Aligned(Duration::ZERO),
+            months: Some(utc_offset),
+        }
+    }
+
+    /// For calendar-month windows: the offset east of UTC, in µs.
+    pub fn months(&self) -> Option<i64> {
+        self.months
     }
 
     /// Lets unused units roll over, up to `capacity` in one window.
@@ -52,7 +78,7 @@ impl FixedWindow {
         self.limit
     }
 
-    /// The window length.
+    /// The window length (for calendar months: 31 days, the longest).
     pub fn period(&self) -> Duration {
         duration(self.period)
     }
@@ -102,18 +128,22 @@ impl FixedWindow {
     /// The state of a key never seen before: a full window. `offset` comes from
     /// [`WindowStart::offset`].
     pub fn fresh(&self, now: Micros, offset: Micros) -> FixedWindowState {
+        let window_start = match self.months {
+            None => window_containing(now, offset, self.period),
+            Some(utc) => calendar::month_start(calendar::month_index(now, utc), utc),
+        };
         FixedWindowState {
-            window_start: window_containing(now, offset, self.period),
+            window_start,
             balance: self.full(),
         }
     }
 
     /// The state rolled forward to the window that contains `now`: `min(v + r·k, C)`.
     fn roll(&self, state: FixedWindowState, now: Micros) -> FixedWindowState {
-        let windows = now.saturating_sub(state.window_start) / self.period.max(1);
+        let windows = self.windows_between(state.window_start, now);
         let granted = i128::from(windows) * i128::from(self.limit) + i128::from(state.balance);
         FixedWindowState {
-            window_start: state.window_start + windows * self.period,
+            window_start: self.boundary(state.window_start, windows),
             balance: clamp(granted.min(i128::from(self.full()))),
         }
     }
@@ -127,9 +157,35 @@ impl FixedWindow {
         }
         let windows = (missing as u128).div_ceil(u128::from(self.limit.max(1)));
         // A window beyond the clock's range is "never".
-        let at = (u128::from(state.window_start) + windows * u128::from(self.period))
-            .min(u128::from(Micros::MAX));
-        (at as Micros).saturating_sub(now)
+        let windows = u64::try_from(windows).unwrap_or(u64::MAX);
+        self.boundary(state.window_start, windows)
+            .saturating_sub(now)
+    }
+
+    /// The start of the `k`-th window after the one starting at `window_start` (saturating at
+    /// the clock's end).
+    fn boundary(&self, window_start: Micros, k: u64) -> Micros {
+        match self.months {
+            None => window_start.saturating_add(k.saturating_mul(self.period)),
+            Some(utc) => {
+                // 10,000 years of months is past the clock's end already.
+                let k = k.min(120_000) as i64;
+                calendar::month_start(calendar::month_index(window_start, utc) + k, utc)
+            }
+        }
+    }
+
+    /// How many window starts lie in `(window_start, now]`.
+    fn windows_between(&self, window_start: Micros, now: Micros) -> u64 {
+        if now <= window_start {
+            return 0;
+        }
+        match self.months {
+            None => (now - window_start) / self.period.max(1),
+            Some(utc) => {
+                (calendar::month_index(now, utc) - calendar::month_index(window_start, utc)) as u64
+            }
+        }
     }
 
     /// The outcome of charging `cost` at `now`, without changing the state. In
@@ -214,15 +270,25 @@ impl FixedWindow {
                 if first < full {
                     first
                 } else {
-                    let windows = (cost - cost.min(self.capacity)).div_ceil(self.limit.max(1));
-                    let late = windows.saturating_mul(self.period).saturating_sub(max_wait);
-                    let t = units_ok.max(full);
-                    let into = t.saturating_sub(rolled.window_start) % self.period.max(1);
-                    if into >= late {
-                        t
-                    } else {
-                        (t - into).saturating_add(late)
+                    // From a full window, the slot is `m` windows after the current one's
+                    // start. Windows of different lengths (months) may need a few tries.
+                    let m = (cost - cost.min(self.capacity)).div_ceil(self.limit.max(1));
+                    let mut t = units_ok.max(full);
+                    let mut start = self.boundary(
+                        rolled.window_start,
+                        self.windows_between(rolled.window_start, t),
+                    );
+                    let mut accepted = Micros::MAX;
+                    for _ in 0..24 {
+                        let next = self.boundary(start, 1);
+                        let at = t.max(self.boundary(start, m).saturating_sub(max_wait));
+                        if at < next {
+                            accepted = at;
+                            break;
+                        }
+                        (start, t) = (next, next);
                     }
+                    accepted
                 }
             }
         };

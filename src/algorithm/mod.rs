@@ -16,6 +16,7 @@
 //! side and keeps bursts exact.
 
 mod burst_pool;
+mod calendar;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;

@@ -245,7 +245,59 @@ fn bound() -> impl Strategy<Value = ReserveBound> {
         })
 }
 
+/// Calendar months at an offset of whole hours within ±18 h.
+fn months() -> impl Strategy<Value = FixedWindow> {
+    (1u64..20, 0u64..3, -18i64..=18).prop_map(|(limit, extra, hours)| {
+        FixedWindow::calendar_months(limit, hours * 3_600_000_000)
+            .with_capacity(limit * (1 + extra))
+    })
+}
+
+#[test]
+fn calendar_months_reset_on_the_first() {
+    // 2024-02-10T00:00Z; February 2024 has 29 days.
+    let t = 1_707_523_200 * SEC;
+    let fw = FixedWindow::calendar_months(3, 0);
+    let mut run = Run::new(&fw, fw.fresh(t, 0));
+    assert_eq!(run.state.window_start, 1_706_745_600 * SEC); // 1 February
+    assert_eq!(run.charge(t, 3), allowed(3, 0, secs(20 * 86_400)));
+    // Owing 4 → March pays 3, April the last one: 20 + 31 days.
+    let out = run.step(t, 4, Mode::Reserve(ReserveBound::default()));
+    assert_eq!(out, reserved(3, 0, secs(51 * 86_400), secs(51 * 86_400)));
+    assert_eq!(out.full_in, secs(81 * 86_400));
+    // Midnight on the 1st in UTC+5:30 is 18:30 UTC the day before.
+    let india = FixedWindow::calendar_months(3, 19_800_000_000);
+    assert_eq!(india.fresh(t, 0).window_start, 1_706_725_800 * SEC);
+}
+
 proptest! {
+    #[test]
+    fn calendar_months_keep_every_promise(
+        fw in months(),
+        bound in bound(),
+        start in start(),
+        events in events(),
+    ) {
+        let mode = Mode::Reserve(bound);
+        let run = drive(&fw, start, 0, &events, |e| match e.mode_raw % 4 {
+            0 => Mode::Check,
+            1 => Mode::Charge,
+            _ => mode,
+        })?;
+        prop_assert!(fw.expires_at(run.state) >= run.state.window_start);
+    }
+
+    #[test]
+    fn a_calendar_month_expired_is_a_fresh_key(
+        fw in months(),
+        start in start(),
+        history in events(),
+        later in any::<u64>(),
+        follow_up in events(),
+    ) {
+        check_expiry(&fw, start, 0, &history, later, &follow_up)?;
+    }
+
     #[test]
     fn reservations_are_fifo_and_never_over_admit(
         (fw, offset) in window(),

@@ -59,7 +59,8 @@ end
 -- here and larger ones through the general code.
 
 -- (A fixed window's reservation goes to the general code: rare enough not to slow this part.)
-if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or mode ~= 2) then
+-- (Neither does a calendar-month window, sent with period 0.)
+if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 and p2 > 0)) then
   local key = KEYS[1]
   local raw = redis.call('GET', key)
   local kind, wait, limit, remaining, reset, balance, full = 0, 0, 0, 0, 0, 0, 0
@@ -364,18 +365,70 @@ local function make_bucket()
 end
 
 ------------------------------------------------------------------------------------------------
+-- Calendar months (src/algorithm/calendar.rs): the proleptic Gregorian calendar from days since
+-- the epoch and back, in eras of 400 years with years starting in March.
+local DAY = 86400000000
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local month = mp + 3
+  if mp >= 10 then month = mp - 9 end
+  local year = yoe + era * 400
+  if month <= 2 then year = year + 1 end
+  return year, month
+end
+
+local function days_from_civil(year, month)
+  if month <= 2 then year = year - 1 end
+  local era = floor(year / 400)
+  local yoe = year - era * 400
+  local doy = floor((153 * ((month + 9) % 12) + 2) / 5)
+  return era * 146097 + yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy - 719468
+end
+
+local function month_index(t, off)
+  local year, month = civil_from_days(div(t + off, DAY))
+  return year * 12 + month - 1
+end
+
+local function month_start(index, off)
+  local year = floor(index / 12)
+  return pos(days_from_civil(year, index - year * 12 + 1) * DAY - off)
+end
+
 -- Fixed window: { ws = window start, rem = units left, negative while reservations are owed }.
 -- `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
 
 local function make_fixed()
   local fixed = {}
 
+  -- The start of the `k`-th window after the one starting at `ws` (`FixedWindow::boundary`).
+  local function fw_boundary(p, ws, k)
+    if p.period > 0 then return ws + k * p.period end
+    return month_start(month_index(ws, p.off) + min(k, 120000), p.off)
+  end
+
+  -- Window starts in (ws, now] (`FixedWindow::windows_between`).
+  local function fw_between(p, ws, now)
+    if now <= ws then return 0 end
+    if p.period > 0 then return div(now - ws, p.period) end
+    return month_index(now, p.off) - month_index(ws, p.off)
+  end
+
   function fixed.fresh(p, now)
+    if p.period == 0 then
+      return { ws = month_start(month_index(now, p.off), p.off), rem = p.cap }
+    end
     return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
   end
 
   local function fw_roll(p, s, now)
-    local windows = div(pos(now - s.ws), p.period)
+    local windows = fw_between(p, s.ws, now)
     local rem
     if s.rem >= p.cap then
       rem = p.cap
@@ -384,14 +437,14 @@ local function make_fixed()
     else
       rem = s.rem + windows * p.limit
     end
-    return { ws = s.ws + windows * p.period, rem = rem }
+    return { ws = fw_boundary(p, s.ws, windows), rem = rem }
   end
 
   -- Until the balance reaches `units` (negative: a debt of that many).
   local function fw_wait_for(p, s, now, units)
     if s.rem >= units then return 0 end
     local windows = cdiv(units - s.rem, p.limit)
-    return pos(s.ws + windows * p.period - now)
+    return pos(fw_boundary(p, s.ws, windows) - now)
   end
 
   -- `wait_to_reserve`: when a reservation past its bound would be accepted.
@@ -403,14 +456,20 @@ local function make_fixed()
     local slot = now + fw_wait_for(p, r, now, cost)
     local accepted = max(units_ok, slot - p.max_wait)
     if accepted >= full then
-      local late = pos(cdiv(pos(cost - p.cap), p.limit) * p.period - p.max_wait)
+      -- From a full window the slot is `m` windows after the current one's start; windows of
+      -- different lengths (months) may need a few tries.
+      local m = cdiv(pos(cost - p.cap), p.limit)
       local t = max(units_ok, full)
-      local into = pos(t - r.ws)
-      into = into - div(into, p.period) * p.period
-      if into >= late then
-        accepted = t
-      else
-        accepted = t - into + late
+      local start = fw_boundary(p, r.ws, fw_between(p, r.ws, t))
+      accepted = math.huge
+      for _ = 1, 24 do
+        local next = fw_boundary(p, start, 1)
+        local at = max(t, fw_boundary(p, start, m) - p.max_wait)
+        if at < next then
+          accepted = at
+          break
+        end
+        start, t = next, next
       end
     end
     return pos(min(accepted, fits) - now)
@@ -449,7 +508,7 @@ local function make_fixed()
   end
 
   function fixed.expires(p, s)
-    return s.ws + cdiv(pos(p.cap - s.rem), p.limit) * p.period
+    return fw_boundary(p, s.ws, cdiv(pos(p.cap - s.rem), p.limit))
   end
 
   function fixed.decode(p, raw)
@@ -839,6 +898,7 @@ local function read()
       alg = alg, code = 2, key = key, limit = argv[a + 1],
       period = argv[a + 2], cap = argv[a + 3],
       offset = argv[a + 4], owed = argv[a + 5], max_wait = argv[a + 6], state = false,
+      off = argv[a + 4] - 86400000000, -- a calendar month's UTC offset (period 0)
     }
     a = a + 7
   elseif code == 3 then
