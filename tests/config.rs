@@ -473,6 +473,52 @@ fn capacity_and_its_old_spelling_burst_say_the_same() {
     assert_eq!(described(&deprecated), described(&in_code));
 }
 
+/// Calendar windows from a file: `calendar = "month"` or `"week"` with a `utc_offset`, the same
+/// limits as in code.
+#[tokio::test]
+async fn calendar_windows_from_a_file() {
+    let text = r#"
+[[rules]]
+name = "plan"
+algorithm = "fixed_window"
+limit = 10_000
+calendar = "month"
+utc_offset = "+02:00"
+
+[[rules]]
+name = "weekly"
+algorithm = "fixed_window"
+limit = 5
+calendar = "week"
+utc_offset = "-05:30"
+capacity = 10
+"#;
+    // 2024-02-29T21:59:59Z: one second before March in UTC+2.
+    let clock = ManualClock::new(Duration::from_secs(1_709_243_999));
+    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+        .unwrap()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let in_code = RateLimitLayer::builder()
+        .rule(Rule::new("plan", Limit::calendar_month(10_000, 7_200)))
+        .rule(Rule::new(
+            "weekly",
+            Limit::calendar_week(5, -19_800).capacity(10),
+        ))
+        .build()
+        .unwrap();
+    assert_eq!(described(&layer), described(&in_code));
+    let limiter = layer.limiter();
+    let out = limiter.charge("plan", "k", 10_000).await.unwrap();
+    assert_eq!(out.next_unit_in, Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        limiter.check("plan", "k", 0).await.unwrap().remaining,
+        10_000
+    );
+}
+
 /// Queue mode on a fixed window, from a file: DESIGN §2's waits (10 per minute, reserve 16 at the
 /// window's start → 60 s; 5 more at +30 s → 90 s).
 #[tokio::test]
@@ -548,7 +594,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -594,7 +640,7 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `unlimited`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
@@ -638,6 +684,10 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "rules[0].queue.delay: a fixed window lets no excess pass at once: raise its limit instead"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nutc_offset = \"+19:00\"", "rules[0].utc_offset: invalid UTC offset \"+19:00\": write \"+02:00\", \"-05:30\" or \"Z\", within 18 hours"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nperiod = \"30d\"", "rules[0].period: a calendar window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1d\"\ncalendar = \"week\"", "rules[0].calendar: only a fixed_window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\nutc_offset = \"Z\"", "rules[0].utc_offset: only a calendar window has a UTC offset"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "rules[0].queue.delay: must be at most the burst (2)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "rules[0].queue.burst: lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "rules[0].queue.max_delay: must be greater than 0"),

@@ -104,6 +104,8 @@ pub(crate) struct RuleSpec {
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     pub(crate) key: Option<KeySpec>,
     pub(crate) on_missing_key: Option<MissingKeySpec>,
     #[serde(default)]
@@ -130,6 +132,8 @@ impl RuleSpec {
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }
@@ -146,6 +150,8 @@ pub(crate) struct LimitFields {
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<std::time::Duration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
 }
 
 impl LimitFields {
@@ -161,6 +167,8 @@ impl LimitFields {
             pool: self.pool.clone().or_else(|| base.pool.clone()),
             aligned: self.aligned.or(base.aligned),
             aligned_at: self.aligned_at.or(base.aligned_at),
+            calendar: self.calendar.or(base.calendar),
+            utc_offset: self.utc_offset.clone().or_else(|| base.utc_offset.clone()),
         }
     }
 
@@ -175,10 +183,20 @@ impl LimitFields {
             "initial" => self.initial.is_some(),
             "aligned" => self.aligned.is_some(),
             "aligned_at" => self.aligned_at.is_some(),
+            "calendar" => self.calendar.is_some(),
+            "utc_offset" => self.utc_offset.is_some(),
             _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
             _ => false,
         }
     }
+}
+
+/// `calendar = "month"` or `"week"` on a fixed window.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CalendarName {
+    Month,
+    Week,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -246,6 +264,8 @@ pub(crate) struct PlanSpec {
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     #[serde(default)]
     pub(crate) unlimited: bool,
 }
@@ -263,6 +283,8 @@ impl PlanSpec {
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }

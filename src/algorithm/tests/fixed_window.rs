@@ -258,6 +258,11 @@ fn calendar_months_reset_on_the_first() {
     // 2024-02-10T00:00Z; February 2024 has 29 days.
     let t = 1_707_523_200 * SEC;
     let fw = FixedWindow::calendar_months(3, 0);
+    // `RateLimit-Policy`'s `w`: the longest month.
+    assert_eq!(
+        Algorithm::FixedWindow(fw.clone()).window(),
+        secs(31 * 86_400)
+    );
     let mut run = Run::new(&fw, fw.fresh(t, 0));
     assert_eq!(run.state.window_start, 1_706_745_600 * SEC); // 1 February
     assert_eq!(run.charge(t, 3), allowed(3, 0, secs(20 * 86_400)));
