@@ -37,13 +37,11 @@ mod cost;
 mod decision;
 mod error;
 mod future;
-mod headers;
 mod key;
 mod layer;
 mod limit;
 mod limiter;
 mod observe;
-mod prepared;
 mod queue;
 mod response;
 mod rule;
@@ -60,7 +58,7 @@ pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
-pub use headers::{
+pub use response::headers::{
     RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };

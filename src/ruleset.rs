@@ -13,10 +13,10 @@ use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::headers::{self, PolicyItem};
+use crate::response::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
-use crate::prepared::Prepared;
+use crate::response::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 

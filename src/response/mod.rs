@@ -1,5 +1,16 @@
-//! The responses the layer writes itself (429, 400, 503) and the fields it adds to the inner
-//! service's responses.
+//! The answers the layer gives: the responses it writes itself (429, 400, 403, 503) and the fields
+//! it adds to the inner service's responses, in the shape of the request's protocol.
+//!
+//! - `headers`: the `RateLimit`, `RateLimit-Policy`, `Retry-After` and legacy fields;
+//! - `prepared`: ready-made copies of recent identical 429s;
+//! - this module: the `Responder`, which picks the shape and builds HTTP problem+json answers.
+//!
+//! It reads decisions and refusals; it never touches stores, keys or the Tower glue.
+
+pub(crate) mod headers;
+mod prepared;
+
+pub(crate) use prepared::Prepared;
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,8 +21,8 @@ use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::headers::{self, Legacy, RATELIMIT, RATELIMIT_POLICY};
-use crate::prepared::Fingerprint;
+use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
+use self::prepared::Fingerprint;
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 

@@ -14,7 +14,7 @@ use http::{HeaderMap, Response, StatusCode};
 use smallvec::SmallVec;
 
 use crate::decision::Decision;
-use crate::headers;
+use super::headers;
 
 /// Distinct refusals kept at once (e.g. several clients refused in the same second).
 const SLOTS: usize = 8;
