@@ -58,16 +58,17 @@ pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
-pub use response::headers::{
-    RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
-};
 pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use queue::Queue;
-pub use response::{RejectionFn, QUOTA_EXCEEDED};
+pub use response::grpc::{Protocol, GRPC_RETRY_PUSHBACK_MS};
+pub use response::headers::{
+    RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+};
+pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use ruleset::AccessList;
 pub use service::RateLimit;

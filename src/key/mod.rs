@@ -178,8 +178,9 @@ impl Key {
     /// The IP address of the TCP peer.
     ///
     /// The peer is read from the request extensions: axum's `ConnectInfo<SocketAddr>` (with the
-    /// `axum` feature; `MockConnectInfo` in tests works too), else a plain [`SocketAddr`], which
-    /// plain-hyper servers can insert themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
+    /// `axum` feature; `MockConnectInfo` in tests works too), tonic's `TcpConnectInfo` (with the
+    /// `tonic` feature), else a plain [`SocketAddr`], which plain-hyper servers can insert
+    /// themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
     /// grouped by their /64 (`2001:db8:1:2::/64`), because a single host usually owns a whole
     /// /64 and could otherwise rotate addresses to escape its limit. IPv4-mapped IPv6 addresses
     /// count as IPv4.
@@ -350,6 +351,15 @@ pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     if let Some(mock) = extensions.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
     {
         return Some(mock.0.ip());
+    }
+    // What tonic's server leaves (its `TlsConnectInfo` wrapper is public only with tonic's TLS
+    // features; the README shows how to pass its address on as a `SocketAddr`).
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }

@@ -3,10 +3,12 @@
 //!
 //! - `headers`: the `RateLimit`, `RateLimit-Policy`, `Retry-After` and legacy fields;
 //! - `prepared`: ready-made copies of recent identical 429s;
+//! - `grpc`: trailers-only gRPC answers, for requests whose `content-type` is gRPC's;
 //! - this module: the `Responder`, which picks the shape and builds HTTP problem+json answers.
 //!
 //! It reads decisions and refusals; it never touches stores, keys or the Tower glue.
 
+pub(crate) mod grpc;
 pub(crate) mod headers;
 mod prepared;
 
@@ -20,18 +22,99 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::decision::Decision;
 use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 use self::prepared::Fingerprint;
+use crate::decision::Decision;
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
+
+use self::grpc::{Code, Protocol};
 
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a denied request.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// Builds the rejection response from the decision (replaces the default problem+json 429). The
-/// layer still adds `Retry-After` and the `RateLimit` fields unless the response sets them.
+/// Builds the rejection response of an HTTP request from the decision (replaces the default
+/// problem+json 429; see [`RateLimitLayerBuilder::rejection`](crate::RateLimitLayerBuilder::rejection)).
+/// The layer still adds `Retry-After` and the `RateLimit` fields unless the response sets them.
 pub type RejectionFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+
+/// Builds the rejection response of any request, HTTP or gRPC, from a [`Rejection`] (see
+/// [`RateLimitLayerBuilder::on_rejection`](crate::RateLimitLayerBuilder::on_rejection)).
+pub type RespondFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
+
+/// A denied request, as a custom rejection hook sees it: the decision, the protocol the request
+/// speaks, the wait, and the answer the layer would give.
+///
+/// ```
+/// use tollgate::{Limit, Protocol, RateLimitLayer};
+///
+/// let layer = RateLimitLayer::builder()
+///     .rule(Limit::per_minute(60))
+///     .on_rejection(|rejected| match rejected.protocol() {
+///         Protocol::Http => http::Response::builder()
+///             .status(429)
+///             .body(bytes::Bytes::from_static(b"slow down"))
+///             .unwrap(),
+///         // RESOURCE_EXHAUSTED, with a message of our own.
+///         _ => rejected.grpc(8, "slow down"),
+///     })
+///     .build()
+///     .unwrap();
+/// ```
+pub struct Rejection<'a> {
+    responder: &'a Responder,
+    rules: &'a RuleSet,
+    decision: &'a Decision,
+    protocol: Protocol,
+    wait: Duration,
+}
+
+impl Rejection<'_> {
+    /// What the limiter decided: the rules, which of them denied, their numbers.
+    pub fn decision(&self) -> &Decision {
+        self.decision
+    }
+
+    /// The protocol of the request, and so of the answer its client expects.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// How long the client should wait (jitter included): what `Retry-After` and
+    /// `grpc-retry-pushback-ms` say unless the response sets them.
+    pub fn retry_after(&self) -> Duration {
+        self.wait
+    }
+
+    /// The answer the layer gives without a hook: a `429` with problem+json for HTTP, a
+    /// trailers-only `RESOURCE_EXHAUSTED` for gRPC; with every field.
+    pub fn default_response(&self) -> Response<Bytes> {
+        self.responder
+            .build_denied(self.rules, self.decision, self.protocol, self.wait)
+    }
+
+    /// A trailers-only gRPC answer in the request's flavour (gRPC or gRPC-Web): HTTP `200`,
+    /// `grpc-status: code` (a gRPC status code number, e.g. `tonic::Code::ResourceExhausted as
+    /// i32`, 8) and `message`, percent-encoded and cut to 1 KiB. The layer adds
+    /// `grpc-retry-pushback-ms` and the `RateLimit` fields.
+    pub fn grpc(&self, code: i32, message: &str) -> Response<Bytes> {
+        let protocol = match self.protocol {
+            Protocol::Http => Protocol::Grpc,
+            other => other,
+        };
+        grpc::trailers_only(protocol, code, message)
+    }
+}
+
+impl fmt::Debug for Rejection<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("decision", self.decision)
+            .field("protocol", &self.protocol)
+            .field("retry_after", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
 
 /// How the layer answers and what it adds.
 #[derive(Clone)]
@@ -40,7 +123,7 @@ pub(crate) struct Responder {
     pub(crate) on_allowed: bool,
     pub(crate) legacy: bool,
     pub(crate) jitter: Duration,
-    pub(crate) rejection: Option<Arc<RejectionFn>>,
+    pub(crate) rejection: Option<Arc<RespondFn>>,
 }
 
 /// The fields to add to an allowed response, prepared before the inner service runs.
@@ -127,44 +210,83 @@ impl Responder {
         })
     }
 
-    /// The response to a denied request.
-    pub(crate) fn denied(&self, rules: &RuleSet, decision: &Decision) -> Response<Bytes> {
+    /// The response to a denied request, in the shape of its protocol.
+    pub(crate) fn denied(
+        &self,
+        rules: &RuleSet,
+        decision: &Decision,
+        protocol: Protocol,
+    ) -> Response<Bytes> {
         let wait = decision.retry_after().unwrap_or_default() + self.jitter();
-        if self.rejection.is_none() && !self.legacy {
+        if let Some(hook) = &self.rejection {
+            let rejected = Rejection {
+                responder: self,
+                rules,
+                decision,
+                protocol,
+                wait,
+            };
+            let mut response = hook(&rejected);
+            self.complete(rules, decision, protocol, wait, &mut response, false);
+            return response;
+        }
+        if protocol == Protocol::Http && !self.legacy {
             let retry_seconds = headers::whole_seconds(wait).max(1);
             let fingerprint = Fingerprint::of(self.status, retry_seconds, decision);
-            return rules
-                .prepared
-                .get_or_build(fingerprint, || self.build_denied(rules, decision, wait));
+            return rules.prepared.get_or_build(fingerprint, || {
+                self.build_denied(rules, decision, protocol, wait)
+            });
         }
-        self.build_denied(rules, decision, wait)
+        self.build_denied(rules, decision, protocol, wait)
     }
 
+    /// The layer's own answer to a denied request, with every field.
     fn build_denied(
         &self,
         rules: &RuleSet,
         decision: &Decision,
+        protocol: Protocol,
         wait: Duration,
     ) -> Response<Bytes> {
-        let mut response = match &self.rejection {
-            Some(build) => build(decision),
-            None => {
-                let body = quota_exceeded(
-                    rules,
-                    decision,
-                    self.status,
-                    headers::whole_seconds(wait).max(1),
-                );
-                problem(self.status, body)
-            }
+        let mut response = if protocol.is_grpc() {
+            let message = grpc_quota_exceeded(decision, headers::whole_seconds(wait).max(1));
+            grpc::trailers_only(protocol, Code::ResourceExhausted as i32, &message)
+        } else {
+            let body = quota_exceeded(
+                rules,
+                decision,
+                self.status,
+                headers::whole_seconds(wait).max(1),
+            );
+            problem(self.status, body)
         };
-        let own = self.rejection.is_none();
+        self.complete(rules, decision, protocol, wait, &mut response, true);
+        response
+    }
+
+    /// Adds the wait (`Retry-After`, or `grpc-retry-pushback-ms` for gRPC) and the `RateLimit`
+    /// fields to a rejection; to a user's (`own` false), only those it does not set itself.
+    fn complete(
+        &self,
+        rules: &RuleSet,
+        decision: &Decision,
+        protocol: Protocol,
+        wait: Duration,
+        response: &mut Response<Bytes>,
+        own: bool,
+    ) {
         let headers = response.headers_mut();
-        if own || !headers.contains_key(http::header::RETRY_AFTER) {
+        if protocol.is_grpc() {
+            if own || !headers.contains_key(&grpc::GRPC_RETRY_PUSHBACK_MS) {
+                headers.insert(
+                    grpc::GRPC_RETRY_PUSHBACK_MS.clone(),
+                    grpc::pushback_value(wait),
+                );
+            }
+        } else if own || !headers.contains_key(http::header::RETRY_AFTER) {
             headers::insert_retry_after(headers, wait);
         }
         self.insert_fields(rules, headers, decision, own);
-        response
     }
 
     fn jitter(&self) -> Duration {
@@ -176,25 +298,11 @@ impl Responder {
     }
 
     /// The response to a request refused before the store was asked.
-    pub(crate) fn refused(&self, refusal: &Refusal) -> Response<Bytes> {
-        let (status, detail) = match refusal {
-            Refusal::MissingKey { rule, key, status } => (
-                *status,
-                format!("Rate-limit rule \"{rule}\" counts requests by {key}, and this request has none."),
-            ),
-            Refusal::BadCost { rule, error } => (
-                StatusCode::BAD_REQUEST,
-                format!("Rate-limit rule \"{rule}\": {error}."),
-            ),
-            Refusal::CostTooLarge { rule, error } => (
-                StatusCode::BAD_REQUEST,
-                format!("Rate-limit rule \"{rule}\": {error}."),
-            ),
-            Refusal::Denied { list } => (
-                StatusCode::FORBIDDEN,
-                format!("This client is on a deny list ({list})."),
-            ),
-        };
+    pub(crate) fn refused(&self, refusal: &Refusal, protocol: Protocol) -> Response<Bytes> {
+        let (status, detail) = refusal_detail(refusal);
+        if protocol.is_grpc() {
+            return grpc::trailers_only(protocol, Code::of_status(status) as i32, &detail);
+        }
         let body = serde_json::json!({
             "type": "about:blank",
             "title": status.canonical_reason().unwrap_or("Error"),
@@ -204,7 +312,19 @@ impl Responder {
         problem(status, Bytes::from(body.to_string()))
     }
 
-    /// The response when the store failed and the layer fails closed.
+    /// The response when the store failed and the layer fails closed (gRPC: `UNAVAILABLE`).
+    pub(crate) fn unavailable_in(&self, error: &StoreError, protocol: Protocol) -> Response<Bytes> {
+        if protocol.is_grpc() {
+            let message = format!(
+                "The rate limiter cannot decide right now ({:?}); try again shortly.",
+                error.kind()
+            );
+            return grpc::trailers_only(protocol, Code::Unavailable as i32, &message);
+        }
+        self.unavailable(error)
+    }
+
+    /// The HTTP response when the store failed and the layer fails closed.
     pub(crate) fn unavailable(&self, error: &StoreError) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
         let body = serde_json::json!({
@@ -215,6 +335,46 @@ impl Responder {
         });
         problem(status, Bytes::from(body.to_string()))
     }
+}
+
+/// The status and the sentence that explain a refusal, whatever the protocol.
+fn refusal_detail(refusal: &Refusal) -> (StatusCode, String) {
+    match refusal {
+        Refusal::MissingKey { rule, key, status } => (
+            *status,
+            format!(
+                "Rate-limit rule \"{rule}\" counts requests by {key}, and this request has none."
+            ),
+        ),
+        Refusal::BadCost { rule, error } => (
+            StatusCode::BAD_REQUEST,
+            format!("Rate-limit rule \"{rule}\": {error}."),
+        ),
+        Refusal::CostTooLarge { rule, error } => (
+            StatusCode::BAD_REQUEST,
+            format!("Rate-limit rule \"{rule}\": {error}."),
+        ),
+        Refusal::Denied { list } => (
+            StatusCode::FORBIDDEN,
+            format!("This client is on a deny list ({list})."),
+        ),
+    }
+}
+
+/// The `grpc-message` of a denial: the rules that denied and the wait.
+fn grpc_quota_exceeded(decision: &Decision, retry_seconds: u64) -> String {
+    let mut message = String::from("Rate limit exceeded (");
+    let violated = decision.rules().iter().filter(|r| !r.outcome.is_allowed());
+    for (i, entry) in violated.enumerate() {
+        if i > 0 {
+            message.push_str(", ");
+        }
+        message.push_str(&entry.rule);
+    }
+    message.push_str("); retry in ");
+    message.push_str(itoa::Buffer::new().format(retry_seconds));
+    message.push_str(" s.");
+    message
 }
 
 /// The problem+json body of a denial, written directly: names are escaped once when the rules are

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use smallvec::SmallVec;
 
-use crate::decision::Decision;
 use super::headers;
+use crate::decision::Decision;
 
 /// Distinct refusals kept at once (e.g. several clients refused in the same second).
 const SLOTS: usize = 8;
