@@ -479,6 +479,28 @@ mod tests {
         assert_eq!(bytes(&Key::peer_ip(), &req), Some(b"198.51.100.1".to_vec()));
     }
 
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn peer_ip_reads_tonic_connect_info() {
+        let mut req = request(&[]);
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some("198.51.100.2:3".parse().unwrap()),
+            });
+        assert_eq!(bytes(&Key::peer_ip(), &req), Some(b"198.51.100.2".to_vec()));
+        let client = Key::client_ip().try_trust(["10.0.0.0/8"]).unwrap();
+        assert_eq!(bytes(&client.into(), &req), Some(b"198.51.100.2".to_vec()));
+        // A connection without a peer address (e.g. an in-memory stream) has no key.
+        let mut req = request(&[]);
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: None,
+            });
+        assert_eq!(bytes(&Key::peer_ip(), &req), None);
+    }
+
     #[test]
     fn header_reads_first_value_raw() {
         let key = Key::header(HeaderName::from_static("x-api-key"));
