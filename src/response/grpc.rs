@@ -267,6 +267,43 @@ mod tests {
         assert!(body.len() % 6 == 0 && body.starts_with("%C3%A9"));
     }
 
+    /// Percent-decodes an encoded message.
+    fn decode(encoded: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < encoded.len() {
+            if encoded[i] == b'%' {
+                let hex = std::str::from_utf8(&encoded[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(encoded[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_message_encodes_to_a_bounded_prefix(message in ".{0,1500}") {
+            let value = encode_message(&message);
+            let bytes = value.as_bytes();
+            proptest::prop_assert!(bytes.len() <= MAX_MESSAGE);
+            proptest::prop_assert!(bytes.iter().all(|b| (0x20..0x7f).contains(b)));
+            let (body, cut) = match bytes.strip_suffix(b"...") {
+                Some(body) if bytes.len() + 3 > MAX_MESSAGE => (body, true),
+                _ => (bytes, false),
+            };
+            let decoded = decode(body);
+            if cut {
+                proptest::prop_assert!(message.as_bytes().starts_with(&decoded));
+            } else {
+                proptest::prop_assert_eq!(decoded, message.as_bytes());
+            }
+        }
+    }
+
     #[test]
     fn pushback_rounds_up_to_milliseconds() {
         assert_eq!(pushback_value(Duration::from_secs(12)), "12000");
