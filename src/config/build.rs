@@ -160,6 +160,7 @@ struct Common {
     cost: Option<Cost>,
     methods: Vec<http::Method>,
     paths: Vec<String>,
+    grpc: Vec<String>,
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
     shadow: bool,
@@ -173,6 +174,11 @@ impl Common {
                     format!("{at}.paths[{i}]"),
                     format!("{path:?} does not start with '/'"),
                 );
+            }
+        }
+        for (i, pattern) in spec.grpc.iter().enumerate() {
+            if let Err(message) = crate::rule::check_grpc_pattern(pattern) {
+                return invalid(format!("{at}.grpc[{i}]"), message);
             }
         }
         Ok(Common {
@@ -189,6 +195,7 @@ impl Common {
             }),
             methods: spec.methods.iter().map(|m| m.0.clone()).collect(),
             paths: spec.paths.clone(),
+            grpc: spec.grpc.clone(),
             missing_key: spec
                 .on_missing_key
                 .as_ref()
@@ -210,6 +217,9 @@ impl Common {
             .shadow(self.shadow);
         for path in &self.paths {
             rule = rule.path(path.clone());
+        }
+        for pattern in &self.grpc {
+            rule = rule.grpc(pattern.clone());
         }
         if let Some(cost) = &self.cost {
             rule = rule.cost(cost.clone());
