@@ -7,7 +7,7 @@ use http::{Extensions, HeaderMap};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use smallvec::SmallVec;
 
-use super::forwarded::{Entries, ForwardedHeader};
+use super::forwarded::{self, ForwardedHeader};
 use super::{peer_addr, KeyValue};
 
 /// A [`Key`](super::Key) for the client's IP address, read through trusted reverse proxies.
@@ -24,11 +24,19 @@ use super::{peer_addr, KeyValue};
 /// 3. Otherwise the configured header ([`ClientIp::header`], `X-Forwarded-For` by default) is
 ///    read, all its field lines in order as one list, and walked from the **right**, skipping
 ///    addresses in trusted networks. The first untrusted address is the client: everything to
-///    its left was written by the client itself and proves nothing. If every address is
-///    trusted, the leftmost one is the client.
-/// 4. If the header is absent, longer than 8 KiB, or an entry met during the walk is not an
-///    address (`unknown`, an obfuscated `_name`, a host name, non-UTF-8 bytes...), the peer
-///    is the client. So it is if more than 64 trusted entries would have to be walked.
+///    its left was written by the client itself and proves nothing, so it is never read —
+///    however long the header (padding it past any size changes nothing) and whatever it
+///    holds there (garbage, an unclosed quote).
+/// 4. Where the walk cannot go on before finding an untrusted address — the header is absent
+///    or ends, an entry is not an address (`unknown`, an obfuscated `_name`, a host name,
+///    non-UTF-8 bytes, an entry longer than 512 bytes), or 64 entries were examined — the
+///    client is the **last address the walk reached**: the peer, or the trusted hop that
+///    passed on what could not be read. A client outside the trusted networks cannot get
+///    there: the walk stops at its own address, which the proxy wrote. Only a trusted party
+///    can make the chain unreadable — a proxy hiding its client (which then counts as that
+///    proxy), or a host inside the trusted networks (which then counts as itself). So an
+///    unreadable chain never lands on a key shared by everyone, nor on a key of the client's
+///    choosing.
 ///
 /// # Only one header is read
 ///
@@ -136,31 +144,26 @@ impl ClientIp {
         Some(group(client, self.ipv4_prefix, self.ipv6_prefix))
     }
 
+    /// The first untrusted address from the right; where the walk cannot go on (the chain
+    /// ends, an entry is not an address, or 64 entries were examined), the last address
+    /// it reached. Every address reached so far was vouched for by a trusted hop, so that is
+    /// the best-known client: never a key shared by everyone, never one a client outside the
+    /// trusted networks can pick.
     fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.is_trusted(peer) {
             return peer;
         }
-        self.forwarded_client(headers).unwrap_or(peer)
-    }
-
-    /// The client according to the forwarding header, or `None` to fall back to the peer.
-    fn forwarded_client(&self, headers: &HeaderMap) -> Option<IpAddr> {
-        let entries = Entries::read(headers, self.header)?;
-        let mut leftmost = None;
-        for entry in entries.right_to_left() {
-            let ip = normalize(entry?);
+        let mut reached = peer;
+        for entry in forwarded::right_to_left(headers, self.header) {
+            let Some(ip) = entry.map(normalize) else {
+                break;
+            };
             if !self.is_trusted(ip) {
-                return Some(ip);
+                return ip;
             }
-            leftmost = Some(ip);
+            reached = ip;
         }
-        // All walked entries were trusted; unless the walk was cut short, the leftmost one is
-        // the client.
-        if entries.complete() {
-            leftmost
-        } else {
-            None
-        }
+        reached
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -359,23 +362,24 @@ mod tests {
     }
 
     #[test]
-    fn more_trusted_hops_than_the_walk_limit_fall_back_to_peer() {
-        let many = vec!["10.1.1.1"; 100].join(",");
-        let req = request(Some(PROXY), &[("x-forwarded-for", &many)]);
-        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    fn more_trusted_hops_than_the_walk_limit_give_the_last_one_reached() {
+        let mut many = vec!["10.1.1.1"; 100];
+        many[100 - 64] = "10.6.4.0";
+        let req = request(Some(PROXY), &[("x-forwarded-for", &many.join(","))]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.6.4.0"));
     }
 
     #[test]
-    fn malformed_entry_met_in_the_walk_falls_back_to_peer() {
-        for xff in [
-            "203.0.113.7, garbage",
-            "203.0.113.7, unknown, 10.0.0.3",
-            "203.0.113.7, _hidden",
+    fn malformed_entry_met_in_the_walk_gives_the_hop_that_passed_it_on() {
+        for (xff, hop) in [
+            ("203.0.113.7, garbage", "10.0.0.2"),
+            ("203.0.113.7, unknown, 10.0.0.3", "10.0.0.3"),
+            ("203.0.113.7, _hidden", "10.0.0.2"),
         ] {
             let req = request(Some(PROXY), &[("x-forwarded-for", xff)]);
             assert_eq!(
                 key_of(behind_proxies(), &req).as_deref(),
-                Some("10.0.0.2"),
+                Some(hop),
                 "{xff}"
             );
         }
@@ -439,7 +443,7 @@ mod tests {
             ),
             (r#"FOR="192.0.2.43:47011";by=10.0.0.1"#, "192.0.2.43"),
             ("for=unknown", "10.0.0.2"),
-            ("for=_hidden, for=10.0.0.5", "10.0.0.2"),
+            ("for=_hidden, for=10.0.0.5", "10.0.0.5"),
             ("proto=https", "10.0.0.2"),
             ("for=_hidden, for=192.0.2.1", "192.0.2.1"),
         ];
@@ -456,11 +460,12 @@ mod tests {
         assert_eq!(key_of(c(), &req).as_deref(), Some("203.0.113.7"));
         let req = request(Some(PROXY), &[("x-real-ip", "203.0.113.7, 6.6.6.6")]);
         assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        // The line a proxy adds comes last; the client's earlier one is ignored.
         let req = request(
             Some(PROXY),
-            &[("x-real-ip", "203.0.113.7"), ("x-real-ip", "6.6.6.6")],
+            &[("x-real-ip", "6.6.6.6"), ("x-real-ip", "203.0.113.7")],
         );
-        assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        assert_eq!(key_of(c(), &req).as_deref(), Some("203.0.113.7"));
         // The configured header only: X-Forwarded-For is not a fallback.
         let req = request(Some(PROXY), &[("x-forwarded-for", "203.0.113.7")]);
         assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
@@ -513,10 +518,100 @@ mod tests {
     }
 
     #[test]
-    fn oversized_header_falls_back_to_peer() {
+    fn an_entry_longer_than_any_address_is_unreadable() {
+        // The proxy wrote no such entry: it is keyed by the hop that passed it on.
         let big = format!("{}203.0.113.7", " ".repeat(9000));
         let req = request(Some(PROXY), &[("x-forwarded-for", &big)]);
         assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn a_chain_padded_past_8_kib_still_gives_the_client() {
+        // The client pads its own part; the proxy appends the real address at the right.
+        for pad in [9 * 1024, 64 * 1024] {
+            let padded = format!("{}, 203.0.113.7", "6.6.6.6,".repeat(pad / 8));
+            let req = request(Some(PROXY), &[("x-forwarded-for", &padded)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+            let spaces = format!("{}1.1.1.1, 203.0.113.7", " ".repeat(pad));
+            let req = request(Some(PROXY), &[("x-forwarded-for", &spaces)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_client_parts_never_reach_the_key() {
+        // Whatever the client writes left of its address, the proxy's entry at the right decides.
+        let long = "x".repeat(100_000);
+        let commas = ",".repeat(20_000);
+        let trusted = vec!["10.1.1.1"; 5_000].join(",");
+        let hostile = [
+            long.as_str(),
+            commas.as_str(),
+            trusted.as_str(),
+            "garbage",
+            "unknown",
+            "\"",
+            "[2001:db8::1",
+        ];
+        for part in hostile {
+            let xff = format!("{part}, 203.0.113.7");
+            let req = request(Some(PROXY), &[("x-forwarded-for", &xff)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7"),
+                "{}",
+                &xff[..xff.len().min(40)]
+            );
+            // Also as a field line of its own before the proxy's.
+            let req = request(
+                Some(PROXY),
+                &[("x-forwarded-for", part), ("x-forwarded-for", "203.0.113.7")],
+            );
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+        }
+        // An unbalanced quote in the client's `Forwarded` part must not swallow the proxy's
+        // element appended on the same line.
+        let c = behind_proxies().header(ForwardedHeader::Forwarded);
+        for part in [r#"for="1.1.1.1"#, r#"for="a\"#, "for=\"\\\"", &long] {
+            let value = format!("{part}, for=203.0.113.7");
+            let req = request(Some(PROXY), &[("forwarded", &value)]);
+            assert_eq!(
+                key_of(c.clone(), &req).as_deref(),
+                Some("203.0.113.7"),
+                "{}",
+                &value[..value.len().min(40)]
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_chain_is_keyed_by_the_hop_that_passed_it_on() {
+        // A trusted proxy that hides its client (`unknown`): the client is behind that hop.
+        let req = request(
+            Some(PROXY),
+            &[("x-forwarded-for", "203.0.113.7, unknown, 10.0.0.3")],
+        );
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.3"));
+        // A client inside the trusted networks that writes garbage gets its own address,
+        // not the proxy's key shared with everyone, nor a key it picks.
+        for garbage in ["garbage", "1.2.3.4:99999", "", "\"x", &"y".repeat(10_000)] {
+            let xff = format!("{garbage}, 10.5.5.5");
+            let req = request(Some(PROXY), &[("x-forwarded-for", &xff)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("10.5.5.5"),
+                "{garbage}"
+            );
+        }
     }
 
     #[test]
