@@ -7,13 +7,21 @@
 //! `RateLimit` / `RateLimit-Policy` fields on the response, or answers `429 Too Many Requests` with
 //! `Retry-After` and a problem+json body.
 //!
-//! ```
+//! ```no_run
+//! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
 //! use tollgate::{Key, Limit, RateLimitLayer};
 //!
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+//! #[tokio::main]
+//! async fn main() -> std::io::Result<()> {
+//!     let app = Router::new()
+//!         .route("/", get(|| async { "hello" }))
+//!         .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//!     // Peer-IP and client-IP keys need the connection's address: serve with connect info.
+//!     // Without it, requests under such a rule get a 500 and the error is logged once.
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! }
 //! ```
 //!
 //! The way a request travels, one module per step:

@@ -183,6 +183,13 @@ impl Responder {
                 StatusCode::FORBIDDEN,
                 format!("This client is on a deny list ({list})."),
             ),
+            Refusal::NoPeer { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "The server is misconfigured: rate-limit rule \"{rule}\" counts requests by {key}, \
+                     and the server does not pass the client's address on to it."
+                ),
+            ),
         };
         let body = serde_json::json!({
             "type": "about:blank",

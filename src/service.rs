@@ -1,5 +1,6 @@
 //! `RateLimit<S>`: the middleware service.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::limiter::Limiter;
 use crate::observe;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
-use crate::ruleset::{Answer, Route, RuleSet};
+use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -101,6 +102,20 @@ where
             Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
                 return ResponseFuture::new(State::calling(self.inner.call(request), None))
+            }
+            Err(Refusal::NoPeer { rule, key }) => {
+                if !shared.no_peer_logged.swap(true, Ordering::Relaxed) {
+                    tracing::error!(
+                        %rule,
+                        %key,
+                        "rate limit: requests carry no peer address, so rule \"{rule}\" cannot \
+                         key them by {key}; answering 500. With axum, serve with \
+                         `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, \
+                         insert the connection's `SocketAddr` into each request's extensions"
+                    );
+                }
+                let refusal = Refusal::NoPeer { rule, key };
+                return ResponseFuture::new(State::respond(shared.responder.refused(&refusal)));
             }
             Err(refusal) => {
                 tracing::debug!(?refusal, "rate limit: request refused before counting");
