@@ -711,7 +711,10 @@ async fn methods_are_standard_unless_an_extension_is_asked_for() {
     let service = service(&layer);
     let purge = || request(Method::from_bytes(b"PURGE").unwrap(), "/", &[], "192.0.2.1");
     assert_eq!(statuses(&service, 2, purge).await, [200, 429]);
-    assert_eq!(statuses(&service, 3, || get("/", &[])).await, [200, 200, 200]);
+    assert_eq!(
+        statuses(&service, 3, || get("/", &[])).await,
+        [200, 200, 200]
+    );
 }
 
 // ───────────────────────────── tiers ─────────────────────────────
@@ -956,7 +959,10 @@ async fn an_invalid_reload_changes_nothing() {
     let error = layer
         .reload_config_str(ConfigFormat::Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"x\"\nrate = 1\nperiod = \"1s\"\n")
         .unwrap_err();
-    assert_eq!(error.to_string(), "line 3, column 12: store.max_keys: must be greater than 0");
+    assert_eq!(
+        error.to_string(),
+        "line 3, column 12: store.max_keys: must be greater than 0"
+    );
     assert_eq!(layer.limiter().rule_names(), ["kept", "changed"]);
     let service = service(&layer);
     assert_eq!(

@@ -515,9 +515,7 @@ impl<'de> Deserialize<'de> for MethodName {
             fn visit_str<E: de::Error>(self, name: &str) -> Result<MethodName, E> {
                 let upper = name.to_ascii_uppercase();
                 match Method::from_bytes(upper.as_bytes()) {
-                    Ok(method) if is_standard(&method) && upper == name => {
-                        Ok(MethodName(method))
-                    }
+                    Ok(method) if is_standard(&method) && upper == name => Ok(MethodName(method)),
                     Ok(method) if is_standard(&method) => Err(E::custom(format!(
                         "methods are case-sensitive: write {upper:?}, not {name:?}"
                     ))),

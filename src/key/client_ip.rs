@@ -571,7 +571,10 @@ mod tests {
             // Also as a field line of its own before the proxy's.
             let req = request(
                 Some(PROXY),
-                &[("x-forwarded-for", part), ("x-forwarded-for", "203.0.113.7")],
+                &[
+                    ("x-forwarded-for", part),
+                    ("x-forwarded-for", "203.0.113.7"),
+                ],
             );
             assert_eq!(
                 key_of(behind_proxies(), &req).as_deref(),
