@@ -13,8 +13,9 @@
 //! from `x-cost`), a shadow rule, an allow list and a deny list.
 //!
 //! Checked: nothing panics; every answer is one the layer can give (200 from the service, 400,
-//! 401, 403, 429, and 500 when there is no peer address for a peer-IP key), the service runs exactly for the 200s, a 429 carries `Retry-After` of at
-//! least one second and a problem+json body, and the layer's headers are well-formed.
+//! 401, 403, 429, and 500 when there is no peer address for a peer-IP key), the service runs
+//! exactly for the 200s, a 429 carries `Retry-After` of at least one second and a problem+json
+//! body, and the layer's headers are well-formed.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
