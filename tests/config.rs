@@ -508,7 +508,7 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = 7", "line 5, column 7: rules[0].key: expected a key source: a name such as \"peer_ip\", or a table such as { header = NAME }, found integer `7`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x api\" }", "line 5, column 18: rules[0].key.header: invalid header name \"x api\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trust = [\"10.0.0/8\"] } }", "line 5, column 31: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`, `cdn`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-client-ip\" } }", "line 5, column 32: rules[0].key.client_ip.header: unknown value \"x-client-ip\" (expected one of `x-forwarded-for`, `forwarded`, `x-real-ip`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 0 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 129 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
@@ -715,6 +715,48 @@ async fn methods_are_standard_unless_an_extension_is_asked_for() {
         statuses(&service, 3, || get("/", &[])).await,
         [200, 200, 200]
     );
+}
+
+/// A CDN's client-IP header from the file, honoured from its networks only.
+#[tokio::test(start_paused = true)]
+async fn cdn_headers_from_the_file_are_read_from_their_networks_only() {
+    let toml_layer = toml_paused(
+        r#"
+[[rules]]
+name = "per-client"
+rate = 1
+period = "1m"
+key = { client_ip = { cdn = [{ header = "cf-connecting-ip", trust = ["173.245.48.0/20"] }, { header = "fly-client-ip", trust = ["10.0.0.0/8"] }] } }
+"#,
+    );
+    let yaml_layer = RateLimitLayer::config_builder(
+        ConfigFormat::Yaml,
+        "rules:\n  - name: per-client\n    rate: 1\n    period: 1m\n    key:\n      client_ip:\n        cdn:\n          - { header: cf-connecting-ip, trust: [173.245.48.0/20] }\n          - { header: fly-client-ip, trust: [10.0.0.0/8] }\n",
+    )
+    .unwrap()
+    .store(MemoryStore::with_clock(TokioClock::new()))
+    .build()
+    .unwrap();
+    for layer in [toml_layer, yaml_layer] {
+        let service = service(&layer);
+        let headers = [
+            ("cf-connecting-ip", "198.51.100.7"),
+            ("fly-client-ip", "198.51.100.8"),
+        ];
+        let via = |peer: &'static str| move || request(Method::GET, "/", &headers, peer);
+        // Through Cloudflare: counted by CF-Connecting-IP (one each for two clients).
+        assert_eq!(statuses(&service, 2, via("173.245.48.1")).await, [200, 429]);
+        assert_eq!(statuses(&service, 1, via("10.1.2.3")).await, [200]);
+        // A client sending both headers straight to the app cannot pick a key: it is itself.
+        assert_eq!(statuses(&service, 2, via("203.0.113.66")).await, [200, 429]);
+        assert_eq!(statuses(&service, 1, via("203.0.113.67")).await, [200]);
+    }
+    assert_eq!(
+        toml_error("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { cdn = [{ header = \"cf-connecting-ip\", trust = [] }] } }"),
+        "line 5, column 69: rules[0].key.client_ip.cdn[0].trust (rule \"a\"): is empty: a CDN header is honoured only from the networks trusted for it"
+    );
+    assert!(toml_error("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { cdn = [{ header = \"x-client-ip\", trust = [\"10.0.0.0/8\"] }] } }")
+        .contains("rules[0].key.client_ip.cdn[0].header: unknown value \"x-client-ip\""));
 }
 
 // ───────────────────────────── tiers ─────────────────────────────

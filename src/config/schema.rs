@@ -389,6 +389,30 @@ pub(crate) struct ClientIpSpec {
     pub(crate) header: Option<ForwardedHeaderName>,
     pub(crate) ipv6_prefix: Option<u32>,
     pub(crate) ipv4_prefix: Option<u32>,
+    #[serde(default)]
+    pub(crate) cdn: Vec<CdnSpec>,
+}
+
+/// `{ header = "cf-connecting-ip", trust = ["173.245.48.0/20", ...] }`: a CDN's client-IP
+/// header, honoured from its edge networks only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CdnSpec {
+    pub(crate) header: CdnHeaderName,
+    pub(crate) trust: Vec<Network>,
+}
+
+/// A CDN's client-IP header, by its HTTP name.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub(crate) enum CdnHeaderName {
+    #[serde(rename = "cf-connecting-ip")]
+    CfConnectingIp,
+    #[serde(rename = "true-client-ip")]
+    TrueClientIp,
+    #[serde(rename = "fastly-client-ip")]
+    FastlyClientIp,
+    #[serde(rename = "fly-client-ip")]
+    FlyClientIp,
 }
 
 /// The forwarding header trusted proxies set, by its HTTP name.

@@ -1,5 +1,6 @@
 //! Reading the addresses a reverse proxy records in `Forwarded`, `X-Forwarded-For` or
-//! `X-Real-IP`.
+//! `X-Real-IP`, and the single address a CDN's edge puts in its own header
+//! (`CF-Connecting-IP`, ...).
 //!
 //! Everything here is attacker-controlled input: parsing never panics, and an entry that is
 //! not an address is reported as such (`None`) for the caller to decide. The header is read
@@ -46,6 +47,52 @@ impl ForwardedHeader {
             ForwardedHeader::XRealIp => "x-real-ip",
         }
     }
+}
+
+/// A single-value header in which a CDN or hosting platform passes on the address of the client
+/// that reached its edge.
+///
+/// These headers are only as good as the peer that sends them: a client can write them as
+/// easily as anyone. [`ClientIp::trust_cdn`](super::ClientIp::trust_cdn) reads one only from a
+/// peer inside the networks you trust *for that header* — the CDN's published edge networks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CdnHeader {
+    /// `CF-Connecting-IP`, set by Cloudflare.
+    CfConnectingIp,
+    /// `True-Client-IP`, set by Akamai (and Cloudflare Enterprise, when enabled).
+    TrueClientIp,
+    /// `Fastly-Client-IP`, set by Fastly.
+    FastlyClientIp,
+    /// `Fly-Client-IP`, set by Fly.io's proxy.
+    FlyClientIp,
+}
+
+impl CdnHeader {
+    /// The header's name, lowercase.
+    pub fn name(self) -> &'static str {
+        match self {
+            CdnHeader::CfConnectingIp => "cf-connecting-ip",
+            CdnHeader::TrueClientIp => "true-client-ip",
+            CdnHeader::FastlyClientIp => "fastly-client-ip",
+            CdnHeader::FlyClientIp => "fly-client-ip",
+        }
+    }
+}
+
+/// The address in the single-value header `name`: `None` if absent or empty, `Some(None)` if it
+/// holds anything but one address. If the field is repeated, its last line counts (the one an
+/// edge that appends rather than replaces added); it is read whole, at most [`MAX_ENTRY_LEN`]
+/// bytes of it.
+pub(super) fn single_value(headers: &HeaderMap, name: &str) -> Option<Option<IpAddr>> {
+    let line = headers.get_all(name).iter().next_back()?.as_bytes();
+    let value = line.trim_ascii();
+    if value.is_empty() {
+        return None;
+    }
+    if line.len() > MAX_ENTRY_LEN {
+        return Some(None);
+    }
+    Some(parse_entry(ForwardedHeader::XRealIp, value))
 }
 
 /// The entries of a forwarding header from right to left, all its field lines read as one
@@ -435,6 +482,24 @@ mod tests {
             &[r#"for="192.0.2.1, for=192.0.2.2, for="[2001:db8::1]:80";by="a,\",b""#],
         );
         assert_eq!(got, Some(vec![ip("2001:db8::1"), ip("192.0.2.2"), None]));
+    }
+
+    #[test]
+    fn a_cdn_header_is_one_address_from_its_last_line() {
+        let read = |lines: &[&str]| {
+            single_value(
+                &headers("cf-connecting-ip", lines),
+                CdnHeader::CfConnectingIp.name(),
+            )
+        };
+        assert_eq!(read(&[" 192.0.2.1 "]), Some(ip("192.0.2.1")));
+        assert_eq!(read(&["2001:db8::1"]), Some(ip("2001:db8::1")));
+        assert_eq!(read(&["6.6.6.6", "192.0.2.1"]), Some(ip("192.0.2.1")));
+        assert_eq!(read(&["192.0.2.1, 6.6.6.6"]), Some(None));
+        assert_eq!(read(&["unknown"]), Some(None));
+        assert_eq!(read(&[&"9".repeat(10_000)]), Some(None));
+        assert_eq!(read(&[" "]), None);
+        assert_eq!(read(&[]), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 pub use client_ip::ClientIp;
-pub use forwarded::ForwardedHeader;
+pub use forwarded::{CdnHeader, ForwardedHeader};
 
 /// The longest key kept as is, in bytes.
 ///
