@@ -529,10 +529,10 @@ fn client_ip(spec: &ClientIpSpec, at: &str) -> Result<Key, Invalid> {
             );
         }
         let header = match cdn.header {
-            CdnHeaderName::CfConnectingIp => CdnHeader::CfConnectingIp,
-            CdnHeaderName::TrueClientIp => CdnHeader::TrueClientIp,
-            CdnHeaderName::FastlyClientIp => CdnHeader::FastlyClientIp,
-            CdnHeaderName::FlyClientIp => CdnHeader::FlyClientIp,
+            CdnHeaderName::CfConnecting => CdnHeader::CfConnectingIp,
+            CdnHeaderName::TrueClient => CdnHeader::TrueClientIp,
+            CdnHeaderName::FastlyClient => CdnHeader::FastlyClientIp,
+            CdnHeaderName::FlyClient => CdnHeader::FlyClientIp,
         };
         client = client.trust_cdn(header, cdn.trust.iter().map(|net| net.0));
     }

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 pub struct ConfigFileError {
     file: Option<PathBuf>,
     path: String,
-    rule: Option<String>,
+    /// Boxed: the error stays small enough to return by value.
+    rule: Option<Box<str>>,
     location: Option<(usize, usize)>,
     message: String,
     source: Option<std::io::Error>,
@@ -51,7 +52,7 @@ impl ConfigFileError {
     }
 
     pub(crate) fn of_rule(mut self, name: impl Into<String>) -> Self {
-        self.rule = Some(name.into());
+        self.rule = Some(name.into().into_boxed_str());
         self
     }
 

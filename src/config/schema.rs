@@ -406,13 +406,13 @@ pub(crate) struct CdnSpec {
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 pub(crate) enum CdnHeaderName {
     #[serde(rename = "cf-connecting-ip")]
-    CfConnectingIp,
+    CfConnecting,
     #[serde(rename = "true-client-ip")]
-    TrueClientIp,
+    TrueClient,
     #[serde(rename = "fastly-client-ip")]
-    FastlyClientIp,
+    FastlyClient,
     #[serde(rename = "fly-client-ip")]
-    FlyClientIp,
+    FlyClient,
 }
 
 /// The forwarding header trusted proxies set, by its HTTP name.
