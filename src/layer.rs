@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) shadow_all: bool,
     /// Logs show a hash of each key instead of the key.
     pub(crate) redact_keys: bool,
+    /// A missing peer address is logged once per layer, not once per request.
+    pub(crate) no_peer_logged: std::sync::atomic::AtomicBool,
 }
 
 impl RateLimitLayer {
@@ -253,6 +255,7 @@ impl RateLimitLayerBuilder {
                 failure: self.failure,
                 shadow_all: self.shadow_all,
                 redact_keys: self.redact_keys,
+                no_peer_logged: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -7,13 +7,21 @@
 //! `RateLimit` / `RateLimit-Policy` fields on the response, or answers `429 Too Many Requests` with
 //! `Retry-After` and a problem+json body.
 //!
-//! ```
+//! ```no_run
+//! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
 //! use tollgate::{Key, Limit, RateLimitLayer};
 //!
-//! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+//! #[tokio::main]
+//! async fn main() -> std::io::Result<()> {
+//!     let app = Router::new()
+//!         .route("/", get(|| async { "hello" }))
+//!         .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//!     // Peer-IP and client-IP keys need the connection's address: serve with connect info.
+//!     // Without it, requests under such a rule get a 500 and the error is logged once.
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! }
 //! ```
 //!
 //! A gRPC call (`content-type: application/grpc…`) gets the same decisions in gRPC's shape: a
@@ -81,7 +89,7 @@ pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
-pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
+pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};

@@ -13,7 +13,7 @@ use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::key::{Key, KeyValue, RequestHead};
+use crate::key::{peer_addr, Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
 use crate::response::grpc::Protocol;
 use crate::response::headers::{self, PolicyItem};
@@ -56,6 +56,12 @@ pub(crate) enum Refusal {
     },
     /// The request matched a deny list.
     Denied { list: String },
+    /// The rule's key is the peer's address, and the server passes none on: its
+    /// misconfiguration, not the request's fault.
+    NoPeer {
+        rule: std::sync::Arc<str>,
+        key: String,
+    },
 }
 
 /// The store a plan goes to: the memory store by its type (its decision can then be compiled
@@ -180,10 +186,19 @@ impl RuleSet {
             }
             let key = match rule.key.extract(request) {
                 Some(key) => key,
+                // Whatever the rule does with missing keys: without the peer address no
+                // request would ever have this key, and skipping or sharing one would
+                // silently turn the limit off.
+                None if rule.key.reads_peer() && peer_addr(head.extensions).is_none() => {
+                    return Err(no_peer(rule, &rule.key));
+                }
                 None => match &rule.missing_key {
                     MissingKey::Skip => continue,
                     MissingKey::Fallback(fallback) => match fallback.extract(request) {
                         Some(key) => key,
+                        None if fallback.reads_peer() && peer_addr(head.extensions).is_none() => {
+                            return Err(no_peer(rule, fallback));
+                        }
                         None => return Err(missing(rule, StatusCode::BAD_REQUEST)),
                     },
                     MissingKey::Reject => return Err(missing(rule, StatusCode::BAD_REQUEST)),
@@ -265,6 +280,13 @@ impl RuleSet {
             cost,
             mode: rule.mode,
         }
+    }
+}
+
+fn no_peer(rule: &CompiledRule, key: &Key) -> Refusal {
+    Refusal::NoPeer {
+        rule: rule.name.clone(),
+        key: key.describe(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `RateLimit<S>`: the middleware service.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,7 +21,7 @@ use crate::observe;
 use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
-use crate::ruleset::{Answer, Route, RuleSet};
+use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -104,7 +105,10 @@ where
                 return ResponseFuture::new(State::calling(self.inner.call(request), None))
             }
             Err(refusal) => {
-                tracing::debug!(?refusal, "rate limit: request refused before counting");
+                match &refusal {
+                    Refusal::NoPeer { rule, key } => report_no_peer(shared, rule, key),
+                    _ => tracing::debug!(?refusal, "rate limit: request refused before counting"),
+                }
                 let protocol = Protocol::of(&request);
                 let response = shared.responder.refused(&refusal, protocol);
                 return ResponseFuture::new(State::respond(response));
@@ -144,6 +148,21 @@ where
                 ))
             }
         }
+    }
+}
+
+/// The server passes no peer address: its misconfiguration, said loudly once per layer.
+#[cold]
+fn report_no_peer(shared: &Shared, rule: &str, key: &str) {
+    if !shared.no_peer_logged.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            %rule,
+            %key,
+            "rate limit: requests carry no peer address, so rule \"{rule}\" cannot key them by \
+             {key}; answering 500. With axum, serve with \
+             `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, insert the \
+             connection's `SocketAddr` into each request's extensions"
+        );
     }
 }
 

@@ -11,13 +11,13 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, CalendarName, ClientIpSpec, CostSpec, File, ForwardedHeaderName,
-    KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
-    StoreKind, StoreSpec, TiersSpec,
+    AccessSpec, AlgorithmName, CalendarName, CdnHeaderName, ClientIpSpec, CostSpec, File,
+    ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec,
+    ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
 use crate::error::ConfigError;
-use crate::key::{ForwardedHeader, Key, RequestHead};
+use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::limit::Limit;
 use crate::queue::Queue;
@@ -579,6 +579,21 @@ fn client_ip(spec: &ClientIpSpec, at: &str) -> Result<Key, Invalid> {
             ForwardedHeaderName::Forwarded => ForwardedHeader::Forwarded,
             ForwardedHeaderName::XRealIp => ForwardedHeader::XRealIp,
         });
+    }
+    for (i, cdn) in spec.cdn.iter().enumerate() {
+        if cdn.trust.is_empty() {
+            return invalid(
+                format!("{at}.cdn[{i}].trust"),
+                "is empty: a CDN header is honoured only from the networks trusted for it",
+            );
+        }
+        let header = match cdn.header {
+            CdnHeaderName::CfConnecting => CdnHeader::CfConnectingIp,
+            CdnHeaderName::TrueClient => CdnHeader::TrueClientIp,
+            CdnHeaderName::FastlyClient => CdnHeader::FastlyClientIp,
+            CdnHeaderName::FlyClient => CdnHeader::FlyClientIp,
+        };
+        client = client.trust_cdn(header, cdn.trust.iter().map(|net| net.0));
     }
     if let Some(len) = spec.ipv6_prefix {
         if len == 0 || len > 128 {

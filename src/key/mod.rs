@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 pub use client_ip::ClientIp;
-pub use forwarded::ForwardedHeader;
+pub use forwarded::{CdnHeader, ForwardedHeader};
 
 /// The longest key kept as is, in bytes.
 ///
@@ -185,6 +185,10 @@ impl Key {
     /// /64 and could otherwise rotate addresses to escape its limit. IPv4-mapped IPv6 addresses
     /// count as IPv4.
     ///
+    /// Without a peer address in the extensions (axum served without
+    /// `into_make_service_with_connect_info::<SocketAddr>()`), the middleware answers `500`
+    /// and logs one error naming that fix: the server is misconfigured, not the request.
+    ///
     /// Behind a reverse proxy every request comes from the proxy; use [`Key::client_ip`].
     pub fn peer_ip() -> Key {
         Key::of(Source::PeerIp)
@@ -298,6 +302,16 @@ impl Key {
             Source::FirstOf(keys) => keys.iter().find_map(|k| k.extract_head(head)),
         };
         value.filter(|v| !v.is_empty())
+    }
+
+    /// Whether this key is read from the peer address (alone or among others), so that its
+    /// absence from every request is the server's misconfiguration.
+    pub(crate) fn reads_peer(&self) -> bool {
+        match &*self.0 {
+            Source::PeerIp | Source::ClientIp(_) => true,
+            Source::FirstOf(keys) => keys.iter().any(Key::reads_peer),
+            _ => false,
+        }
     }
 
     /// A short human-readable name, for errors, logs and default rule names.

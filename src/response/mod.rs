@@ -358,6 +358,13 @@ fn refusal_detail(refusal: &Refusal) -> (StatusCode, String) {
             StatusCode::FORBIDDEN,
             format!("This client is on a deny list ({list})."),
         ),
+        Refusal::NoPeer { rule, key } => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "The server is misconfigured: rate-limit rule \"{rule}\" counts requests by {key}, \
+                 and the server does not pass the client's address on to it."
+            ),
+        ),
     }
 }
 
