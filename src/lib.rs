@@ -51,7 +51,7 @@ mod ruleset;
 mod service;
 pub mod store;
 
-pub use algorithm::{Outcome, Verdict};
+pub use algorithm::{Outcome, Penalty, Verdict};
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]

@@ -122,6 +122,8 @@ pub enum LimitError {
     },
     /// The rule has no [`Queue`](crate::Queue) settings, so it cannot reserve.
     NotQueued(String),
+    /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
+    NoPenalty(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -137,6 +139,10 @@ impl fmt::Display for LimitError {
                     "rate-limit rule {name:?} has no queue settings: it cannot reserve"
                 )
             }
+            LimitError::NoPenalty(name) => write!(
+                f,
+                "rate-limit rule {name:?} has no penalty (block): its keys cannot be blocked"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -147,7 +153,9 @@ impl std::error::Error for LimitError {
         match self {
             LimitError::Store(error) => Some(error),
             LimitError::CostTooLarge { error, .. } => Some(error),
-            LimitError::UnknownRule(_) | LimitError::NotQueued(_) => None,
+            LimitError::UnknownRule(_) | LimitError::NotQueued(_) | LimitError::NoPenalty(_) => {
+                None
+            }
         }
     }
 }
@@ -331,6 +339,46 @@ impl Limiter {
             let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
             self.store()
                 .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
+        };
+        Ok(pending.await?)
+    }
+
+    /// Blocks `key` under `rule` for `d` from now, e.g. an admin action or an IP caught stuffing
+    /// credentials: every request of the key under the rule is denied until then, with
+    /// `Retry-After` = what is left of the block. A block already in force is replaced; the
+    /// key's offence count is kept. The rule must have a penalty ([`Rule::block_for`] or
+    /// [`Rule::block`]): only such rules read blocks, so the others pay nothing for them.
+    pub async fn block(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        d: Duration,
+    ) -> Result<(), LimitError> {
+        self.set_block(rule, key.as_ref(), Some(d)).await
+    }
+
+    /// Lifts the block of `key` under `rule`, if any, and forgets its offences (the next denial
+    /// blocks for the first duration again). The counters are left as they are.
+    pub async fn unblock(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), LimitError> {
+        self.set_block(rule, key.as_ref(), None).await
+    }
+
+    async fn set_block(
+        &self,
+        rule: &str,
+        key: &[u8],
+        block: Option<Duration>,
+    ) -> Result<(), LimitError> {
+        let key = KeyValue::new(key);
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let penalty = compiled
+                .penalty
+                .as_ref()
+                .ok_or_else(|| LimitError::NoPenalty(rule.to_owned()))?;
+            self.store()
+                .set_block(&compiled.name, penalty, key.as_bytes(), block)
         };
         Ok(pending.await?)
     }

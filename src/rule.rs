@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::{Method, StatusCode, Uri};
 
-use crate::algorithm::{Algorithm, Mode};
+use crate::algorithm::{Algorithm, Mode, Penalty};
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
@@ -34,6 +34,7 @@ pub struct Rule {
     missing_key: MissingKey,
     queue: Option<Queue>,
     shadow: bool,
+    penalty: Option<Penalty>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -119,6 +120,25 @@ impl Rule {
     /// rejecting them (token buckets only; see [`Queue`]).
     pub fn queue(mut self, queue: Queue) -> Rule {
         self.queue = Some(queue);
+        self
+    }
+
+    /// Blocks a key for `d` each time this rule denies it (DESIGN §10): while blocked, every
+    /// request of the key under this rule is denied with `Retry-After` = what is left of the
+    /// block, its counters untouched; denials during a block do not extend it. Blocks live in
+    /// the store, so every instance sees them. Shorthand for
+    /// [`block`](Self::block)`(Penalty::fixed(d))`.
+    ///
+    /// A zero duration is an error when the layer is built.
+    pub fn block_for(self, d: std::time::Duration) -> Rule {
+        self.block(Penalty::fixed(d))
+    }
+
+    /// Blocks keys this rule denies as `penalty` says, e.g. escalating: 1 minute, then 10, then
+    /// an hour, forgiven a day after the last block ([`Penalty::escalating`]). Also lets
+    /// [`Limiter::block`](crate::Limiter::block) block keys of this rule by hand.
+    pub fn block(mut self, penalty: Penalty) -> Rule {
+        self.penalty = Some(penalty);
         self
     }
 
@@ -209,6 +229,9 @@ impl Rule {
                 .validate(self.limit.algorithm(), self.cost.as_fixed())
                 .or_else(|(field, message)| err(field, message))?;
         }
+        if let Some((field, message)) = self.penalty.as_ref().and_then(Penalty::problem) {
+            return err(field, message);
+        }
         if let MissingKey::RejectWith(status) = self.missing_key {
             if !status.is_client_error() && !status.is_server_error() {
                 return err(
@@ -239,6 +262,7 @@ impl Rule {
             missing_key: self.missing_key,
             mode,
             shadow: self.shadow,
+            penalty: self.penalty,
         })
     }
 }
@@ -279,6 +303,7 @@ impl From<Limit> for Rule {
             missing_key: MissingKey::default(),
             queue: None,
             shadow: false,
+            penalty: None,
         }
     }
 }
@@ -326,6 +351,7 @@ pub(crate) struct CompiledRule {
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
+    pub(crate) penalty: Option<Penalty>,
 }
 
 impl CompiledRule {

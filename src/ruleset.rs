@@ -212,9 +212,13 @@ impl RuleSet {
     /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
     /// arithmetic).
     pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
-        self.rules
-            .iter()
-            .try_for_each(|rule| store.validate(&rule.name, rule.algorithm()))
+        self.rules.iter().try_for_each(|rule| {
+            store.validate(&rule.name, rule.algorithm())?;
+            match &rule.penalty {
+                Some(penalty) => store.validate_penalty(&rule.name, penalty),
+                None => Ok(()),
+            }
+        })
     }
 
     /// Asks `store` for the outcomes of a planned decision: filled in now, or the future of a
@@ -255,6 +259,7 @@ impl RuleSet {
             key: key.as_bytes(),
             cost,
             mode: rule.mode,
+            penalty: rule.penalty.as_ref(),
         }
     }
 }

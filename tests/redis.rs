@@ -100,6 +100,7 @@ async fn hand_picked_edges_match() {
                 key: b"k",
                 cost,
                 mode: Mode::Charge,
+                penalty: None,
             }];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();

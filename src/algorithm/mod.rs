@@ -17,6 +17,7 @@
 
 mod burst_pool;
 mod fixed_window;
+mod penalty;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 pub use burst_pool::{BurstPool, BurstPoolState};
 pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use penalty::{Block, Penalty};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use token_bucket::TokenBucket;

@@ -182,6 +182,7 @@ pub async fn run(
                         key: KEYS[key],
                         cost,
                         mode,
+                        penalty: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -198,6 +199,7 @@ pub async fn run(
                     key: KEYS[*key],
                     cost: *units,
                     mode: Mode::Charge,
+                    penalty: None,
                 };
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();

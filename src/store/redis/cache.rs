@@ -245,6 +245,7 @@ mod tests {
             key: b"k",
             cost,
             mode: Mode::Charge,
+            penalty: None,
         };
         let batch = [charge("tight", 1), charge("roomy", 1)];
         let hashes = [cache.hash("tight", b"k"), cache.hash("roomy", b"k")];
