@@ -26,6 +26,7 @@ const PENDING: Outcome = Outcome {
     limit: 0,
     remaining: 0,
     reset: Duration::ZERO,
+    offence: false,
 };
 
 /// One rule's part of a [`Decision`].

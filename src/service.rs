@@ -250,7 +250,7 @@ pub(crate) fn decide<B>(
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(entry.outcome.verdict);
+            rules.metrics[entry.index].record(&entry.outcome);
         }
         observe::event(entry, false, shared.redact_keys);
     }

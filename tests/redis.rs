@@ -291,6 +291,7 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
                 limit: 2,
                 remaining: 0,
                 reset: Duration::from_secs(1200),
+                offence: false,
             }
         );
     }

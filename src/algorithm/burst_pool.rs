@@ -125,6 +125,7 @@ impl BurstPool {
             limit: self.capacity(),
             remaining,
             reset,
+            offence: false,
         }
     }
 

@@ -123,6 +123,7 @@ impl FixedWindow {
             limit: self.capacity,
             remaining: left.remaining,
             reset,
+            offence: false,
         }
     }
 

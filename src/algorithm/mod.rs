@@ -93,6 +93,9 @@ pub struct Outcome {
     pub remaining: u64,
     /// Time until the available quota grows by at least one unit; zero when it is full (`t`).
     pub reset: Duration,
+    /// Whether this denial was an offence that blocked the key under the rule's penalty
+    /// ([`Penalty`]); false for every other outcome, denials during a block included.
+    pub offence: bool,
 }
 
 impl Outcome {

@@ -121,6 +121,7 @@ impl Penalty {
             limit,
             remaining: 0,
             reset: left,
+            offence: false,
         }
     }
 
@@ -134,6 +135,7 @@ impl Penalty {
                 },
                 remaining: 0,
                 reset: outcome.reset.max(left),
+                offence: true,
                 ..outcome
             },
             _ => outcome,

@@ -116,6 +116,7 @@ impl SlidingLog {
             limit: self.limit,
             remaining,
             reset,
+            offence: false,
         }
     }
 

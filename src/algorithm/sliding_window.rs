@@ -160,6 +160,7 @@ impl SlidingWindow {
             limit: self.limit,
             remaining,
             reset,
+            offence: false,
         }
     }
 

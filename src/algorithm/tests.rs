@@ -44,6 +44,7 @@ fn allowed(limit: u64, remaining: u64, reset: Duration) -> Outcome {
         limit,
         remaining,
         reset,
+        offence: false,
     }
 }
 
@@ -53,6 +54,7 @@ fn denied(limit: u64, remaining: u64, reset: Duration, retry_after: Duration) ->
         limit,
         remaining,
         reset,
+        offence: false,
     }
 }
 
@@ -62,6 +64,7 @@ fn reserved(limit: u64, remaining: u64, reset: Duration, wait: Duration) -> Outc
         limit,
         remaining,
         reset,
+        offence: false,
     }
 }
 

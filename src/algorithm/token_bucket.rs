@@ -174,6 +174,7 @@ impl TokenBucket {
             limit: self.capacity,
             remaining,
             reset: self.reset(left, remaining),
+            offence: false,
         }
     }
 

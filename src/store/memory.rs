@@ -648,6 +648,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
         limit: algorithm.capacity(),
         remaining: 0,
         reset: algorithm.window(),
+        offence: false,
     }
 }
 

@@ -12,6 +12,11 @@
 //! one of its charges is denied by an entry and every other charge has an entry; otherwise it goes
 //! to Redis.
 //!
+//! A key blocked by its rule's penalty is answered the same way until its block ends (a blocked
+//! answer says exactly that). The answer to the offence that started a block is not cached: it
+//! may report the counters' longer wait, and a denial after the block but before that wait is a
+//! new offence, which only the store can count.
+//!
 //! Bounded: at most `capacity` entries; when full, expired entries are dropped, and if that is not
 //! enough, nothing new is cached until entries expire.
 
@@ -105,6 +110,7 @@ impl DenyCache {
                     limit: entry.limit,
                     remaining: 0,
                     reset: left(entry.until),
+                    offence: false,
                 }
             } else {
                 Outcome {
@@ -112,6 +118,7 @@ impl DenyCache {
                     limit: entry.limit,
                     remaining: entry.remaining,
                     reset: left(entry.reset_at),
+                    offence: false,
                 }
             });
         }
@@ -125,6 +132,7 @@ impl DenyCache {
             Verdict::Denied { .. }
                 if outcome.remaining == 0
                     && view.cacheable
+                    && !outcome.offence
                     && !matches!(view.mode, Mode::Reserve(_)) =>
             {
                 Some(now.saturating_add(micros(outcome.reset).max(1)))
@@ -223,6 +231,7 @@ mod tests {
             limit: 10,
             remaining: 0,
             reset,
+            offence: false,
         }
     }
 
@@ -232,6 +241,7 @@ mod tests {
             limit: 100,
             remaining,
             reset: SECOND,
+            offence: false,
         }
     }
 

@@ -355,7 +355,11 @@ impl RedisStore {
                 .map(|charge| CacheView {
                     hash: cache.hash(charge.rule, charge.key),
                     mode: charge.mode,
-                    cacheable: !inner.shards.contains_key(charge.rule),
+                    // A penalised rule's denials are cached only once the key is blocked (a
+                    // charge denied then is a blocked answer, exact until the block ends): the
+                    // offence itself may outlast its block, and a later denial is an offence.
+                    cacheable: !inner.shards.contains_key(charge.rule)
+                        && (charge.penalty.is_none() || charge.mode == Mode::Charge),
                 })
                 .collect(),
             None => SmallVec::new(),
@@ -783,6 +787,7 @@ impl Inner {
                     limit: record.limit,
                     remaining: 0,
                     reset: Duration::ZERO,
+                    offence: false,
                 })
             })
             .collect())
@@ -931,7 +936,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
             let verdict = match number(values[0])? {
                 0 => Verdict::Allowed,
                 1 => Verdict::Reserved { wait },
-                2 => Verdict::Denied { retry_after: wait },
+                2 | 3 => Verdict::Denied { retry_after: wait },
                 other => return Err(protocol(format!("unknown verdict {other}"))),
             };
             let candidates = item.candidates();
@@ -944,6 +949,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 limit: number(values[2])?,
                 remaining: number(values[3])?,
                 reset: duration(number(values[4])?),
+                offence: values[0] == 3.0,
             };
             if let Some(sharding) = &item.record.sharding {
                 sharding.saw(candidates[index].shard, outcome.remaining);

@@ -27,7 +27,7 @@
 --          and check, rules with a penalty).
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
 --          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
---          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
+--          denied, 3 denied by an offence that blocked the key), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
 --          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
 --          used.
 --
@@ -946,7 +946,7 @@ if op == 1 or op == 2 then
       local untl = now + pen.ds[min(offences, #pen.ds)]
       set_block(pen.key, untl, offences, pen.forget)
       local left = untl - now
-      rec.res = { 2, max(rec.res[2], left), rec.res[3], 0, max(rec.res[5], left) }
+      rec.res = { 3, max(rec.res[2], left), rec.res[3], 0, max(rec.res[5], left) }
     end
     answer(rec, rec.res)
   end
