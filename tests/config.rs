@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
     AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
-    MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
+    MissingKey, Penalty, Queue, RateLimitLayer, Rule, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -185,7 +185,11 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .methods([Method::POST])
             .path("/login")
             .path("/users/*/password")
-            .on_missing_key(MissingKey::Reject),
+            .on_missing_key(MissingKey::Reject)
+            .block(Penalty::escalating(
+                [minute, 10 * minute, 60 * minute],
+                24 * 60 * minute,
+            )),
         )
         .rule(
             Rule::new(
@@ -490,7 +494,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `block`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -518,6 +522,10 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [\"peer_ip\", { client_ip = { ipv4_prefix = 40 } }] }", "rules[0].key.first_of[1].client_ip.ipv4_prefix: must be from 1 to 32"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key: unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "rules[0].on_missing_key.reject: 200 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = \"0s\"", "rules[0].block: duration 1 is zero: a block must last at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [], forget_after = \"1h\" }", "rules[0].block.escalate: must list at least one duration"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [\"1m\", \"-10m\"], forget_after = \"1h\" }", "line 5, column 29: rules[0].block.escalate[1]: invalid duration \"-10m\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block: expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "rules[0].on_missing_key.reject: 1000 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback: unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),

@@ -11,11 +11,12 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, ClientIpSpec, CostSpec, File, ForwardedHeaderName, KeySpec,
-    LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
+    AccessSpec, AlgorithmName, BlockSpec, ClientIpSpec, CostSpec, File, ForwardedHeaderName,
+    KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
     StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
+use crate::algorithm::Penalty;
 use crate::error::ConfigError;
 use crate::key::{ForwardedHeader, Key, RequestHead};
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
@@ -162,6 +163,7 @@ struct Common {
     paths: Vec<String>,
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
+    penalty: Option<Penalty>,
     shadow: bool,
 }
 
@@ -199,6 +201,12 @@ impl Common {
                 .as_ref()
                 .map(|queue| self::queue(queue, &format!("{at}.queue")))
                 .transpose()?,
+            penalty: spec.block.as_ref().map(|block| match block {
+                BlockSpec::Fixed(d) => Penalty::fixed(d.0),
+                BlockSpec::Escalate(e) => {
+                    Penalty::escalating(e.escalate.iter().map(|d| d.0), e.forget_after.0)
+                }
+            }),
             shadow: spec.shadow,
         })
     }
@@ -219,6 +227,9 @@ impl Common {
         }
         if let Some(queue) = self.queue {
             rule = rule.queue(queue);
+        }
+        if let Some(penalty) = &self.penalty {
+            rule = rule.block(penalty.clone());
         }
         rule
     }

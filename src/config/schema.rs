@@ -110,6 +110,7 @@ pub(crate) struct RuleSpec {
     pub(crate) paths: Vec<String>,
     pub(crate) cost: Option<CostSpec>,
     pub(crate) queue: Option<QueueSpec>,
+    pub(crate) block: Option<BlockSpec>,
     #[serde(default)]
     pub(crate) shadow: bool,
     pub(crate) tiers: Option<TiersSpec>,
@@ -217,6 +218,43 @@ pub(crate) struct QueueSpec {
     #[serde(default)]
     pub(crate) nodelay: bool,
     pub(crate) max_delay: Option<HumanDuration>,
+}
+
+/// A penalty: `block = "10m"` or `block = { escalate = ["1m", "10m", "1h"], forget_after = "24h" }`.
+#[derive(Debug)]
+pub(crate) enum BlockSpec {
+    Fixed(HumanDuration),
+    Escalate(EscalateSpec),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EscalateSpec {
+    pub(crate) escalate: Vec<HumanDuration>,
+    pub(crate) forget_after: HumanDuration,
+}
+
+impl<'de> Deserialize<'de> for BlockSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct BlockVisitor;
+        impl<'de> Visitor<'de> for BlockVisitor {
+            type Value = BlockSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BlockSpec, E> {
+                super::duration::parse(v)
+                    .map(|d| BlockSpec::Fixed(HumanDuration(d)))
+                    .map_err(E::custom)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BlockSpec, A::Error> {
+                EscalateSpec::deserialize(MapAccessDeserializer::new(map)).map(BlockSpec::Escalate)
+            }
+        }
+        deserializer.deserialize_any(BlockVisitor)
+    }
 }
 
 /// `[rules.tiers]`.
