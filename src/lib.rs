@@ -49,6 +49,7 @@ mod response;
 mod rule;
 mod ruleset;
 mod service;
+mod settle;
 pub mod store;
 
 pub use algorithm::{Outcome, Penalty, Verdict};
@@ -73,6 +74,7 @@ pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
+pub use settle::{CountIf, ResponseHead, Settle};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};

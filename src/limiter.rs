@@ -440,6 +440,34 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// Charges `units` more to `key` under a settled rule, into debt if need be, without
+    /// waiting: a settlement after the response has left. A store that needs I/O finishes on
+    /// the current tokio runtime.
+    pub(crate) fn owe_now(&self, rules: &RuleSet, index: usize, key: &KeyValue, units: u64) {
+        if index >= rules.rules.len() {
+            return;
+        }
+        let charge = Charge {
+            mode: Mode::Reserve(crate::algorithm::ReserveBound::default()),
+            penalty: None,
+            ..rules.charge(index, key, units)
+        };
+        if let Err(pending) = self.store_ref().apply_one(&charge).into_ready() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        if let Err(error) = pending.await {
+                            tracing::warn!(%error, "rate limit: settlement charge failed");
+                        }
+                    });
+                }
+                Err(_) => tracing::warn!("rate limit: no runtime to settle a charge"),
+            }
+        }
+    }
+}
+
 /// The answer to [`Limiter::reserve`].
 #[derive(Debug)]
 #[must_use = "a granted reservation holds units until it is used or cancelled"]

@@ -30,6 +30,8 @@ pub(crate) struct RuleSet {
     pub(crate) all_rules_policy: Option<HeaderValue>,
     /// The last default 429s, for floods of identical refusals.
     pub(crate) prepared: Prepared,
+    /// Whether any rule is corrected once the response is known (the others pay nothing).
+    pub(crate) settles: bool,
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
@@ -126,6 +128,7 @@ impl RuleSet {
             .iter()
             .map(|rule| RuleMetrics::new(&rule.name))
             .collect();
+        let settles = compiled.iter().any(CompiledRule::settles);
         Ok(RuleSet {
             rules: compiled.into_boxed_slice(),
             items: items.into_boxed_slice(),
@@ -133,6 +136,7 @@ impl RuleSet {
             store_latency: crate::observe::store_latency(),
             all_rules_policy,
             prepared: Prepared::new(),
+            settles,
             allow,
             deny,
         })

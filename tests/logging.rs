@@ -108,7 +108,11 @@ async fn block_log(redact: bool) -> String {
 #[tokio::test(start_paused = true)]
 async fn a_block_is_logged_once_at_info_with_a_redactable_key() {
     let plain = block_log(false).await;
-    assert_eq!(plain.matches("rate limit: key blocked").count(), 1, "{plain}");
+    assert_eq!(
+        plain.matches("rate limit: key blocked").count(),
+        1,
+        "{plain}"
+    );
     assert!(plain.contains("rule=login"), "{plain}");
     assert!(plain.contains("key=198.51.100.7"), "{plain}");
     assert!(plain.contains("blocked_ms=90000"), "{plain}");
