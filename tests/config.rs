@@ -20,8 +20,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
-    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
-    MissingKey, Penalty, Queue, RateLimitLayer, Rule, TokioClock,
+    AccessList, ConfigFormat, Cost, CountIf, FailurePolicy, ForwardedHeader, Key, Limit,
+    MemoryStore, MissingKey, Penalty, Queue, RateLimitLayer, Rule, Settle, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -189,7 +189,8 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .block(Penalty::escalating(
                 [minute, 10 * minute, 60 * minute],
                 24 * 60 * minute,
-            )),
+            ))
+            .count_if(CountIf::status([401, 403])),
         )
         .rule(
             Rule::new(
@@ -200,6 +201,13 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .path("/v1/chat")
             .cost(Cost::header(header_name("x-llm-tokens")).or(500))
             .shadow(true),
+        )
+        .rule(
+            Rule::new("llm-spend", Limit::token_bucket(100_000, 60 * minute))
+                .key(Key::bearer())
+                .path("/v1/chat")
+                .cost(Cost::header(header_name("x-llm-estimate")).or(1_000))
+                .settle(Settle::header(header_name("x-tokens-used"))),
         )
         .rule(
             Rule::new("upstream", Limit::per_second(5).burst(1))
@@ -494,7 +502,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `block`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -525,6 +533,10 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = \"0s\"", "rules[0].block: duration 1 is zero: a block must last at least 1 µs"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [], forget_after = \"1h\" }", "rules[0].block.escalate: must list at least one duration"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [\"1m\", \"-10m\"], forget_after = \"1h\" }", "line 5, column 29: rules[0].block.escalate[1]: invalid duration \"-10m\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = \"errors\"", "line 5, column 12: rules[0].count_if: unknown response class \"errors\" (expected failures, server_errors, successes or { status = [CODES] })"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [] }", "rules[0].count_if.status: lists no status: nothing would count"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [401, 1000] }", "rules[0].count_if.status[1]: 1000 is not an HTTP status"),
+        (Toml, "[[rules]]\nname = \"a\"\nlimit = 1\nalgorithm = \"fixed_window\"\nperiod = \"1s\"\nsettle = { header = \"x-used\" }", "rules[0].settle: needs a token bucket: a settlement may leave a debt, which only buckets hold"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block: expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "rules[0].on_missing_key.reject: 1000 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),

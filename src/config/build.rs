@@ -11,9 +11,9 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, BlockSpec, ClientIpSpec, CostSpec, File, ForwardedHeaderName,
-    KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
-    StoreKind, StoreSpec, TiersSpec,
+    AccessSpec, AlgorithmName, BlockSpec, ClientIpSpec, CostSpec, CountIfSpec, File,
+    ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec,
+    ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
 use crate::algorithm::Penalty;
@@ -24,6 +24,7 @@ use crate::limit::Limit;
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::AccessList;
+use crate::settle::{CountIf, Settle};
 use crate::store::MemoryStore;
 use crate::Cost;
 
@@ -164,6 +165,8 @@ struct Common {
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
     penalty: Option<Penalty>,
+    count_if: Option<CountIf>,
+    settle: Option<Settle>,
     shadow: bool,
 }
 
@@ -207,6 +210,15 @@ impl Common {
                     Penalty::escalating(e.escalate.iter().map(|d| d.0), e.forget_after.0)
                 }
             }),
+            count_if: spec
+                .count_if
+                .as_ref()
+                .map(|count_if| self::count_if(count_if, &format!("{at}.count_if")))
+                .transpose()?,
+            settle: spec
+                .settle
+                .as_ref()
+                .map(|settle| Settle::header(settle.header.0.clone())),
             shadow: spec.shadow,
         })
     }
@@ -230,6 +242,12 @@ impl Common {
         }
         if let Some(penalty) = &self.penalty {
             rule = rule.block(penalty.clone());
+        }
+        if let Some(count_if) = &self.count_if {
+            rule = rule.count_if(count_if.clone());
+        }
+        if let Some(settle) = &self.settle {
+            rule = rule.settle(settle.clone());
         }
         rule
     }
@@ -491,6 +509,33 @@ fn from_rule_error(error: &ConfigError, place: &dyn Fn(&str) -> String) -> Inval
         path: format!("{}.{field}", place(field)),
         message: error.message().to_owned(),
     }
+}
+
+fn count_if(spec: &CountIfSpec, at: &str) -> Result<CountIf, Invalid> {
+    Ok(match spec {
+        CountIfSpec::Failures => CountIf::failures(),
+        CountIfSpec::ServerErrors => CountIf::server_errors(),
+        CountIfSpec::Successes => CountIf::successes(),
+        CountIfSpec::Status(statuses) => {
+            if statuses.is_empty() {
+                return invalid(
+                    format!("{at}.status"),
+                    "lists no status: nothing would count",
+                );
+            }
+            if let Some((i, bad)) = statuses
+                .iter()
+                .enumerate()
+                .find(|(_, s)| StatusCode::from_u16(**s).is_err())
+            {
+                return invalid(
+                    format!("{at}.status[{i}]"),
+                    format!("{bad} is not an HTTP status"),
+                );
+            }
+            CountIf::status(statuses.iter().copied())
+        }
+    })
 }
 
 fn key(spec: &KeySpec, at: &str) -> Result<Key, Invalid> {
