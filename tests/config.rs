@@ -1208,11 +1208,25 @@ async fn the_login_protection_sample_slows_down_guessing() {
         ]
     );
     let app = server::app(limits, recorder.handle());
+    // Successful logins never count against the address; failed ones (the sample server
+    // answers `?status=401` with 401) do, and the sixth failure blocks it for a minute.
     let login = || app_request(Method::POST, "/login", &[]);
-    for _ in 0..5 {
+    let failed = || app_request(Method::POST, "/login?status=401", &[]);
+    for _ in 0..3 {
         assert_eq!(call(&app, login()).await.0, StatusCode::OK);
     }
-    assert_eq!(call(&app, login()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..5 {
+        assert_eq!(call(&app, failed()).await.0, StatusCode::UNAUTHORIZED);
+    }
+    let blocked = app.clone().oneshot(login()).await.unwrap();
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The block's minute, plus the sample's jitter of up to two seconds.
+    let retry: u64 = blocked.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((60..=62).contains(&retry), "Retry-After: {retry}");
     // Reading the login page is not limited.
     assert_eq!(
         call(&app, app_request(Method::GET, "/login", &[])).await.0,
@@ -1233,4 +1247,35 @@ async fn the_login_protection_sample_slows_down_guessing() {
             1,
         ))));
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sample_server_answers_as_its_query_says() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let limits = RateLimitLayer::from_config_str(
+        ConfigFormat::Toml,
+        "[[rules]]\nname = \"all\"\nrate = 100\nperiod = \"1s\"",
+    )
+    .unwrap();
+    let app = server::app(limits, recorder.handle());
+    let path = "/x?status=418&header=x-tokens-used:1200&header=x-b:2&delay=250ms";
+    let started = tokio::time::Instant::now();
+    let response = app
+        .clone()
+        .oneshot(app_request(Method::GET, path, &[]))
+        .await
+        .unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(250));
+    assert_eq!(response.status(), StatusCode::IM_A_TEAPOT);
+    assert_eq!(response.headers()["x-tokens-used"], "1200");
+    assert_eq!(response.headers()["x-b"], "2");
+    for bad in [
+        "/x?status=99",
+        "/x?delay=5h",
+        "/x?delay=fast",
+        "/x?header=nocolon",
+    ] {
+        let (status, why) = call(&app, app_request(Method::GET, bad, &[])).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {why}");
+    }
 }
