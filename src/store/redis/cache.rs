@@ -132,20 +132,23 @@ impl DenyCache {
             Verdict::Denied { .. }
                 if outcome.remaining == 0
                     && view.cacheable
-                    && !outcome.offence
                     && !matches!(view.mode, Mode::Reserve(_)) =>
             {
                 Some(now.saturating_add(micros(outcome.reset).max(1)))
             }
             _ => None,
         };
+        // An offence blocked a key: what its rule answers next is the store's to say.
+        let offence = outcomes.iter().any(|o| o.offence);
         let until = batch
             .iter()
             .zip(outcomes)
             .filter_map(|(view, outcome)| empty_until(view, outcome))
-            .max();
+            .max()
+            .filter(|_| !offence);
         let Some(until) = until else {
-            // Admitted (or denied with units left): whatever was cached for these keys is stale.
+            // Admitted (or denied with units left, or an offence): whatever was cached for these
+            // keys is stale.
             if !self.is_empty() {
                 for view in batch {
                     if self.shard(view.hash).remove(&view.hash).is_some() {

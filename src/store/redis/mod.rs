@@ -359,7 +359,8 @@ impl RedisStore {
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
                     cacheable: !inner.shards.contains_key(charge.rule)
-                        && (charge.penalty.is_none() || charge.mode == Mode::Charge),
+                        && (charge.penalty.is_none()
+                            || (charge.mode == Mode::Charge && charge.cost > 0)),
                 })
                 .collect(),
             None => SmallVec::new(),
