@@ -57,6 +57,10 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// slot and are decided in one script call. Values that are empty or contain `{`, `}`, `|` (or
 /// start with `=`) are written as `=` and their hex digits.
 ///
+/// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
+/// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
+/// same script call; a sharded rule cannot have one.
+///
 /// # Redis Cluster
 /// [`cluster`](RedisStoreBuilder::cluster) connects to a cluster. A request whose keys share a
 /// slot is one script call, as above. Rules counting by different values (a per-user rule and a
