@@ -374,3 +374,91 @@ fn settling_needs_a_token_bucket() {
         "rule \"w\": settle: needs a token bucket: a settlement may leave a debt, which only buckets hold"
     );
 }
+
+/// Waits (a bounded number of scheduler turns, never a timed sleep) until a settlement made in
+/// the background has reached the store.
+#[cfg(feature = "redis")]
+async fn settled(limiter: &Limiter, rule: &str, key: &str, expected: u64) {
+    for _ in 0..10_000 {
+        if remaining(limiter, rule, key).await == expected {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!(
+        "{rule}: {} left, expected {expected}",
+        remaining(limiter, rule, key).await
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_and_refunds_by_outcome_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let clock = tollgate::ManualClock::new(Duration::from_secs(1_750_000_000));
+    for cache in [false, true] {
+        let store = tollgate::RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("s{cache}"))
+            .clock(clock.clone())
+            .deny_cache(cache)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let layer = RateLimitLayer::builder()
+            .rule(
+                Rule::new("tokens", Limit::per_minute(1_000))
+                    .cost(100)
+                    .settle(Settle::header(HeaderName::from_static("x-tokens-used"))),
+            )
+            .rule(login_rule())
+            .store(store)
+            .build()
+            .unwrap();
+        let limiter = layer.limiter().clone();
+        let service = layer.layer(answering());
+        let send = |req| service.clone().oneshot(req);
+        let chat = |tokens: &str| {
+            Request::post("/v1/chat")
+                .header("x-use", tokens)
+                .header("x-user", "dave")
+                .body(Body::default())
+                .unwrap()
+        };
+        assert_eq!(send(chat("500")).await.unwrap().status(), StatusCode::OK);
+        settled(&limiter, "tokens", "", 500).await;
+        // Successful: the failed-login rule (which every request here meets) gave it back.
+        settled(&limiter, "failed-logins", "dave", 5).await;
+        assert_eq!(send(chat("40")).await.unwrap().status(), StatusCode::OK);
+        settled(&limiter, "tokens", "", 460).await;
+        assert_eq!(send(chat("1000")).await.unwrap().status(), StatusCode::OK);
+        for _ in 0..10_000 {
+            let check = limiter.check("tokens", "", 100).await.unwrap();
+            if check.verdict
+                == (Verdict::Denied {
+                    retry_after: Duration::from_millis(38_400),
+                })
+            {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let denied = send(chat("100")).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(denied.headers()["retry-after"], "39");
+        clock.advance(Duration::from_millis(38_399));
+        assert_eq!(
+            send(chat("100")).await.unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(send(chat("100")).await.unwrap().status(), StatusCode::OK);
+        // A failed attempt keeps its charge.
+        clock.advance(Duration::from_secs(60));
+        let failed = send(with_status(chat("100"), 401)).await.unwrap();
+        assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(remaining(&limiter, "failed-logins", "dave").await, 4);
+        clock.advance(Duration::from_secs(3600));
+    }
+}

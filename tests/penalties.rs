@@ -302,3 +302,25 @@ async fn the_deny_cache_answers_a_blocked_key_without_redis_until_the_block_ends
     limiter.unblock("login", "k").await.unwrap();
     assert!(admitted(&limiter.charge("login", "k", 1).await.unwrap()));
 }
+
+/// A sharded rule spreads one key over several Redis keys: it cannot hold one block.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_rule_cannot_have_a_penalty_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let store = tollgate::RedisStore::builder()
+        .url(server.url())
+        .shard_rule("hot", 4)
+        .build()
+        .await
+        .unwrap();
+    let error = Limiter::builder()
+        .rule(Rule::new("hot", Limit::per_second(100)).block_for(MINUTE))
+        .store(store)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "rule \"hot\": block: a rule sharded over several Redis keys cannot block keys"
+    );
+}
