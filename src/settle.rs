@@ -127,10 +127,13 @@ pub struct Settle {
     warned: Arc<AtomicBool>,
 }
 
+/// A closure reading the real cost.
+type ReadCost = Arc<dyn Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync>;
+
 #[derive(Clone)]
 enum Source {
     Header(HeaderName),
-    Custom(Arc<dyn Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync>),
+    Custom(ReadCost),
 }
 
 impl Settle {
@@ -264,7 +267,7 @@ impl Settlement {
     }
 
     /// Settles on a gRPC response's trailers.
-    pub(crate) fn on_trailers(self: Box<Self>, status: StatusCode, trailers: &HeaderMap) {
+    pub(crate) fn on_trailers(&self, status: StatusCode, trailers: &HeaderMap) {
         self.settle(&ResponseHead {
             status,
             headers: trailers,
