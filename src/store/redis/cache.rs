@@ -9,8 +9,8 @@
 //! A local answer must still carry an outcome for every rule of the request, so the other keys of
 //! a cached denial are kept too, as "last seen" entries valid as long as the denial: their
 //! `remaining` is the value Redis reported then. A request is answered locally only when at least
-//! one of its charges is denied by an entry and every other charge has an entry; otherwise it goes
-//! to Redis.
+//! one of its charges is denied by an entry and every other charge has an entry (and is not under
+//! a rule with a penalty, whose denial by Redis would be an offence); otherwise it goes to Redis.
 //!
 //! A key blocked by its rule's penalty is answered the same way until its block ends (a blocked
 //! answer says exactly that). The answer to the offence that started a block is not cached: it
@@ -101,6 +101,10 @@ impl DenyCache {
             let left = |at: Micros| duration(at.saturating_sub(now));
             let denies =
                 entry.denied && charge.cost > 0 && !matches!(charge.mode, Mode::Reserve(_));
+            if !denies && charge.penalty.is_some() {
+                // A last-seen value cannot say whether this charge would be an offence.
+                return None;
+            }
             denied |= denies;
             outcomes.push(if denies {
                 Outcome {
