@@ -120,7 +120,7 @@ impl Rule {
     }
 
     /// Queues requests that would be denied until their slot, within the queue's bound, instead of
-    /// rejecting them (token buckets only; see [`Queue`]).
+    /// rejecting them (token buckets and fixed windows; see [`Queue`]).
     pub fn queue(mut self, queue: Queue) -> Rule {
         self.queue = Some(queue);
         self
@@ -164,8 +164,8 @@ impl Rule {
     /// response has left: settling never delays it. See [`Settle`] for missing or bad values; a
     /// request whose response never comes keeps its estimate.
     ///
-    /// Token buckets only (debt is a negative balance, which only buckets hold): any other
-    /// algorithm is an error when the layer is built.
+    /// Token buckets and fixed windows only (debt is a negative balance, which only they can
+    /// hold): any other algorithm is an error when the layer is built.
     pub fn settle(mut self, settle: Settle) -> Rule {
         self.settle = Some(settle);
         self
@@ -221,6 +221,10 @@ impl Rule {
             }
             Algorithm::FixedWindow(w) => {
                 positive(&name, "limit", w.limit())?;
+                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                    return err("utc_offset", "must be within 18 hours of UTC".into());
+                }
                 positive(&name, "period", w.period().as_micros())?;
                 if w.capacity() < w.limit() {
                     return err(
@@ -264,7 +268,8 @@ impl Rule {
         if self.settle.is_some() && !self.limit.algorithm().reserves() {
             return err(
                 "settle",
-                "needs a token bucket: a settlement may leave a debt, which only buckets hold"
+                "needs a token bucket or a fixed window: a settlement may leave a debt, which \
+                 only they can hold"
                     .into(),
             );
         }
@@ -514,7 +519,10 @@ mod tests {
             "rule \"llm\": cost: 101 exceeds the capacity (100): no request could ever pass"
         );
         assert_eq!(
-            error_of(Rule::new("b", Limit::per_second(5).burst(10).initial(11))),
+            error_of(Rule::new(
+                "b",
+                Limit::per_second(5).capacity(10).initial(11)
+            )),
             "rule \"b\": initial: must be at most the capacity (10)"
         );
         assert_eq!(

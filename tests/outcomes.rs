@@ -330,7 +330,7 @@ async fn bad_settlement_values_keep_the_estimate_and_huge_ones_are_capped() {
         .unwrap();
     let after = limiter.check("tokens", "", 0).await.unwrap();
     assert_eq!(after.remaining, 0);
-    assert_eq!(after.reset, Duration::from_millis(60));
+    assert_eq!(after.next_unit_in, Duration::from_millis(60));
 }
 
 #[tokio::test(start_paused = true)]
@@ -361,17 +361,17 @@ async fn a_response_that_never_comes_keeps_its_charge() {
 }
 
 #[test]
-fn settling_needs_a_token_bucket() {
+fn settling_needs_an_algorithm_that_can_owe() {
     let error = RateLimitLayer::builder()
         .rule(
-            Rule::new("w", Limit::fixed_window(10, Duration::from_secs(60)))
+            Rule::new("w", Limit::sliding_window(10, Duration::from_secs(60)))
                 .settle(Settle::header(HeaderName::from_static("x-used"))),
         )
         .build()
         .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "rule \"w\": settle: needs a token bucket: a settlement may leave a debt, which only buckets hold"
+        "rule \"w\": settle: needs a token bucket or a fixed window: a settlement may leave a debt, which only they can hold"
     );
 }
 

@@ -75,13 +75,33 @@ impl Bench {
     }
 }
 
-fn denied(retry_after: Duration, limit: u64, offence: bool) -> Outcome {
-    Outcome {
-        verdict: Verdict::Denied { retry_after },
+/// A denial as these tests check it: the verdict, the numbers the headers carry, and whether
+/// it was an offence.
+#[derive(Debug)]
+struct Denied {
+    retry_after: Duration,
+    limit: u64,
+    offence: bool,
+}
+
+fn denied(retry_after: Duration, limit: u64, offence: bool) -> Denied {
+    Denied {
+        retry_after,
         limit,
-        remaining: 0,
-        reset: retry_after,
         offence,
+    }
+}
+
+impl PartialEq<Denied> for Outcome {
+    fn eq(&self, other: &Denied) -> bool {
+        self.verdict
+            == Verdict::Denied {
+                retry_after: other.retry_after,
+            }
+            && self.limit == other.limit
+            && self.remaining == 0
+            && self.next_unit_in == other.retry_after
+            && self.offence == other.offence
     }
 }
 

@@ -120,7 +120,11 @@ impl Penalty {
             verdict: Verdict::Denied { retry_after: left },
             limit,
             remaining: 0,
-            reset: left,
+            // The counters are not read: a blocked key reports nothing available until the
+            // block ends.
+            balance: 0,
+            next_unit_in: left,
+            full_in: left,
             offence: false,
         }
     }
@@ -134,7 +138,8 @@ impl Penalty {
                     retry_after: retry_after.max(left),
                 },
                 remaining: 0,
-                reset: outcome.reset.max(left),
+                next_unit_in: outcome.next_unit_in.max(left),
+                full_in: outcome.full_in.max(left),
                 offence: true,
                 ..outcome
             },

@@ -45,7 +45,9 @@ struct Entry {
     denied: bool,
     limit: u64,
     remaining: u64,
+    balance: i64,
     reset_at: Micros,
+    full_at: Micros,
 }
 
 impl DenyCache {
@@ -113,7 +115,9 @@ impl DenyCache {
                     },
                     limit: entry.limit,
                     remaining: 0,
-                    reset: left(entry.until),
+                    balance: entry.balance,
+                    next_unit_in: left(entry.until),
+                    full_in: left(entry.full_at),
                     offence: false,
                 }
             } else {
@@ -121,7 +125,9 @@ impl DenyCache {
                     verdict: Verdict::Allowed,
                     limit: entry.limit,
                     remaining: entry.remaining,
-                    reset: left(entry.reset_at),
+                    balance: entry.balance,
+                    next_unit_in: left(entry.reset_at),
+                    full_in: left(entry.full_at),
                     offence: false,
                 }
             });
@@ -138,7 +144,7 @@ impl DenyCache {
                     && view.cacheable
                     && !matches!(view.mode, Mode::Reserve(_)) =>
             {
-                Some(now.saturating_add(micros(outcome.reset).max(1)))
+                Some(now.saturating_add(micros(outcome.next_unit_in).max(1)))
             }
             _ => None,
         };
@@ -169,14 +175,18 @@ impl DenyCache {
                     denied: true,
                     limit: outcome.limit,
                     remaining: 0,
+                    balance: outcome.balance,
                     reset_at: empty,
+                    full_at: now.saturating_add(micros(outcome.full_in)),
                 },
                 None => Entry {
                     until,
                     denied: false,
                     limit: outcome.limit,
                     remaining: outcome.remaining,
-                    reset_at: now.saturating_add(micros(outcome.reset)),
+                    balance: outcome.balance,
+                    reset_at: now.saturating_add(micros(outcome.next_unit_in)),
+                    full_at: now.saturating_add(micros(outcome.full_in)),
                 },
             };
             self.insert(view.hash, entry, now);
@@ -237,7 +247,9 @@ mod tests {
             verdict: Verdict::Denied { retry_after: reset },
             limit: 10,
             remaining: 0,
-            reset,
+            balance: 0,
+            next_unit_in: reset,
+            full_in: reset,
             offence: false,
         }
     }
@@ -247,7 +259,9 @@ mod tests {
             verdict: Verdict::Allowed,
             limit: 100,
             remaining,
-            reset: SECOND,
+            balance: remaining as i64,
+            next_unit_in: SECOND,
+            full_in: SECOND,
             offence: false,
         }
     }
@@ -279,7 +293,8 @@ mod tests {
         assert_eq!(
             answer[1],
             Outcome {
-                reset: Duration::from_millis(750),
+                next_unit_in: Duration::from_millis(750),
+                full_in: Duration::from_millis(750),
                 ..allowed(7)
             }
         );
