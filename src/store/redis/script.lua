@@ -9,8 +9,9 @@
 -- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53), at
 --          least 16 of them (zeros pad the end): one string is cheaper for Redis to pass than
 --          many arguments, and one `struct.unpack` reads it for less than one `tonumber` costs.
---            op: 1 applies the batch (all or nothing); 2 checks it (no change; admitted records
---              report what they have left, uncharged); 3 refunds each record; 4 undoes each
+--            op: 1 applies the batch (all or nothing); 2 checks it (nothing charged; admitted
+--              records report what they have left; a record its own rule denies still offends
+--              under a penalty, as in op 1); 3 refunds each record; 4 undoes each
 --              record's earlier charge exactly (a cross-slot batch that was denied in another
 --              slot); 5 blocks KEYS[1] (a block key) for the fifth number (µs), its offences
 --              forgotten the sixth number after the block (see "Blocks" below);
@@ -1054,8 +1055,10 @@ if op == 1 or op == 2 then
       local res = { p.alg.eval(p, p.state, now, 0, 1) }
       res[1], res[2] = 0, 0
       rec.res = res
-    elseif pen and not rec.blocked and op == 1 and rec.mode ~= 1 and rec.cost > 0 then
-      -- An offence: `Penalty::offend`, then `Penalty::punish`.
+    elseif pen and not rec.blocked and rec.mode ~= 1 and rec.cost > 0 then
+      -- An offence: `Penalty::offend`, then `Penalty::punish`. (Also in op 2: a cross-slot
+      -- batch checks its later slots after a denial, and a rule denied there offends as it
+      -- would in one step.)
       local offences = 1
       if pen.untl and now < pen.untl + pen.forget then offences = pen.offences + 1 end
       local untl = now + pen.ds[min(offences, #pen.ds)]
