@@ -13,10 +13,11 @@ use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
-use crate::prepared::Prepared;
+use crate::response::grpc::Protocol;
+use crate::response::headers::{self, PolicyItem};
+use crate::response::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 
@@ -209,6 +210,14 @@ impl RuleSet {
                 &mut *enforced
             };
             plan.plan(index, rule.name.clone(), key, cost);
+        }
+        if Protocol::of(request).is_grpc() {
+            let method: std::sync::Arc<str> = request.uri().path().into();
+            for plan in [enforced, shadow] {
+                if !plan.rules().is_empty() {
+                    plan.set_grpc_method(method.clone());
+                }
+            }
         }
         Ok(Route::Planned)
     }

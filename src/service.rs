@@ -17,6 +17,7 @@ use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
+use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Route, RuleSet};
@@ -105,7 +106,9 @@ where
             }
             Err(refusal) => {
                 tracing::debug!(?refusal, "rate limit: request refused before counting");
-                return ResponseFuture::new(State::respond(shared.responder.refused(&refusal)));
+                let protocol = Protocol::of(&request);
+                let response = shared.responder.refused(&refusal, protocol);
+                return ResponseFuture::new(State::respond(response));
             }
         }
         if !shadow.rules().is_empty() {
@@ -157,7 +160,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
         Ok(()) => {
             for entry in decision.rules() {
                 rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
-                observe::event(entry, true, shared.redact_keys);
+                observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
         Err(error) => {
@@ -249,7 +252,8 @@ pub(crate) fn decide<B>(
                 }
                 FailurePolicy::Closed => {
                     tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
-                    Next::Respond(shared.responder.unavailable(&error))
+                    let protocol = Protocol::of(request);
+                    Next::Respond(shared.responder.unavailable_in(&error, protocol))
                 }
             };
         }
@@ -260,10 +264,11 @@ pub(crate) fn decide<B>(
         if allowed || !entry.outcome.is_allowed() {
             rules.metrics[entry.index].record(&entry.outcome);
         }
-        observe::event(entry, false, shared.redact_keys);
+        observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
     if !allowed {
-        return Next::Respond(shared.responder.denied(rules, decision));
+        let protocol = Protocol::of(request);
+        return Next::Respond(shared.responder.denied(rules, decision, protocol));
     }
     let headers = shared.responder.allowed(rules, decision);
     let settlement = if rules.settles {

@@ -196,6 +196,12 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .count_if(CountIf::status([401, 403])),
         )
         .rule(
+            Rule::new("greeter", Limit::token_bucket(5, minute))
+                .key(Key::peer_ip())
+                .grpc("/helloworld.Greeter/SayHello")
+                .grpc("/acme.Admin/*"),
+        )
+        .rule(
             Rule::new(
                 "llm-tokens",
                 Limit::token_bucket(10_000, minute).pool(50_000, 100, Duration::from_secs(1)),
@@ -452,6 +458,39 @@ on_missing_key = { reject = 401 }
 }
 
 #[tokio::test(start_paused = true)]
+async fn grpc_scopes_name_methods_and_services() {
+    let layer = toml_paused(
+        r#"
+[[rules]]
+name = "greet"
+rate = 1
+period = "1m"
+grpc = ["/helloworld.Greeter/SayHello", "/acme.Admin/*"]
+"#,
+    );
+    let service = service(&layer);
+    let call = |path: &str| {
+        request(
+            Method::POST,
+            path,
+            &[("content-type", "application/grpc")],
+            "192.0.2.1",
+        )
+    };
+    let first = send(&service, call("/helloworld.Greeter/SayHello")).await;
+    assert_eq!(header(&first, "ratelimit"), Some("\"greet\";r=0;t=60"));
+    let second = send(&service, call("/acme.Admin/Reset")).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(header(&second, "grpc-status"), Some("8"));
+    // Outside the scope: other methods of the service, other services.
+    for path in ["/helloworld.Greeter/SayBye", "/acme.Other/Reset"] {
+        let other = send(&service, call(path)).await;
+        assert_eq!(header(&other, "grpc-status"), None, "{path}");
+        assert_eq!(header(&other, "ratelimit"), None, "{path}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn queue_settings_delay_requests() {
     let layer = toml_paused(
         r#"
@@ -606,7 +645,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -652,6 +691,8 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 11: rules[0].methods[0]: methods are case-sensitive: write \"GET\", not \"get\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 11: rules[0].methods[0]: invalid method \"GE T\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npaths = [\"login\"]", "rules[0].paths[0]: \"login\" does not start with '/'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/helloworld.Greeter\"]", "rules[0].grpc[0]: \"/helloworld.Greeter\" names no method: write \"/package.Service/Method\" or \"/package.Service/*\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/pkg.S/Say*\"]", "rules[0].grpc[0]: \"/pkg.S/Say*\" has no valid method name (letters, digits and '_', or '*' for all): write \"/package.Service/Method\" or \"/package.Service/*\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size: unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
         (Toml, "[store]\nkind = \"disk\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: unknown value \"disk\" (expected `memory` or `redis`)"),
         (Toml, "[store]\nmax_keys = 10\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: store.kind: is required"),

@@ -21,8 +21,13 @@ use oneshot::send;
 
 type Body = Full<Bytes>;
 
-fn from(ip: &str, path: &str) -> Request<Body> {
-    let mut req = Request::get(path).body(Body::default()).unwrap();
+fn from(ip: &str, path: &str, grpc: bool) -> Request<Body> {
+    let mut req = match grpc {
+        true => Request::post(path).header("content-type", "application/grpc"),
+        false => Request::get(path),
+    }
+    .body(Body::default())
+    .unwrap();
     req.extensions_mut()
         .insert(SocketAddr::new(ip.parse().unwrap(), 1));
     req
@@ -42,7 +47,7 @@ impl std::io::Write for Lines {
     }
 }
 
-async fn denial_log(redact: bool) -> String {
+async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     let lines = Lines::default();
     let writer = lines.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -59,19 +64,27 @@ async fn denial_log(redact: bool) -> String {
     let service = layer.layer(service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::default()))
     }));
-    send(&service, from("198.51.100.7", "/")).await;
-    send(&service, from("198.51.100.7", "/")).await;
+    send(&service, from("198.51.100.7", path, grpc)).await;
+    send(&service, from("198.51.100.7", path, grpc)).await;
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     text
 }
 
 #[tokio::test(start_paused = true)]
 async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
-    let plain = denial_log(false).await;
+    let plain = denial_log(false, "/", false).await;
     assert!(plain.contains("rate limit: denied"), "{plain}");
     assert!(plain.contains("rule=per-ip"), "{plain}");
     assert!(plain.contains("key=198.51.100.7"), "{plain}");
-    let redacted = denial_log(true).await;
+    assert!(!plain.contains("grpc_method"), "{plain}");
+    // A gRPC call's events name its method.
+    let grpc = denial_log(false, "/helloworld.Greeter/SayHello", true).await;
+    assert!(grpc.contains("rate limit: denied"), "{grpc}");
+    assert!(
+        grpc.contains("grpc_method=\"/helloworld.Greeter/SayHello\""),
+        "{grpc}"
+    );
+    let redacted = denial_log(true, "/", false).await;
     assert!(redacted.contains("rate limit: denied"), "{redacted}");
     assert!(!redacted.contains("198.51.100.7"), "{redacted}");
     assert!(redacted.contains("key=#"), "{redacted}");
@@ -99,7 +112,7 @@ async fn block_log(redact: bool) -> String {
         Ok::<_, Infallible>(Response::new(Body::default()))
     }));
     for _ in 0..3 {
-        send(&service, from("198.51.100.7", "/")).await;
+        send(&service, from("198.51.100.7", "/", false)).await;
     }
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     text
@@ -150,7 +163,7 @@ async fn a_bad_settlement_value_is_logged_once_per_rule() {
         Ok::<_, Infallible>(response)
     }));
     for _ in 0..3 {
-        send(&service, from("198.51.100.7", "/")).await;
+        send(&service, from("198.51.100.7", "/", false)).await;
     }
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     assert_eq!(text.matches("rate limit: settlement").count(), 1, "{text}");

@@ -162,6 +162,7 @@ struct Common {
     cost: Option<Cost>,
     methods: Vec<http::Method>,
     paths: Vec<String>,
+    grpc: Vec<String>,
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
     penalty: Option<Penalty>,
@@ -180,6 +181,11 @@ impl Common {
                 );
             }
         }
+        for (i, pattern) in spec.grpc.iter().enumerate() {
+            if let Err(message) = crate::rule::check_grpc_pattern(pattern) {
+                return invalid(format!("{at}.grpc[{i}]"), message);
+            }
+        }
         Ok(Common {
             key: match &spec.key {
                 Some(key) => self::key(key, &format!("{at}.key"))?,
@@ -194,6 +200,7 @@ impl Common {
             }),
             methods: spec.methods.iter().map(|m| m.0.clone()).collect(),
             paths: spec.paths.clone(),
+            grpc: spec.grpc.clone(),
             missing_key: spec
                 .on_missing_key
                 .as_ref()
@@ -230,6 +237,9 @@ impl Common {
             .shadow(self.shadow);
         for path in &self.paths {
             rule = rule.path(path.clone());
+        }
+        for pattern in &self.grpc {
+            rule = rule.grpc(pattern.clone());
         }
         if let Some(cost) = &self.cost {
             rule = rule.cost(cost.clone());

@@ -112,6 +112,9 @@ pub(crate) struct RuleSpec {
     pub(crate) methods: Vec<MethodName>,
     #[serde(default)]
     pub(crate) paths: Vec<String>,
+    /// gRPC methods and services: `/package.Service/Method`, `/package.Service/*`.
+    #[serde(default)]
+    pub(crate) grpc: Vec<String>,
     pub(crate) cost: Option<CostSpec>,
     pub(crate) queue: Option<QueueSpec>,
     pub(crate) block: Option<BlockSpec>,
