@@ -78,9 +78,10 @@ mod response;
 mod rule;
 mod ruleset;
 mod service;
+mod settle;
 pub mod store;
 
-pub use algorithm::{Outcome, Verdict};
+pub use algorithm::{Outcome, Penalty, Verdict};
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
@@ -103,6 +104,7 @@ pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
+pub use settle::{CountIf, ResponseHead, Settle};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
