@@ -441,7 +441,7 @@ mod a_clock_stepping_back {
                 let algorithm = &algorithms[algorithm];
                 let cost = cost.min(algorithm.max_cost(Mode::Charge));
                 let key = [b'k', key];
-                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode: Mode::Charge };
+                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode: Mode::Charge, penalty: None };
                 prop_assert_eq!(
                     apply(&back, std::slice::from_ref(&charge)),
                     apply(&still, std::slice::from_ref(&charge))
