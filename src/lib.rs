@@ -20,7 +20,7 @@
 //!
 //! | step | module |
 //! |---|---|
-//! | which rules apply, with which key and cost | [`rule`](Rule), [`key`](Key), [`Cost`] |
+//! | which rules apply, with which key, cost and limit | [`rule`](Rule), [`key`](Key), [`Cost`], [`LimitResolver`] |
 //! | one atomic charge of every rule | [`store`] ([`MemoryStore`]) using the pure [`algorithm`]s |
 //! | forward with headers, or answer 429 | [`RateLimit`] service, `headers`, `response` |
 //!
@@ -45,6 +45,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod observe;
+mod per_request;
 mod prepared;
 mod queue;
 mod response;
@@ -70,6 +71,7 @@ pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use per_request::LimitResolver;
 pub use queue::Queue;
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule};

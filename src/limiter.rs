@@ -446,7 +446,7 @@ impl Limiter {
                 {
                     return Err(LimitError::Repeated(rule.to_owned()));
                 }
-                decision.plan(index, compiled.name.clone(), key, cost);
+                decision.plan(index, compiled.name.clone(), key, cost, None);
                 modes.push(mode);
             }
             if decision.rules().is_empty() {

@@ -10,6 +10,7 @@ use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
 use crate::limit::Limit;
+use crate::per_request::{LimitResolver, LimitSource};
 use crate::queue::Queue;
 
 /// A named limit applied per key to the requests in its scope.
@@ -34,6 +35,7 @@ pub struct Rule {
     missing_key: MissingKey,
     queue: Option<Queue>,
     shadow: bool,
+    source: Option<LimitSource>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -122,6 +124,46 @@ impl Rule {
         self
     }
 
+    /// Takes the limit from the request's extensions, where an auth layer put what it knows of
+    /// the caller: `read` turns the value of type `T` there into this rule's limit (e.g. a
+    /// customer's plan into `Limit::per_minute(plan.rpm)`). A request without a `T`, or for which
+    /// `read` gives `None`, is charged under the rule's own limit.
+    ///
+    /// A key keeps its state when its limit changes (a token bucket's balance is clamped to the
+    /// new capacity); `RateLimit-Policy` reports the limit that applied. The rule's own limit is
+    /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
+    /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
+    /// a request's cost must fit it. Queue mode is not available with per-request limits.
+    ///
+    /// ```
+    /// use tollgate::{Key, Limit, Rule};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan { requests_per_minute: u64 }
+    ///
+    /// let rule = Rule::new("per-customer", Limit::per_minute(60))
+    ///     .key(Key::header(http::HeaderName::from_static("x-api-key")))
+    ///     .limit_from_extension(|plan: &Plan| Some(Limit::per_minute(plan.requests_per_minute)));
+    /// ```
+    pub fn limit_from_extension<T, F>(mut self, read: F) -> Rule
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&T) -> Option<Limit> + Send + Sync + 'static,
+    {
+        self.source = Some(LimitSource::Extension(Arc::new(move |extensions| {
+            extensions.get::<T>().and_then(&read)
+        })));
+        self
+    }
+
+    /// Looks the limit up by the rule's key with `resolver` (cached; see [`LimitResolver`] for
+    /// what happens when it fails or is slow). The rule's own limit is the fallback, as for
+    /// [`limit_from_extension`](Self::limit_from_extension).
+    pub fn limit_from(mut self, resolver: LimitResolver) -> Rule {
+        self.source = Some(LimitSource::Resolver(resolver));
+        self
+    }
+
     /// What to do when the request has no key (default: [`MissingKey::Reject`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Rule {
         self.missing_key = missing;
@@ -158,47 +200,12 @@ impl Rule {
                 .saturating_add(queue.bound().max_units.unwrap_or(u64::MAX)),
             None => self.limit.algorithm().capacity(),
         };
-        match self.limit.algorithm() {
-            Algorithm::TokenBucket(tb) => {
-                positive(&name, "rate", tb.rate())?;
-                positive(&name, "period", tb.period().as_micros())?;
-                positive(&name, "capacity", tb.capacity())?;
-                if tb.initial() > tb.capacity() {
-                    return err(
-                        "initial",
-                        format!("must be at most the capacity ({})", tb.capacity()),
-                    );
-                }
-            }
-            Algorithm::FixedWindow(w) => {
-                positive(&name, "limit", w.limit())?;
-                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
-                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
-                    return err("utc_offset", "must be within 18 hours of UTC".into());
-                }
-                positive(&name, "period", w.period().as_micros())?;
-                if w.capacity() < w.limit() {
-                    return err(
-                        "capacity",
-                        format!("must be at least the per-window limit ({})", w.limit()),
-                    );
-                }
-            }
-            Algorithm::SlidingWindow(w) => {
-                positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_micros())?;
-            }
-            Algorithm::SlidingLog(w) => {
-                positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_micros())?;
-            }
-            Algorithm::BurstPool(p) => {
-                for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
-                    positive(&name, field_of(part, "rate"), tb.rate())?;
-                    positive(&name, field_of(part, "period"), tb.period().as_micros())?;
-                    positive(&name, field_of(part, "capacity"), tb.capacity())?;
-                }
-            }
+        check_algorithm(&name, self.limit.algorithm())?;
+        if self.source.is_some() && self.queue.is_some() {
+            return err(
+                "queue",
+                "a rule whose limit comes from the request cannot queue".into(),
+            );
         }
         if let Some(cost) = self.cost.as_fixed() {
             if cost > capacity {
@@ -243,8 +250,57 @@ impl Rule {
             missing_key: self.missing_key,
             mode,
             shadow: self.shadow,
+            source: self.source,
         })
     }
+}
+
+/// Checks that an algorithm's numbers can work; the error names the rule and the field.
+pub(crate) fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+    let err = |field: &'static str, message: String| Err(ConfigError::new(name, field, message));
+    match algorithm {
+        Algorithm::TokenBucket(tb) => {
+            positive(name, "rate", tb.rate())?;
+            positive(name, "period", tb.period().as_micros())?;
+            positive(name, "capacity", tb.capacity())?;
+            if tb.initial() > tb.capacity() {
+                return err(
+                    "initial",
+                    format!("must be at most the capacity ({})", tb.capacity()),
+                );
+            }
+        }
+        Algorithm::FixedWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+            if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                return err("utc_offset", "must be within 18 hours of UTC".into());
+            }
+            positive(name, "period", w.period().as_micros())?;
+            if w.capacity() < w.limit() {
+                return err(
+                    "capacity",
+                    format!("must be at least the per-window limit ({})", w.limit()),
+                );
+            }
+        }
+        Algorithm::SlidingWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::SlidingLog(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::BurstPool(p) => {
+            for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
+                positive(name, field_of(part, "rate"), tb.rate())?;
+                positive(name, field_of(part, "period"), tb.period().as_micros())?;
+                positive(name, field_of(part, "capacity"), tb.capacity())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn field_of(part: &'static str, field: &'static str) -> &'static str {
@@ -283,6 +339,7 @@ impl From<Limit> for Rule {
             missing_key: MissingKey::default(),
             queue: None,
             shadow: false,
+            source: None,
         }
     }
 }
@@ -330,6 +387,7 @@ pub(crate) struct CompiledRule {
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
+    pub(crate) source: Option<LimitSource>,
 }
 
 impl CompiledRule {

@@ -113,7 +113,7 @@ where
         if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None));
         }
-        match rules.ask(shared.limiter.store_ref(), &mut enforced) {
+        match rules.ask(&shared.limiter, &mut enforced) {
             Answer::Now(result) => {
                 match decide(shared, &rules, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
@@ -164,7 +164,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(shared.limiter.store_ref(), &mut plan) {
+    match rules.ask(&shared.limiter, &mut plan) {
         Answer::Now(result) => record(shared, rules, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
