@@ -129,8 +129,10 @@ impl Rule {
     /// customer's plan into `Limit::per_minute(plan.rpm)`). A request without a `T`, or for which
     /// `read` gives `None`, is charged under the rule's own limit.
     ///
-    /// A key keeps its state when its limit changes (a token bucket's balance is clamped to the
-    /// new capacity); `RateLimit-Policy` reports the limit that applied. The rule's own limit is
+    /// A key keeps its state when its limit changes: a token bucket's state is the moment it is
+    /// full again, and that moment carries over, read at the new rate — the balance is never above
+    /// the new capacity, an idle key is full under its new limit, and a change refills nothing.
+    /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
     /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
     /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
     /// a request's cost must fit it. Queue mode is not available with per-request limits.
