@@ -171,7 +171,7 @@ impl RuleDecision {
     /// [`Rule::limit_from_extension`](crate::Rule::limit_from_extension)); `None` when the rule's
     /// own limit applied.
     pub fn limit(&self) -> Option<&crate::Limit> {
-        self.applied.as_ref().and_then(|cell| cell.get())
+        self.applied.as_ref().and_then(|cell| cell.get()?.as_ref())
     }
 }
 

@@ -20,8 +20,9 @@ use crate::limit::Limit;
 use crate::store::Store;
 
 /// The limit a request's charge of a per-request rule uses: filled in when the request is
-/// planned (an extension, a cached answer) or by the resolver before the store is asked.
-pub(crate) type Applied = Arc<OnceLock<Limit>>;
+/// planned (an extension, a cached answer) or by the resolver before the store is asked; `None`
+/// inside is the rule's own limit.
+pub(crate) type Applied = Arc<OnceLock<Option<Limit>>>;
 
 /// Where a rule's limit comes from when not from the rule itself.
 #[derive(Clone)]
@@ -46,9 +47,11 @@ impl LimitSource {
     /// the rule's own; an empty cell when the resolver must be asked.
     pub(crate) fn applied(&self, extensions: &Extensions, key: &KeyValue) -> Option<Applied> {
         match self {
-            LimitSource::Extension(read) => read(extensions).map(|l| Arc::new(OnceLock::from(l))),
+            LimitSource::Extension(read) => {
+                read(extensions).map(|l| Arc::new(OnceLock::from(Some(l))))
+            }
             LimitSource::Resolver(resolver) => match resolver.cached(key) {
-                Some(Some(limit)) => Some(Arc::new(OnceLock::from(limit))),
+                Some(Some(limit)) => Some(Arc::new(OnceLock::from(Some(limit)))),
                 Some(None) => None,
                 None => Some(Arc::new(OnceLock::new())),
             },
@@ -313,7 +316,7 @@ pub(crate) fn usable(
 /// The algorithm a charge uses: the applied limit's, else the rule's.
 #[inline]
 pub(crate) fn algorithm_of<'a>(applied: &'a Option<Applied>, own: &'a Algorithm) -> &'a Algorithm {
-    match applied.as_ref().and_then(|cell| cell.get()) {
+    match applied.as_ref().and_then(|cell| cell.get()?.as_ref()) {
         Some(limit) => limit.algorithm(),
         None => own,
     }

@@ -263,14 +263,14 @@ impl RuleSet {
             let rule = &self.rules[entry.index];
             let cost = Some((entry.cost, rule.mode));
             match entry.applied.as_ref().map(|cell| cell.get()) {
-                Some(Some(limit)) => {
+                Some(Some(Some(limit))) => {
                     if let Err(why) = usable(&rule.name, limit, cost, limiter.store()) {
                         LimitResolver::unusable(&rule.name, &why);
                         entry.applied = None;
                     }
                 }
                 Some(None) => waiting = true,
-                None => {}
+                Some(Some(None)) | None => {}
             }
         }
         if !waiting {
@@ -299,18 +299,11 @@ impl RuleSet {
                     .await;
                 // A cost the key's limit cannot take falls back too (the rule's own limit takes
                 // every cost that reached the store).
-                let limit = match resolved {
-                    Some(limit) => {
-                        match usable(&rule.name, &limit, Some((*cost, rule.mode)), store) {
-                            Ok(()) => limit,
-                            Err(why) => {
-                                LimitResolver::unusable(&rule.name, &why);
-                                rule.limit.clone()
-                            }
-                        }
-                    }
-                    None => rule.limit.clone(),
-                };
+                let limit = resolved.filter(|limit| {
+                    usable(&rule.name, limit, Some((*cost, rule.mode)), store)
+                        .map_err(|why| LimitResolver::unusable(&rule.name, &why))
+                        .is_ok()
+                });
                 let _ = cell.set(limit);
             }
             let charges: SmallVec<[Charge<'_>; 2]> = owned
