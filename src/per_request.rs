@@ -259,7 +259,8 @@ struct Warnings {
     last: AtomicU64,
     /// Failures since the last warning.
     count: AtomicU64,
-    start: OnceLock<std::time::Instant>,
+    /// (Tokio's clock: tests with paused time drive the interval.)
+    start: OnceLock<Instant>,
 }
 
 static EXTENSION_WARNINGS: Warnings = Warnings {
@@ -273,7 +274,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 impl Warnings {
     fn failed(&self, rule: &str, error: &str) {
         let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        let start = self.start.get_or_init(std::time::Instant::now);
+        let start = self.start.get_or_init(Instant::now);
         let now = start.elapsed().as_millis() as u64 + 1;
         let last = self.last.load(Ordering::Relaxed);
         let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_millis() as u64;
