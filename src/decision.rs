@@ -17,7 +17,7 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
-    // extensions on every request, so each inline entry costs every request its 168 bytes.
+    // extensions on every request, so each inline entry costs every request its 176 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
 }
 

@@ -291,3 +291,30 @@ fn a_per_request_rule_cannot_queue() {
         "rule \"customer\": queue: a rule whose limit comes from the request cannot queue"
     );
 }
+
+/// Two passes over 200 keys: with the default bound the second pass is all cache hits; with
+/// `max_keys(10)` nearly all of it is looked up again.
+#[tokio::test(start_paused = true)]
+async fn the_cache_keeps_at_most_max_keys_answers() {
+    for (max_keys, most_cached) in [(None, 200), (Some(10), 20)] {
+        let (_, lookups, resolver) = database(&[], Duration::ZERO);
+        let resolver = match max_keys {
+            Some(n) => resolver.max_keys(n),
+            None => resolver,
+        };
+        let rule = Rule::new("customer", Limit::per_minute(100))
+            .key(Key::header(API_KEY.clone()))
+            .limit_from(resolver);
+        let service = service(rule);
+        for _ in 0..2 {
+            for key in 0..200 {
+                send(&service, request(&key.to_string(), None)).await;
+            }
+        }
+        let hits = 400 - lookups.load(Ordering::SeqCst);
+        assert!(hits <= most_cached, "{max_keys:?}: {hits} second-pass hits");
+        if max_keys.is_none() {
+            assert_eq!(hits, 200);
+        }
+    }
+}
