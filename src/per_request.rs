@@ -24,11 +24,14 @@ use crate::store::Store;
 /// inside is the rule's own limit.
 pub(crate) type Applied = Arc<OnceLock<Option<Limit>>>;
 
+/// Reads a rule's limit from a request's extensions.
+type ReadExtension = dyn Fn(&Extensions) -> Option<Limit> + Send + Sync;
+
 /// Where a rule's limit comes from when not from the rule itself.
 #[derive(Clone)]
 pub(crate) enum LimitSource {
     /// Read from the request's extensions (put there by an auth layer).
-    Extension(Arc<dyn Fn(&Extensions) -> Option<Limit> + Send + Sync>),
+    Extension(Arc<ReadExtension>),
     /// Looked up by the rule's key.
     Resolver(LimitResolver),
 }

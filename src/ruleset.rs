@@ -18,7 +18,7 @@ use crate::headers::{self, PolicyItem};
 use crate::key::{Key, KeyValue, RequestHead};
 use crate::limiter::Limiter;
 use crate::observe::RuleMetrics;
-use crate::per_request::{algorithm_of, usable, Applied, LimitResolver, LimitSource};
+use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
 use crate::prepared::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
@@ -276,43 +276,35 @@ impl RuleSet {
         if !waiting {
             return None;
         }
-        let owned: SmallVec<[(usize, KeyValue, u64, Option<Applied>); 2]> = plan
-            .rules()
-            .iter()
-            .map(|r| (r.index, r.key.clone(), r.cost, r.applied.clone()))
-            .collect();
+        // The charges, owned by the future (their cells are shared with the plan).
+        let owned: SmallVec<[RuleDecision; 2]> = plan.rules().iter().cloned().collect();
         let (rules, limiter) = (self.clone(), limiter.clone());
         Some(StoreFuture::pending(async move {
-            for (index, key, cost, applied) in &owned {
-                let Some(cell) = applied.as_ref().filter(|cell| cell.get().is_none()) else {
+            for entry in &owned {
+                let Some(cell) = entry.applied.as_ref().filter(|cell| cell.get().is_none()) else {
                     continue;
                 };
-                let rule = &rules.rules[*index];
+                let rule = &rules.rules[entry.index];
                 let Some(LimitSource::Resolver(resolver)) = &rule.source else {
                     continue;
                 };
                 let store = limiter.store();
                 let resolved = resolver
-                    .resolve(&rule.name, key, |limit| {
+                    .resolve(&rule.name, &entry.key, |limit| {
                         usable(&rule.name, limit, None, store)
                     })
                     .await;
                 // A cost the key's limit cannot take falls back too (the rule's own limit takes
                 // every cost that reached the store).
                 let limit = resolved.filter(|limit| {
-                    usable(&rule.name, limit, Some((*cost, rule.mode)), store)
+                    usable(&rule.name, limit, Some((entry.cost, rule.mode)), store)
                         .map_err(|why| LimitResolver::unusable(&rule.name, &why))
                         .is_ok()
                 });
                 let _ = cell.set(limit);
             }
-            let charges: SmallVec<[Charge<'_>; 2]> = owned
-                .iter()
-                .map(|(index, key, cost, applied)| Charge {
-                    algorithm: algorithm_of(applied, rules.rules[*index].algorithm()),
-                    ..rules.charge(*index, key, *cost)
-                })
-                .collect();
+            let charges: SmallVec<[Charge<'_>; 2]> =
+                owned.iter().map(|entry| rules.charge_of(entry)).collect();
             limiter.store().apply(&charges).await
         }))
     }

@@ -142,16 +142,15 @@ async fn unusable_limits_from_the_extensions_fall_back_to_the_rules_own() {
     }
 }
 
+/// The rows of a test "database": per-minute limits by key.
+type Rows = Arc<Mutex<Vec<(&'static str, u64)>>>;
+
 /// A resolver over a "database" of per-minute limits that answers after `delay`, counting its
 /// lookups.
 fn database(
     rows: &[(&'static str, u64)],
     delay: Duration,
-) -> (
-    Arc<Mutex<Vec<(&'static str, u64)>>>,
-    Arc<AtomicUsize>,
-    LimitResolver,
-) {
+) -> (Rows, Arc<AtomicUsize>, LimitResolver) {
     let rows = Arc::new(Mutex::new(rows.to_vec()));
     let lookups = Arc::new(AtomicUsize::new(0));
     let (table, count) = (rows.clone(), lookups.clone());
