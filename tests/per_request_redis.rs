@@ -136,3 +136,27 @@ async fn per_request_limits_give_the_same_answers_on_redis_and_in_memory() {
     assert_eq!(in_memory, expected);
     assert_eq!(on_redis, expected);
 }
+
+/// A per-request limit the Redis store cannot count exactly (above 2^50 units) is refused like a
+/// build-time one would be: the request is charged under the rule's own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_redis_cannot_count_falls_back_to_the_rules_own() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_020));
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect");
+    let service = service(redis);
+    let huge = send(&service, request("acme", 1 << 51)).await;
+    assert_eq!(huge.status(), http::StatusCode::OK);
+    let policy = huge.headers().get("ratelimit-policy").unwrap();
+    assert_eq!(policy, "\"plan\";q=2;w=60, \"lookup\";q=3;w=60");
+    // Counted in Redis under the rule's own 2 a minute.
+    assert_eq!(
+        huge.headers().get("ratelimit").unwrap(),
+        "\"plan\";r=1;t=30, \"lookup\";r=2;t=60"
+    );
+}
