@@ -216,31 +216,29 @@ impl LimitResolver {
             Ok(cached) => return cached.limit,
             Err(guard) => guard,
         };
-        // Spawned: a panic is the task's, not the request's; on timeout the task is aborted.
-        let mut task = tokio::spawn((self.resolve)(key.clone()));
-        let result = match tokio::time::timeout(self.timeout, &mut task).await {
+        // Spawned: a panic is the task's, not the request's. Aborted when the wait ends without
+        // an answer (timeout, or the request is dropped), so a hung lookup does not linger.
+        let mut task = Abort(tokio::spawn((self.resolve)(key.clone())));
+        let result = match tokio::time::timeout(self.timeout, &mut task.0).await {
             Ok(Ok(Ok(limit))) => match limit.map(|l| usable(&l).map(|()| l)).transpose() {
                 Ok(limit) => Ok(limit),
                 Err(why) => Err(format!("unusable limit: {why}")),
             },
             Ok(Ok(Err(error))) => Err(error),
             Ok(Err(join)) => Err(format!("resolver panicked: {join}")),
-            Err(_) => {
-                task.abort();
-                Err(format!("resolver took longer than {:?}", self.timeout))
-            }
+            Err(_) => Err(format!("resolver took longer than {:?}", self.timeout)),
         };
         let now = Instant::now();
         let cached = match result {
             Ok(limit) => Cached {
                 limit,
-                expires: now + self.ttl,
+                expires: after(now, self.ttl),
             },
             Err(error) => {
                 inner.warnings.failed(rule, &error);
                 Cached {
                     limit: None,
-                    expires: now + self.retry_after,
+                    expires: after(now, self.retry_after),
                 }
             }
         };
@@ -253,6 +251,22 @@ impl LimitResolver {
     pub(crate) fn unusable(rule: &str, why: &str) {
         EXTENSION_WARNINGS.failed(rule, &format!("unusable limit: {why}"));
     }
+}
+
+/// A spawned lookup, aborted when dropped.
+struct Abort<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Abort<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// `now + by`; a duration past what the clock can count (`Duration::MAX` for "forever") is a
+/// century.
+fn after(now: Instant, by: Duration) -> Instant {
+    now.checked_add(by)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }
 
 /// Warnings about one resolver (or about limits from extensions), at most one per interval.

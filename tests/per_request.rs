@@ -317,3 +317,36 @@ async fn the_cache_keeps_at_most_max_keys_answers() {
         }
     }
 }
+
+/// Settings at their extremes: nothing overflows, "forever" is a valid TTL.
+#[tokio::test(start_paused = true)]
+async fn extreme_resolver_settings_neither_panic_nor_hang() {
+    let (_, lookups, resolver) = database(&[("acme", 3)], Duration::from_millis(10));
+    let resolver = resolver
+        .ttl(Duration::MAX)
+        .timeout(Duration::MAX)
+        .retry_after(Duration::MAX)
+        .max_keys(usize::MAX);
+    let forever = service(
+        Rule::new("customer", Limit::per_minute(1))
+            .key(Key::header(API_KEY.clone()))
+            .limit_from(resolver),
+    );
+    for _ in 0..2 {
+        let ok = send(&forever, request("acme", None)).await;
+        assert_eq!(header(&ok, "ratelimit-policy"), "\"customer\";q=3;w=60");
+    }
+    let broken = send(&forever, request("broken", None)).await;
+    assert_eq!(header(&broken, "ratelimit-policy"), "\"customer\";q=1;w=60");
+    assert_eq!(lookups.load(Ordering::SeqCst), 2);
+
+    // A zero timeout: every lookup falls back at once.
+    let (_, _, resolver) = database(&[("acme", 3)], Duration::from_millis(10));
+    let service = service(
+        Rule::new("customer", Limit::per_minute(1))
+            .key(Key::header(API_KEY.clone()))
+            .limit_from(resolver.timeout(Duration::ZERO).max_keys(0)),
+    );
+    let ok = send(&service, request("acme", None)).await;
+    assert_eq!(header(&ok, "ratelimit-policy"), "\"customer\";q=1;w=60");
+}
