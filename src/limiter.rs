@@ -10,7 +10,7 @@ use http::Request;
 use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule};
@@ -532,16 +532,12 @@ impl Limiter {
     /// Gives back what one request was charged, without waiting: used when a queued request is
     /// dropped (its client went away). A store that needs I/O finishes the refund on the current
     /// tokio runtime.
-    pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[(usize, KeyValue, u64)]) {
-        for (index, key, cost) in charged {
-            if *index >= rules.rules.len() {
+    pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[RuleDecision]) {
+        for entry in charged {
+            if entry.index >= rules.rules.len() {
                 continue;
             }
-            if let Err(pending) = self
-                .store()
-                .refund(&rules.charge(*index, key, *cost))
-                .into_ready()
-            {
+            if let Err(pending) = self.store().refund(&rules.charge_of(entry)).into_ready() {
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
                         runtime.spawn(async move {

@@ -12,9 +12,8 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::future::{ResponseFuture, State};
-use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
@@ -301,16 +300,13 @@ pub(crate) fn decide<B>(
 pub(crate) struct Hold {
     limiter: Limiter,
     rules: Arc<RuleSet>,
-    charged: SmallVec<[(usize, KeyValue, u64); 2]>,
+    /// (Whole entries: a per-request limit is given back under the limit it was charged under.)
+    charged: SmallVec<[RuleDecision; 2]>,
 }
 
 impl Hold {
     fn new(limiter: Limiter, rules: Arc<RuleSet>, decision: &Decision) -> Self {
-        let charged = decision
-            .rules()
-            .iter()
-            .map(|r| (r.index, r.key.clone(), r.cost))
-            .collect();
+        let charged = decision.rules().iter().cloned().collect();
         Hold {
             limiter,
             rules,

@@ -350,3 +350,39 @@ async fn extreme_resolver_settings_neither_panic_nor_hang() {
     let ok = send(&service, request("acme", None)).await;
     assert_eq!(header(&ok, "ratelimit-policy"), "\"customer\";q=1;w=60");
 }
+
+/// A queued request dropped while it waits gives its units back, a per-request rule's under the
+/// limit it was charged under.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_queued_request_refunds_under_the_limit_it_was_charged() {
+    let inner = service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    });
+    let service = paused::builder()
+        .rule(
+            Rule::new("paced", Limit::per_second(1))
+                .queue(Queue::max_delay(Duration::from_secs(10))),
+        )
+        .rule(from_plan(Rule::new("customer", Limit::per_minute(2))))
+        .build()
+        .unwrap()
+        .layer(inner);
+    let first = send(&service, request("k", Some(10))).await;
+    assert_eq!(
+        header(&first, "ratelimit"),
+        "\"paced\";r=0;t=1, \"customer\";r=9;t=6"
+    );
+    // Queued for a second; its client goes away after 100 ms.
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        send(&service, request("k", Some(10))),
+    )
+    .await;
+    assert!(gone.is_err(), "the request was still waiting");
+    // The customer's unit came back at 6 s a unit (not at the rule's own 30 s, which would
+    // have refilled the bucket).
+    let third = send(&service, request("k", Some(10))).await;
+    assert_eq!(third.status(), StatusCode::OK);
+    let ratelimit = header(&third, "ratelimit");
+    assert!(ratelimit.ends_with("\"customer\";r=8;t=6"), "{ratelimit}");
+}
