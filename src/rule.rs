@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use http::{Method, StatusCode, Uri};
 
-use crate::algorithm::{Algorithm, Mode};
+use crate::algorithm::{Algorithm, Mode, Penalty};
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
 use crate::limit::Limit;
 use crate::per_request::{LimitResolver, LimitSource};
 use crate::queue::Queue;
+use crate::settle::{CountIf, Settle};
 
 /// A named limit applied per key to the requests in its scope.
 ///
@@ -36,6 +37,9 @@ pub struct Rule {
     queue: Option<Queue>,
     shadow: bool,
     source: Option<LimitSource>,
+    penalty: Option<Penalty>,
+    count_if: Option<CountIf>,
+    settle: Option<Settle>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -156,7 +160,8 @@ impl Rule {
     /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
     /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
     /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
-    /// a request's cost must fit it. Queue mode is not available with per-request limits.
+    /// a request's cost must fit it. [`queue`](Self::queue), [`count_if`](Self::count_if) and
+    /// [`settle`](Self::settle) are not available with per-request limits (an error from `build()`).
     ///
     /// ```
     /// use tollgate::{Key, Limit, Rule};
@@ -184,6 +189,51 @@ impl Rule {
     /// [`limit_from_extension`](Self::limit_from_extension).
     pub fn limit_from(mut self, resolver: LimitResolver) -> Rule {
         self.source = Some(LimitSource::Resolver(resolver));
+        self
+    }
+
+    /// Blocks a key for `d` each time this rule denies it (DESIGN §10): while blocked, every
+    /// request of the key under this rule is denied with `Retry-After` = what is left of the
+    /// block, its counters untouched; denials during a block do not extend it. Blocks live in
+    /// the store, so every instance sees them. Shorthand for
+    /// [`block`](Self::block)`(Penalty::fixed(d))`.
+    ///
+    /// A zero duration is an error when the layer is built.
+    pub fn block_for(self, d: std::time::Duration) -> Rule {
+        self.block(Penalty::fixed(d))
+    }
+
+    /// Blocks keys this rule denies as `penalty` says, e.g. escalating: 1 minute, then 10, then
+    /// an hour, forgiven a day after the last block ([`Penalty::escalating`]). Also lets
+    /// [`Limiter::block`](crate::Limiter::block) block keys of this rule by hand.
+    pub fn block(mut self, penalty: Penalty) -> Rule {
+        self.penalty = Some(penalty);
+        self
+    }
+
+    /// Counts only the requests whose response matches (DESIGN §11), e.g. failed logins:
+    /// `.count_if(CountIf::status([401, 403]))`. Every request is charged when it arrives — so
+    /// concurrent attempts can never get past the limit — and given its charge back when its
+    /// response does not match. A request whose response never comes (the client went away
+    /// first) keeps its charge. For gRPC the predicate sees `grpc-status`, from the response
+    /// head or, when the body ends, its trailers.
+    pub fn count_if(mut self, count_if: CountIf) -> Rule {
+        self.count_if = Some(count_if);
+        self
+    }
+
+    /// Charges the rule's [`cost`](Self::cost) as an estimate when the request arrives and
+    /// settles it to the real cost read from the response (DESIGN §11), e.g. the tokens an LLM
+    /// call used: `.settle(Settle::header(HeaderName::from_static("x-tokens-used")))`. The
+    /// difference is charged — possibly into debt, which later requests of the key wait for or
+    /// are denied until it is repaid, `Retry-After` counting it — or given back, after the
+    /// response has left: settling never delays it. See [`Settle`] for missing or bad values; a
+    /// request whose response never comes keeps its estimate.
+    ///
+    /// Token buckets and fixed windows only (debt is a negative balance, which only they can
+    /// hold): any other algorithm is an error when the layer is built.
+    pub fn settle(mut self, settle: Settle) -> Rule {
+        self.settle = Some(settle);
         self
     }
 
@@ -224,11 +274,19 @@ impl Rule {
             None => self.limit.algorithm().capacity(),
         };
         check_algorithm(&name, self.limit.algorithm())?;
-        if self.source.is_some() && self.queue.is_some() {
-            return err(
-                "queue",
-                "a rule whose limit comes from the request cannot queue".into(),
-            );
+        if self.source.is_some() {
+            // Each of these charges again later, by rule and key, under the rule's own limit.
+            let later = [
+                ("queue", self.queue.is_some()),
+                ("count_if", self.count_if.is_some()),
+                ("settle", self.settle.is_some()),
+            ];
+            if let Some((field, _)) = later.into_iter().find(|(_, set)| *set) {
+                return err(
+                    field,
+                    "not available on a rule whose limit comes from the request".into(),
+                );
+            }
         }
         if let Some(cost) = self.cost.as_fixed() {
             if cost > capacity {
@@ -247,6 +305,17 @@ impl Rule {
             queue
                 .validate(self.limit.algorithm(), self.cost.as_fixed())
                 .or_else(|(field, message)| err(field, message))?;
+        }
+        if let Some((field, message)) = self.penalty.as_ref().and_then(Penalty::problem) {
+            return err(field, message);
+        }
+        if self.settle.is_some() && !self.limit.algorithm().reserves() {
+            return err(
+                "settle",
+                "needs a token bucket or a fixed window: a settlement may leave a debt, which \
+                 only they can hold"
+                    .into(),
+            );
         }
         if let MissingKey::RejectWith(status) = self.missing_key {
             if !status.is_client_error() && !status.is_server_error() {
@@ -279,6 +348,9 @@ impl Rule {
             mode,
             shadow: self.shadow,
             source: self.source,
+            penalty: self.penalty,
+            count_if: self.count_if,
+            settle: self.settle,
         })
     }
 }
@@ -368,6 +440,9 @@ impl From<Limit> for Rule {
             queue: None,
             shadow: false,
             source: None,
+            penalty: None,
+            count_if: None,
+            settle: None,
         }
     }
 }
@@ -419,12 +494,20 @@ pub(crate) struct CompiledRule {
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
     pub(crate) source: Option<LimitSource>,
+    pub(crate) penalty: Option<Penalty>,
+    pub(crate) count_if: Option<CountIf>,
+    pub(crate) settle: Option<Settle>,
 }
 
 impl CompiledRule {
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
         self.scope.matches(head.method, head.uri)
             && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))
+    }
+
+    /// Whether the rule's charge is corrected once the response is known.
+    pub(crate) fn settles(&self) -> bool {
+        self.count_if.is_some() || self.settle.is_some()
     }
 
     #[inline]

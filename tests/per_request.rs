@@ -287,7 +287,7 @@ fn a_per_request_rule_cannot_queue() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "rule \"customer\": queue: a rule whose limit comes from the request cannot queue"
+        "rule \"customer\": queue: not available on a rule whose limit comes from the request"
     );
 }
 
@@ -385,4 +385,30 @@ async fn a_cancelled_queued_request_refunds_under_the_limit_it_was_charged() {
     assert_eq!(third.status(), StatusCode::OK);
     let ratelimit = header(&third, "ratelimit");
     assert!(ratelimit.ends_with("\"customer\";r=8;t=6"), "{ratelimit}");
+}
+
+#[test]
+fn a_per_request_rule_cannot_count_by_outcome_or_settle() {
+    let count_if = paused::builder()
+        .rule(
+            from_plan(Rule::new("customer", Limit::per_minute(2)))
+                .count_if(tollgate::CountIf::status([401])),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        count_if.to_string(),
+        "rule \"customer\": count_if: not available on a rule whose limit comes from the request"
+    );
+    let settle = paused::builder()
+        .rule(
+            from_plan(Rule::new("customer", Limit::per_minute(2)))
+                .settle(tollgate::Settle::header(HeaderName::from_static("x-used"))),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        settle.to_string(),
+        "rule \"customer\": settle: not available on a rule whose limit comes from the request"
+    );
 }
