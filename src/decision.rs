@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::{Outcome, Verdict};
 use crate::key::KeyValue;
+use crate::per_request::Applied;
 use crate::store::{Outcomes, StoreError, StoreErrorKind};
 
 /// What the limiter decided for a request: one entry per rule that applied.
@@ -16,7 +17,7 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
-    // extensions on every request, so each inline entry costs every request its 168 bytes.
+    // extensions on every request, so each inline entry costs every request its 176 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
     /// The gRPC method called (`/package.Service/Method`), for gRPC requests.
     grpc_method: Option<Arc<str>>,
@@ -45,20 +46,41 @@ pub struct RuleDecision {
     /// The units the rule charged.
     pub cost: u64,
     pub(crate) index: usize,
+    /// The limit this request was charged under, when the rule takes it from the request.
+    pub(crate) applied: Option<Applied>,
 }
 
 impl Decision {
     /// Adds a rule's charge; its outcome is filled in by [`Decision::answer`]. (The middleware
     /// builds the decision in place as the request goes through — rules, then the store — so it
     /// is moved once, into the request's extensions.)
-    pub(crate) fn plan(&mut self, index: usize, rule: Arc<str>, key: KeyValue, cost: u64) {
+    pub(crate) fn plan(
+        &mut self,
+        index: usize,
+        rule: Arc<str>,
+        key: KeyValue,
+        cost: u64,
+        applied: Option<Applied>,
+    ) {
         self.rules.push(RuleDecision {
             rule,
             outcome: PENDING,
             key,
             cost,
             index,
+            applied,
         });
+    }
+
+    /// The planned charges, mutably (to replace a per-request limit that cannot work).
+    pub(crate) fn rules_mut(&mut self) -> &mut [RuleDecision] {
+        &mut self.rules
+    }
+
+    /// Whether some rule's limit came from the request.
+    #[inline]
+    pub(crate) fn has_applied(&self) -> bool {
+        self.rules.iter().any(|r| r.applied.is_some())
     }
 
     /// Fills in the store's outcomes, one per planned charge, in order.
@@ -101,6 +123,8 @@ impl Decision {
     }
 
     /// The entry of the rule named `name`, if it applied.
+    ///
+    /// (See [`RuleDecision::limit`] for the limit a per-request rule applied.)
     pub fn rule(&self, name: &str) -> Option<&RuleDecision> {
         self.rules.iter().find(|r| &*r.rule == name)
     }
@@ -152,6 +176,16 @@ impl Decision {
             .max_by_key(|(wait, _)| *wait)
             .map(|(_, r)| r)
             .or_else(|| self.rules.iter().min_by_key(|r| r.outcome.remaining))
+    }
+}
+
+impl RuleDecision {
+    /// The limit this request was charged under, when the rule takes its limit from the request
+    /// ([`Rule::limit_from`](crate::Rule::limit_from),
+    /// [`Rule::limit_from_extension`](crate::Rule::limit_from_extension)); `None` when the rule's
+    /// own limit applied.
+    pub fn limit(&self) -> Option<&crate::Limit> {
+        self.applied.as_ref().and_then(|cell| cell.get()?.as_ref())
     }
 }
 

@@ -20,6 +20,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod observe;
+mod per_request;
 mod queue;
 mod response;
 mod rule;
@@ -41,6 +42,7 @@ pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, 
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use per_request::LimitResolver;
 pub use queue::Queue;
 pub use response::grpc::{Protocol, GRPC_RETRY_PUSHBACK_MS};
 pub use response::headers::{

@@ -10,7 +10,7 @@ use http::Request;
 use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule};
@@ -453,7 +453,7 @@ impl Limiter {
                 {
                     return Err(LimitError::Repeated(rule.to_owned()));
                 }
-                decision.plan(index, compiled.name.clone(), key, cost);
+                decision.plan(index, compiled.name.clone(), key, cost, None);
                 modes.push(mode);
             }
             if decision.rules().is_empty() {
@@ -581,24 +581,33 @@ impl Limiter {
     /// tokio runtime.
     pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[(usize, KeyValue, u64)]) {
         for (index, key, cost) in charged {
-            if *index >= rules.rules.len() {
-                continue;
+            if *index < rules.rules.len() {
+                self.refund_charge_now(&rules.charge(*index, key, *cost));
             }
-            if let Err(pending) = self
-                .store()
-                .refund(&rules.charge(*index, key, *cost))
-                .into_ready()
-            {
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        runtime.spawn(async move {
-                            if let Err(error) = pending.await {
-                                tracing::warn!(%error, "refund of a cancelled queued request failed");
-                            }
-                        });
-                    }
-                    Err(_) => tracing::warn!("no runtime to refund a cancelled queued request"),
+        }
+    }
+
+    /// [`refund_now`](Self::refund_now) for a queued request's decided entries: a per-request
+    /// limit's units go back under the limit they were charged under.
+    pub(crate) fn refund_decided_now(&self, rules: &RuleSet, charged: &[RuleDecision]) {
+        for entry in charged {
+            if entry.index < rules.rules.len() {
+                self.refund_charge_now(&rules.charge_of(entry));
+            }
+        }
+    }
+
+    fn refund_charge_now(&self, charge: &Charge<'_>) {
+        if let Err(pending) = self.store().refund(charge).into_ready() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        if let Err(error) = pending.await {
+                            tracing::warn!(%error, "refund of a cancelled queued request failed");
+                        }
+                    });
                 }
+                Err(_) => tracing::warn!("no runtime to refund a cancelled queued request"),
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
 use crate::limit::Limit;
+use crate::per_request::{LimitResolver, LimitSource};
 use crate::queue::Queue;
 use crate::settle::{CountIf, Settle};
 
@@ -35,6 +36,7 @@ pub struct Rule {
     missing_key: MissingKey,
     queue: Option<Queue>,
     shadow: bool,
+    source: Option<LimitSource>,
     penalty: Option<Penalty>,
     count_if: Option<CountIf>,
     settle: Option<Settle>,
@@ -147,6 +149,49 @@ impl Rule {
         self
     }
 
+    /// Takes the limit from the request's extensions, where an auth layer put what it knows of
+    /// the caller: `read` turns the value of type `T` there into this rule's limit (e.g. a
+    /// customer's plan into `Limit::per_minute(plan.rpm)`). A request without a `T`, or for which
+    /// `read` gives `None`, is charged under the rule's own limit.
+    ///
+    /// A key keeps its state when its limit changes: a token bucket's state is the moment it is
+    /// full again, and that moment carries over, read at the new rate — the balance is never above
+    /// the new capacity, an idle key is full under its new limit, and a change refills nothing.
+    /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
+    /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
+    /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
+    /// a request's cost must fit it. [`queue`](Self::queue), [`count_if`](Self::count_if) and
+    /// [`settle`](Self::settle) are not available with per-request limits (an error from `build()`).
+    ///
+    /// ```
+    /// use tollgate::{Key, Limit, Rule};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan { requests_per_minute: u64 }
+    ///
+    /// let rule = Rule::new("per-customer", Limit::per_minute(60))
+    ///     .key(Key::header(http::HeaderName::from_static("x-api-key")))
+    ///     .limit_from_extension(|plan: &Plan| Some(Limit::per_minute(plan.requests_per_minute)));
+    /// ```
+    pub fn limit_from_extension<T, F>(mut self, read: F) -> Rule
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&T) -> Option<Limit> + Send + Sync + 'static,
+    {
+        self.source = Some(LimitSource::Extension(Arc::new(move |extensions| {
+            extensions.get::<T>().and_then(&read)
+        })));
+        self
+    }
+
+    /// Looks the limit up by the rule's key with `resolver` (cached; see [`LimitResolver`] for
+    /// what happens when it fails or is slow). The rule's own limit is the fallback, as for
+    /// [`limit_from_extension`](Self::limit_from_extension).
+    pub fn limit_from(mut self, resolver: LimitResolver) -> Rule {
+        self.source = Some(LimitSource::Resolver(resolver));
+        self
+    }
+
     /// Blocks a key for `d` each time this rule denies it (DESIGN §10): while blocked, every
     /// request of the key under this rule is denied with `Retry-After` = what is left of the
     /// block, its counters untouched; denials during a block do not extend it. Blocks live in
@@ -228,46 +273,19 @@ impl Rule {
                 .saturating_add(queue.bound().max_units.unwrap_or(u64::MAX)),
             None => self.limit.algorithm().capacity(),
         };
-        match self.limit.algorithm() {
-            Algorithm::TokenBucket(tb) => {
-                positive(&name, "rate", tb.rate())?;
-                positive(&name, "period", tb.period().as_micros())?;
-                positive(&name, "capacity", tb.capacity())?;
-                if tb.initial() > tb.capacity() {
-                    return err(
-                        "initial",
-                        format!("must be at most the capacity ({})", tb.capacity()),
-                    );
-                }
-            }
-            Algorithm::FixedWindow(w) => {
-                positive(&name, "limit", w.limit())?;
-                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
-                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
-                    return err("utc_offset", "must be within 18 hours of UTC".into());
-                }
-                positive(&name, "period", w.period().as_micros())?;
-                if w.capacity() < w.limit() {
-                    return err(
-                        "capacity",
-                        format!("must be at least the per-window limit ({})", w.limit()),
-                    );
-                }
-            }
-            Algorithm::SlidingWindow(w) => {
-                positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_micros())?;
-            }
-            Algorithm::SlidingLog(w) => {
-                positive(&name, "limit", w.limit())?;
-                positive(&name, "period", w.period().as_micros())?;
-            }
-            Algorithm::BurstPool(p) => {
-                for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
-                    positive(&name, field_of(part, "rate"), tb.rate())?;
-                    positive(&name, field_of(part, "period"), tb.period().as_micros())?;
-                    positive(&name, field_of(part, "capacity"), tb.capacity())?;
-                }
+        check_algorithm(&name, self.limit.algorithm())?;
+        if self.source.is_some() {
+            // Each of these charges again later, by rule and key, under the rule's own limit.
+            let later = [
+                ("queue", self.queue.is_some()),
+                ("count_if", self.count_if.is_some()),
+                ("settle", self.settle.is_some()),
+            ];
+            if let Some((field, _)) = later.into_iter().find(|(_, set)| *set) {
+                return err(
+                    field,
+                    "not available on a rule whose limit comes from the request".into(),
+                );
             }
         }
         if let Some(cost) = self.cost.as_fixed() {
@@ -329,11 +347,60 @@ impl Rule {
             missing_key: self.missing_key,
             mode,
             shadow: self.shadow,
+            source: self.source,
             penalty: self.penalty,
             count_if: self.count_if,
             settle: self.settle,
         })
     }
+}
+
+/// Checks that an algorithm's numbers can work; the error names the rule and the field.
+pub(crate) fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+    let err = |field: &'static str, message: String| Err(ConfigError::new(name, field, message));
+    match algorithm {
+        Algorithm::TokenBucket(tb) => {
+            positive(name, "rate", tb.rate())?;
+            positive(name, "period", tb.period().as_micros())?;
+            positive(name, "capacity", tb.capacity())?;
+            if tb.initial() > tb.capacity() {
+                return err(
+                    "initial",
+                    format!("must be at most the capacity ({})", tb.capacity()),
+                );
+            }
+        }
+        Algorithm::FixedWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+            if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                return err("utc_offset", "must be within 18 hours of UTC".into());
+            }
+            positive(name, "period", w.period().as_micros())?;
+            if w.capacity() < w.limit() {
+                return err(
+                    "capacity",
+                    format!("must be at least the per-window limit ({})", w.limit()),
+                );
+            }
+        }
+        Algorithm::SlidingWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::SlidingLog(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::BurstPool(p) => {
+            for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
+                positive(name, field_of(part, "rate"), tb.rate())?;
+                positive(name, field_of(part, "period"), tb.period().as_micros())?;
+                positive(name, field_of(part, "capacity"), tb.capacity())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn field_of(part: &'static str, field: &'static str) -> &'static str {
@@ -372,6 +439,7 @@ impl From<Limit> for Rule {
             missing_key: MissingKey::default(),
             queue: None,
             shadow: false,
+            source: None,
             penalty: None,
             count_if: None,
             settle: None,
@@ -425,6 +493,7 @@ pub(crate) struct CompiledRule {
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
+    pub(crate) source: Option<LimitSource>,
     pub(crate) penalty: Option<Penalty>,
     pub(crate) count_if: Option<CountIf>,
     pub(crate) settle: Option<Settle>,

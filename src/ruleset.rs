@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::{Request, StatusCode};
@@ -11,10 +12,12 @@ use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 use crate::key::{peer_addr, Key, KeyValue, RequestHead};
+use crate::limiter::Limiter;
 use crate::observe::RuleMetrics;
+use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
 use crate::response::grpc::Protocol;
 use crate::response::headers::{self, PolicyItem};
 use crate::response::Prepared;
@@ -224,7 +227,11 @@ impl RuleSet {
             } else {
                 &mut *enforced
             };
-            plan.plan(index, rule.name.clone(), key, cost);
+            let applied = match &rule.source {
+                None => None,
+                Some(source) => source.applied(request.extensions(), &key),
+            };
+            plan.plan(index, rule.name.clone(), key, cost, applied);
         }
         if Protocol::of(request).is_grpc() {
             let method: std::sync::Arc<str> = request.uri().path().into();
@@ -249,15 +256,18 @@ impl RuleSet {
         })
     }
 
-    /// Asks `store` for the outcomes of a planned decision: filled in now, or the future of a
-    /// store that needs I/O. A plan of one charge (the usual case) takes the store's
-    /// single-charge path.
-    pub(crate) fn ask(&self, store: StoreRef<'_>, plan: &mut Decision) -> Answer {
+    /// Asks the limiter's store for the outcomes of a planned decision: filled in now, or the
+    /// future of a store that needs I/O (or of a per-request limit still being looked up). A
+    /// plan of one charge (the usual case) takes the store's single-charge path.
+    pub(crate) fn ask(self: &Arc<Self>, limiter: &Limiter, plan: &mut Decision) -> Answer {
+        let store = limiter.store_ref();
+        if plan.has_applied() {
+            if let Some(later) = self.per_request(limiter, plan) {
+                return Answer::Later(later);
+            }
+        }
         if let [one] = plan.rules() {
-            return match store
-                .apply_one(&self.charge(one.index, &one.key, one.cost))
-                .into_ready()
-            {
+            return match store.apply_one(&self.charge_of(one)).into_ready() {
                 Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
                 Err(pending) => Answer::Later(StoreFuture::pending(async move {
                     pending.await.map(|outcome| smallvec::smallvec![outcome])
@@ -271,12 +281,79 @@ impl RuleSet {
         }
     }
 
+    /// Per-request limits: a limit the request brought that cannot work is replaced by the
+    /// rule's own; limits still to be looked up give the future that looks them up, then asks
+    /// the store.
+    #[cold]
+    fn per_request(
+        self: &Arc<Self>,
+        limiter: &Limiter,
+        plan: &mut Decision,
+    ) -> Option<StoreFuture<Outcomes>> {
+        let mut waiting = false;
+        for entry in plan.rules_mut() {
+            let rule = &self.rules[entry.index];
+            let cost = Some((entry.cost, rule.mode));
+            match entry.applied.as_ref().map(|cell| cell.get()) {
+                Some(Some(Some(limit))) => {
+                    if let Err(why) = usable(&rule.name, limit, cost, limiter.store()) {
+                        LimitResolver::unusable(&rule.name, &why);
+                        entry.applied = None;
+                    }
+                }
+                Some(None) => waiting = true,
+                Some(Some(None)) | None => {}
+            }
+        }
+        if !waiting {
+            return None;
+        }
+        // The charges, owned by the future (their cells are shared with the plan).
+        let owned: SmallVec<[RuleDecision; 2]> = plan.rules().iter().cloned().collect();
+        let (rules, limiter) = (self.clone(), limiter.clone());
+        Some(StoreFuture::pending(async move {
+            for entry in &owned {
+                let Some(cell) = entry.applied.as_ref().filter(|cell| cell.get().is_none()) else {
+                    continue;
+                };
+                let rule = &rules.rules[entry.index];
+                let Some(LimitSource::Resolver(resolver)) = &rule.source else {
+                    continue;
+                };
+                let store = limiter.store();
+                let resolved = resolver
+                    .resolve(&rule.name, &entry.key, |limit| {
+                        usable(&rule.name, limit, None, store)
+                    })
+                    .await;
+                // A cost the key's limit cannot take falls back too (the rule's own limit takes
+                // every cost that reached the store).
+                let limit = resolved.filter(|limit| {
+                    usable(&rule.name, limit, Some((entry.cost, rule.mode)), store)
+                        .map_err(|why| LimitResolver::unusable(&rule.name, &why))
+                        .is_ok()
+                });
+                let _ = cell.set(limit);
+            }
+            let charges: SmallVec<[Charge<'_>; 2]> =
+                owned.iter().map(|entry| rules.charge_of(entry)).collect();
+            limiter.store().apply(&charges).await
+        }))
+    }
+
     /// The store's view of a planned decision.
     pub(crate) fn charges<'a>(&'a self, plan: &'a Decision) -> SmallVec<[Charge<'a>; 2]> {
-        plan.rules()
-            .iter()
-            .map(|p| self.charge(p.index, &p.key, p.cost))
-            .collect()
+        plan.rules().iter().map(|p| self.charge_of(p)).collect()
+    }
+
+    /// The store's view of one planned charge, under the limit that applies to it.
+    #[inline]
+    pub(crate) fn charge_of<'a>(&'a self, entry: &'a RuleDecision) -> Charge<'a> {
+        let rule = &self.rules[entry.index];
+        Charge {
+            algorithm: algorithm_of(&entry.applied, rule.algorithm()),
+            ..self.charge(entry.index, &entry.key, entry.cost)
+        }
     }
 
     pub(crate) fn charge<'a>(&'a self, index: usize, key: &'a KeyValue, cost: u64) -> Charge<'a> {

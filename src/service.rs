@@ -12,9 +12,8 @@ use smallvec::SmallVec;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
-use crate::decision::Decision;
+use crate::decision::{Decision, RuleDecision};
 use crate::future::{ResponseFuture, State};
-use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
@@ -121,7 +120,7 @@ where
         if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None, None));
         }
-        match rules.ask(shared.limiter.store_ref(), &mut enforced) {
+        match rules.ask(&shared.limiter, &mut enforced) {
             Answer::Now(result) => {
                 match decide(shared, &rules, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
@@ -189,7 +188,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
             tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(shared.limiter.store_ref(), &mut plan) {
+    match rules.ask(&shared.limiter, &mut plan) {
         Answer::Now(result) => record(shared, rules, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -315,16 +314,13 @@ pub(crate) fn decide<B>(
 pub(crate) struct Hold {
     limiter: Limiter,
     rules: Arc<RuleSet>,
-    charged: SmallVec<[(usize, KeyValue, u64); 2]>,
+    /// (Whole entries: a per-request limit is given back under the limit it was charged under.)
+    charged: SmallVec<[RuleDecision; 2]>,
 }
 
 impl Hold {
     fn new(limiter: Limiter, rules: Arc<RuleSet>, decision: &Decision) -> Self {
-        let charged = decision
-            .rules()
-            .iter()
-            .map(|r| (r.index, r.key.clone(), r.cost))
-            .collect();
+        let charged = decision.rules().iter().cloned().collect();
         Hold {
             limiter,
             rules,
@@ -342,7 +338,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if !self.charged.is_empty() {
             tracing::debug!("rate limit: queued request cancelled, units given back");
-            self.limiter.refund_now(&self.rules, &self.charged);
+            self.limiter.refund_decided_now(&self.rules, &self.charged);
         }
     }
 }

@@ -8,6 +8,9 @@
 #[path = "../examples/api_key_tiers.rs"]
 mod api_key_tiers;
 #[allow(dead_code)]
+#[path = "../examples/customer_limits.rs"]
+mod customer_limits;
+#[allow(dead_code)]
 #[path = "../examples/llm_tokens.rs"]
 mod llm_tokens;
 #[allow(dead_code)]
@@ -263,6 +266,55 @@ async fn api_key_tiers_count_each_plan_by_its_own_rule() {
         pro.header("ratelimit-policy"),
         "\"per-key\";q=10;w=1, \"pro\";q=100;w=60"
     );
+}
+
+#[tokio::test]
+async fn customer_limits_follow_each_customers_plan() {
+    let server = Server::start(customer_limits::app()).await;
+
+    let anonymous = server.get("/", &[]).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+
+    let acme = server.get("/", &[("x-api-key", "acme")]).await;
+    assert_eq!(acme.status, StatusCode::OK);
+    assert_eq!(
+        acme.body,
+        "hello; your plan: 100 a minute; 99 requests left\n"
+    );
+    assert_eq!(
+        acme.header("ratelimit-policy"),
+        "\"per-customer\";q=100;w=60"
+    );
+
+    let globex = server.get("/", &[("x-api-key", "globex")]).await;
+    assert_eq!(
+        globex.body,
+        "hello; your plan: 20 a minute; 19 requests left\n"
+    );
+    assert_eq!(
+        globex.header("ratelimit-policy"),
+        "\"per-customer\";q=20;w=60"
+    );
+
+    // A key the database does not know: the rule's own 5 a minute.
+    let unknown = [("x-api-key", "someone")];
+    for left in (0..5).rev() {
+        let reply = server.get("/", &unknown).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.body,
+            format!("hello; the default plan; {left} requests left\n")
+        );
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            "\"per-customer\";q=5;w=60"
+        );
+    }
+    assert_quota_exceeded(&server.get("/", &unknown).await, &["per-customer"], 1);
+
+    // acme's quota is its own: the unknown key's refusals did not touch it.
+    let again = server.get("/", &[("x-api-key", "acme")]).await;
+    assert_eq!(again.remaining("per-customer"), 98);
 }
 
 async fn login(server: &Server, user: &str, password: &str) -> Reply {

@@ -159,6 +159,9 @@ impl Responder {
     }
 
     fn policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
+        if decision.has_applied() {
+            return per_request_policy(rules, decision);
+        }
         if decision.rules().len() == rules.items.len() {
             return rules.all_rules_policy.clone();
         }
@@ -230,7 +233,8 @@ impl Responder {
             self.complete(rules, decision, protocol, wait, &mut response, false);
             return response;
         }
-        if protocol == Protocol::Http && !self.legacy {
+        // (A per-request limit's policy is not in the fingerprint: such refusals are built.)
+        if protocol == Protocol::Http && !self.legacy && !decision.has_applied() {
             let retry_seconds = headers::whole_seconds(wait).max(1);
             let fingerprint = Fingerprint::of(self.status, retry_seconds, decision);
             return rules.prepared.get_or_build(fingerprint, || {
@@ -454,4 +458,21 @@ impl fmt::Debug for Responder {
             .field("custom_rejection", &self.rejection.is_some())
             .finish()
     }
+}
+
+/// `RateLimit-Policy` when some rule's limit came from the request: that limit's item.
+fn per_request_policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
+    let mut items: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(decision.rules().len());
+    for entry in decision.rules() {
+        match entry.limit() {
+            Some(limit) => items.push(
+                headers::PolicyItem::new(&entry.rule, limit.algorithm())
+                    .ok()?
+                    .policy
+                    .into(),
+            ),
+            None => items.push(rules.items.get(entry.index)?.policy.as_str().into()),
+        }
+    }
+    headers::join(items.iter().map(|item| item.as_ref()))
 }

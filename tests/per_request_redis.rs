@@ -1,0 +1,162 @@
+//! Per-request limits on every store: the same requests through the memory store and through a
+//! real `redis-server`, with the same exact answers. The Redis script receives a charge's
+//! algorithm parameters with every call, so a per-request limit flows through, and a key whose
+//! limit changes keeps its state there too.
+
+#![cfg(feature = "redis")]
+
+#[path = "support/oneshot.rs"]
+mod oneshot;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response};
+use http_body_util::Full;
+use tollgate::{
+    Key, Limit, LimitResolver, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Rule, Store,
+};
+use tower::{service_fn, Layer};
+
+use oneshot::{send, Limited};
+use redis_server::RedisServer;
+
+type Body = Full<Bytes>;
+
+static API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+#[derive(Clone)]
+struct Plan {
+    per_minute: u64,
+}
+
+fn service(store: impl Store) -> impl Limited<Body> {
+    let resolver = LimitResolver::new(|key| async move {
+        let n = if key.as_bytes() == b"acme" { 3 } else { 0 };
+        Ok::<_, Infallible>(
+            (n > 0).then(|| Limit::fixed_window(n, Duration::from_secs(60)).aligned()),
+        )
+    })
+    // No delay here: a generous bound, so a loaded machine cannot make it fall back.
+    .timeout(Duration::from_secs(30));
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("plan", Limit::per_minute(2))
+                .key(Key::header(API_KEY.clone()))
+                .limit_from_extension(|plan: &Plan| Some(Limit::per_minute(plan.per_minute))),
+        )
+        .rule(
+            Rule::new(
+                "lookup",
+                Limit::fixed_window(1, Duration::from_secs(60)).aligned(),
+            )
+            .key(Key::header(API_KEY.clone()))
+            .limit_from(resolver),
+        )
+        .store(store)
+        .build()
+        .expect("valid rules");
+    layer.layer(service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }))
+}
+
+fn request(key: &str, per_minute: u64) -> Request<Body> {
+    let mut request = Request::get("/")
+        .header(&API_KEY, key)
+        .body(Body::default())
+        .unwrap();
+    request.extensions_mut().insert(Plan { per_minute });
+    request
+}
+
+/// Status, `RateLimit-Policy` and `RateLimit` of each step of one scenario.
+async fn scenario(service: &impl Limited<Body>, clock: &ManualClock) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut step = |response: Response<Bytes>| {
+        let field = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+        };
+        seen.push(format!(
+            "{} | {} | {}",
+            response.status().as_u16(),
+            field("ratelimit-policy"),
+            field("ratelimit")
+        ));
+    };
+    for plan in [10, 10, 10, 5, 10] {
+        step(send(service, request("acme", plan)).await);
+    }
+    step(send(service, request("other", 10)).await);
+    step(send(service, request("other", 10)).await);
+    clock.advance(Duration::from_secs(60));
+    step(send(service, request("acme", 2)).await);
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_request_limits_give_the_same_answers_on_redis_and_in_memory() {
+    let server = RedisServer::start();
+    let start = Duration::from_secs(1_750_000_020);
+
+    let clock = ManualClock::new(start);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let in_memory = scenario(&service(memory), &clock).await;
+
+    let clock = ManualClock::new(start);
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .deny_cache(false)
+        .build()
+        .await
+        .expect("connect");
+    let on_redis = scenario(&service(redis), &clock).await;
+
+    // The exact numbers: "plan" as in the memory tests (the time a key owes carries over when
+    // its limit changes; a refused request charges no rule, which report their balance),
+    // "lookup" 3 per aligned minute for acme, the rule's own 1 for a key the resolver does not
+    // know (the clock starts on a minute boundary).
+    let expected = [
+        "200 | \"plan\";q=10;w=60, \"lookup\";q=3;w=60 | \"plan\";r=9;t=6, \"lookup\";r=2;t=60",
+        "200 | \"plan\";q=10;w=60, \"lookup\";q=3;w=60 | \"plan\";r=8;t=6, \"lookup\";r=1;t=60",
+        "200 | \"plan\";q=10;w=60, \"lookup\";q=3;w=60 | \"plan\";r=7;t=6, \"lookup\";r=0;t=60",
+        "429 | \"plan\";q=5;w=60, \"lookup\";q=3;w=60 | \"plan\";r=3;t=6, \"lookup\";r=0;t=60",
+        "429 | \"plan\";q=10;w=60, \"lookup\";q=3;w=60 | \"plan\";r=7;t=6, \"lookup\";r=0;t=60",
+        "200 | \"plan\";q=10;w=60, \"lookup\";q=1;w=60 | \"plan\";r=9;t=6, \"lookup\";r=0;t=60",
+        "429 | \"plan\";q=10;w=60, \"lookup\";q=1;w=60 | \"plan\";r=9;t=6, \"lookup\";r=0;t=60",
+        "200 | \"plan\";q=2;w=60, \"lookup\";q=3;w=60 | \"plan\";r=1;t=30, \"lookup\";r=2;t=60",
+    ];
+    assert_eq!(in_memory, expected);
+    assert_eq!(on_redis, expected);
+}
+
+/// A per-request limit the Redis store cannot count exactly (above 2^50 units) is refused like a
+/// build-time one would be: the request is charged under the rule's own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_redis_cannot_count_falls_back_to_the_rules_own() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_020));
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .expect("connect");
+    let service = service(redis);
+    let huge = send(&service, request("acme", 1 << 51)).await;
+    assert_eq!(huge.status(), http::StatusCode::OK);
+    let policy = huge.headers().get("ratelimit-policy").unwrap();
+    assert_eq!(policy, "\"plan\";q=2;w=60, \"lookup\";q=3;w=60");
+    // Counted in Redis under the rule's own 2 a minute.
+    assert_eq!(
+        huge.headers().get("ratelimit").unwrap(),
+        "\"plan\";r=1;t=30, \"lookup\";r=2;t=60"
+    );
+}
