@@ -345,6 +345,55 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
     assert_eq!(server.command_calls("evalsha") - before, 10);
 }
 
+/// Issue 13, bug 1: a cached denial of a cost above one must say what Redis would say for that
+/// cost. `per_minute(10)` refills one unit per 6 s; with the budget spent, a charge of 5 needs
+/// 30 s, 1 s later 29 s, and at 6 s (one unit back) 24 s. Every answer of the cached store equals
+/// the uncached store's, field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_answers_a_cost_of_5_with_retry_after_30_then_29_then_24() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let limiter = |prefix: &'static str, cache: bool| {
+        let clock = clock.clone();
+        let url = server.url();
+        async move {
+            let store = RedisStore::builder()
+                .url(url)
+                .prefix(prefix)
+                .clock(clock)
+                .deny_cache(cache)
+                .build()
+                .await
+                .unwrap();
+            Limiter::builder()
+                .rule(Rule::new("api", Limit::per_minute(10)))
+                .store(store)
+                .build()
+                .unwrap()
+        }
+    };
+    let cached = limiter("cached", true).await;
+    let truth = limiter("truth", false).await;
+    let secs = Duration::from_secs;
+    let mut calls = Vec::new();
+    let mut retry_after = Vec::new();
+    for advance in [0, 0, 0, 1, 0, 5, 0, 3] {
+        clock.advance(secs(advance));
+        let before = server.command_calls("evalsha");
+        let got = cached.charge("api", "k", 5).await.unwrap();
+        calls.push(server.command_calls("evalsha") - before);
+        let expected = truth.charge("api", "k", 5).await.unwrap();
+        assert_eq!(got, expected, "after {advance} s more");
+        if let Verdict::Denied { retry_after: wait } = got.verdict {
+            retry_after.push(wait.as_secs_f64());
+        }
+    }
+    // Two charges of 5 spend the budget; then 30 s, 1 s later 29 s (locally), at 6 s one unit
+    // is back (Redis is asked: 24 s, then locally again), 3 s later 21 s.
+    assert_eq!(retry_after, [30.0, 29.0, 29.0, 24.0, 24.0, 21.0]);
+    assert_eq!(calls, [1, 1, 1, 0, 0, 1, 0, 0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
     let server = RedisServer::start();

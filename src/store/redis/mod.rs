@@ -88,12 +88,14 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// apply when Redis hangs.
 ///
 /// # Local deny cache
-/// On by default ([`deny_cache`](RedisStoreBuilder::deny_cache)). When Redis denies a key and says
-/// no unit is left, nothing can pass that key before its quota grows again, so this instance
-/// answers the key's requests itself until then, without a Redis call: a client hammering a
-/// limit costs Redis one call per refill interval instead of one per request. The deadline is kept
-/// on this process's monotonic clock; the cached interval is what Redis reported, so the local
-/// answer can be off only by the network delay of the call that filled the cache. A
+/// On by default ([`deny_cache`](RedisStoreBuilder::deny_cache)). When Redis denies a charge, its
+/// answer to the same charge (same cost) only moves with the clock until the key's units grow
+/// again, so this instance answers that charge itself until then, without a Redis call, with the
+/// fields Redis would give: the `Retry-After` for that cost and the `remaining` it reported. A
+/// client hammering a limit costs Redis one call per refill interval instead of one per request;
+/// a request of another cost goes to Redis. The deadlines are kept on this process's monotonic
+/// clock from the moment the answer arrived, so the local answer can be later than Redis's only
+/// by the network delay of the call that filled the cache, never earlier. A
 /// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
 /// clears the entry; one made by another instance takes effect here when the entry expires. The
 /// cache holds a bounded number of entries ([`deny_cache_size`](RedisStoreBuilder::deny_cache_size)).
@@ -354,6 +356,7 @@ impl RedisStore {
                 .iter()
                 .map(|charge| CacheView {
                     hash: cache.hash(charge.rule, charge.key),
+                    cost: charge.cost,
                     mode: charge.mode,
                     cacheable: !inner.shards.contains_key(charge.rule),
                 })
