@@ -52,24 +52,41 @@ async fn store(server: &RedisServer) -> RedisStore {
         .expect("connect")
 }
 
-#[test]
-fn same_answers_as_the_memory_store() {
+/// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
+/// and with the deny cache off.
+fn differential_cases(cases: u32) {
     let server = RedisServer::start();
     let rt = runtime();
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     };
     proptest!(config, |(scenario in differential::scenario())| {
         rt.block_on(async {
-            let redis = RedisStore::builder()
-                .url(server.url())
-                .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)));
-            differential::run(redis, &scenario).await;
+            let case = case.fetch_add(1, Ordering::Relaxed);
+            for cache in [true, false] {
+                let redis = RedisStore::builder()
+                    .url(server.url())
+                    .prefix(format!("diff{case}{cache}"))
+                    .deny_cache(cache);
+                differential::run(redis, &scenario).await;
+            }
         });
     });
+}
+
+#[test]
+fn same_answers_as_the_memory_store_1024_scenarios() {
+    differential_cases(1_024);
+}
+
+/// The soak: `cargo test --all-features --test redis -- --ignored`.
+#[test]
+#[ignore = "soak: 50 000 scenarios, several minutes"]
+fn same_answers_as_the_memory_store_soak() {
+    differential_cases(50_000);
 }
 
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property

@@ -155,15 +155,16 @@ async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
 }
 
 /// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
-/// clock (and no deny cache, so every answer comes from Redis); panics on the first difference.
+/// clock, with the builder's settings otherwise (the defaults include the deny cache, whose
+/// local answers must be Redis's exactly); panics on the first difference. Returns the outcomes
+/// of the requests, in order.
 pub async fn run(
     redis: RedisStoreBuilder,
     (start, rules, steps): &(u64, Vec<Algorithm>, Vec<Step>),
-) {
+) -> Vec<Outcomes> {
     let clock = ManualClock::new(Duration::from_micros(*start));
     let redis = redis
         .clock(clock.clone())
-        .deny_cache(false)
         .timeout(Duration::from_secs(5))
         .build()
         .await
@@ -171,6 +172,7 @@ pub async fn run(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let (redis, memory, clock) = (&redis, &memory, &clock);
     let names: Vec<String> = (0..rules.len()).map(name).collect();
+    let mut answers = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         match step {
             Step::Apply(charges) => {
@@ -190,6 +192,7 @@ pub async fn run(
                     got, expected,
                     "step {i} {step:?} differs (left: Redis, right: memory)"
                 );
+                answers.push(got);
             }
             Step::Refund(rule, key, units) => {
                 let charge = Charge {
@@ -215,4 +218,5 @@ pub async fn run(
             Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
         }
     }
+    answers
 }

@@ -132,8 +132,16 @@ impl DenyCache {
         denied.then_some(outcomes)
     }
 
-    /// Learns from Redis's answer to `batch`, received at `now`.
-    pub(super) fn learn(&self, batch: &[CacheView], outcomes: &[Outcome], now: Micros) {
+    /// Learns from Redis's answer to `batch`, received at `now`. `missing[i]` says that charge
+    /// `i`'s key holds no state: its answer does not move with the clock (a new key is seen
+    /// fresh whenever it is asked about), so such a batch is not cached.
+    pub(super) fn learn(
+        &self,
+        batch: &[CacheView],
+        outcomes: &[Outcome],
+        missing: &[bool],
+        now: Micros,
+    ) {
         let at = |d: Duration| now.saturating_add(micros(d));
         let anchors = |view: &CacheView, outcome: &Outcome| {
             view.cacheable && matches!(outcome.verdict, Verdict::Denied { .. })
@@ -148,7 +156,7 @@ impl DenyCache {
                 _ => now,
             })
             .max()
-            .filter(|&until| until > now && !reserves);
+            .filter(|&until| until > now && !reserves && !missing.contains(&true));
         let Some(until) = until else {
             // Admitted (or not cacheable): whatever was cached for these keys is stale.
             if !self.is_empty() {
@@ -265,7 +273,12 @@ mod tests {
         assert!(cache.answer(&batch, &hashes, 0).is_none());
         // Five units missing at one per 100 ms; the next whole unit in 100 ms.
         let ms = Duration::from_millis;
-        cache.learn(&views, &[denied(ms(500), 0, ms(100)), allowed(7)], 1_000);
+        cache.learn(
+            &views,
+            &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
+            1_000,
+        );
         let answer = cache.answer(&batch, &hashes, 61_000).unwrap();
         assert_eq!(answer[0], denied(ms(440), 0, ms(40)));
         assert_eq!(
@@ -289,13 +302,15 @@ mod tests {
         cache.learn(
             &views,
             &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
             2_000_000,
         );
-        cache.learn(&views, &[allowed(1), allowed(7)], 2_000_001);
+        cache.learn(&views, &[allowed(1), allowed(7)], &[], 2_000_001);
         assert!(cache.answer(&batch, &hashes, 2_000_002).is_none());
         cache.learn(
             &views,
             &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
             3_000_000,
         );
         cache.forget(hashes[0]);
@@ -315,7 +330,7 @@ mod tests {
         };
         let hash = [cache.hash("r", b"k")];
         let v = [view(&cache, "r", 5, Mode::Charge)];
-        cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], 0);
+        cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);
         assert_eq!(
             cache.answer(&[charge], &hash, 100_000).unwrap()[0],
             denied(Duration::from_millis(900), 2, Duration::from_millis(200))
@@ -324,20 +339,28 @@ mod tests {
     }
 
     #[test]
-    fn not_cached_reservations_or_sharded_rules() {
+    fn not_cached_reservations_sharded_rules_or_keys_without_state() {
         let cache = DenyCache::new(100);
         let reserve = Mode::Reserve(Default::default());
         let hash = cache.hash("r", b"k");
         cache.learn(
             &[view(&cache, "r", 1, reserve)],
             &[denied(SECOND, 0, SECOND)],
+            &[],
             0,
         );
         let sharded = CacheView {
             cacheable: false,
             ..view(&cache, "r", 1, Mode::Charge)
         };
-        cache.learn(&[sharded], &[denied(SECOND, 0, SECOND)], 0);
+        cache.learn(&[sharded], &[denied(SECOND, 0, SECOND)], &[], 0);
+        // A key Redis holds no state for is seen fresh whenever it is asked: its answer stays.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[denied(SECOND, 0, SECOND)],
+            &[true],
+            0,
+        );
         assert!(cache.get(hash, 1).is_none());
     }
 
@@ -351,7 +374,7 @@ mod tests {
                 mode: Mode::Charge,
                 cacheable: true,
             };
-            cache.learn(&[view], &[denied(SECOND, 0, SECOND)], 0);
+            cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 0);
         }
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Once expired, entries make room again.
@@ -361,7 +384,7 @@ mod tests {
             mode: Mode::Charge,
             cacheable: true,
         };
-        cache.learn(&[view], &[denied(SECOND, 0, SECOND)], 10_000_000);
+        cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 10_000_000);
         assert!(cache.get(view.hash, 10_000_000).is_some());
     }
 }

@@ -379,9 +379,9 @@ impl RedisStore {
         let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            let outcomes = inner.timed(inner.decide(now, &records)).await?;
+            let (outcomes, missing) = inner.timed(inner.decide(now, &records)).await?;
             if let Some(cache) = &inner.cache {
-                cache.learn(&views, &outcomes, inner.local.now());
+                cache.learn(&views, &outcomes, &missing, inner.local.now());
             }
             finish(outcomes)
         })
@@ -486,13 +486,19 @@ struct Item<'r> {
 }
 
 /// What one record's charge took: the candidate it chose, what a burst pool took from its steady
-/// bucket, and when.
+/// bucket, when, and whether the key held no state (for a charge: before it, so that an undo of a
+/// charge that created the key removes it again while any other undo keeps the key; for a check
+/// or an undo: after it).
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
     chosen: usize,
     steady: u64,
     at: Micros,
+    missing: bool,
 }
+
+/// Per outcome of a batch: whether its key holds no state (see [`Inner::decide`]).
+type Missing = SmallVec<[bool; 2]>;
 
 impl<'r> Item<'r> {
     fn apply(record: &'r Record) -> Self {
@@ -617,12 +623,14 @@ impl Inner {
         }
     }
 
-    /// Decides a batch: one script call, or one per slot on a cluster.
+    /// Decides a batch: one script call, or one per slot on a cluster. Beside each outcome:
+    /// whether its key holds no state after the call (its answer then does not move with the
+    /// clock, which the deny cache must know).
     async fn decide(
         &self,
         now: Option<Micros>,
         records: &[Record],
-    ) -> Result<Outcomes, StoreError> {
+    ) -> Result<(Outcomes, Missing), StoreError> {
         let groups = if self.is_cluster() {
             self.groups(records)
         } else {
@@ -631,7 +639,10 @@ impl Inner {
         if groups.len() <= 1 {
             let items: SmallVec<[Item<'_>; 2]> = records.iter().map(Item::apply).collect();
             let results = self.call(Op::Apply, now, &items).await?;
-            return Ok(results.into_iter().map(|(outcome, _)| outcome).collect());
+            return Ok(results
+                .into_iter()
+                .map(|(o, taken)| (o, taken.missing))
+                .unzip());
         }
         self.cross_slot(now, records, &groups).await
     }
@@ -651,8 +662,9 @@ impl Inner {
         now: Option<Micros>,
         records: &[Record],
         groups: &[Vec<usize>],
-    ) -> Result<Outcomes, StoreError> {
+    ) -> Result<(Outcomes, Missing), StoreError> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
+        let mut missing: Missing = smallvec::smallvec![false; records.len()];
         let mut taken = vec![Taken::default(); records.len()];
         for (g, group) in groups.iter().enumerate() {
             let items: Vec<Item<'_>> = group.iter().map(|&i| Item::apply(&records[i])).collect();
@@ -660,6 +672,7 @@ impl Inner {
             let denied = results.iter().any(|(o, _)| !o.verdict.is_admitted());
             for (&i, (outcome, took)) in group.iter().zip(results) {
                 outcomes[i] = Some(outcome);
+                missing[i] = took.missing;
                 taken[i] = took;
             }
             if !denied {
@@ -678,8 +691,9 @@ impl Inner {
                     .collect();
                 match self.call(Op::Undo, now, &items).await {
                     Ok(results) => {
-                        for (&i, (outcome, _)) in earlier.iter().zip(results) {
+                        for (&i, (outcome, took)) in earlier.iter().zip(results) {
                             outcomes[i] = Some(outcome);
+                            missing[i] = took.missing;
                         }
                     }
                     // The units stay taken until they refill: under-admits, never over.
@@ -693,8 +707,9 @@ impl Inner {
                     later.iter().map(|&i| Item::apply(&records[i])).collect();
                 match self.call(Op::Check, now, &items).await {
                     Ok(results) => {
-                        for (&i, (outcome, _)) in later.iter().zip(results) {
+                        for (&i, (outcome, took)) in later.iter().zip(results) {
                             outcomes[i] = Some(outcome);
+                            missing[i] = took.missing;
                         }
                     }
                     Err(error) => {
@@ -704,7 +719,7 @@ impl Inner {
             }
             break;
         }
-        Ok(outcomes
+        let outcomes = outcomes
             .into_iter()
             .zip(records)
             .map(|(outcome, record)| {
@@ -716,7 +731,8 @@ impl Inner {
                     reset: Duration::ZERO,
                 })
             })
-            .collect())
+            .collect();
+        Ok((outcomes, missing))
     }
 
     /// One script call; the outcome of each item, with the candidate it chose.
@@ -736,7 +752,7 @@ impl Inner {
         let candidates = || items.iter().flat_map(|item| item.candidates());
         let keys = candidates().count();
         let names: usize = candidates().map(|c| c.name.len()).sum();
-        let numbers = 4 + 5 * items.len() + candidates().map(|c| c.args.len()).sum::<usize>();
+        let numbers = 4 + 6 * items.len() + candidates().map(|c| c.args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
         let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers.max(Packed::MIN));
         cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
@@ -766,6 +782,7 @@ impl Inner {
             packed.push(params::units_arg(item.cost));
             packed.push(item.undo.steady);
             packed.push(item.undo.at);
+            packed.push(u64::from(item.undo.missing));
             for candidate in candidates {
                 for &value in &candidate.args {
                     packed.push(value);
@@ -783,7 +800,7 @@ struct Packed(Vec<u8>);
 
 impl Packed {
     /// The script reads a call's first numbers with one unpack: it needs at least this many.
-    const MIN: usize = 16;
+    const MIN: usize = 17;
 
     /// Integers below 2^53 convert exactly; the rules are validated to stay there.
     fn push(&mut self, value: u64) {
@@ -797,10 +814,10 @@ impl Packed {
     }
 }
 
-/// Reads the script's reply: seven integers per item, then the time the script used, as
+/// Reads the script's reply: eight integers per item, then the time the script used, as
 /// little-endian doubles.
 fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (7 * items.len() + 1) {
+    if reply.len() != 8 * (8 * items.len() + 1) {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -824,7 +841,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
     let at = number(reply[reply.len() - 1])?;
     items
         .iter()
-        .zip(reply.chunks_exact(7))
+        .zip(reply.chunks_exact(8))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
             let verdict = match number(values[0])? {
@@ -852,6 +869,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 chosen: item.only.unwrap_or(index),
                 steady: number(values[6])?,
                 at,
+                missing: number(values[7])? == 1,
             };
             Ok((outcome, taken))
         })
