@@ -65,7 +65,7 @@ pub use headers::{
     X_RATELIMIT_RESET,
 };
 pub use key::{ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use queue::Queue;
@@ -75,7 +75,7 @@ pub use ruleset::AccessList;
 pub use service::RateLimit;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-pub use store::{MemoryStore, Store};
+pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};
 
 /// The README's examples, compiled and run as doc tests so they cannot go stale.
 #[cfg(doctest)]

@@ -193,16 +193,34 @@ impl Responder {
         problem(status, Bytes::from(body.to_string()))
     }
 
-    /// The response when the store failed and the layer fails closed.
+    /// The response when the store failed and the layer fails closed: a plain message, and
+    /// `Retry-After` (whole seconds, rounded up, at least 1) until the circuit breaker's next
+    /// probe, or 1 s when the breaker is still closed (the next request asks the store again).
+    /// The gRPC answer branches on [`unavailable_retry_after`](Self::unavailable_retry_after).
     pub(crate) fn unavailable(&self, error: &StoreError) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
+        let retry = Self::unavailable_retry_after(error);
         let body = serde_json::json!({
             "type": "about:blank",
             "title": "Service Unavailable",
             "status": status.as_u16(),
-            "detail": format!("The rate limiter cannot decide right now ({:?}); try again shortly.", error.kind()),
+            "detail": format!(
+                "The rate limiter cannot decide right now; try again in {retry} s."
+            ),
         });
-        problem(status, Bytes::from(body.to_string()))
+        let mut response = problem(status, Bytes::from(body.to_string()));
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry));
+        response
+    }
+
+    /// Seconds a fail-closed refusal asks the client to wait (see [`unavailable`](Self::unavailable)).
+    pub(crate) fn unavailable_retry_after(error: &StoreError) -> u64 {
+        error
+            .retry_after()
+            .map_or(1, |wait| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+            .max(1)
     }
 }
 

@@ -14,13 +14,13 @@ use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::future::{ResponseFuture, State};
 use crate::key::KeyValue;
-use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
+use crate::layer::{RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Route, RuleSet};
-use crate::store::StoreError;
+use crate::store::{FailurePolicy, StoreError};
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
 ///
@@ -234,13 +234,16 @@ pub(crate) fn decide<B>(
             for entry in decision.rules() {
                 rules.metrics[entry.index].store_error();
             }
+            // The store's circuit breaker logs failures, one line per interval with a count.
             return match shared.failure {
-                FailurePolicy::Open => {
-                    tracing::warn!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
+                // Fail to local answers in the store; an error reaching here (no local store
+                // behind a given limiter) forwards, as fail open.
+                FailurePolicy::Open | FailurePolicy::Local { .. } => {
+                    tracing::debug!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
                     Next::Forward(None)
                 }
                 FailurePolicy::Closed => {
-                    tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
+                    tracing::debug!(%error, "rate limit: store failed; request refused (fail closed)");
                     Next::Respond(shared.responder.unavailable(&error))
                 }
             };

@@ -449,6 +449,21 @@ impl Store for RedisStore {
         })
     }
 
+    fn probe(&self) -> StoreFuture<()> {
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            inner
+                .timed(async {
+                    let mut conn = inner.conn.clone();
+                    conn.query::<String>(&::redis::cmd("PING"))
+                        .await
+                        .map_err(conn::error)?;
+                    Ok(())
+                })
+                .await
+        })
+    }
+
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
         params::validate(rule, algorithm)?;
         match self.inner.shards.get(rule) {
