@@ -219,7 +219,9 @@ impl Responder {
     pub(crate) fn unavailable_retry_after(error: &StoreError) -> u64 {
         error
             .retry_after()
-            .map_or(1, |wait| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+            .map_or(1, |wait| {
+                wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+            })
             .max(1)
     }
 }

@@ -487,7 +487,8 @@ fn failing_layer(store: RedisStore, policy: FailurePolicy) -> RateLimitLayer {
         .unwrap()
 }
 
-/// Redis killed mid-traffic: every request gets the failure policy's answer within the timeout.
+/// Redis killed mid-traffic: every request gets the failure policy's answer (how long they wait
+/// is shown without a clock in `tests/redis_outage.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
     let mut server = RedisServer::start();
@@ -505,23 +506,11 @@ async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
     assert!(response.headers().contains_key("ratelimit"));
     server.kill();
     for _ in 0..5 {
-        let started = Instant::now();
         let response = closed.clone().oneshot(request("10.0.0.1")).await.unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
-        let started = Instant::now();
         let response = open.clone().oneshot(request("10.0.0.1")).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert!(!response.headers().contains_key("ratelimit"));
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
     }
 }
 
@@ -582,16 +571,10 @@ async fn a_paused_redis_times_out_and_recovers() {
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 9);
     server.pause();
     for _ in 0..3 {
-        let started = Instant::now();
         match limiter.charge("api", "k", 1).await {
             Err(LimitError::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Timeout),
             other => panic!("expected a timeout, got {other:?}"),
         }
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
     }
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -19,11 +19,11 @@ use super::Plan;
 use crate::error::ConfigError;
 use crate::key::{ForwardedHeader, Key, RequestHead};
 use crate::layer::{RateLimitLayer, RateLimitLayerBuilder};
-use crate::store::FailurePolicy;
 use crate::limit::Limit;
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::AccessList;
+use crate::store::FailurePolicy;
 use crate::store::MemoryStore;
 use crate::Cost;
 

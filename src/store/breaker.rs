@@ -311,7 +311,10 @@ impl Breaker {
     /// interval.
     fn failed(&self, error: &StoreError) {
         let now = self.now();
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
         let mut cold = self.cold();
         if failures >= self.threshold && !self.open.load(Ordering::Relaxed) {
             cold.next_probe = now.saturating_add(micros(self.first_probe));
@@ -398,9 +401,6 @@ impl Breaker {
         cold.probing = false;
         match result {
             Ok(()) => {
-                self.failures.store(0, Ordering::Relaxed);
-                self.open.store(false, Ordering::Relaxed);
-                self.healthy.set(1.0);
                 cold.unreported = 0;
                 cold.last_warning = None;
                 let down = duration(now.saturating_sub(cold.opened_at));
@@ -412,6 +412,10 @@ impl Breaker {
                     down.as_secs_f64(),
                     cold.failed_while_open
                 );
+                // Last: whoever sees the gauge or the calls go through also sees the line.
+                self.failures.store(0, Ordering::Relaxed);
+                self.open.store(false, Ordering::Relaxed);
+                self.healthy.set(1.0);
             }
             Err(error) => {
                 cold.backoff = (cold.backoff * 2).min(self.max_probe);
@@ -523,7 +527,9 @@ fn scale(algorithm: &Algorithm, share: f64) -> Algorithm {
         Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(
             SlidingWindow::new(part(w.limit()), w.period()).with_start(w.start()),
         ),
-        Algorithm::SlidingLog(w) => Algorithm::SlidingLog(SlidingLog::new(part(w.limit()), w.period())),
+        Algorithm::SlidingLog(w) => {
+            Algorithm::SlidingLog(SlidingLog::new(part(w.limit()), w.period()))
+        }
     }
 }
 
@@ -599,7 +605,10 @@ mod tests {
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
         flaky.down.store(true, Ordering::Relaxed);
         for _ in 0..5 {
-            assert_eq!(apply(&guarded, &algorithm).unwrap_err().kind(), StoreErrorKind::Timeout);
+            assert_eq!(
+                apply(&guarded, &algorithm).unwrap_err().kind(),
+                StoreErrorKind::Timeout
+            );
         }
         // Open: 100 calls, none reaches the store; each says when the next probe is.
         for _ in 0..100 {
@@ -637,10 +646,17 @@ mod tests {
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, Duration::from_secs(3_600)));
         flaky.down.store(true, Ordering::Relaxed);
         let verdicts: Vec<bool> = (0..8)
-            .map(|_| apply(&guarded, &algorithm).unwrap()[0].verdict.is_admitted())
+            .map(|_| {
+                apply(&guarded, &algorithm).unwrap()[0]
+                    .verdict
+                    .is_admitted()
+            })
             .collect();
         // Half of 10 locally: 5 admitted, then denied.
-        assert_eq!(verdicts, [true, true, true, true, true, false, false, false]);
+        assert_eq!(
+            verdicts,
+            [true, true, true, true, true, false, false, false]
+        );
         assert!(matches!(
             apply(&guarded, &algorithm).unwrap()[0].verdict,
             Verdict::Denied { .. }
