@@ -669,6 +669,37 @@ mod tests {
         assert_eq!(apply(&guarded, &algorithm).unwrap()[0].remaining, 9);
     }
 
+    #[tokio::test]
+    async fn one_warning_line_per_interval_counts_the_failures_since_the_last() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let flaky = Arc::new(Flaky::default());
+        let guarded = Guarded::new(
+            flaky.clone(),
+            &CircuitBreaker::new()
+                .clock(clock.clone())
+                .warn_interval(Duration::from_secs(10)),
+            FailurePolicy::Open,
+        );
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
+        flaky.down.store(true, Ordering::Relaxed);
+        let lines = || {
+            let cold = guarded.breaker.cold();
+            (cold.last_warning, cold.unreported)
+        };
+        // The first failure is reported at once; 104 more within 10 s are only counted.
+        for _ in 0..105 {
+            apply(&guarded, &algorithm).unwrap_err();
+        }
+        assert_eq!(lines(), (Some(1_000_000_000), 104));
+        clock.advance(Duration::from_secs(9));
+        apply(&guarded, &algorithm).unwrap_err();
+        assert_eq!(lines(), (Some(1_000_000_000), 105));
+        // 10 s after the last line: one line saying 106, and the count starts again.
+        clock.advance(Duration::from_secs(1));
+        apply(&guarded, &algorithm).unwrap_err();
+        assert_eq!(lines(), (Some(1_010_000_000), 0));
+    }
+
     #[test]
     fn a_share_outside_0_to_1_is_refused() {
         for share in [0.0, -1.0, 1.5, f64::NAN] {
