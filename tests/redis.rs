@@ -689,3 +689,29 @@ async fn a_configuration_file_can_name_the_redis_store() {
         "decided by Redis"
     );
 }
+
+/// `on_failure = { local = { share = 0.5 } }` in a file: with Redis killed, the instance grants
+/// half of the limit on its own (2 of 4 an hour), then 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_file_can_fail_to_local_with_half_of_each_limit() {
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\non_failure = {{ local = {{ share = 0.5 }} }}\n\n\
+         [[rules]]\nname = \"global\"\nrate = 4\nperiod = \"1h\"\n",
+        server.url()
+    );
+    std::fs::write(&path, text).unwrap();
+    let service = RateLimitLayer::load_config(&path)
+        .await
+        .unwrap()
+        .layer(ok_service());
+    server.kill();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = service.clone().oneshot(request("10.0.0.1")).await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+}

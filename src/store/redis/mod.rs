@@ -75,13 +75,17 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// `Unavailable` or `Protocol`) and the layer's [`FailurePolicy`](crate::FailurePolicy) decides:
 /// the store never panics and never makes a request wait longer than the timeout. The connection
 /// reconnects by itself (backing off up to one second), so the app recovers when Redis comes
-/// back, without a restart.
+/// back, without a restart. The [`Limiter`](crate::Limiter) puts a
+/// [`CircuitBreaker`](crate::CircuitBreaker) in front of the store: after consecutive failures,
+/// requests stop waiting for the timeout and are answered by the failure policy at once while
+/// the store is probed (`PING`) in the background, with backoff.
 ///
 /// **Which failure policy?** The layer's default, fail open, suits most users of a shared Redis: a
 /// rate limiter protects a service from overload and abuse, and an outage of the limiter's Redis
 /// should degrade that protection for its duration (every failure is logged with `tracing`)
 /// rather than turn into an outage of the service itself — which is what failing closed does,
-/// since every request then gets `503`. Choose
+/// since every request then gets `503`. [`FailurePolicy::Local`](crate::FailurePolicy::Local)
+/// keeps a share of each limit per instance in memory meanwhile. Choose
 /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) when going over the limit costs more
 /// than refusing service: a paid upstream with a hard quota, an SMS or e-mail budget, a login
 /// throttle against password guessing. The short default timeout keeps either policy quick to
