@@ -27,6 +27,9 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[path = "support/oneshot.rs"]
 mod oneshot;
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
 use oneshot::{send, Limited};
 
 type Body = Full<Bytes>;
@@ -1214,4 +1217,36 @@ async fn the_login_protection_sample_slows_down_guessing() {
             1,
         ))));
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
+
+/// The `server` example loads a file that names a Redis store (the async loader connects it) and
+/// limits through that Redis: two copies of the app share one budget.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_server_example_serves_the_redis_sample_through_redis() {
+    let redis = redis_server::RedisServer::start();
+    let text = std::fs::read_to_string(sample("redis.toml"))
+        .unwrap()
+        .replace("redis://127.0.0.1:6379", &redis.url());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, text).unwrap();
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let (first, _watch) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
+    let (second, _watch2) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first.limiter().rule_names(), ["per-ip", "search"]);
+    let apps = [
+        server::app(first, recorder.handle()),
+        server::app(second, recorder.handle()),
+    ];
+    let search = || app_request(Method::GET, "/search", &[]);
+    for i in 0..10 {
+        let (status, body) = call(&apps[i % 2], search()).await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {body}");
+    }
+    for app in &apps {
+        assert_eq!(call(app, search()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert!(redis.command_calls("evalsha") > 0, "decided in Redis");
 }
