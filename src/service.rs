@@ -161,7 +161,8 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
             for entry in decision.rules() {
                 rules.metrics[entry.index].store_error();
             }
-            tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
+            // The store's circuit breaker logs failures, one line per interval with a count.
+            tracing::debug!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
     match rules.ask(shared.limiter.store_ref(), &mut plan) {
