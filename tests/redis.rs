@@ -89,6 +89,35 @@ fn same_answers_as_the_memory_store_soak() {
     differential_cases(50_000);
 }
 
+/// Found by the differential test with the deny cache on: a key Redis holds no state for is a
+/// new key whenever it is asked about, so a denial there (an initial balance of 1, a check of 4)
+/// does not shrink with the clock: 326 µs later Redis still says 750 ms, and so must the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays_750_ms() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, TokenBucket};
+    let server = RedisServer::start();
+    let bucket = Algorithm::TokenBucket(
+        TokenBucket::new(4, Duration::from_secs(1))
+            .with_capacity(8)
+            .with_initial(1),
+    );
+    let steps = vec![
+        Step::Apply(vec![(0, 1, 4, Mode::Check)]),
+        Step::Advance(326),
+        Step::Apply(vec![(0, 1, 4, Mode::Check)]),
+    ];
+    let scenario = (1_750_000_000_000_000, vec![bucket], steps);
+    let redis = RedisStore::builder().url(server.url()).prefix("fresh");
+    let answers = differential::run(redis, &scenario).await;
+    assert_eq!(
+        answers[1][0].verdict,
+        Verdict::Denied {
+            retry_after: Duration::from_millis(750)
+        }
+    );
+}
+
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
 /// test might take long to find (a sliding log at the edge of its window, a burst pool split).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
