@@ -506,13 +506,18 @@ impl fmt::Debug for Guarded {
     }
 }
 
-/// `algorithm` with every count scaled by `share` (rounded down, at least 1); times unchanged.
+/// `algorithm` with every count scaled by `share` (rounded down, at least 1; an initial balance
+/// of 0 stays 0); times unchanged.
 fn scale(algorithm: &Algorithm, share: f64) -> Algorithm {
     let part = |n: u64| ((n as f64 * share).floor() as u64).max(1);
     let bucket = |tb: &TokenBucket| {
+        let initial = match tb.initial() {
+            0 => 0,
+            n => part(n).min(part(tb.capacity())),
+        };
         TokenBucket::new(part(tb.rate()), tb.period())
             .with_capacity(part(tb.capacity()))
-            .with_initial(part(tb.initial()).min(part(tb.capacity())))
+            .with_initial(initial)
     };
     match algorithm {
         Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(bucket(tb)),
