@@ -16,8 +16,10 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
-    // extensions on every request, so each inline entry costs every request its 144 bytes.
+    // extensions on every request, so each inline entry costs every request its 168 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
+    /// The gRPC method called (`/package.Service/Method`), for gRPC requests.
+    grpc_method: Option<Arc<str>>,
 }
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
@@ -25,7 +27,9 @@ const PENDING: Outcome = Outcome {
     verdict: Verdict::Allowed,
     limit: 0,
     remaining: 0,
-    reset: Duration::ZERO,
+    balance: 0,
+    next_unit_in: Duration::ZERO,
+    full_in: Duration::ZERO,
 };
 
 /// One rule's part of a [`Decision`].
@@ -76,6 +80,17 @@ impl Decision {
         if let Some(entry) = self.rules.first_mut() {
             entry.outcome = outcome;
         }
+    }
+
+    /// Records the gRPC method the request calls.
+    pub(crate) fn set_grpc_method(&mut self, method: Arc<str>) {
+        self.grpc_method = Some(method);
+    }
+
+    /// For a gRPC (or gRPC-Web) request, the method it calls: its path,
+    /// `/package.Service/Method`.
+    pub fn grpc_method(&self) -> Option<&str> {
+        self.grpc_method.as_deref()
     }
 
     /// Every rule that applied, in the layer's order.

@@ -97,6 +97,27 @@ impl Rule {
         self
     }
 
+    /// Applies only to calls of a gRPC method, `/package.Service/Method`, or of every method of a
+    /// service, `/package.Service/*` (may be called several times, and mixed with
+    /// [`path`](Self::path): a request in any of them is in scope).
+    ///
+    /// A gRPC call's path is its method's name, so this matches the path like `path` does; a
+    /// pattern of another form (no service, a `*` anywhere but as the whole method, a query) is an
+    /// error when the layer is built, naming the rule and the field `grpc`.
+    ///
+    /// ```
+    /// use tollgate::{Key, Limit, Rule};
+    ///
+    /// let greet = Rule::new("greet", Limit::per_minute(5))
+    ///     .key(Key::peer_ip())
+    ///     .grpc("/helloworld.Greeter/SayHello");
+    /// let admin = Rule::new("admin", Limit::per_second(1)).grpc("/acme.Admin/*");
+    /// ```
+    pub fn grpc(mut self, pattern: impl Into<String>) -> Rule {
+        self.scope.grpc.push(pattern.into());
+        self
+    }
+
     /// Applies only to requests for which `predicate` holds, on top of methods and paths (e.g. the
     /// requests of one plan: `.when(|head| head.headers.get("x-plan").is_some_and(|v| v == "pro"))`).
     pub fn when<F>(mut self, predicate: F) -> Rule
@@ -116,7 +137,7 @@ impl Rule {
     }
 
     /// Queues requests that would be denied until their slot, within the queue's bound, instead of
-    /// rejecting them (token buckets only; see [`Queue`]).
+    /// rejecting them (token buckets and fixed windows; see [`Queue`]).
     pub fn queue(mut self, queue: Queue) -> Rule {
         self.queue = Some(queue);
         self
@@ -172,6 +193,10 @@ impl Rule {
             }
             Algorithm::FixedWindow(w) => {
                 positive(&name, "limit", w.limit())?;
+                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                    return err("utc_offset", "must be within 18 hours of UTC".into());
+                }
                 positive(&name, "period", w.period().as_micros())?;
                 if w.capacity() < w.limit() {
                     return err(
@@ -202,6 +227,11 @@ impl Rule {
                     "cost",
                     format!("{cost} exceeds the capacity ({capacity}): no request could ever pass"),
                 );
+            }
+        }
+        for pattern in &self.scope.grpc {
+            if let Err(message) = check_grpc_pattern(pattern) {
+                return err("grpc", message);
             }
         }
         if let Some(queue) = &self.queue {
@@ -288,6 +318,8 @@ impl From<Limit> for Rule {
 struct Scope {
     methods: Vec<Method>,
     paths: Vec<String>,
+    /// gRPC methods; matched as paths once checked.
+    grpc: Vec<String>,
     when: Option<Predicate>,
 }
 
@@ -309,6 +341,7 @@ impl Scope {
             paths: self
                 .paths
                 .iter()
+                .chain(&self.grpc)
                 .map(|p| segments(p).map(str::to_owned).collect())
                 .collect(),
         }
@@ -353,6 +386,35 @@ impl CompiledScope {
         (self.methods.is_empty() || self.methods.contains(method))
             && (self.paths.is_empty() || self.paths.iter().any(|p| path_matches(p, uri.path())))
     }
+}
+
+/// Why `pattern` is not a gRPC method (`/package.Service/Method`) or service
+/// (`/package.Service/*`) pattern, if it is not.
+pub(crate) fn check_grpc_pattern(pattern: &str) -> Result<(), String> {
+    let fail = |why: &str| {
+        Err(format!(
+            "{pattern:?} {why}: write \"/package.Service/Method\" or \"/package.Service/*\""
+        ))
+    };
+    let Some(rest) = pattern.strip_prefix('/') else {
+        return fail("does not start with '/'");
+    };
+    let Some((service, method)) = rest.split_once('/') else {
+        return fail("names no method");
+    };
+    let name = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    };
+    if !name(service) {
+        return fail("has no valid service name (letters, digits, '_' and '.')");
+    }
+    if method != "*" && !name(method) {
+        return fail("has no valid method name (letters, digits and '_', or '*' for all)");
+    }
+    Ok(())
 }
 
 fn segments(path: &str) -> impl Iterator<Item = &str> {
@@ -404,6 +466,51 @@ mod tests {
     }
 
     #[test]
+    fn grpc_patterns_match_methods_and_services() {
+        let scope = |pattern: &str| {
+            Scope {
+                grpc: vec![pattern.into()],
+                ..Scope::default()
+            }
+            .compile()
+        };
+        let method = scope("/helloworld.Greeter/SayHello");
+        let service = scope("/helloworld.Greeter/*");
+        let call = |path: &'static str| Uri::from_static(path);
+        assert!(method.matches(&Method::POST, &call("/helloworld.Greeter/SayHello")));
+        assert!(!method.matches(&Method::POST, &call("/helloworld.Greeter/SayBye")));
+        assert!(service.matches(&Method::POST, &call("/helloworld.Greeter/SayBye")));
+        assert!(!service.matches(&Method::POST, &call("/helloworld.Other/SayHello")));
+        assert!(!service.matches(&Method::POST, &call("/helloworld.Greeter")));
+    }
+
+    #[test]
+    fn bad_grpc_patterns_are_errors_naming_the_field() {
+        for pattern in [
+            "helloworld.Greeter/SayHello",
+            "/helloworld.Greeter",
+            "/helloworld.Greeter/",
+            "//SayHello",
+            "/*/SayHello",
+            "/helloworld.Greeter/Say*",
+            "/helloworld.Greeter/SayHello/x",
+            "/helloworld.Greeter/SayHello?x=1",
+        ] {
+            let error = Rule::new("g", Limit::per_second(1))
+                .grpc(pattern)
+                .validate()
+                .unwrap_err();
+            assert_eq!(error.field(), "grpc", "{pattern}");
+            assert!(error.to_string().contains(pattern), "{error}");
+        }
+        assert!(Rule::new("g", Limit::per_second(1))
+            .grpc("/Greeter/SayHello")
+            .grpc("/a.b.C/*")
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
     fn methods_narrow_the_scope() {
         let scope = Scope {
             methods: vec![Method::POST],
@@ -441,7 +548,10 @@ mod tests {
             "rule \"llm\": cost: 101 exceeds the capacity (100): no request could ever pass"
         );
         assert_eq!(
-            error_of(Rule::new("b", Limit::per_second(5).burst(10).initial(11))),
+            error_of(Rule::new(
+                "b",
+                Limit::per_second(5).capacity(10).initial(11)
+            )),
             "rule \"b\": initial: must be at most the capacity (10)"
         );
         assert_eq!(

@@ -14,8 +14,15 @@
 //! arrival time), so there is no drift; when `period / rate` is not a whole number of microseconds,
 //! the time one unit takes to refill is rounded up to the next microsecond, which errs on the strict
 //! side and keeps bursts exact.
+//!
+//! A `now` earlier than a state's own time (a clock that stepped back) never panics and never
+//! refills anything: windows read it as their window's start, the log as its newest entry's time
+//! — the time in between counts as none. A bucket's state is only the moment it is full again,
+//! so an earlier `now` reads as more debt: never more admitted, but possibly less. That is why
+//! stores never hand an earlier time than one they handed before (see the memory store's clock).
 
 mod burst_pool;
+mod calendar;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;
@@ -41,8 +48,8 @@ pub enum Mode {
     /// Look only: the outcome a charge would have, with nothing charged.
     Check,
     /// Charge if the cost fits now; otherwise reserve it (the balance goes negative) when the
-    /// reservation stays within the bound, and report how long the caller must wait. Only token
-    /// buckets reserve; other algorithms treat this as [`Mode::Charge`].
+    /// reservation stays within the bound, and report how long the caller must wait. Token
+    /// buckets and fixed windows reserve; other algorithms treat this as [`Mode::Charge`].
     Reserve(ReserveBound),
 }
 
@@ -87,10 +94,18 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// The most units the limit can hold (`q` in `RateLimit-Policy`).
     pub limit: u64,
-    /// Whole units available after this decision (`r` in `RateLimit`).
+    /// Whole units available after this decision (`r` in `RateLimit`); never negative.
     pub remaining: u64,
-    /// Time until the available quota grows by at least one unit; zero when it is full (`t`).
-    pub reset: Duration,
+    /// The signed balance after this decision: `remaining` when units are available, negative
+    /// while units are owed (reservations not yet paid back by the refill).
+    pub balance: i64,
+    /// Time until the available quota grows by at least one unit; zero when it is full (`t` in
+    /// `RateLimit`). Not the time until the quota is full again: that is
+    /// [`full_in`](Self::full_in).
+    pub next_unit_in: Duration,
+    /// Time until the quota is full again (`remaining == limit`), debt and reservations
+    /// included; zero when it is full.
+    pub full_in: Duration,
 }
 
 impl Outcome {
@@ -183,13 +198,14 @@ impl Algorithm {
     pub fn max_cost(&self, mode: Mode) -> u64 {
         match self {
             Algorithm::TokenBucket(a) => a.max_cost(mode),
+            Algorithm::FixedWindow(a) => a.max_cost(mode),
             other => other.capacity(),
         }
     }
 
-    /// Whether `mode` can reserve with this algorithm (only token buckets do).
+    /// Whether `mode` can reserve with this algorithm (token buckets and fixed windows do).
     pub fn reserves(&self) -> bool {
-        matches!(self, Algorithm::TokenBucket(_))
+        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
     /// Checks `cost` against [`max_cost`](Self::max_cost).

@@ -38,30 +38,51 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-fn allowed(limit: u64, remaining: u64, reset: Duration) -> Outcome {
-    Outcome {
+/// An outcome as the hand-written tests state it: verdict, limit, remaining and the time to the
+/// next unit (`balance` and `full_in` are checked by [`check_outcome`] and tests of their own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Expect {
+    verdict: Verdict,
+    limit: u64,
+    remaining: u64,
+    next_unit_in: Duration,
+}
+
+impl PartialEq<Expect> for Outcome {
+    fn eq(&self, other: &Expect) -> bool {
+        Expect {
+            verdict: self.verdict,
+            limit: self.limit,
+            remaining: self.remaining,
+            next_unit_in: self.next_unit_in,
+        } == *other
+    }
+}
+
+fn allowed(limit: u64, remaining: u64, next_unit_in: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Allowed,
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
-fn denied(limit: u64, remaining: u64, reset: Duration, retry_after: Duration) -> Outcome {
-    Outcome {
+fn denied(limit: u64, remaining: u64, next_unit_in: Duration, retry_after: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Denied { retry_after },
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
-fn reserved(limit: u64, remaining: u64, reset: Duration, wait: Duration) -> Outcome {
-    Outcome {
+fn reserved(limit: u64, remaining: u64, next_unit_in: Duration, wait: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Reserved { wait },
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
@@ -84,6 +105,9 @@ trait Limiter {
     fn give_back(&self, state: &mut Self::State, now: Micros, units: u64);
     /// From this moment on the state behaves exactly like a fresh key's.
     fn expiry(&self, state: &Self::State) -> Micros;
+    /// The time the state records, before which a `now` counts as that time; `None` for the
+    /// buckets, whose one number is the moment they are full again.
+    fn stored_time(&self, state: &Self::State) -> Option<Micros>;
 }
 
 impl Limiter for TokenBucket {
@@ -120,6 +144,9 @@ impl Limiter for TokenBucket {
     fn expiry(&self, state: &Micros) -> Micros {
         *state
     }
+    fn stored_time(&self, _state: &Micros) -> Option<Micros> {
+        None
+    }
 }
 
 impl Limiter for FixedWindow {
@@ -131,11 +158,14 @@ impl Limiter for FixedWindow {
         let period = self.period_micros();
         (period, (period / self.limit()).max(1))
     }
+    fn max_cost_in(&self, mode: Mode) -> u64 {
+        self.max_cost(mode)
+    }
     fn fresh_state(&self, now: Micros, offset: Micros) -> FixedWindowState {
         self.fresh(now, offset)
     }
-    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, _mode: Mode) -> Outcome {
-        self.evaluate(*state, now, cost)
+    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
+        self.evaluate(*state, now, cost, mode)
     }
     fn apply(&self, state: &mut FixedWindowState, now: Micros, cost: u64) {
         *state = self.commit(*state, now, cost);
@@ -145,6 +175,9 @@ impl Limiter for FixedWindow {
     }
     fn expiry(&self, state: &FixedWindowState) -> Micros {
         self.expires_at(*state)
+    }
+    fn stored_time(&self, state: &FixedWindowState) -> Option<Micros> {
+        Some(state.window_start)
     }
 }
 
@@ -172,6 +205,9 @@ impl Limiter for SlidingWindow {
     fn expiry(&self, state: &SlidingWindowState) -> Micros {
         self.expires_at(*state)
     }
+    fn stored_time(&self, state: &SlidingWindowState) -> Option<Micros> {
+        Some(state.window_start)
+    }
 }
 
 impl Limiter for SlidingLog {
@@ -198,6 +234,9 @@ impl Limiter for SlidingLog {
     fn expiry(&self, state: &SlidingLogState) -> Micros {
         self.expires_at(state)
     }
+    fn stored_time(&self, state: &SlidingLogState) -> Option<Micros> {
+        state.entries().last().map(|(at, _)| at)
+    }
 }
 
 impl Limiter for BurstPool {
@@ -222,6 +261,9 @@ impl Limiter for BurstPool {
     }
     fn expiry(&self, state: &BurstPoolState) -> Micros {
         self.expires_at(*state)
+    }
+    fn stored_time(&self, _state: &BurstPoolState) -> Option<Micros> {
+        None
     }
 }
 
@@ -357,15 +399,42 @@ fn check_outcome<L: Limiter>(
 
     let peek = limiter.eval(&left, at, 0, Mode::Check);
     prop_assert_eq!(
-        (out.remaining, out.reset),
-        (peek.remaining, peek.reset),
+        (out.remaining, out.next_unit_in, out.balance, out.full_in),
+        (
+            peek.remaining,
+            peek.next_unit_in,
+            peek.balance,
+            peek.full_in
+        ),
         "outcome vs a peek at the state left"
     );
 
-    if out.reset.is_zero() {
+    // The signed balance is `remaining` unless units are owed.
+    if out.balance >= 0 {
+        prop_assert_eq!(out.balance as u64, out.remaining, "{:?}", out);
+    } else {
+        prop_assert_eq!(out.remaining, 0, "owes units but has some: {:?}", out);
+    }
+    // `full_in` is exactly when the quota is full again.
+    if out.full_in.is_zero() {
+        prop_assert_eq!(out.remaining, out.limit, "full_in is zero only when full");
+    } else {
+        let full = micros(out.full_in);
+        let just_before = limiter.eval(&left, at + full - 1, 0, Mode::Check);
+        let then = limiter.eval(&left, at + full, 0, Mode::Check);
+        prop_assert!(
+            just_before.remaining < out.limit,
+            "full before full_in: {:?}",
+            out
+        );
+        prop_assert_eq!(then.remaining, out.limit, "not full at full_in: {:?}", out);
+        prop_assert!(out.full_in >= out.next_unit_in);
+    }
+
+    if out.next_unit_in.is_zero() {
         prop_assert_eq!(out.remaining, out.limit, "reset is zero only when full");
     } else {
-        let reset = micros(out.reset);
+        let reset = micros(out.next_unit_in);
         let just_before = limiter.eval(&left, at + reset - 1, 0, Mode::Check);
         let then = limiter.eval(&left, at + reset, 0, Mode::Check);
         prop_assert_eq!(
@@ -405,7 +474,8 @@ fn check_outcome<L: Limiter>(
             // For a reservation: the moment it would be accepted into the queue (reserved or
             // allowed); for a charge or check: the moment the cost fits outright.
             let probe = match mode {
-                Mode::Reserve(_) => {
+                // (A cost above the capacity never fits outright.)
+                Mode::Reserve(_) if cost <= limiter.quota() => {
                     let outright = limiter.eval(before, at, cost, Mode::Check).retry_after();
                     prop_assert!(
                         outright.is_some_and(|outright| retry_after <= outright),
@@ -415,6 +485,7 @@ fn check_outcome<L: Limiter>(
                     );
                     mode
                 }
+                Mode::Reserve(_) => mode,
                 _ => Mode::Check,
             };
             let early = limiter.eval(before, at + retry - 1, cost, probe);
@@ -453,7 +524,7 @@ impl Event {
             2 => previous.map_or(0, |step| match step.out.verdict {
                 Verdict::Denied { retry_after } => micros(retry_after),
                 Verdict::Reserved { wait } => micros(wait),
-                Verdict::Allowed => micros(step.out.reset),
+                Verdict::Allowed => micros(step.out.next_unit_in),
             }),
             3 => self.gap_raw % 3,
             4..=6 => self.gap_raw % (2 * interval + 1),
@@ -642,4 +713,117 @@ fn check_clock_skew<L: Limiter>(limiter: &L, t: Micros, skew: Micros) {
         "admitted past the limit at an earlier time: {out:?}"
     );
     assert!(out.remaining <= out.limit);
+}
+
+/// A key driven by a clock that sometimes steps backwards (by up to two periods, below the key's
+/// first time too): nothing panics, an earlier time never admits more or leaves more than the
+/// latest time seen (no refill is invented), and where the state records a time, a `now` before
+/// it is answered exactly as that time (the time between counts as none: no early denial).
+fn check_backward_time<L: Limiter>(
+    limiter: &L,
+    start: Micros,
+    events: &[Event],
+    back: &[u64],
+) -> Result<(), TestCaseError> {
+    let mut run = Run::fresh(limiter, start);
+    let (period, _) = limiter.scale();
+    let (mut t, mut latest) = (start, start);
+    for (i, event) in events.iter().enumerate() {
+        let step_back = back.get(i).copied().unwrap_or(0);
+        if step_back % 3 == 0 {
+            t = t.saturating_sub(step_back % (2 * period + 1));
+        } else {
+            t += event.gap(limiter.scale(), run.steps.last());
+        }
+        latest = latest.max(t);
+        let cost = event.cost(limiter.quota());
+        let at_t = limiter.eval(&run.state, t, cost, Mode::Charge);
+        let at_latest = limiter.eval(&run.state, latest, cost, Mode::Charge);
+        prop_assert!(at_t.remaining <= at_t.limit, "{:?}", at_t);
+        prop_assert!(
+            !at_t.verdict.is_admitted() || at_latest.verdict.is_admitted(),
+            "admitted at {} but not at the latest time {}: refill invented",
+            t,
+            latest
+        );
+        let (peek_t, peek_latest) = (
+            limiter.eval(&run.state, t, 0, Mode::Check),
+            limiter.eval(&run.state, latest, 0, Mode::Check),
+        );
+        prop_assert!(
+            peek_t.remaining <= peek_latest.remaining,
+            "more left at {} than at the latest time {}",
+            t,
+            latest
+        );
+        if let Some(stored) = limiter.stored_time(&run.state).filter(|&s| t < s) {
+            let at_stored = limiter.eval(&run.state, stored, cost, Mode::Charge);
+            prop_assert_eq!(
+                (at_t.verdict.is_admitted(), at_t.remaining),
+                (at_stored.verdict.is_admitted(), at_stored.remaining),
+                "an earlier now than the stored time {} is not that time",
+                stored
+            );
+        }
+        run.step(t, cost, Mode::Charge);
+        if i % 4 == 3 {
+            limiter.give_back(&mut run.state, t, 1);
+            prop_assert!(limiter.eval(&run.state, t, 0, Mode::Check).remaining <= limiter.quota());
+        }
+    }
+    Ok(())
+}
+
+fn backward_steps() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(any::<u64>(), 40)
+}
+
+proptest! {
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_token_bucket(
+        rate in 1u64..50, capacity in 1u64..60, period in period(),
+        start in start(), events in events(), back in backward_steps(),
+    ) {
+        let limit = TokenBucket::new(rate, us(period)).with_capacity(capacity);
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_fixed_window(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = FixedWindow::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_sliding_window(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = SlidingWindow::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_sliding_log(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = SlidingLog::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_burst_pool(
+        rate in 1u64..20, pool in 1u64..50, start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = BurstPool::new(
+            TokenBucket::new(rate, secs(1)),
+            TokenBucket::new(1, secs(1)).with_capacity(pool),
+        );
+        check_backward_time(&limit, start, &events, &back)?;
+    }
 }

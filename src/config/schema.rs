@@ -102,17 +102,24 @@ pub(crate) struct RuleSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    pub(crate) burst: Option<u64>,
+    /// `burst` is the old spelling, still read.
+    #[serde(alias = "burst")]
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     pub(crate) key: Option<KeySpec>,
     pub(crate) on_missing_key: Option<MissingKeySpec>,
     #[serde(default)]
     pub(crate) methods: Vec<MethodName>,
     #[serde(default)]
     pub(crate) paths: Vec<String>,
+    /// gRPC methods and services: `/package.Service/Method`, `/package.Service/*`.
+    #[serde(default)]
+    pub(crate) grpc: Vec<String>,
     pub(crate) cost: Option<CostSpec>,
     pub(crate) queue: Option<QueueSpec>,
     #[serde(default)]
@@ -128,11 +135,13 @@ impl RuleSpec {
             rate: self.rate,
             limit: self.limit,
             period: self.period.map(|d| d.0),
-            burst: self.burst,
+            capacity: self.capacity,
             initial: self.initial,
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }
@@ -144,11 +153,13 @@ pub(crate) struct LimitFields {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<std::time::Duration>,
-    pub(crate) burst: Option<u64>,
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<std::time::Duration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
 }
 
 impl LimitFields {
@@ -159,11 +170,13 @@ impl LimitFields {
             rate: self.rate.or(base.rate),
             limit: self.limit.or(base.limit),
             period: self.period.or(base.period),
-            burst: self.burst.or(base.burst),
+            capacity: self.capacity.or(base.capacity),
             initial: self.initial.or(base.initial),
             pool: self.pool.clone().or_else(|| base.pool.clone()),
             aligned: self.aligned.or(base.aligned),
             aligned_at: self.aligned_at.or(base.aligned_at),
+            calendar: self.calendar.or(base.calendar),
+            utc_offset: self.utc_offset.clone().or_else(|| base.utc_offset.clone()),
         }
     }
 
@@ -174,14 +187,24 @@ impl LimitFields {
             "rate" => self.rate.is_some(),
             "limit" => self.limit.is_some(),
             "period" => self.period.is_some(),
-            "burst" => self.burst.is_some(),
+            "capacity" => self.capacity.is_some(),
             "initial" => self.initial.is_some(),
             "aligned" => self.aligned.is_some(),
             "aligned_at" => self.aligned_at.is_some(),
+            "calendar" => self.calendar.is_some(),
+            "utc_offset" => self.utc_offset.is_some(),
             _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
             _ => false,
         }
     }
+}
+
+/// `calendar = "month"` or `"week"` on a fixed window.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CalendarName {
+    Month,
+    Week,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -242,11 +265,15 @@ pub(crate) struct PlanSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    pub(crate) burst: Option<u64>,
+    /// `burst` is the old spelling, still read.
+    #[serde(alias = "burst")]
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     #[serde(default)]
     pub(crate) unlimited: bool,
 }
@@ -259,11 +286,13 @@ impl PlanSpec {
             rate: self.rate,
             limit: self.limit,
             period: self.period.map(|d| d.0),
-            burst: self.burst,
+            capacity: self.capacity,
             initial: self.initial,
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }
@@ -394,6 +423,30 @@ pub(crate) struct ClientIpSpec {
     pub(crate) header: Option<ForwardedHeaderName>,
     pub(crate) ipv6_prefix: Option<u32>,
     pub(crate) ipv4_prefix: Option<u32>,
+    #[serde(default)]
+    pub(crate) cdn: Vec<CdnSpec>,
+}
+
+/// `{ header = "cf-connecting-ip", trust = ["173.245.48.0/20", ...] }`: a CDN's client-IP
+/// header, honoured from its edge networks only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CdnSpec {
+    pub(crate) header: CdnHeaderName,
+    pub(crate) trust: Vec<Network>,
+}
+
+/// A CDN's client-IP header, by its HTTP name.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub(crate) enum CdnHeaderName {
+    #[serde(rename = "cf-connecting-ip")]
+    CfConnecting,
+    #[serde(rename = "true-client-ip")]
+    TrueClient,
+    #[serde(rename = "fastly-client-ip")]
+    FastlyClient,
+    #[serde(rename = "fly-client-ip")]
+    FlyClient,
 }
 
 /// The forwarding header trusted proxies set, by its HTTP name.
@@ -503,26 +556,59 @@ impl<'de> Deserialize<'de> for HeaderNameSpec {
     }
 }
 
-/// An HTTP method, case-sensitive as in HTTP (`"GET"`, not `"get"`).
+/// An HTTP method: a standard one by name, case-sensitive as in HTTP (`"GET"`, not `"get"`),
+/// or any other token asked for explicitly as `{ extension = "PURGE" }` — so a typo such as
+/// `"POTS"` is an error rather than a rule that never applies.
 #[derive(Debug)]
 pub(crate) struct MethodName(pub(crate) Method);
 
 impl<'de> Deserialize<'de> for MethodName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        let upper = name.to_ascii_uppercase();
-        if upper != name && Method::from_bytes(upper.as_bytes()).is_ok_and(is_standard) {
-            return Err(de::Error::custom(format!(
-                "methods are case-sensitive: write {upper:?}, not {name:?}"
-            )));
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MethodName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a method such as \"GET\", or { extension = NAME }")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<MethodName, E> {
+                let upper = name.to_ascii_uppercase();
+                match Method::from_bytes(upper.as_bytes()) {
+                    Ok(method) if is_standard(&method) && upper == name => Ok(MethodName(method)),
+                    Ok(method) if is_standard(&method) => Err(E::custom(format!(
+                        "methods are case-sensitive: write {upper:?}, not {name:?}"
+                    ))),
+                    Ok(_) => Err(E::custom(format!(
+                        "unknown method {name:?} (expected one of {STANDARD}; an extension \
+                         method is written {{ extension = {name:?} }})"
+                    ))),
+                    Err(_) => Err(E::custom(format!("invalid method {name:?}"))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MethodName, A::Error> {
+                let entry = one_entry_key(&mut map, "an extension method")?;
+                if entry != "extension" {
+                    return Err(de::Error::custom(format!(
+                        "unknown method form `{entry}` (expected a method name or {{ extension = NAME }})"
+                    )));
+                }
+                let name: String = map.next_value()?;
+                no_more_entries(&mut map, "an extension method")?;
+                match Method::from_bytes(name.as_bytes()) {
+                    Ok(method) if !is_standard(&method) => Ok(MethodName(method)),
+                    Ok(_) => Err(de::Error::custom(format!(
+                        "{name:?} is a standard method: write it as a plain string"
+                    ))),
+                    Err(_) => Err(de::Error::custom(format!("invalid method {name:?}"))),
+                }
+            }
         }
-        Method::from_bytes(name.as_bytes())
-            .map(MethodName)
-            .map_err(|_| de::Error::custom(format!("invalid method {name:?}")))
+        deserializer.deserialize_any(V)
     }
 }
 
-fn is_standard(method: Method) -> bool {
+const STANDARD: &str = "GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH";
+
+fn is_standard(method: &Method) -> bool {
     [
         Method::GET,
         Method::HEAD,
@@ -534,7 +620,7 @@ fn is_standard(method: Method) -> bool {
         Method::TRACE,
         Method::PATCH,
     ]
-    .contains(&method)
+    .contains(method)
 }
 
 /// A network (`"10.0.0.0/8"`, `"2001:db8::/32"`) or one address (`"192.0.2.10"`).

@@ -33,7 +33,8 @@ pub enum FailurePolicy {
     #[default]
     Open,
     /// Answer `503 Service Unavailable` with a plain problem+json message and a `Retry-After`
-    /// (the breaker's next probe): for limits that guard something that must never be overrun
+    /// (the breaker's next probe; gRPC requests: `UNAVAILABLE` with `grpc-retry-pushback-ms`):
+    /// for limits that guard something that must never be overrun
     /// (a paid upstream with a hard cap).
     Closed,
     /// Decide with an in-process [`MemoryStore`] holding the same rules, each limit scaled by
@@ -252,7 +253,9 @@ impl Local {
                     },
                     limit: c.algorithm.capacity(),
                     remaining: 0,
-                    reset: Duration::from_secs(1),
+                    balance: 0,
+                    next_unit_in: Duration::from_secs(1),
+                    full_in: Duration::from_secs(1),
                 })
                 .collect(),
         }
@@ -524,11 +527,18 @@ fn scale(algorithm: &Algorithm, share: f64) -> Algorithm {
         Algorithm::BurstPool(p) => {
             Algorithm::BurstPool(BurstPool::new(bucket(p.steady()), bucket(p.pool())))
         }
-        Algorithm::FixedWindow(w) => Algorithm::FixedWindow(
-            FixedWindow::new(part(w.limit()), w.period())
-                .with_capacity(part(w.capacity()))
-                .with_start(w.start()),
-        ),
+        Algorithm::FixedWindow(w) => {
+            // A calendar month stays one: its windows are not `period`s.
+            let window = match w.months() {
+                Some(utc_offset) => FixedWindow::calendar_months(part(w.limit()), utc_offset),
+                None => FixedWindow::new(part(w.limit()), w.period()),
+            };
+            Algorithm::FixedWindow(
+                window
+                    .with_capacity(part(w.capacity()))
+                    .with_start(w.start()),
+            )
+        }
         Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(
             SlidingWindow::new(part(w.limit()), w.period()).with_start(w.start()),
         ),
@@ -553,6 +563,16 @@ mod tests {
     use super::*;
     use crate::algorithm::Verdict;
     use crate::clock::ManualClock;
+
+    #[test]
+    fn fail_to_local_keeps_a_calendar_month_a_calendar_month() {
+        let month = Algorithm::FixedWindow(FixedWindow::calendar_months(10, 3_600_000_000));
+        let Algorithm::FixedWindow(scaled) = scale(&month, 0.5) else {
+            panic!("not a fixed window: {month:?}");
+        };
+        assert_eq!(scaled.months(), Some(3_600_000_000));
+        assert_eq!((scaled.limit(), scaled.capacity()), (5, 5));
+    }
 
     /// A store that fails while `down` is set and counts the calls that reach it.
     #[derive(Debug, Default)]

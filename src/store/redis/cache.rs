@@ -1,16 +1,18 @@
 //! The local deny cache: answers for keys Redis has just denied, without asking again.
 //!
 //! When Redis denies a charge of `cost` units, it says how long until that cost fits
-//! (`retry_after`) and until the key's whole units grow (`reset`). Until the earlier of the two,
+//! (`retry_after`) and until the key's whole units grow (`next_unit_in`). Until the earlier of the two,
 //! Redis's answer to the same charge (same cost, same mode) moves only with the clock — as long as
 //! no one refunds or resets the key (other instances can only take units, which delays the key
 //! further). The cache keeps those instants on this process's clock and answers such a request
-//! locally with exactly the fields Redis would report: `retry_after` and `reset` shrink as time
-//! passes, `remaining` stays. A request with another cost or mode goes to Redis.
+//! locally with exactly the fields Redis would report: `retry_after`, `next_unit_in` and `full_in`
+//! shrink as time passes, `remaining` and `balance` stay. A key in debt (a negative balance, owed
+//! to reservations) is not cached: its balance grows before its `remaining` does. A request with
+//! another cost or mode goes to Redis.
 //!
 //! A local answer must still carry an outcome for every rule of the request, so the other charges
 //! of a cached denial are kept too, as "last seen" entries valid while their own fields stay
-//! exact (until their `reset`) and no longer than the denial. A request is answered locally only
+//! exact (until their `next_unit_in`) and no longer than the denial. A request is answered locally only
 //! when every one of its charges has a matching entry and at least one of them is denied;
 //! otherwise it goes to Redis. Reservations are never cached (their wait grows with every
 //! reservation made elsewhere).
@@ -46,8 +48,12 @@ struct Entry {
     mode: Mode,
     limit: u64,
     remaining: u64,
-    /// When `remaining` grows; `None` when the key was full (it stays so).
-    reset_at: Option<Micros>,
+    /// The signed balance; it moves only with `remaining`, as no entry is kept for a key in debt.
+    balance: i64,
+    /// When `remaining` grows (`next_unit_in`); `None` when the key was full (it stays so).
+    next_unit_at: Option<Micros>,
+    /// When the key is full again (`full_in`); passed when it was full.
+    full_at: Micros,
     /// When the cost fits, for a denied charge; `None` for an admitted one.
     retry_at: Option<Micros>,
     /// Whether this entry's denial may answer a request locally (not a sharded rule's, whose
@@ -71,7 +77,9 @@ impl Entry {
             },
             limit: self.limit,
             remaining: self.remaining,
-            reset: self.reset_at.map_or(Duration::ZERO, left),
+            balance: self.balance,
+            next_unit_in: self.next_unit_at.map_or(Duration::ZERO, left),
+            full_in: left(self.full_at),
         }
     }
 }
@@ -152,11 +160,16 @@ impl DenyCache {
             .zip(outcomes)
             .filter(|(view, outcome)| anchors(view, outcome))
             .map(|(_, outcome)| match outcome.verdict {
-                Verdict::Denied { retry_after } => at(retry_after.min(outcome.reset)),
+                Verdict::Denied { retry_after } => at(retry_after.min(outcome.next_unit_in)),
                 _ => now,
             })
             .max()
-            .filter(|&until| until > now && !reserves && !missing.contains(&true));
+            .filter(|&until| {
+                until > now
+                    && !reserves
+                    && !missing.contains(&true)
+                    && outcomes.iter().all(|outcome| outcome.balance >= 0)
+            });
         let Some(until) = until else {
             // Admitted (or not cacheable): whatever was cached for these keys is stale.
             if !self.is_empty() {
@@ -167,19 +180,22 @@ impl DenyCache {
             return;
         };
         for (view, outcome) in batch.iter().zip(outcomes) {
-            let reset_at = (outcome.reset > Duration::ZERO).then(|| at(outcome.reset));
+            let next_unit_at =
+                (outcome.next_unit_in > Duration::ZERO).then(|| at(outcome.next_unit_in));
             let retry_at = match outcome.verdict {
                 Verdict::Denied { retry_after } => Some(at(retry_after)),
                 _ => None,
             };
-            let exact_until = [reset_at, retry_at].into_iter().flatten().min();
+            let exact_until = [next_unit_at, retry_at].into_iter().flatten().min();
             let entry = Entry {
                 until: exact_until.map_or(until, |exact| exact.min(until)),
                 cost: view.cost,
                 mode: view.mode,
                 limit: outcome.limit,
                 remaining: outcome.remaining,
-                reset_at,
+                balance: outcome.balance,
+                next_unit_at,
+                full_at: at(outcome.full_in),
                 retry_at,
                 anchor: view.cacheable,
             };
@@ -231,7 +247,9 @@ mod tests {
             verdict: Verdict::Denied { retry_after },
             limit: 10,
             remaining,
-            reset,
+            balance: remaining as i64,
+            next_unit_in: reset,
+            full_in: reset,
         }
     }
 
@@ -240,7 +258,9 @@ mod tests {
             verdict: Verdict::Allowed,
             limit: 100,
             remaining,
-            reset: SECOND,
+            balance: remaining as i64,
+            next_unit_in: SECOND,
+            full_in: SECOND,
         }
     }
 
@@ -284,7 +304,8 @@ mod tests {
         assert_eq!(
             answer[1],
             Outcome {
-                reset: ms(940),
+                next_unit_in: ms(940),
+                full_in: ms(940),
                 ..allowed(7)
             }
         );
