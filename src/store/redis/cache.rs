@@ -382,7 +382,25 @@ mod tests {
             &[true],
             0,
         );
+        // A key in debt (owed to reservations): its balance grows before its `remaining`.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[Outcome {
+                balance: -3,
+                ..denied(SECOND, 0, SECOND)
+            }],
+            &[false],
+            0,
+        );
         assert!(cache.get(hash, 1).is_none());
+        // The same denial without debt is cached.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[denied(SECOND, 0, SECOND)],
+            &[false],
+            0,
+        );
+        assert!(cache.get(hash, 1).is_some());
     }
 
     #[test]
