@@ -14,20 +14,7 @@ use crate::response::{Rejection, Responder};
 use crate::rule::Rule;
 use crate::ruleset::AccessList;
 use crate::service::RateLimit;
-use crate::store::Store;
-
-/// What the layer does when its store fails or times out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Forward the request without limiting it, with a `tracing` warning (default). A limiter
-    /// outage then degrades protection instead of taking the whole service down with it.
-    #[default]
-    Open,
-    /// Answer `503 Service Unavailable` with a problem+json body (gRPC requests: `UNAVAILABLE`):
-    /// for limits that guard something that must never be overrun (a paid upstream with a hard
-    /// cap).
-    Closed,
-}
+use crate::store::{CircuitBreaker, FailurePolicy, Store};
 
 /// Rate-limits the services it wraps.
 ///
@@ -230,16 +217,40 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// What to do when the store fails (default: [`FailurePolicy::Open`]).
+    /// What to do when the store fails, times out, or its circuit breaker is open (default:
+    /// [`FailurePolicy::Open`]). With a limiter given to [`limiter`](Self::limiter),
+    /// [`FailurePolicy::Local`] must be set on that limiter too (its store does the local
+    /// deciding).
     pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
+        self.limiter = self.limiter.on_store_failure(policy);
+        self
+    }
+
+    /// The circuit breaker in front of a remote store (default: [`CircuitBreaker::new`]; see
+    /// [`LimiterBuilder::circuit_breaker`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.limiter = self.limiter.circuit_breaker(breaker);
         self
     }
 
     /// Validates every rule and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.failure.validate()?;
         let limiter = match self.limiter_given {
-            Some(limiter) => limiter,
+            Some(limiter) => {
+                if matches!(self.failure, FailurePolicy::Local { .. })
+                    && limiter.failure_policy() != self.failure
+                {
+                    return Err(ConfigError::new(
+                        "on_store_failure",
+                        "local",
+                        "a layer built on a given limiter fails to local only when that limiter \
+                         was built with the same `on_store_failure(FailurePolicy::Local { .. })`",
+                    ));
+                }
+                limiter
+            }
             None => self.limiter.build()?,
         };
         let mut responder = Responder::new();

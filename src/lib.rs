@@ -39,7 +39,7 @@ pub use decision::{Decision, RuleDecision};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use per_request::LimitResolver;
@@ -56,7 +56,7 @@ pub use service::RateLimit;
 pub use settle::{CountIf, ResponseHead, Settle};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-pub use store::{MemoryStore, Store};
+pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};
 
 /// The README's examples, compiled and run as doc tests so they cannot go stale.
 #[cfg(doctest)]

@@ -15,7 +15,9 @@ use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::{AccessList, RuleSet, StoreRef};
-use crate::store::{Charge, MemoryStore, Store, StoreError};
+use crate::store::{
+    Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
+};
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
 /// it — a handler that resets the failed-login count after a good login, a job that checks its
@@ -50,6 +52,7 @@ struct Inner {
     /// The same store when it is the memory store, held by its type: requests then reach its
     /// decision without a virtual call, and the compiler can build it into the request path.
     memory: Option<MemoryStore>,
+    failure: FailurePolicy,
 }
 
 /// Builds a [`Limiter`].
@@ -60,6 +63,8 @@ pub struct LimiterBuilder {
     deny: Vec<AccessList>,
     store: Option<Arc<dyn Store>>,
     memory: Option<MemoryStore>,
+    failure: FailurePolicy,
+    breaker: CircuitBreaker,
 }
 
 impl LimiterBuilder {
@@ -73,6 +78,24 @@ impl LimiterBuilder {
     pub fn store(mut self, store: impl Store) -> Self {
         self.memory = (&store as &dyn Any).downcast_ref::<MemoryStore>().cloned();
         self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// What a failing remote store's calls answer (default: [`FailurePolicy::Open`]): with
+    /// [`FailurePolicy::Local`], a local [`MemoryStore`] decides with every limit scaled by the
+    /// share; otherwise the store's error goes to the caller (the layer forwards or refuses by
+    /// the same policy). It also words the breaker's warnings.
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// The circuit breaker put in front of a store that is not a [`MemoryStore`] (default:
+    /// [`CircuitBreaker::new`]): after consecutive failures, calls are answered at once without
+    /// waiting for the store's timeout, and the store is probed in the background until it
+    /// answers again.
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
         self
     }
 
@@ -91,7 +114,13 @@ impl LimiterBuilder {
     /// Validates the rules and builds the limiter.
     pub fn build(self) -> Result<Limiter, ConfigError> {
         let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
+        self.failure.validate()?;
         let (store, memory) = match self.store {
+            // The memory store cannot fail: only remote stores get the breaker.
+            Some(store) if self.memory.is_none() => (
+                Arc::new(Guarded::new(store, &self.breaker, self.failure)) as Arc<dyn Store>,
+                None,
+            ),
             Some(store) => (store, self.memory),
             None => {
                 let memory = MemoryStore::new();
@@ -104,6 +133,7 @@ impl LimiterBuilder {
                 rules: ArcSwap::from_pointee(rules),
                 store,
                 memory,
+                failure: self.failure,
             }),
         })
     }
@@ -201,6 +231,11 @@ impl Limiter {
 
     /// The rules in force; a guard, cheap to take, not to be held across an await.
     #[inline]
+    /// The failure policy this limiter's store was built with.
+    pub(crate) fn failure_policy(&self) -> FailurePolicy {
+        self.inner.failure
+    }
+
     pub(crate) fn rules(&self) -> arc_swap::Guard<Arc<RuleSet>> {
         self.inner.rules.load()
     }

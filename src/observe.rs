@@ -10,6 +10,7 @@
 //! | `tollgate_blocked_total` | counter | `rule` (keys blocked by a rule's penalty) |
 //! | `tollgate_store_errors_total` | counter | `rule` |
 //! | `tollgate_store_latency_seconds` | histogram | — (stores that answer asynchronously) |
+//! | `tollgate_store_healthy` | gauge | — (1 while a remote store answers, 0 while its circuit breaker is open) |
 //!
 //! Counters and the histogram are registered when the rules are built (and again on reload), so the
 //! application's metrics recorder must be installed before the layer is built.

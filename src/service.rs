@@ -14,7 +14,7 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::decision::{Decision, RuleDecision};
 use crate::future::{ResponseFuture, State};
-use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
+use crate::layer::{RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
 use crate::response::grpc::Protocol;
@@ -22,7 +22,7 @@ use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::settle::Settlement;
-use crate::store::StoreError;
+use crate::store::{FailurePolicy, StoreError};
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
 ///
@@ -185,7 +185,8 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
             for entry in decision.rules() {
                 rules.metrics[entry.index].store_error();
             }
-            tracing::warn!(%error, "rate limit: store failed deciding shadow rules");
+            // The store's circuit breaker logs failures, one line per interval with a count.
+            tracing::debug!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
     match rules.ask(&shared.limiter, &mut plan) {
@@ -263,13 +264,16 @@ pub(crate) fn decide<B>(
             for entry in decision.rules() {
                 rules.metrics[entry.index].store_error();
             }
+            // The store's circuit breaker logs failures, one line per interval with a count.
             return match shared.failure {
-                FailurePolicy::Open => {
-                    tracing::warn!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
+                // Fail to local answers in the store; an error reaching here (no local store
+                // behind a given limiter) forwards, as fail open.
+                FailurePolicy::Open | FailurePolicy::Local { .. } => {
+                    tracing::debug!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
                     Next::Forward(None, None)
                 }
                 FailurePolicy::Closed => {
-                    tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
+                    tracing::debug!(%error, "rate limit: store failed; request refused (fail closed)");
                     let protocol = Protocol::of(request);
                     Next::Respond(shared.responder.unavailable_in(&error, protocol))
                 }

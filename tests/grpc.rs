@@ -324,7 +324,12 @@ async fn a_failing_store_is_unavailable_when_closed_and_ignored_when_open() {
     let server = Running::start(closed).await;
     let refused = server.say_hello(&[]).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable);
-    assert!(refused.message().contains("cannot decide"), "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        "The rate limiter cannot decide right now; try again in 1 s."
+    );
+    // The breaker is still closed: the next call asks the store again, so wait the least.
+    assert_eq!(metadata(&refused, "grpc-retry-pushback-ms"), "1000");
     // HTTP requests on the same server keep their 503.
     let (status, _, _) = server
         .http(http::Method::GET, "/health", "text/plain")

@@ -540,6 +540,12 @@ async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
         Some("application/problem+json")
     );
     assert_eq!(json(&response)["status"], 503);
+    // Issue 13, bug 5: a plain message (no Debug text) and a `Retry-After`.
+    assert_eq!(header(&response, "retry-after"), Some("1"));
+    assert_eq!(
+        json(&response)["detail"],
+        "The rate limiter cannot decide right now; try again in 1 s."
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 

@@ -56,46 +56,70 @@ async fn store(server: &RedisServer) -> RedisStore {
         .expect("connect")
 }
 
-#[test]
-fn same_answers_as_the_memory_store() {
+/// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
+/// and with the deny cache off.
+fn differential_cases(cases: u32) {
     let server = RedisServer::start();
     let rt = runtime();
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     };
     proptest!(config, |(scenario in differential::scenario())| {
         rt.block_on(async {
-            let redis = RedisStore::builder()
-                .url(server.url())
-                .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)));
-            differential::run(redis, &scenario).await;
+            let case = case.fetch_add(1, Ordering::Relaxed);
+            for cache in [true, false] {
+                let redis = RedisStore::builder()
+                    .url(server.url())
+                    .prefix(format!("diff{case}{cache}"))
+                    .deny_cache(cache);
+                differential::run(redis, &scenario).await;
+            }
         });
     });
 }
 
-/// With the deny cache on, the same scenarios (blocks, refunds, settlements into debt included)
-/// reach the same decisions: answering locally never admits or denies what Redis would not.
 #[test]
-fn the_deny_cache_never_changes_a_decision() {
+fn same_answers_as_the_memory_store_1024_scenarios() {
+    differential_cases(1_024);
+}
+
+/// The soak: `cargo test --all-features --test redis -- --ignored`.
+#[test]
+#[ignore = "soak: 50 000 scenarios, several minutes"]
+fn same_answers_as_the_memory_store_soak() {
+    differential_cases(50_000);
+}
+
+/// Found by the differential test with the deny cache on: a key Redis holds no state for is a
+/// new key whenever it is asked about, so a denial there (an initial balance of 1, a check of 4)
+/// does not shrink with the clock: 326 µs later Redis still says 750 ms, and so must the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays_750_ms() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, TokenBucket};
     let server = RedisServer::start();
-    let rt = runtime();
-    let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 128,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
-    proptest!(config, |(scenario in differential::scenario())| {
-        rt.block_on(async {
-            let redis = RedisStore::builder()
-                .url(server.url())
-                .prefix(format!("cached{}", case.fetch_add(1, Ordering::Relaxed)));
-            differential::run_cached(redis, &scenario, true).await;
-        });
-    });
+    let bucket = Algorithm::TokenBucket(
+        TokenBucket::new(4, Duration::from_secs(1))
+            .with_capacity(8)
+            .with_initial(1),
+    );
+    let steps = vec![
+        Step::Apply(vec![(0, 1, 4, Mode::Check)]),
+        Step::Advance(326),
+        Step::Apply(vec![(0, 1, 4, Mode::Check)]),
+    ];
+    let scenario = (1_750_000_000_000_000, vec![(bucket, None)], steps);
+    let redis = RedisStore::builder().url(server.url()).prefix("fresh");
+    let answers = differential::run(redis, &scenario).await;
+    assert_eq!(
+        answers[1][0].verdict,
+        Verdict::Denied {
+            retry_after: Duration::from_millis(750)
+        }
+    );
 }
 
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
@@ -375,6 +399,55 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
     assert_eq!(server.command_calls("evalsha") - before, 10);
 }
 
+/// Issue 13, bug 1: a cached denial of a cost above one must say what Redis would say for that
+/// cost. `per_minute(10)` refills one unit per 6 s; with the budget spent, a charge of 5 needs
+/// 30 s, 1 s later 29 s, and at 6 s (one unit back) 24 s. Every answer of the cached store equals
+/// the uncached store's, field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_answers_a_cost_of_5_with_retry_after_30_then_29_then_24() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let limiter = |prefix: &'static str, cache: bool| {
+        let clock = clock.clone();
+        let url = server.url();
+        async move {
+            let store = RedisStore::builder()
+                .url(url)
+                .prefix(prefix)
+                .clock(clock)
+                .deny_cache(cache)
+                .build()
+                .await
+                .unwrap();
+            Limiter::builder()
+                .rule(Rule::new("api", Limit::per_minute(10)))
+                .store(store)
+                .build()
+                .unwrap()
+        }
+    };
+    let cached = limiter("cached", true).await;
+    let truth = limiter("truth", false).await;
+    let secs = Duration::from_secs;
+    let mut calls = Vec::new();
+    let mut retry_after = Vec::new();
+    for advance in [0, 0, 0, 1, 0, 5, 0, 3] {
+        clock.advance(secs(advance));
+        let before = server.command_calls("evalsha");
+        let got = cached.charge("api", "k", 5).await.unwrap();
+        calls.push(server.command_calls("evalsha") - before);
+        let expected = truth.charge("api", "k", 5).await.unwrap();
+        assert_eq!(got, expected, "after {advance} s more");
+        if let Verdict::Denied { retry_after: wait } = got.verdict {
+            retry_after.push(wait.as_secs_f64());
+        }
+    }
+    // Two charges of 5 spend the budget; then 30 s, 1 s later 29 s (locally), at 6 s one unit
+    // is back (Redis is asked: 24 s, then locally again), 3 s later 21 s.
+    assert_eq!(retry_after, [30.0, 29.0, 29.0, 24.0, 24.0, 21.0]);
+    assert_eq!(calls, [1, 1, 1, 0, 0, 1, 0, 0]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
     let server = RedisServer::start();
@@ -451,7 +524,8 @@ fn failing_layer(store: RedisStore, policy: FailurePolicy) -> RateLimitLayer {
         .unwrap()
 }
 
-/// Redis killed mid-traffic: every request gets the failure policy's answer within the timeout.
+/// Redis killed mid-traffic: every request gets the failure policy's answer (how long they wait
+/// is shown without a clock in `tests/redis_outage.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
     let mut server = RedisServer::start();
@@ -469,23 +543,11 @@ async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
     assert!(response.headers().contains_key("ratelimit"));
     server.kill();
     for _ in 0..5 {
-        let started = Instant::now();
         let response = closed.clone().oneshot(request("10.0.0.1")).await.unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
-        let started = Instant::now();
         let response = open.clone().oneshot(request("10.0.0.1")).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert!(!response.headers().contains_key("ratelimit"));
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
     }
 }
 
@@ -546,16 +608,10 @@ async fn a_paused_redis_times_out_and_recovers() {
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 9);
     server.pause();
     for _ in 0..3 {
-        let started = Instant::now();
         match limiter.charge("api", "k", 1).await {
             Err(LimitError::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Timeout),
             other => panic!("expected a timeout, got {other:?}"),
         }
-        assert!(
-            started.elapsed() < timeout + Duration::from_millis(150),
-            "{:?}",
-            started.elapsed()
-        );
     }
     server.resume();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -709,4 +765,30 @@ async fn a_configuration_file_can_name_the_redis_store() {
         server.command_calls("evalsha") - calls_before >= 2,
         "decided by Redis"
     );
+}
+
+/// `on_failure = { local = { share = 0.5 } }` in a file: with Redis killed, the instance grants
+/// half of the limit on its own (2 of 4 an hour), then 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_file_can_fail_to_local_with_half_of_each_limit() {
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\non_failure = {{ local = {{ share = 0.5 }} }}\n\n\
+         [[rules]]\nname = \"global\"\nrate = 4\nperiod = \"1h\"\n",
+        server.url()
+    );
+    std::fs::write(&path, text).unwrap();
+    let service = RateLimitLayer::load_config(&path)
+        .await
+        .unwrap()
+        .layer(ok_service());
+    server.kill();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = service.clone().oneshot(request("10.0.0.1")).await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
 }

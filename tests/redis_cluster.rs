@@ -230,8 +230,9 @@ async fn cross_slot_requests_are_compensated_and_never_over_admit() {
     );
 }
 
-#[test]
-fn same_answers_as_the_memory_store_across_slots() {
+/// Random scenarios through the cluster (cross-slot batches, compensations) against the memory
+/// store, each run with the store's defaults (deny cache on) and with the deny cache off.
+fn differential_cases(cases: u32) {
     let cluster = RedisCluster::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -239,7 +240,7 @@ fn same_answers_as_the_memory_store_across_slots() {
         .build()
         .unwrap();
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: 32,
+        cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     });
@@ -247,14 +248,77 @@ fn same_answers_as_the_memory_store_across_slots() {
     runner
         .run(&differential::scenario(), |scenario| {
             rt.block_on(async {
-                let redis = RedisStore::builder()
-                    .cluster(cluster.urls())
-                    .prefix(format!("diff{}", case.fetch_add(1, Ordering::Relaxed)));
-                differential::run(redis, &scenario).await;
+                let case = case.fetch_add(1, Ordering::Relaxed);
+                for cache in [true, false] {
+                    let redis = RedisStore::builder()
+                        .cluster(cluster.urls())
+                        .prefix(format!("diff{case}{cache}"))
+                        .deny_cache(cache);
+                    differential::run(redis, &scenario).await;
+                }
             });
             Ok(())
         })
         .unwrap();
+}
+
+/// 1 024 random scenarios in the test command (each with the deny cache on and off): the undo
+/// heuristic of issue 13 (bug 2) failed about one run in 30 at 32 scenarios, and 2 runs in 4 at
+/// 512 — random scenarios find such a case only now and then, so the shrunk case below is kept
+/// as its own test, which catches it on every run.
+#[test]
+fn same_answers_as_the_memory_store_across_slots_1024_scenarios() {
+    differential_cases(1_024);
+}
+
+/// The soak: `cargo test --all-features --test redis_cluster -- --ignored`.
+#[test]
+#[ignore = "soak: 20 000 scenarios, several minutes"]
+fn same_answers_as_the_memory_store_across_slots_soak() {
+    differential_cases(20_000);
+}
+
+/// Issue 13, bug 2, shrunk: a refund of 0 creates a burst pool's key (initial balance below the
+/// capacity) at t; at the same instant a cross-slot batch charges it and the other rule denies,
+/// so the charge is undone. The key existed before the charge: the undo must keep it (it refills
+/// from t), not delete it because it equals a new key's state at t. 232 ms later a charge of 8
+/// leaves 18 (2 + 2 steady units, 20 + 2 pool units, minus 8), not 14.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undoing_a_charge_keeps_a_key_a_refund_created_and_8_more_leave_18() {
+    use differential::Step;
+    use tollgate::algorithm::{BurstPool, FixedWindow};
+    let cluster = RedisCluster::start();
+    let second = Duration::from_secs(1);
+    let pool = Algorithm::BurstPool(BurstPool::new(
+        TokenBucket::new(10, second).with_initial(2),
+        TokenBucket::new(10, second)
+            .with_capacity(30)
+            .with_initial(20),
+    ));
+    let window = Algorithm::FixedWindow(FixedWindow::new(1, Duration::from_secs(60)));
+    // Both orders of the two key values: in one, the pool's slot comes first and is undone.
+    for (case, (a, b)) in [(1, 2), (2, 1)].into_iter().enumerate() {
+        let steps = vec![
+            Step::Apply(vec![(1, b, 1, Mode::Charge)]),
+            Step::Refund(0, a, 0),
+            Step::Apply(vec![(0, a, 1, Mode::Charge), (1, b, 1, Mode::Charge)]),
+            Step::Advance(232_000),
+            Step::Apply(vec![(0, a, 8, Mode::Charge)]),
+        ];
+        let scenario = (
+            1_750_000_000_000_000,
+            vec![(pool.clone(), None), (window.clone(), None)],
+            steps,
+        );
+        for cache in [true, false] {
+            let redis = RedisStore::builder()
+                .cluster(cluster.urls())
+                .prefix(format!("undo{case}{cache}"))
+                .deny_cache(cache);
+            let outcomes = differential::run(redis, &scenario).await;
+            assert_eq!(outcomes.last().unwrap()[0].remaining, 18);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

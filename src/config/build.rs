@@ -19,12 +19,13 @@ use super::Plan;
 use crate::algorithm::Penalty;
 use crate::error::ConfigError;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
-use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+use crate::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::limit::Limit;
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::AccessList;
 use crate::settle::{CountIf, Settle};
+use crate::store::FailurePolicy;
 use crate::store::MemoryStore;
 use crate::Cost;
 
@@ -765,6 +766,7 @@ fn store(
     let builder = builder.on_store_failure(match spec.on_failure {
         Some(OnFailure::Closed) => FailurePolicy::Closed,
         Some(OnFailure::Open) | None => FailurePolicy::Open,
+        Some(OnFailure::Local { share }) => FailurePolicy::Local { share },
     });
     Ok(match spec.kind {
         StoreKind::Memory => match spec.max_keys {
@@ -804,6 +806,14 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             check_redis_url(url).or_else(|message| invalid("store.url", message))?;
             if spec.timeout.is_some_and(|t| t.0.is_zero()) {
                 return invalid("store.timeout", "must be greater than 0");
+            }
+            if let Some(OnFailure::Local { share }) = spec.on_failure {
+                if !(share > 0.0 && share <= 1.0) {
+                    return invalid(
+                        "store.on_failure.local.share",
+                        format!("must be greater than 0 and at most 1, not {share}"),
+                    );
+                }
             }
         }
     }

@@ -60,12 +60,17 @@ pub(crate) enum StoreKind {
     Redis,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+/// `on_failure`: `"open"`, `"closed"`, or `{ local = { share = 0.5 } }`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum OnFailure {
     Open,
     Closed,
+    Local { share: f64 },
 }
+
+// The schema compares whole files in tests; a share is never NaN once validated.
+impl Eq for OnFailure {}
 
 /// `[response]`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

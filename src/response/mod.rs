@@ -316,29 +316,44 @@ impl Responder {
         problem(status, Bytes::from(body.to_string()))
     }
 
-    /// The response when the store failed and the layer fails closed (gRPC: `UNAVAILABLE`).
+    /// The response when the store failed and the layer fails closed: a plain message, and the
+    /// wait until the circuit breaker's next probe (whole seconds, rounded up, at least 1; 1 s
+    /// when the breaker is still closed, as the next request asks the store again) as
+    /// `Retry-After`, or for gRPC as `UNAVAILABLE` with `grpc-retry-pushback-ms`.
     pub(crate) fn unavailable_in(&self, error: &StoreError, protocol: Protocol) -> Response<Bytes> {
+        let retry = unavailable_retry_after(error);
+        let message = format!("The rate limiter cannot decide right now; try again in {retry} s.");
         if protocol.is_grpc() {
-            let message = format!(
-                "The rate limiter cannot decide right now ({:?}); try again shortly.",
-                error.kind()
+            let mut response = grpc::trailers_only(protocol, Code::Unavailable as i32, &message);
+            response.headers_mut().insert(
+                grpc::GRPC_RETRY_PUSHBACK_MS.clone(),
+                grpc::pushback_value(Duration::from_secs(retry)),
             );
-            return grpc::trailers_only(protocol, Code::Unavailable as i32, &message);
+            return response;
         }
-        self.unavailable(error)
-    }
-
-    /// The HTTP response when the store failed and the layer fails closed.
-    pub(crate) fn unavailable(&self, error: &StoreError) -> Response<Bytes> {
         let status = StatusCode::SERVICE_UNAVAILABLE;
         let body = serde_json::json!({
             "type": "about:blank",
             "title": "Service Unavailable",
             "status": status.as_u16(),
-            "detail": format!("The rate limiter cannot decide right now ({:?}); try again shortly.", error.kind()),
+            "detail": message,
         });
-        problem(status, Bytes::from(body.to_string()))
+        let mut response = problem(status, Bytes::from(body.to_string()));
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+        response
     }
+}
+
+/// Seconds a fail-closed refusal asks the client to wait (see [`Responder::unavailable_in`]).
+fn unavailable_retry_after(error: &StoreError) -> u64 {
+    error
+        .retry_after()
+        .map_or(1, |wait| {
+            wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+        })
+        .max(1)
 }
 
 /// The status and the sentence that explain a refusal, whatever the protocol.

@@ -4,6 +4,7 @@
 //! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
 //! (feature `redis`) shares limits between the instances of an app through the same trait.
 
+mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -20,6 +21,8 @@ use crate::error::ConfigError;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub(crate) use breaker::Guarded;
+pub use breaker::{CircuitBreaker, FailurePolicy};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
@@ -111,6 +114,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         let _ = (rule, penalty);
         Ok(())
     }
+
+    /// Asks whether the store answers again, for the circuit breaker in front of a remote store
+    /// (see [`CircuitBreaker`]): a cheap call with the store's own timeout (the Redis store sends
+    /// `PING`). The default answers yes at once, which lets requests through again to find out.
+    fn probe(&self) -> StoreFuture<()> {
+        StoreFuture::ready(Ok(()))
+    }
 }
 
 /// A store failed to answer (unreachable, timed out, or an unexpected reply).
@@ -118,6 +128,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 pub struct StoreError {
     kind: StoreErrorKind,
     source: Box<dyn std::error::Error + Send + Sync>,
+    retry_after: Option<std::time::Duration>,
 }
 
 /// What went wrong in a store.
@@ -132,6 +143,9 @@ pub enum StoreErrorKind {
     Protocol,
     /// The store's own settings are unusable (a malformed address, a bad key prefix).
     Config,
+    /// The store was not asked: its circuit breaker is open after repeated failures (see
+    /// [`CircuitBreaker`]).
+    CircuitOpen,
 }
 
 impl StoreError {
@@ -143,12 +157,25 @@ impl StoreError {
         StoreError {
             kind,
             source: source.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error, saying when the store is worth asking again.
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
     }
 
     /// What went wrong.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
+    }
+
+    /// When the store is worth asking again, if known: with the circuit breaker open, the time
+    /// until its next probe. (The fail-closed `503` sends it as `Retry-After`.)
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after
     }
 }
 
@@ -159,6 +186,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unavailable => "rate-limit store unavailable",
             StoreErrorKind::Protocol => "rate-limit store answered unexpectedly",
             StoreErrorKind::Config => "rate-limit store misconfigured",
+            StoreErrorKind::CircuitOpen => "rate-limit store not asked (circuit breaker open)",
         };
         write!(f, "{what}: {}", self.source)
     }

@@ -190,23 +190,16 @@ async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
 }
 
 /// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
-/// clock (and no deny cache, so every answer comes from Redis); panics on the first difference.
-pub async fn run(redis: RedisStoreBuilder, scenario: &(u64, Vec<ScenarioRule>, Vec<Step>)) {
-    run_cached(redis, scenario, false).await
-}
-
-/// [`run`], with the Redis store's deny cache on or off. With it on, a cached denial reports
-/// what Redis said when it was cached (the other rules' `remaining` then, the wait for one unit),
-/// so only each request's decision is compared: the cache must never change one.
-pub async fn run_cached(
+/// clock, with the builder's settings otherwise (the defaults include the deny cache, whose
+/// local answers must be Redis's exactly); panics on the first difference. Returns the outcomes
+/// of the requests, in order.
+pub async fn run(
     redis: RedisStoreBuilder,
     (start, rules, steps): &(u64, Vec<ScenarioRule>, Vec<Step>),
-    cache: bool,
-) {
+) -> Vec<Outcomes> {
     let clock = ManualClock::new(Duration::from_micros(*start));
     let redis = redis
         .clock(clock.clone())
-        .deny_cache(cache)
         .timeout(Duration::from_secs(5))
         .build()
         .await
@@ -217,6 +210,7 @@ pub async fn run_cached(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let (redis, memory, clock) = (&redis, &memory, &clock);
     let names: Vec<String> = (0..rules.len()).map(name).collect();
+    let mut answers = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         match step {
             Step::Apply(charges) => {
@@ -233,23 +227,11 @@ pub async fn run_cached(
                     .collect();
                 let expected = apply(memory, &batch).await;
                 let got = apply(redis, &batch).await;
-                if cache {
-                    // (A cached denial reports the other rules as last seen: compare the
-                    // request's decision.)
-                    let verdicts =
-                        |outcomes: &Outcomes| outcomes.iter().all(|o| o.verdict.is_admitted());
-                    assert_eq!(
-                        verdicts(&got),
-                        verdicts(&expected),
-                        "step {i} {step:?} decided differently (left: Redis with its cache, \
-                         right: memory): {got:?} / {expected:?}"
-                    );
-                } else {
-                    assert_eq!(
-                        got, expected,
-                        "step {i} {step:?} differs (left: Redis, right: memory)"
-                    );
-                }
+                assert_eq!(
+                    got, expected,
+                    "step {i} {step:?} differs (left: Redis, right: memory)"
+                );
+                answers.push(got);
             }
             Step::Refund(rule, key, units) => {
                 let charge = Charge {
@@ -301,4 +283,5 @@ pub async fn run_cached(
             }
         }
     }
+    answers
 }

@@ -1,21 +1,28 @@
-//! The local deny cache: answers for keys Redis has just said are empty, without asking again.
+//! The local deny cache: answers for keys Redis has just denied, without asking again.
 //!
-//! When Redis denies a charge and reports `remaining == 0`, no charge of one unit or more can pass
-//! that key before `reset` has elapsed (the time until at least one unit is back), whatever the
-//! other instances do — they can only take units, except for a refund or a reset. The cache keeps
-//! "denied until X" for such keys, with X on this process's clock, and answers a request locally
-//! when one of its charges hits such an entry.
+//! When Redis denies a charge of `cost` units, it says how long until that cost fits
+//! (`retry_after`) and until the key's whole units grow (`next_unit_in`). Until the earlier of the two,
+//! Redis's answer to the same charge (same cost, same mode) moves only with the clock — as long as
+//! no one refunds or resets the key (other instances can only take units, which delays the key
+//! further). The cache keeps those instants on this process's clock and answers such a request
+//! locally with exactly the fields Redis would report: `retry_after`, `next_unit_in` and `full_in`
+//! shrink as time passes, `remaining` and `balance` stay. A key in debt (a negative balance, owed
+//! to reservations) is not cached: its balance grows before its `remaining` does. A request with
+//! another cost or mode goes to Redis.
 //!
-//! A local answer must still carry an outcome for every rule of the request, so the other keys of
-//! a cached denial are kept too, as "last seen" entries valid as long as the denial: their
-//! `remaining` is the value Redis reported then. A request is answered locally only when at least
-//! one of its charges is denied by an entry and every other charge has an entry (and is not under
-//! a rule with a penalty, whose denial by Redis would be an offence); otherwise it goes to Redis.
+//! A local answer must still carry an outcome for every rule of the request, so the other charges
+//! of a cached denial are kept too, as "last seen" entries valid while their own fields stay
+//! exact (until their `next_unit_in`) and no longer than the denial. A request is answered locally only
+//! when every one of its charges has a matching entry and at least one of them is denied;
+//! otherwise it goes to Redis. Reservations are never cached (their wait grows with every
+//! reservation made elsewhere).
 //!
-//! A key blocked by its rule's penalty is answered the same way until its block ends (a blocked
-//! answer says exactly that). The answer to the offence that started a block is not cached: it
-//! may report the counters' longer wait, and a denial after the block but before that wait is a
-//! new offence, which only the store can count.
+//! Under a rule with a penalty, a request is answered locally only when that rule's own entry
+//! denies it (a last-seen value cannot say whether Redis would count an offence). A key blocked by
+//! its rule's penalty is answered locally until its block ends (a blocked answer says exactly
+//! that). The answer to the offence that started a block is not cached: it may report the
+//! counters' longer wait, and a denial after the block but before that wait is a new offence,
+//! which only the store can count.
 //!
 //! Bounded: at most `capacity` entries; when full, expired entries are dropped, and if that is not
 //! enough, nothing new is cached until entries expire.
@@ -24,6 +31,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::algorithm::{duration, micros, Micros, Mode, Outcome, Verdict};
 use crate::store::{Charge, Outcomes};
@@ -37,17 +45,51 @@ pub(super) struct DenyCache {
     len: AtomicUsize,
 }
 
+/// What Redis said about one charge, as instants on the local clock.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     /// The entry answers until then (local clock).
     until: Micros,
-    /// Whether the key itself is empty until `until`; otherwise a last-seen value.
-    denied: bool,
+    /// The charge it answers: the fields depend on the cost and the mode.
+    cost: u64,
+    mode: Mode,
     limit: u64,
     remaining: u64,
+    /// The signed balance; it moves only with `remaining`, as no entry is kept for a key in debt.
     balance: i64,
-    reset_at: Micros,
+    /// When `remaining` grows (`next_unit_in`); `None` when the key was full (it stays so).
+    next_unit_at: Option<Micros>,
+    /// When the key is full again (`full_in`); passed when it was full.
     full_at: Micros,
+    /// When the cost fits, for a denied charge; `None` for an admitted one.
+    retry_at: Option<Micros>,
+    /// Whether this entry's denial may answer a request locally (not a sharded rule's, whose
+    /// answer depends on the shards a request happens to pick).
+    anchor: bool,
+}
+
+impl Entry {
+    fn matches(&self, charge: &Charge<'_>) -> bool {
+        self.cost == charge.cost && self.mode == charge.mode
+    }
+
+    fn outcome(&self, now: Micros) -> Outcome {
+        let left = |at: Micros| duration(at.saturating_sub(now));
+        Outcome {
+            verdict: match self.retry_at {
+                Some(at) => Verdict::Denied {
+                    retry_after: left(at),
+                },
+                None => Verdict::Allowed,
+            },
+            limit: self.limit,
+            remaining: self.remaining,
+            balance: self.balance,
+            next_unit_in: self.next_unit_at.map_or(Duration::ZERO, left),
+            full_in: left(self.full_at),
+            offence: false,
+        }
+    }
 }
 
 impl DenyCache {
@@ -99,95 +141,78 @@ impl DenyCache {
         let mut denied = false;
         let mut outcomes = Outcomes::new();
         for (charge, &hash) in batch.iter().zip(hashes) {
-            let entry = self.get(hash, now)?;
-            let left = |at: Micros| duration(at.saturating_sub(now));
-            let denies =
-                entry.denied && charge.cost > 0 && !matches!(charge.mode, Mode::Reserve(_));
+            let entry = self.get(hash, now).filter(|e| e.matches(charge))?;
+            let denies = entry.anchor && entry.retry_at.is_some();
             if !denies && charge.penalty.is_some() {
                 // A last-seen value cannot say whether this charge would be an offence.
                 return None;
             }
             denied |= denies;
-            outcomes.push(if denies {
-                Outcome {
-                    verdict: Verdict::Denied {
-                        retry_after: left(entry.until),
-                    },
-                    limit: entry.limit,
-                    remaining: 0,
-                    balance: entry.balance,
-                    next_unit_in: left(entry.until),
-                    full_in: left(entry.full_at),
-                    offence: false,
-                }
-            } else {
-                Outcome {
-                    verdict: Verdict::Allowed,
-                    limit: entry.limit,
-                    remaining: entry.remaining,
-                    balance: entry.balance,
-                    next_unit_in: left(entry.reset_at),
-                    full_in: left(entry.full_at),
-                    offence: false,
-                }
-            });
+            outcomes.push(entry.outcome(now));
         }
         denied.then_some(outcomes)
     }
 
-    /// Learns from Redis's answer to `batch`. `cacheable[i]` says whether charge `i` may be cached
-    /// as denied (not a sharded rule).
-    pub(super) fn learn(&self, batch: &[CacheView], outcomes: &[Outcome], now: Micros) {
-        let empty_until = |view: &CacheView, outcome: &Outcome| match outcome.verdict {
-            Verdict::Denied { .. }
-                if outcome.remaining == 0
-                    && view.cacheable
-                    && !matches!(view.mode, Mode::Reserve(_)) =>
-            {
-                Some(now.saturating_add(micros(outcome.next_unit_in).max(1)))
-            }
-            _ => None,
+    /// Learns from Redis's answer to `batch`, received at `now`. `missing[i]` says that charge
+    /// `i`'s key holds no state: its answer does not move with the clock (a new key is seen
+    /// fresh whenever it is asked about), so such a batch is not cached.
+    pub(super) fn learn(
+        &self,
+        batch: &[CacheView],
+        outcomes: &[Outcome],
+        missing: &[bool],
+        now: Micros,
+    ) {
+        let at = |d: Duration| now.saturating_add(micros(d));
+        let anchors = |view: &CacheView, outcome: &Outcome| {
+            view.cacheable && matches!(outcome.verdict, Verdict::Denied { .. })
         };
-        // An offence blocked a key: what its rule answers next is the store's to say.
-        let offence = outcomes.iter().any(|o| o.offence);
+        let reserves = batch.iter().any(|v| matches!(v.mode, Mode::Reserve(_)));
         let until = batch
             .iter()
             .zip(outcomes)
-            .filter_map(|(view, outcome)| empty_until(view, outcome))
+            .filter(|(view, outcome)| anchors(view, outcome))
+            .map(|(_, outcome)| match outcome.verdict {
+                Verdict::Denied { retry_after } => at(retry_after.min(outcome.next_unit_in)),
+                _ => now,
+            })
             .max()
-            .filter(|_| !offence);
+            .filter(|&until| {
+                until > now
+                    && !reserves
+                    && !missing.contains(&true)
+                    && outcomes.iter().all(|outcome| outcome.balance >= 0)
+                    // An offence blocked a key: what its rule answers next is the store's to say.
+                    && !outcomes.iter().any(|outcome| outcome.offence)
+            });
         let Some(until) = until else {
-            // Admitted (or denied with units left, or an offence): whatever was cached for these
-            // keys is stale.
+            // Admitted (or not cacheable): whatever was cached for these keys is stale.
             if !self.is_empty() {
                 for view in batch {
-                    if self.shard(view.hash).remove(&view.hash).is_some() {
-                        self.len.fetch_sub(1, Ordering::Relaxed);
-                    }
+                    self.forget(view.hash);
                 }
             }
             return;
         };
         for (view, outcome) in batch.iter().zip(outcomes) {
-            let entry = match empty_until(view, outcome) {
-                Some(empty) => Entry {
-                    until: empty,
-                    denied: true,
-                    limit: outcome.limit,
-                    remaining: 0,
-                    balance: outcome.balance,
-                    reset_at: empty,
-                    full_at: now.saturating_add(micros(outcome.full_in)),
-                },
-                None => Entry {
-                    until,
-                    denied: false,
-                    limit: outcome.limit,
-                    remaining: outcome.remaining,
-                    balance: outcome.balance,
-                    reset_at: now.saturating_add(micros(outcome.next_unit_in)),
-                    full_at: now.saturating_add(micros(outcome.full_in)),
-                },
+            let next_unit_at =
+                (outcome.next_unit_in > Duration::ZERO).then(|| at(outcome.next_unit_in));
+            let retry_at = match outcome.verdict {
+                Verdict::Denied { retry_after } => Some(at(retry_after)),
+                _ => None,
+            };
+            let exact_until = [next_unit_at, retry_at].into_iter().flatten().min();
+            let entry = Entry {
+                until: exact_until.map_or(until, |exact| exact.min(until)),
+                cost: view.cost,
+                mode: view.mode,
+                limit: outcome.limit,
+                remaining: outcome.remaining,
+                balance: outcome.balance,
+                next_unit_at,
+                full_at: at(outcome.full_in),
+                retry_at,
+                anchor: view.cacheable,
             };
             self.insert(view.hash, entry, now);
         }
@@ -220,34 +245,24 @@ impl DenyCache {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CacheView {
     pub(super) hash: u64,
+    pub(super) cost: u64,
     pub(super) mode: Mode,
     pub(super) cacheable: bool,
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::algorithm::{Algorithm, TokenBucket};
 
-    impl DenyCache {
-        /// How long a key stays answered locally.
-        fn denied_for(&self, hash: u64, now: Micros) -> Option<Duration> {
-            self.get(hash, now)
-                .filter(|e| e.denied)
-                .map(|e| duration(e.until - now))
-        }
-    }
-
     const SECOND: Duration = Duration::from_secs(1);
 
-    fn denied(reset: Duration) -> Outcome {
+    fn denied(retry_after: Duration, remaining: u64, reset: Duration) -> Outcome {
         Outcome {
-            verdict: Verdict::Denied { retry_after: reset },
+            verdict: Verdict::Denied { retry_after },
             limit: 10,
-            remaining: 0,
-            balance: 0,
+            remaining,
+            balance: remaining as i64,
             next_unit_in: reset,
             full_in: reset,
             offence: false,
@@ -266,8 +281,17 @@ mod tests {
         }
     }
 
+    fn view(cache: &DenyCache, rule: &str, cost: u64, mode: Mode) -> CacheView {
+        CacheView {
+            hash: cache.hash(rule, b"k"),
+            cost,
+            mode,
+            cacheable: true,
+        }
+    }
+
     #[test]
-    fn a_denied_key_is_answered_until_its_reset_with_the_other_rules_last_seen() {
+    fn a_denied_charge_is_answered_with_the_fields_redis_would_give_until_one_changes() {
         let cache = DenyCache::new(100);
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, SECOND));
         let charge = |rule, cost| Charge {
@@ -278,63 +302,124 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
         };
-        let batch = [charge("tight", 1), charge("roomy", 1)];
+        let batch = [charge("tight", 5), charge("roomy", 1)];
         let hashes = [cache.hash("tight", b"k"), cache.hash("roomy", b"k")];
-        let views = hashes.map(|hash| CacheView {
-            hash,
-            mode: Mode::Charge,
-            cacheable: true,
-        });
+        let views = [
+            view(&cache, "tight", 5, Mode::Charge),
+            view(&cache, "roomy", 1, Mode::Charge),
+        ];
         assert!(cache.answer(&batch, &hashes, 0).is_none());
-        cache.learn(&views, &[denied(SECOND), allowed(7)], 1_000);
-        assert_eq!(cache.denied_for(hashes[0], 1_000), Some(SECOND));
-        let answer = cache.answer(&batch, &hashes, 251_000).unwrap();
-        assert_eq!(answer[0], denied(Duration::from_millis(750)));
+        // Five units missing at one per 100 ms; the next whole unit in 100 ms.
+        let ms = Duration::from_millis;
+        cache.learn(
+            &views,
+            &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
+            1_000,
+        );
+        let answer = cache.answer(&batch, &hashes, 61_000).unwrap();
+        assert_eq!(answer[0], denied(ms(440), 0, ms(40)));
         assert_eq!(
             answer[1],
             Outcome {
-                next_unit_in: Duration::from_millis(750),
-                full_in: Duration::from_millis(750),
+                next_unit_in: ms(940),
+                full_in: ms(940),
                 ..allowed(7)
             }
         );
-        // The roomy rule alone is not known to be denied; a peek (cost 0) is not either.
-        assert!(cache.answer(&batch[1..], &hashes[1..], 251_000).is_none());
+        // Another cost, a peek, or the roomy rule alone are not known: Redis is asked.
         assert!(cache
-            .answer(&[charge("tight", 0)], &hashes[..1], 251_000)
+            .answer(&[charge("tight", 4)], &hashes[..1], 61_000)
             .is_none());
-        // At the reset, Redis is asked again.
-        assert!(cache.answer(&batch, &hashes, 1_001_000).is_none());
+        assert!(cache
+            .answer(&[charge("tight", 0)], &hashes[..1], 61_000)
+            .is_none());
+        assert!(cache.answer(&batch[1..], &hashes[1..], 61_000).is_none());
+        // Once a unit is back, `remaining` would be 1: Redis is asked again.
+        assert!(cache.answer(&batch, &hashes, 101_000).is_none());
         // An admitted answer or a forget drops the entries.
-        cache.learn(&views, &[denied(SECOND), allowed(7)], 2_000_000);
-        cache.learn(&views, &[allowed(1), allowed(7)], 2_000_001);
+        cache.learn(
+            &views,
+            &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
+            2_000_000,
+        );
+        cache.learn(&views, &[allowed(1), allowed(7)], &[], 2_000_001);
         assert!(cache.answer(&batch, &hashes, 2_000_002).is_none());
-        cache.learn(&views, &[denied(SECOND), allowed(7)], 3_000_000);
+        cache.learn(
+            &views,
+            &[denied(ms(500), 0, ms(100)), allowed(7)],
+            &[],
+            3_000_000,
+        );
         cache.forget(hashes[0]);
         assert!(cache.answer(&batch, &hashes, 3_000_001).is_none());
     }
 
     #[test]
-    fn not_cached_denials_with_units_left_reservations_or_sharded_rules() {
+    fn a_denial_with_units_left_is_exact_until_its_reset() {
         let cache = DenyCache::new(100);
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, SECOND));
+        let charge = Charge {
+            rule: "r",
+            algorithm: &algorithm,
+            key: b"k",
+            cost: 5,
+            mode: Mode::Charge,
+            penalty: None,
+        };
+        let hash = [cache.hash("r", b"k")];
+        let v = [view(&cache, "r", 5, Mode::Charge)];
+        cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);
+        assert_eq!(
+            cache.answer(&[charge], &hash, 100_000).unwrap()[0],
+            denied(Duration::from_millis(900), 2, Duration::from_millis(200))
+        );
+        assert!(cache.answer(&[charge], &hash, 300_000).is_none());
+    }
+
+    #[test]
+    fn not_cached_reservations_sharded_rules_or_keys_without_state() {
+        let cache = DenyCache::new(100);
+        let reserve = Mode::Reserve(Default::default());
         let hash = cache.hash("r", b"k");
-        let view = |mode, cacheable| CacheView {
-            hash,
-            mode,
-            cacheable,
-        };
-        let partly = Outcome {
-            remaining: 2,
-            ..denied(SECOND)
-        };
-        cache.learn(&[view(Mode::Charge, true)], &[partly], 0);
         cache.learn(
-            &[view(Mode::Reserve(Default::default()), true)],
-            &[denied(SECOND)],
+            &[view(&cache, "r", 1, reserve)],
+            &[denied(SECOND, 0, SECOND)],
+            &[],
             0,
         );
-        cache.learn(&[view(Mode::Charge, false)], &[denied(SECOND)], 0);
-        assert_eq!(cache.denied_for(hash, 1), None);
+        let sharded = CacheView {
+            cacheable: false,
+            ..view(&cache, "r", 1, Mode::Charge)
+        };
+        cache.learn(&[sharded], &[denied(SECOND, 0, SECOND)], &[], 0);
+        // A key Redis holds no state for is seen fresh whenever it is asked: its answer stays.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[denied(SECOND, 0, SECOND)],
+            &[true],
+            0,
+        );
+        // A key in debt (owed to reservations): its balance grows before its `remaining`.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[Outcome {
+                balance: -3,
+                ..denied(SECOND, 0, SECOND)
+            }],
+            &[false],
+            0,
+        );
+        assert!(cache.get(hash, 1).is_none());
+        // The same denial without debt is cached.
+        cache.learn(
+            &[view(&cache, "r", 1, Mode::Charge)],
+            &[denied(SECOND, 0, SECOND)],
+            &[false],
+            0,
+        );
+        assert!(cache.get(hash, 1).is_some());
     }
 
     #[test]
@@ -343,19 +428,21 @@ mod tests {
         for i in 0..1_000u32 {
             let view = CacheView {
                 hash: cache.hash("r", &i.to_le_bytes()),
+                cost: 1,
                 mode: Mode::Charge,
                 cacheable: true,
             };
-            cache.learn(&[view], &[denied(SECOND)], 0);
+            cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 0);
         }
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Once expired, entries make room again.
         let view = CacheView {
             hash: cache.hash("r", b"late"),
+            cost: 1,
             mode: Mode::Charge,
             cacheable: true,
         };
-        cache.learn(&[view], &[denied(SECOND)], 10_000_000);
-        assert!(cache.denied_for(view.hash, 10_000_000).is_some());
+        cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 10_000_000);
+        assert!(cache.get(view.hash, 10_000_000).is_some());
     }
 }

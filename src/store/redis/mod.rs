@@ -79,25 +79,31 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// `Unavailable` or `Protocol`) and the layer's [`FailurePolicy`](crate::FailurePolicy) decides:
 /// the store never panics and never makes a request wait longer than the timeout. The connection
 /// reconnects by itself (backing off up to one second), so the app recovers when Redis comes
-/// back, without a restart.
+/// back, without a restart. The [`Limiter`](crate::Limiter) puts a
+/// [`CircuitBreaker`](crate::CircuitBreaker) in front of the store: after consecutive failures,
+/// requests stop waiting for the timeout and are answered by the failure policy at once while
+/// the store is probed (`PING`) in the background, with backoff.
 ///
 /// **Which failure policy?** The layer's default, fail open, suits most users of a shared Redis: a
 /// rate limiter protects a service from overload and abuse, and an outage of the limiter's Redis
 /// should degrade that protection for its duration (every failure is logged with `tracing`)
 /// rather than turn into an outage of the service itself — which is what failing closed does,
-/// since every request then gets `503`. Choose
+/// since every request then gets `503`. [`FailurePolicy::Local`](crate::FailurePolicy::Local)
+/// keeps a share of each limit per instance in memory meanwhile. Choose
 /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed) when going over the limit costs more
 /// than refusing service: a paid upstream with a hard quota, an SMS or e-mail budget, a login
 /// throttle against password guessing. The short default timeout keeps either policy quick to
 /// apply when Redis hangs.
 ///
 /// # Local deny cache
-/// On by default ([`deny_cache`](RedisStoreBuilder::deny_cache)). When Redis denies a key and says
-/// no unit is left, nothing can pass that key before its quota grows again, so this instance
-/// answers the key's requests itself until then, without a Redis call: a client hammering a
-/// limit costs Redis one call per refill interval instead of one per request. The deadline is kept
-/// on this process's monotonic clock; the cached interval is what Redis reported, so the local
-/// answer can be off only by the network delay of the call that filled the cache. A
+/// On by default ([`deny_cache`](RedisStoreBuilder::deny_cache)). When Redis denies a charge, its
+/// answer to the same charge (same cost) only moves with the clock until the key's units grow
+/// again, so this instance answers that charge itself until then, without a Redis call, with the
+/// fields Redis would give: the `Retry-After` for that cost and the `remaining` it reported. A
+/// client hammering a limit costs Redis one call per refill interval instead of one per request;
+/// a request of another cost goes to Redis. The deadlines are kept on this process's monotonic
+/// clock from the moment the answer arrived, so the local answer can be later than Redis's only
+/// by the network delay of the call that filled the cache, never earlier. A
 /// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
 /// clears the entry; one made by another instance takes effect here when the entry expires. The
 /// cache holds a bounded number of entries ([`deny_cache_size`](RedisStoreBuilder::deny_cache_size)).
@@ -358,6 +364,7 @@ impl RedisStore {
                 .iter()
                 .map(|charge| CacheView {
                     hash: cache.hash(charge.rule, charge.key),
+                    cost: charge.cost,
                     mode: charge.mode,
                     // A penalised rule's denials are cached only once the key is blocked (a
                     // charge denied then is a blocked answer, exact until the block ends): the
@@ -385,9 +392,9 @@ impl RedisStore {
         let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            let outcomes = inner.timed(inner.decide(now, &records)).await?;
+            let (outcomes, missing) = inner.timed(inner.decide(now, &records)).await?;
             if let Some(cache) = &inner.cache {
-                cache.learn(&views, &outcomes, inner.local.now());
+                cache.learn(&views, &outcomes, &missing, inner.local.now());
             }
             finish(outcomes)
         })
@@ -508,6 +515,21 @@ impl Store for RedisStore {
         })
     }
 
+    fn probe(&self) -> StoreFuture<()> {
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            inner
+                .timed(async {
+                    let mut conn = inner.conn.clone();
+                    conn.query::<String>(&::redis::cmd("PING"))
+                        .await
+                        .map_err(conn::error)?;
+                    Ok(())
+                })
+                .await
+        })
+    }
+
     fn validate_penalty(&self, rule: &str, penalty: &Penalty) -> Result<(), ConfigError> {
         if self.inner.shards.contains_key(rule) {
             return Err(ConfigError::new(
@@ -558,13 +580,19 @@ struct Item<'r> {
 }
 
 /// What one record's charge took: the candidate it chose, what a burst pool took from its steady
-/// bucket, and when.
+/// bucket, when, and whether the key held no state (for a charge: before it, so that an undo of a
+/// charge that created the key removes it again while any other undo keeps the key; for a check
+/// or an undo: after it).
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
     chosen: usize,
     steady: u64,
     at: Micros,
+    missing: bool,
 }
+
+/// Per outcome of a batch: whether its key holds no state (see [`Inner::decide`]).
+type Missing = SmallVec<[bool; 2]>;
 
 impl<'r> Item<'r> {
     fn apply(record: &'r Record) -> Self {
@@ -695,12 +723,14 @@ impl Inner {
         }
     }
 
-    /// Decides a batch: one script call, or one per slot on a cluster.
+    /// Decides a batch: one script call, or one per slot on a cluster. Beside each outcome:
+    /// whether its key holds no state after the call (its answer then does not move with the
+    /// clock, which the deny cache must know).
     async fn decide(
         &self,
         now: Option<Micros>,
         records: &[Record],
-    ) -> Result<Outcomes, StoreError> {
+    ) -> Result<(Outcomes, Missing), StoreError> {
         let groups = if self.is_cluster() {
             self.groups(records)
         } else {
@@ -709,7 +739,10 @@ impl Inner {
         if groups.len() <= 1 {
             let items: SmallVec<[Item<'_>; 2]> = records.iter().map(Item::apply).collect();
             let results = self.call(Op::Apply, now, &items).await?;
-            return Ok(results.into_iter().map(|(outcome, _)| outcome).collect());
+            return Ok(results
+                .into_iter()
+                .map(|(o, taken)| (o, taken.missing))
+                .unzip());
         }
         self.cross_slot(now, records, &groups).await
     }
@@ -729,8 +762,9 @@ impl Inner {
         now: Option<Micros>,
         records: &[Record],
         groups: &[Vec<usize>],
-    ) -> Result<Outcomes, StoreError> {
+    ) -> Result<(Outcomes, Missing), StoreError> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
+        let mut missing: Missing = smallvec::smallvec![false; records.len()];
         let mut taken = vec![Taken::default(); records.len()];
         for (g, group) in groups.iter().enumerate() {
             let items: Vec<Item<'_>> = group.iter().map(|&i| Item::apply(&records[i])).collect();
@@ -738,6 +772,7 @@ impl Inner {
             let denied = results.iter().any(|(o, _)| !o.verdict.is_admitted());
             for (&i, (outcome, took)) in group.iter().zip(results) {
                 outcomes[i] = Some(outcome);
+                missing[i] = took.missing;
                 taken[i] = took;
             }
             if !denied {
@@ -756,8 +791,9 @@ impl Inner {
                     .collect();
                 match self.call(Op::Undo, now, &items).await {
                     Ok(results) => {
-                        for (&i, (outcome, _)) in earlier.iter().zip(results) {
+                        for (&i, (outcome, took)) in earlier.iter().zip(results) {
                             outcomes[i] = Some(outcome);
+                            missing[i] = took.missing;
                         }
                     }
                     // The units stay taken until they refill: under-admits, never over.
@@ -771,8 +807,9 @@ impl Inner {
                     later.iter().map(|&i| Item::apply(&records[i])).collect();
                 match self.call(Op::Check, now, &items).await {
                     Ok(results) => {
-                        for (&i, (outcome, _)) in later.iter().zip(results) {
+                        for (&i, (outcome, took)) in later.iter().zip(results) {
                             outcomes[i] = Some(outcome);
+                            missing[i] = took.missing;
                         }
                     }
                     Err(error) => {
@@ -782,7 +819,7 @@ impl Inner {
             }
             break;
         }
-        Ok(outcomes
+        let outcomes = outcomes
             .into_iter()
             .zip(records)
             .map(|(outcome, record)| {
@@ -797,7 +834,8 @@ impl Inner {
                     offence: false,
                 })
             })
-            .collect())
+            .collect();
+        Ok((outcomes, missing))
     }
 
     /// One script call; the outcome of each item, with the candidate it chose.
@@ -823,7 +861,7 @@ impl Inner {
         let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
             + blocks().map(|(name, _)| name.len()).sum::<usize>();
         let numbers = 4
-            + 5 * items.len()
+            + 6 * items.len()
             + candidates().map(|c| c.args.len()).sum::<usize>()
             + blocks().map(|(_, args)| args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
@@ -853,15 +891,17 @@ impl Inner {
             packed.push(candidates.len() as u64);
             packed.push(params::mode_code(item.mode));
             packed.push(params::units_arg(item.cost));
-            // Deciding, the two undo numbers give way to the penalty's count (0: none).
+            // Deciding, the three undo numbers give way to the penalty's count (0: none).
             match (deciding, penalty(item)) {
                 (true, found) => {
                     packed.push(found.map_or(0, |(_, args)| args.len() as u64));
+                    packed.push(0);
                     packed.push(0);
                 }
                 (false, _) => {
                     packed.push(item.undo.steady);
                     packed.push(item.undo.at);
+                    packed.push(u64::from(item.undo.missing));
                 }
             }
             for candidate in candidates {
@@ -896,7 +936,7 @@ struct Packed(Vec<u8>);
 
 impl Packed {
     /// The script reads a call's first numbers with one unpack: it needs at least this many.
-    const MIN: usize = 16;
+    const MIN: usize = 17;
 
     /// Integers below 2^53 convert exactly; the rules are validated to stay there.
     fn push(&mut self, value: u64) {
@@ -910,10 +950,10 @@ impl Packed {
     }
 }
 
-/// Reads the script's reply: nine integers per item, then the time the script used, as
+/// Reads the script's reply: ten integers per item, then the time the script used, as
 /// little-endian doubles.
 fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (9 * items.len() + 1) {
+    if reply.len() != 8 * (10 * items.len() + 1) {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -946,7 +986,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
     let at = number(reply[reply.len() - 1])?;
     items
         .iter()
-        .zip(reply.chunks_exact(9))
+        .zip(reply.chunks_exact(10))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
             let verdict = match number(values[0])? {
@@ -977,6 +1017,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 chosen: item.only.unwrap_or(index),
                 steady: number(values[6])?,
                 at,
+                missing: number(values[9])? == 1,
             };
             Ok((outcome, taken))
         })

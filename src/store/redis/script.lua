@@ -21,17 +21,20 @@
 --              candidate shards), mode (0 charge, 1 check, 2 reserve), cost, aux (undo: the
 --              units a burst pool took from its steady bucket; apply and check: how many
 --              penalty numbers follow the candidates, 0 for a rule without a penalty), at
---              (undo: the time of the charge), then n times: algorithm code and parameters (see
---              `read`), then the penalty's numbers: forget_after, then the block durations in
---              order of offence (µs).
+--              (undo: the time of the charge), created (undo: 1 when the charge found no key,
+--              which it then created), then n times: algorithm code and parameters (see `read`),
+--              then the penalty's numbers: forget_after, then the block durations in order of
+--              offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (apply
 --          and check, rules with a penalty).
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
---          an array reply): nine integers per record: verdict (0 allowed, 1 reserved, 2
---          denied, 3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
+--          an array reply): ten integers per record: verdict (0 allowed, 1 reserved, 2 denied,
+--          3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
 --          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
 --          burst pool charge took from its steady bucket), the signed balance, time until full
---          (µs); then the time used.
+--          (µs), missing (op 1: 1 when the chosen key held no state before the call, so that an
+--          undo of the charge removes the key again; ops 2 to 4: 1 when it holds none after the
+--          call, so that the answer does not move with the clock); then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (below) therefore comes first and creates almost
@@ -52,8 +55,8 @@ end
 
 -- The call's first numbers: enough for a whole record of the fast path below.
 local packed = ARGV[1]
-local op, now, grace, count, n, mode, cost, penalised, _, code, p1, p2, p3, p4, p5, p6 =
-  struct.unpack('<dddddddddddddddd', packed)
+local op, now, grace, count, n, mode, cost, penalised, _, _, code, p1, p2, p3, p4, p5, p6 =
+  struct.unpack('<ddddddddddddddddd', packed)
 if now < 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
@@ -268,8 +271,10 @@ if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 
     if expires > now then px = div(expires - now + 999, 1000) end
     redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
   end
+  local created = 0
+  if not raw then created = 1 end
   return struct.pack(
-    '<dddddddddd', kind, wait, limit, remaining, reset, 0, 0, balance, full, now
+    '<ddddddddddd', kind, wait, limit, remaining, reset, 0, 0, balance, full, created, now
   )
 end
 
@@ -963,10 +968,10 @@ for r = 1, count do
   local n = argv[a]
   local rec = {
     n = n, mode = argv[a + 1], cost = argv[a + 2],
-    aux = argv[a + 3], at = argv[a + 4], c = {}, res = false, chosen = 1,
-    aux_out = 0,
+    aux = argv[a + 3], at = argv[a + 4], created = argv[a + 5], c = {}, res = false,
+    chosen = 1, aux_out = 0,
   }
-  a = a + 5
+  a = a + 6
   for j = 1, n do rec.c[j] = read() end
   if (op == 1 or op == 2) and rec.aux > 0 then
     local ds = {}
@@ -981,6 +986,7 @@ end
 -- The candidate's state, or nil when the key is missing or holds another algorithm's state.
 local function load(p)
   local raw = redis.call('GET', p.key)
+  p.missing = not raw
   if raw then return p.alg.decode(p, raw) end
   return nil
 end
@@ -1001,9 +1007,12 @@ end
 
 local reply = {}
 local function answer(rec, res)
+  -- A blocked key's answer moves with the clock (the block ends) even when its counter is gone.
+  local created = 0
+  if rec.c[rec.chosen].missing and not rec.blocked then created = 1 end
   reply[#reply + 1] = struct.pack(
-    '<ddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
-    res[6], res[7]
+    '<dddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
+    res[6], res[7], created
   )
 end
 
@@ -1086,17 +1095,24 @@ elseif op == 3 or op == 4 then
       if p.stored ~= nil or p.code ~= 1 then
         p.state = p.alg.refund(p, p.state, now, rec.cost)
         save(p, p.state)
+        p.missing = false
       end
     elseif rec.mode ~= 1 and p.stored ~= nil then
-      -- A check wrote nothing; anything else is taken back. A key the charge created, and that
-      -- nothing else touched since, is removed again: a new key's state can depend on when it
-      -- is first seen (an initial balance below the capacity).
+      -- A check wrote nothing; anything else is taken back, to the key's state before the
+      -- charge. A key the charge created (there was none before), and that nothing else touched
+      -- since, is removed again: a missing key is not the same as a stored fresh state, since a
+      -- new key's state depends on when it is first seen (an initial balance below the
+      -- capacity). A key that existed before keeps its undone state, even one equal to a fresh
+      -- key's at that instant: a refund or a charge of 0 may have created it earlier at that instant,
+      -- and from then on it refills.
       p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
       local encoded = p.alg.encode(p.state)
-      if encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
+      if rec.created == 1 and encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
         redis.call('DEL', p.key)
+        p.missing = true
       else
         save(p, p.state)
+        p.missing = false
       end
     end
     local res = { p.alg.eval(p, p.state, now, 0, 1) }

@@ -1,0 +1,288 @@
+//! Redis outages against real `redis-server` processes: paused (SIGSTOP), killed, and restarted
+//! on the same port, under each failure policy. For each: what the requests got, that once the
+//! circuit breaker is open no request waits for Redis (its answer is ready at the first poll, and
+//! Redis sees no call), the number of warning lines, the store-health gauge, and recovery with
+//! no restart of the app.
+//!
+//! One test in this binary on purpose: it installs the global `tracing` subscriber that counts
+//! the lines (the breaker's probe logs from a background task, on any thread).
+
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::{
+    CircuitBreaker, FailurePolicy, Limit, ManualClock, RateLimitLayer, RedisStore, Rule,
+};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+use redis_server::RedisServer;
+
+type Body = Full<Bytes>;
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// The warning lines since the last call.
+    fn take_warnings(&self) -> Vec<String> {
+        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("WARN"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn request() -> Request<Body> {
+    let mut req = Request::get("/").body(Body::default()).unwrap();
+    req.extensions_mut()
+        .insert(SocketAddr::from(([10, 0, 0, 1], 40_000)));
+    req
+}
+
+type App = tollgate::RateLimit<
+    tower::util::ServiceFn<
+        fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>,
+    >,
+>;
+
+fn ok(_req: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>> {
+    std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
+}
+
+/// The app: a global rule of 10 a day on Redis (100 ms timeout), the breaker on `clock` with
+/// its defaults except one warning line per hour (so that the count does not depend on how
+/// many recovery attempts the test makes).
+async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -> App {
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("global", Limit::per_day(10)))
+        .store(store)
+        .on_store_failure(policy)
+        .circuit_breaker(
+            CircuitBreaker::new()
+                .clock(clock.clone())
+                .warn_interval(Duration::from_secs(3_600)),
+        )
+        .build()
+        .unwrap();
+    layer.layer(service_fn(ok as fn(_) -> _))
+}
+
+/// A request whose answer needs no waiting: ready at its first poll.
+fn at_once(app: &App) -> Response<tollgate::ResponseBody<Body>> {
+    let mut app = app.clone();
+    let ready = app.ready().now_or_never().expect("ready").unwrap();
+    ready
+        .call(request())
+        .now_or_never()
+        .expect("answered without waiting for Redis")
+        .unwrap()
+}
+
+async fn send(app: &App) -> Response<tollgate::ResponseBody<Body>> {
+    app.clone().oneshot(request()).await.unwrap()
+}
+
+/// Moves the breaker's clock past its longest probe interval and sends a request (which starts
+/// a probe when one is due) until the health gauge says the breaker closed, bounded by 10 s of
+/// real time; then the answer of the next request.
+async fn recover(
+    app: &App,
+    clock: &ManualClock,
+    snapshotter: &Snapshotter,
+) -> Response<tollgate::ResponseBody<Body>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while healthy(snapshotter) != 1.0 {
+        assert!(Instant::now() < deadline, "no recovery");
+        clock.advance(Duration::from_secs(30));
+        send(app).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    send(app).await
+}
+
+fn healthy(snapshotter: &Snapshotter) -> f64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find_map(|(key, _, _, value)| match value {
+            DebugValue::Gauge(v) if key.key().name() == "tollgate_store_healthy" => Some(v.0),
+            _ => None,
+        })
+        .expect("the gauge is registered")
+}
+
+#[test]
+fn outages_paused_killed_restarted_5_failures_open_the_breaker_then_100_requests_wait_for_nothing()
+{
+    let lines = Lines::default();
+    let writer = lines.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )
+    .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::set_global_recorder(recorder).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        paused_fail_closed(&lines, &snapshotter).await;
+        killed_fail_open(&lines, &snapshotter).await;
+        restarted_fail_to_local(&lines, &snapshotter).await;
+    });
+}
+
+/// Paused Redis, fail closed: 5 requests time out (503), the breaker opens; 100 more get 503 at
+/// once with `Retry-After: 1` (the next probe) and a plain message, and Redis receives none of
+/// them. Two warning lines (the first failure, the opening), one more when it closes.
+async fn paused_fail_closed(lines: &Lines, snapshotter: &Snapshotter) {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let app = app(&server, &clock, FailurePolicy::Closed).await;
+    assert_eq!(send(&app).await.status(), StatusCode::OK);
+    assert_eq!(healthy(snapshotter), 1.0);
+    lines.take_warnings();
+    server.pause();
+    for _ in 0..5 {
+        let response = send(&app).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+    }
+    assert_eq!(healthy(snapshotter), 0.0);
+    for _ in 0..100 {
+        let response = at_once(&app);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["detail"],
+            "The rate limiter cannot decide right now; try again in 1 s."
+        );
+    }
+    server.resume();
+    // The first request and at most the 5 that timed out (sent, answered late): none of the 100.
+    let calls = server.command_calls("evalsha");
+    assert!(calls <= 6, "Redis saw {calls} calls");
+    let warnings = lines.take_warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("1 failed decision(s)"),
+        "{}",
+        warnings[0]
+    );
+    assert!(warnings[1].contains("opened after 5 consecutive failures"));
+    assert!(warnings[1].contains("refused with 503 (fail closed)"));
+    // Resumed: a probe closes the breaker; requests reach Redis again, no restart of the app.
+    let response = recover(&app, &clock, snapshotter).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(healthy(snapshotter), 1.0);
+    let warnings = lines.take_warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(
+        warnings[0].contains("circuit breaker closed"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// Killed Redis, fail open: every request is forwarded unlimited (no `RateLimit` field); after 5
+/// failures the breaker opens and 100 requests are forwarded at once. Restarted on the same
+/// port, the breaker closes by itself and Redis counts again.
+async fn killed_fail_open(lines: &Lines, snapshotter: &Snapshotter) {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let app = app(&server, &clock, FailurePolicy::Open).await;
+    let first = send(&app).await;
+    assert_eq!(first.headers()["ratelimit"], "\"global\";r=9;t=8640");
+    lines.take_warnings();
+    server.kill();
+    for _ in 0..5 {
+        let response = send(&app).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("ratelimit"));
+    }
+    for _ in 0..100 {
+        let response = at_once(&app);
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("ratelimit"));
+    }
+    assert_eq!(healthy(snapshotter), 0.0);
+    let warnings = lines.take_warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(warnings[1].contains("forwarded unlimited (fail open)"));
+    server.restart();
+    let response = recover(&app, &clock, snapshotter).await;
+    // The restarted server is empty: a new count.
+    assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
+    assert_eq!(healthy(snapshotter), 1.0);
+    assert_eq!(lines.take_warnings().len(), 1);
+}
+
+/// Redis restarted under fail to local with a share of 0.5: while it is down, the instance
+/// grants 5 of the 10 on its own (then 429); once the breaker closes, Redis decides again.
+async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let app = app(&server, &clock, FailurePolicy::Local { share: 0.5 }).await;
+    assert_eq!(send(&app).await.status(), StatusCode::OK);
+    lines.take_warnings();
+    server.kill();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(send(&app).await.status().as_u16());
+    }
+    for _ in 0..5 {
+        statuses.push(at_once(&app).status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429, 429, 429]);
+    let warnings = lines.take_warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:#?}");
+    assert!(warnings[1].contains("decided locally with 0.5 of each limit"));
+    server.restart();
+    let response = recover(&app, &clock, snapshotter).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
+    assert_eq!(healthy(snapshotter), 1.0);
+    assert_eq!(lines.take_warnings().len(), 1);
+}
