@@ -27,18 +27,19 @@ step "format"
 cargo fmt --all -- --check
 
 step "clippy (all targets, all features, warnings are errors)"
-cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "clippy without default features, and with only the redis feature"
 cargo clippy --lib --no-default-features -- -D warnings
 cargo clippy --lib --no-default-features --features redis -- -D warnings
 
+# --workspace: the library and the `tollgate` command (cli/).
 # The integration tests include the fuzz corpora's replay and the quick soak.
 step "tests (lib, integration, examples, benches once each)"
-cargo test --all-targets --all-features
+cargo test --workspace --all-targets --all-features
 
 step "doc tests"
-cargo test --doc --all-features
+cargo test --workspace --doc --all-features
 
 step "docs build without warnings (broken links, missing docs)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features

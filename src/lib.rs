@@ -57,7 +57,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};
-pub use decision::{Decision, RuleDecision};
+pub use decision::{Decision, RuleDecision, Ruling};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use headers::{
@@ -70,7 +70,7 @@ pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use queue::Queue;
 pub use response::{RejectionFn, QUOTA_EXCEEDED};
-pub use rule::{MissingKey, Rule};
+pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
 #[cfg(feature = "redis")]

@@ -1,0 +1,174 @@
+//! nginx / Apache `combined`:
+//! `203.0.113.9 - alice [10/Oct/2000:13:55:36 -0700] "GET /a HTTP/1.1" 200 2326 "ref" "agent"`.
+
+use std::io::{self, BufRead};
+
+use http::header::{REFERER, USER_AGENT};
+use http::HeaderValue;
+use memchr::memchr;
+
+use super::lines::{Line, Lines};
+use super::{parse_method, parse_peer, Entry, Skip, Source};
+use crate::time::parse_clf;
+
+pub(super) struct Reader<R> {
+    lines: Lines<R>,
+}
+
+impl<R: BufRead> Reader<R> {
+    pub(super) fn new(input: R) -> Self {
+        Reader {
+            lines: Lines::new(input),
+        }
+    }
+}
+
+impl<R: BufRead> Source for Reader<R> {
+    fn next_entry(&mut self) -> Option<io::Result<Result<Entry, Skip>>> {
+        Some(self.lines.next_line()?.map(|line| match line {
+            Line::Text(text) => parse_combined(text),
+            Line::TooLong => Err(Skip::TooLong),
+        }))
+    }
+}
+
+/// One `combined` (or `common`) line.
+pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
+    let line = std::str::from_utf8(line).map_err(|_| Skip::NotText)?;
+    if line.bytes().any(|b| b < 0x20 && b != b'\t') {
+        return Err(Skip::NotText);
+    }
+    let bytes = line.as_bytes();
+    let space = memchr(b' ', bytes).ok_or(Skip::Truncated)?;
+    let peer = parse_peer(&line[..space])?;
+    let open = space + memchr(b'[', &bytes[space..]).ok_or(Skip::Truncated)?;
+    let close = open + memchr(b']', &bytes[open..]).ok_or(Skip::Truncated)?;
+    let stamp = parse_clf(&bytes[open + 1..close]).ok_or(Skip::BadTime)?;
+    let rest = &line[close + 1..];
+    let rest = rest.strip_prefix(" \"").ok_or(Skip::Truncated)?;
+    let end = quoted_end(rest).ok_or(Skip::Truncated)?;
+    let request = &rest[..end];
+    let mut after = rest[end + 1..].split(' ').filter(|p| !p.is_empty());
+    // Status and size: a line cut before them is truncated.
+    let (Some(_status), Some(_size)) = (after.next(), after.next()) else {
+        return Err(Skip::Truncated);
+    };
+    let mut parts = request.splitn(3, ' ');
+    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(Skip::BadRequest);
+    };
+    let method = parse_method(method)?;
+    if !path.starts_with('/') && !path.contains("://") {
+        return Err(Skip::BadRequest);
+    }
+    let mut headers = Vec::with_capacity(2);
+    let mut quoted = quoted_fields(&rest[end + 1..]);
+    for name in [REFERER, USER_AGENT] {
+        match quoted.next() {
+            Some(Ok(value)) if value != "-" => {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    headers.push((name, value));
+                }
+            }
+            Some(Err(())) => return Err(Skip::Truncated),
+            _ => {}
+        }
+    }
+    Ok(Entry {
+        stamp,
+        method,
+        path: path.to_owned(),
+        peer,
+        headers,
+    })
+}
+
+/// The end of a quoted field whose opening quote is already consumed (`\"` inside is escaped).
+fn quoted_end(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while let Some(found) = memchr(b'"', &bytes[at..]) {
+        let quote = at + found;
+        if quote > 0 && bytes[quote - 1] == b'\\' {
+            at = quote + 1;
+            continue;
+        }
+        return Some(quote);
+    }
+    None
+}
+
+/// The quoted fields after the size (`"referer" "agent"`); an unclosed one is an error.
+fn quoted_fields(mut text: &str) -> impl Iterator<Item = Result<&str, ()>> {
+    std::iter::from_fn(move || {
+        let open = text.find('"')?;
+        let inner = &text[open + 1..];
+        match quoted_end(inner) {
+            Some(end) => {
+                text = &inner[end + 1..];
+                Some(Ok(&inner[..end]))
+            }
+            None => {
+                text = "";
+                Some(Err(()))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINE: &[u8] = br#"203.0.113.9 - alice [10/Oct/2000:13:55:36 -0700] "GET /a?b=1 HTTP/1.1" 200 2326 "http://x/" "curl/8.0""#;
+
+    #[test]
+    fn reads_every_part() {
+        let entry = parse_combined(LINE).unwrap();
+        assert_eq!(entry.method, http::Method::GET);
+        assert_eq!(entry.path, "/a?b=1");
+        assert_eq!(entry.peer, Some("203.0.113.9".parse().unwrap()));
+        assert_eq!(entry.stamp.at, 971_211_336_000_000);
+        assert_eq!(entry.headers.len(), 2);
+        assert_eq!(entry.headers[1].1, "curl/8.0");
+    }
+
+    #[test]
+    fn common_format_has_no_headers() {
+        let entry = parse_combined(
+            br#"::1 - - [10/Oct/2000:13:55:36 -0700] "POST /login HTTP/1.0" 401 12"#,
+        )
+        .unwrap();
+        assert!(entry.headers.is_empty());
+        assert_eq!(entry.peer, Some("::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn every_cut_of_a_line_is_a_counted_skip() {
+        // Each prefix of a good line is skipped for a reason (or read when only the optional
+        // header fields are missing), never a panic.
+        for end in 0..LINE.len() {
+            let cut = &LINE[..end];
+            if let Ok(entry) = parse_combined(cut) {
+                assert!(end > LINE.len() - 30, "read {entry:?} from {cut:?}");
+            }
+        }
+        assert_eq!(
+            parse_combined(&LINE[..60]).unwrap_err(),
+            Skip::Truncated,
+            "cut inside the request line"
+        );
+    }
+
+    #[test]
+    fn garbage_is_not_text() {
+        assert_eq!(
+            parse_combined(b"\x00\x01\xff\xfe").unwrap_err(),
+            Skip::NotText
+        );
+        assert_eq!(
+            parse_combined(b"host - - [x] \"GET / HTTP/1.1\" 200 1").unwrap_err(),
+            Skip::BadTime
+        );
+    }
+}
