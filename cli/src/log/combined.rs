@@ -167,7 +167,7 @@ mod tests {
             Skip::NotText
         );
         assert_eq!(
-            parse_combined(b"host - - [x] \"GET / HTTP/1.1\" 200 1").unwrap_err(),
+            parse_combined(b"192.0.2.1 - - [x] \"GET / HTTP/1.1\" 200 1").unwrap_err(),
             Skip::BadTime
         );
     }
