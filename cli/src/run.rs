@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use http::{Request, Uri};
+use http::Request;
 use tollgate::{Limiter, ManualClock, Ruling};
 
 use crate::log::{Entry, Skip};
@@ -51,25 +51,24 @@ impl Runner {
 
     /// Runs one request at `at`.
     pub fn run(&mut self, at: Micros, entry: &Entry) {
-        let Ok(uri) = Uri::try_from(entry.path.as_str()) else {
-            self.tally.skip(Skip::BadRequest);
-            return;
-        };
         self.clock.set(Duration::from_micros(at));
         let request = &mut self.request;
         *request.method_mut() = entry.method.clone();
-        *request.uri_mut() = uri;
+        *request.uri_mut() = entry.uri.clone();
         let headers = request.headers_mut();
         headers.clear();
         for (name, value) in &entry.headers {
             headers.append(name.clone(), value.clone());
         }
-        match entry.peer {
-            Some(ip) => {
-                request.extensions_mut().insert(SocketAddr::new(ip, 0));
+        let extensions = request.extensions_mut();
+        match (entry.peer, extensions.get_mut::<SocketAddr>()) {
+            // Overwritten in place: no allocation per request.
+            (Some(ip), Some(peer)) => *peer = SocketAddr::new(ip, 0),
+            (Some(ip), None) => {
+                extensions.insert(SocketAddr::new(ip, 0));
             }
-            None => {
-                request.extensions_mut().remove::<SocketAddr>();
+            (None, _) => {
+                extensions.remove::<SocketAddr>();
             }
         }
         match now(self.limiter.decide(request)) {

@@ -197,7 +197,7 @@ pub fn simulate(
                 whole_second: false,
             },
             method: Method::GET,
-            path: "/".into(),
+            uri: http::Uri::from_static("/"),
             peer: Some(client_ip(*client)),
             headers: Vec::new(),
         };

@@ -46,7 +46,7 @@ pub struct RuleTally {
     /// Refused before counting: the key was missing, or the cost unreadable.
     pub refused: u64,
     /// Per key: denials, and whether it was ever denied or delayed.
-    pub keys: HashMap<Box<[u8]>, KeyTally>,
+    pub keys: HashMap<Box<[u8]>, KeyTally, foldhash::fast::RandomState>,
     /// Per second with traffic, in order: offered, admitted, denied.
     pub timeline: Vec<(u64, [u64; 3])>,
 }

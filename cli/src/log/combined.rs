@@ -8,32 +8,35 @@ use http::HeaderValue;
 use memchr::memchr;
 
 use super::lines::{Line, Lines};
-use super::{parse_method, parse_peer, Entry, Skip, Source};
+use super::{parse_method, parse_peer, parse_uri, Entry, Skip, Source};
 use crate::time::parse_clf;
 
 pub(super) struct Reader<R> {
     lines: Lines<R>,
+    headers: bool,
 }
 
 impl<R: BufRead> Reader<R> {
-    pub(super) fn new(input: R) -> Self {
+    pub(super) fn new(input: R, headers: bool) -> Self {
         Reader {
             lines: Lines::new(input),
+            headers,
         }
     }
 }
 
 impl<R: BufRead> Source for Reader<R> {
     fn next_entry(&mut self) -> Option<io::Result<Result<Entry, Skip>>> {
+        let headers = self.headers;
         Some(self.lines.next_line()?.map(|line| match line {
-            Line::Text(text) => parse_combined(text),
+            Line::Text(text) => parse_combined(text, headers),
             Line::TooLong => Err(Skip::TooLong),
         }))
     }
 }
 
-/// One `combined` (or `common`) line.
-pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
+/// One `combined` (or `common`) line; `headers`: whether to read `Referer` and `User-Agent`.
+pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
     let line = std::str::from_utf8(line).map_err(|_| Skip::NotText)?;
     if line.bytes().any(|b| b < 0x20 && b != b'\t') {
         return Err(Skip::NotText);
@@ -58,16 +61,14 @@ pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
         return Err(Skip::BadRequest);
     };
     let method = parse_method(method)?;
-    if !path.starts_with('/') && !path.contains("://") {
-        return Err(Skip::BadRequest);
-    }
-    let mut headers = Vec::with_capacity(2);
+    let uri = parse_uri(path)?;
+    let mut fields = Vec::new();
     let mut quoted = quoted_fields(&rest[end + 1..]);
     for name in [REFERER, USER_AGENT] {
         match quoted.next() {
-            Some(Ok(value)) if value != "-" => {
+            Some(Ok(value)) if value != "-" && headers => {
                 if let Ok(value) = HeaderValue::from_str(value) {
-                    headers.push((name, value));
+                    fields.push((name, value));
                 }
             }
             Some(Err(())) => return Err(Skip::Truncated),
@@ -77,9 +78,9 @@ pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
     Ok(Entry {
         stamp,
         method,
-        path: path.to_owned(),
+        uri,
         peer,
-        headers,
+        headers: fields,
     })
 }
 
@@ -101,7 +102,7 @@ fn quoted_end(text: &str) -> Option<usize> {
 /// The quoted fields after the size (`"referer" "agent"`); an unclosed one is an error.
 fn quoted_fields(mut text: &str) -> impl Iterator<Item = Result<&str, ()>> {
     std::iter::from_fn(move || {
-        let open = text.find('"')?;
+        let open = memchr(b'"', text.as_bytes())?;
         let inner = &text[open + 1..];
         match quoted_end(inner) {
             Some(end) => {
@@ -124,9 +125,9 @@ mod tests {
 
     #[test]
     fn reads_every_part() {
-        let entry = parse_combined(LINE).unwrap();
+        let entry = parse_combined(LINE, true).unwrap();
         assert_eq!(entry.method, http::Method::GET);
-        assert_eq!(entry.path, "/a?b=1");
+        assert_eq!(entry.uri, "/a?b=1");
         assert_eq!(entry.peer, Some("203.0.113.9".parse().unwrap()));
         assert_eq!(entry.stamp.at, 971_211_336_000_000);
         assert_eq!(entry.headers.len(), 2);
@@ -137,6 +138,7 @@ mod tests {
     fn common_format_has_no_headers() {
         let entry = parse_combined(
             br#"::1 - - [10/Oct/2000:13:55:36 -0700] "POST /login HTTP/1.0" 401 12"#,
+            true,
         )
         .unwrap();
         assert!(entry.headers.is_empty());
@@ -149,12 +151,12 @@ mod tests {
         // header fields are missing), never a panic.
         for end in 0..LINE.len() {
             let cut = &LINE[..end];
-            if let Ok(entry) = parse_combined(cut) {
+            if let Ok(entry) = parse_combined(cut, true) {
                 assert!(end > LINE.len() - 30, "read {entry:?} from {cut:?}");
             }
         }
         assert_eq!(
-            parse_combined(&LINE[..60]).unwrap_err(),
+            parse_combined(&LINE[..60], true).unwrap_err(),
             Skip::Truncated,
             "cut inside the request line"
         );
@@ -163,11 +165,11 @@ mod tests {
     #[test]
     fn garbage_is_not_text() {
         assert_eq!(
-            parse_combined(b"\x00\x01\xff\xfe").unwrap_err(),
+            parse_combined(b"\x00\x01\xff\xfe", true).unwrap_err(),
             Skip::NotText
         );
         assert_eq!(
-            parse_combined(b"192.0.2.1 - - [x] \"GET / HTTP/1.1\" 200 1").unwrap_err(),
+            parse_combined(b"192.0.2.1 - - [x] \"GET / HTTP/1.1\" 200 1", true).unwrap_err(),
             Skip::BadTime
         );
     }

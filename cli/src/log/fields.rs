@@ -2,7 +2,7 @@
 
 use http::{HeaderName, HeaderValue};
 
-use super::{parse_method, parse_peer, parse_request_line, Entry, Skip};
+use super::{parse_method, parse_peer, parse_request_line, parse_uri, Entry, Skip};
 use crate::time::parse_any;
 
 /// Where each part of a request is read from.
@@ -69,7 +69,7 @@ impl FieldMap {
     pub(super) fn entry<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> Result<Entry, Skip> {
         let stamp = get(&self.time).and_then(parse_any).ok_or(Skip::BadTime)?;
         let (method, path) = match (get(&self.method), get(&self.path)) {
-            (Some(method), Some(path)) => (parse_method(method)?, path.to_owned()),
+            (Some(method), Some(path)) => (parse_method(method)?, parse_uri(path)?),
             _ => parse_request_line(get(&self.request).ok_or(Skip::BadRequest)?)?,
         };
         let peer = get(&self.peer).map_or(Ok(None), parse_peer)?;
@@ -84,7 +84,7 @@ impl FieldMap {
         Ok(Entry {
             stamp,
             method,
-            path,
+            uri: path,
             peer,
             headers,
         })

@@ -73,7 +73,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(entry.stamp.at, 1_700_000_000_500_000);
-        assert_eq!(entry.path, "/v1/items");
+        assert_eq!(entry.uri, "/v1/items");
         assert_eq!(entry.peer, Some("10.0.0.1".parse().unwrap()));
         assert_eq!(entry.headers[0].1, "k1");
         assert_eq!(

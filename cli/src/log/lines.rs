@@ -6,10 +6,13 @@ use std::io::{self, BufRead};
 /// are skipped without being held in memory.
 pub const MAX_LINE: usize = 64 * 1024;
 
-/// Reads lines into one reused buffer.
+/// Reads lines: in place in the reader's buffer when a line is whole there (the usual case),
+/// else gathered into one reused buffer.
 pub struct Lines<R> {
     input: R,
     line: Vec<u8>,
+    /// Bytes of the line last returned in place, consumed when the next one is asked for.
+    pending: usize,
 }
 
 /// One line, or the sign that it was too long.
@@ -26,11 +29,22 @@ impl<R: BufRead> Lines<R> {
         Lines {
             input,
             line: Vec::with_capacity(512),
+            pending: 0,
         }
     }
 
     /// The next line; `None` at the end of the input.
     pub fn next_line(&mut self) -> Option<io::Result<Line<'_>>> {
+        self.input.consume(std::mem::take(&mut self.pending));
+        if let Ok(available) = self.input.fill_buf() {
+            if let Some(at) = memchr::memchr(b'\n', available) {
+                if at <= MAX_LINE {
+                    self.pending = at + 1;
+                    let line = &self.input.fill_buf().ok()?[..at];
+                    return Some(Ok(Line::Text(line.strip_suffix(b"\r").unwrap_or(line))));
+                }
+            }
+        }
         self.line.clear();
         let mut too_long = false;
         let mut any = false;

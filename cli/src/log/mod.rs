@@ -14,7 +14,7 @@ use std::fmt;
 use std::io::BufRead;
 use std::net::IpAddr;
 
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue, Method, Uri};
 
 use crate::time::Stamp;
 
@@ -30,7 +30,7 @@ pub struct Entry {
     /// Its method.
     pub method: Method,
     /// Its path and query, as the request line gave them.
-    pub path: String,
+    pub uri: Uri,
     /// The client's address, when the log has it.
     pub peer: Option<IpAddr>,
     /// The headers the log recorded (for `combined`: `Referer` and `User-Agent`).
@@ -98,14 +98,16 @@ pub trait Source {
     fn next_entry(&mut self) -> Option<std::io::Result<Result<Entry, Skip>>>;
 }
 
-/// The reader of `format` over `input`.
+/// The reader of `format` over `input`. `headers`: whether the `combined` format's `Referer` and
+/// `User-Agent` are read (when no rule reads headers, copying them is skipped).
 pub fn open<'a>(
     format: Format,
     input: impl BufRead + 'a,
     fields: FieldMap,
+    headers: bool,
 ) -> Box<dyn Source + 'a> {
     match format {
-        Format::Combined => Box::new(combined::Reader::new(input)),
+        Format::Combined => Box::new(combined::Reader::new(input, headers)),
         Format::Json => Box::new(json::Reader::new(input, fields)),
         Format::Csv => Box::new(table::Reader::new(input, fields)),
     }
@@ -126,12 +128,20 @@ pub(crate) fn parse_peer(text: &str) -> Result<Option<IpAddr>, Skip> {
 }
 
 /// `GET /path HTTP/1.1` (or `GET /path`): the method and the path.
-pub(crate) fn parse_request_line(text: &str) -> Result<(Method, String), Skip> {
+pub(crate) fn parse_request_line(text: &str) -> Result<(Method, Uri), Skip> {
     let mut parts = text.split(' ').filter(|p| !p.is_empty());
     let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
         return Err(Skip::BadRequest);
     };
-    Ok((parse_method(method)?, path.to_owned()))
+    Ok((parse_method(method)?, parse_uri(path)?))
+}
+
+/// A request target: a path (`/a?b=1`) or an absolute URI.
+pub(crate) fn parse_uri(text: &str) -> Result<Uri, Skip> {
+    if !text.starts_with('/') && !text.contains("://") {
+        return Err(Skip::BadRequest);
+    }
+    Uri::try_from(text).map_err(|_| Skip::BadRequest)
 }
 
 pub(crate) fn parse_method(text: &str) -> Result<Method, Skip> {
