@@ -3,7 +3,8 @@
 # screenshot as docs/replay-report.png (the README shows it).
 #
 # The demo log is made here, deterministically: ten minutes of `combined` lines from 60 ordinary
-# clients, one scraper that speeds up, and one address guessing passwords on POST /login. It is
+# clients, a batch job at a steady 7 per second, one scraper that speeds up, and one address
+# guessing passwords on POST /login. It is
 # replayed through cli/tests/data/api.toml compared with cli/tests/data/strict.toml.
 #
 # Chromium comes from Debian's `chromium` package, installed when missing.
@@ -30,6 +31,8 @@ awk 'BEGIN {
         scraper = (s < 200) ? 4 : (s < 400 ? 9 : 16)
         for (i = 0; i < scraper; i++)
             printf "203.0.113.50 - - [%s] \"GET /v1/items/%d HTTP/1.1\" 200 512 \"-\" \"python-requests/2.31\"\n", stamp, s * 20 + i
+        for (i = 0; i < 7; i++)
+            printf "198.51.100.200 - - [%s] \"GET /v1/search HTTP/1.1\" 200 900 \"-\" \"batch/1.0\"\n", stamp
         if (s % 3 == 0)
             printf "192.0.2.66 - - [%s] \"POST /login HTTP/1.1\" 401 32 \"-\" \"curl/8.4\"\n", stamp
         if (s % 45 == 0)

@@ -21,7 +21,8 @@ const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 240.0;
 const LEFT: f64 = 56.0;
 const BOTTOM: f64 = 28.0;
-const TOP: f64 = 12.0;
+const TOP: f64 = 24.0;
+const RIGHT: f64 = 24.0;
 
 /// Writes the page, the charts and `report.json` into `dir` (created if needed).
 pub fn write(dir: &Path, title: &str, runs: &[(&str, &Tally)], json: &Value) -> io::Result<()> {
@@ -106,6 +107,26 @@ pub fn write(dir: &Path, title: &str, runs: &[(&str, &Tally)], json: &Value) -> 
             page.push_str("</section>\n");
         }
     }
+    // `--compare`: the keys one configuration limits and the other does not.
+    for (side, (run, _)) in ["limited_only_by_a", "limited_only_by_b"].iter().zip(runs) {
+        if let Some(only) = json.get(side) {
+            let _ = writeln!(
+                page,
+                "<h2>Keys limited only by {}: <span data-field=\"{side}\">{}</span></h2>",
+                escape(run),
+                only["count"]
+            );
+            let keys: Vec<String> = only["keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(escape))
+                .collect();
+            if !keys.is_empty() {
+                let _ = writeln!(page, "<p class=\"only\">{}</p>", keys.join(", "));
+            }
+        }
+    }
     page.push_str("</body></html>\n");
     std::fs::write(dir.join("index.html"), page)?;
     std::fs::write(
@@ -152,7 +173,7 @@ fn series(axis: &Axis, rule: &RuleTally) -> [Vec<u64>; 3] {
 fn chart(axis: &Axis, rule: &RuleTally) -> String {
     let [offered, admitted, denied] = series(axis, rule);
     let max = offered.iter().copied().max().unwrap_or(0).max(1);
-    let (plot_w, plot_h) = (WIDTH - LEFT - 12.0, HEIGHT - TOP - BOTTOM);
+    let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
     let x = |i: usize| LEFT + plot_w * (i as f64 + 0.5) / axis.buckets as f64;
     let y = |v: u64| TOP + plot_h * (1.0 - v as f64 / max as f64);
     let mut svg = format!(
@@ -213,8 +234,8 @@ fn chart(axis: &Axis, rule: &RuleTally) -> String {
     .iter()
     .enumerate()
     {
-        let at = LEFT + 10.0 + 90.0 * i as f64;
-        let _ = writeln!(svg, "<rect x=\"{at}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{color}\"/><text x=\"{}\" y=\"{}\">{name}</text>", TOP + 8.0, at + 14.0, TOP + 12.0);
+        let at = LEFT + 90.0 * i as f64;
+        let _ = writeln!(svg, "<rect x=\"{at}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{color}\"/><text x=\"{}\" y=\"{}\">{name}</text>", TOP - 13.0, at + 16.0, TOP - 9.0);
     }
     svg.push_str("</svg>\n");
     svg

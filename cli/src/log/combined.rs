@@ -37,10 +37,11 @@ impl<R: BufRead> Source for Reader<R> {
 
 /// One `combined` (or `common`) line; `headers`: whether to read `Referer` and `User-Agent`.
 pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
-    let line = std::str::from_utf8(line).map_err(|_| Skip::NotText)?;
-    if line.bytes().any(|b| b < 0x20 && b != b'\t') {
+    // Binary data is rarely valid UTF-8 without a NUL; every field below is checked besides.
+    if memchr(0, line).is_some() {
         return Err(Skip::NotText);
     }
+    let line = std::str::from_utf8(line).map_err(|_| Skip::NotText)?;
     let bytes = line.as_bytes();
     let space = memchr(b' ', bytes).ok_or(Skip::Truncated)?;
     let peer = parse_peer(&line[..space])?;
@@ -51,19 +52,20 @@ pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
     let rest = rest.strip_prefix(" \"").ok_or(Skip::Truncated)?;
     let end = quoted_end(rest).ok_or(Skip::Truncated)?;
     let request = &rest[..end];
-    let mut after = rest[end + 1..].split(' ').filter(|p| !p.is_empty());
     // Status and size: a line cut before them is truncated.
-    let (Some(_status), Some(_size)) = (after.next(), after.next()) else {
+    let tail = rest[end + 1..].strip_prefix(' ').ok_or(Skip::Truncated)?;
+    let status = memchr(b' ', tail.as_bytes()).ok_or(Skip::Truncated)?;
+    let sized = &tail[status + 1..];
+    let size = memchr(b' ', sized.as_bytes()).unwrap_or(sized.len());
+    if status == 0 || size == 0 {
         return Err(Skip::Truncated);
-    };
-    let mut parts = request.splitn(3, ' ');
-    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
-        return Err(Skip::BadRequest);
-    };
+    }
+    let (method, path) = word(request).ok_or(Skip::BadRequest)?;
+    let (path, _protocol) = word(path).unwrap_or((path, ""));
     let method = parse_method(method)?;
     let uri = parse_uri(path)?;
     let mut fields = Vec::new();
-    let mut quoted = quoted_fields(&rest[end + 1..]);
+    let mut quoted = quoted_fields(&sized[size..]);
     for name in [REFERER, USER_AGENT] {
         match quoted.next() {
             Some(Ok(value)) if value != "-" && headers => {
@@ -82,6 +84,12 @@ pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
         peer,
         headers: fields,
     })
+}
+
+/// The text up to the first space, and the rest after it.
+fn word(text: &str) -> Option<(&str, &str)> {
+    let space = memchr(b' ', text.as_bytes())?;
+    Some((&text[..space], &text[space + 1..]))
 }
 
 /// The end of a quoted field whose opening quote is already consumed (`\"` inside is escaped).

@@ -7,7 +7,7 @@
 mod combined;
 mod fields;
 mod json;
-mod lines;
+pub mod lines;
 mod table;
 
 use std::fmt;
@@ -20,7 +20,6 @@ use crate::time::Stamp;
 
 pub use combined::parse_combined;
 pub use fields::FieldMap;
-pub use lines::Lines;
 
 /// One request, as the log tells it.
 #[derive(Clone, Debug)]
