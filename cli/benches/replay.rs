@@ -56,7 +56,6 @@ fn bench(c: &mut Criterion) {
                 Format::Combined,
                 Cursor::new(&text[..]),
                 FieldMap::default(),
-                true,
             );
             replay(&mut *source, &mut runners).expect("in memory");
             black_box(runners[0].tally.rules[0].allowed)
@@ -68,7 +67,6 @@ fn bench(c: &mut Criterion) {
                 Format::Combined,
                 Cursor::new(&text[..]),
                 FieldMap::default(),
-                true,
             );
             let mut n = 0;
             while let Some(entry) = source.next_entry() {

@@ -275,7 +275,7 @@ fn read_log(
 ) -> Result<(), String> {
     let failed = |e: io::Error| format!("{}: {e}", path.display());
     if path == Path::new("-") {
-        let mut source = log::open(format, io::stdin().lock(), fields, true);
+        let mut source = log::open(format, io::stdin().lock(), fields);
         return replay::replay(&mut *source, runners).map_err(failed);
     }
     let file = File::open(path).map_err(failed)?;
@@ -291,7 +291,7 @@ fn read_log(
             .expect("a valid template"),
     );
     let input = BufReader::with_capacity(1 << 18, bar.wrap_read(file));
-    let mut source = log::open(format, input, fields, true);
+    let mut source = log::open(format, input, fields);
     let result = replay::replay(&mut *source, runners).map_err(failed);
     bar.finish_and_clear();
     result

@@ -12,7 +12,10 @@ use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
 
 use crate::log::Source;
 use crate::run::{Runner, Spreader};
-use crate::stats::Tally;
+use crate::stats::{RuleTally, Tally};
+
+/// One row of the side-by-side table: a number of a rule.
+type Column = fn(&RuleTally) -> u64;
 
 /// A runner for the configuration file at `path`, with a manual clock and a memory store
 /// (whatever store the file names: a replay never touches a shared store).
@@ -93,10 +96,9 @@ pub fn compare_text(a: &Tally, b: &Tally, a_name: &str, b_name: &str) -> String 
             b.rules.iter().find(|r| r.name == name),
         );
         let _ = writeln!(out, "rule {name:?}");
-        let cell = |r: Option<&crate::stats::RuleTally>, f: fn(&crate::stats::RuleTally) -> u64| {
-            r.map_or("-".to_owned(), |r| f(r).to_string())
-        };
-        let rows: [(&str, fn(&crate::stats::RuleTally) -> u64); 6] = [
+        let cell =
+            |r: Option<&RuleTally>, f: Column| r.map_or("-".to_owned(), |r| f(r).to_string());
+        let rows: [(&str, Column); 6] = [
             ("requests", |r| r.requests),
             ("allowed", |r| r.allowed),
             ("denied", |r| r.denied),

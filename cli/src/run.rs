@@ -49,16 +49,17 @@ impl Runner {
         }
     }
 
-    /// Runs one request at `at`.
-    pub fn run(&mut self, at: Micros, entry: &Entry) {
+    /// Runs one request at `at`. (The entry is moved in: a clone of its URI or headers would
+    /// allocate, as their first clone makes their bytes shared.)
+    pub fn run(&mut self, at: Micros, entry: Entry) {
         self.clock.set(Duration::from_micros(at));
         let request = &mut self.request;
-        *request.method_mut() = entry.method.clone();
-        *request.uri_mut() = entry.uri.clone();
+        *request.method_mut() = entry.method;
+        *request.uri_mut() = entry.uri;
         let headers = request.headers_mut();
         headers.clear();
-        for (name, value) in &entry.headers {
-            headers.append(name.clone(), value.clone());
+        for (name, value) in entry.headers {
+            headers.append(name, value);
         }
         let extensions = request.extensions_mut();
         match (entry.peer, extensions.get_mut::<SocketAddr>()) {
@@ -100,6 +101,7 @@ fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
 }
 
 /// Orders entries in time (spreading shared seconds) and hands them to every runner.
+#[derive(Default)]
 pub struct Spreader {
     group: Vec<Entry>,
     /// The second of the group, and where in it the group's first line goes.
@@ -107,17 +109,6 @@ pub struct Spreader {
     start: Micros,
     /// The latest timestamp seen (as logged).
     latest: Option<Micros>,
-}
-
-impl Default for Spreader {
-    fn default() -> Self {
-        Spreader {
-            group: Vec::new(),
-            second: 0,
-            start: 0,
-            latest: None,
-        }
-    }
 }
 
 impl Spreader {
@@ -130,9 +121,7 @@ impl Spreader {
         self.latest = Some(at);
         if !entry.stamp.whole_second {
             self.flush(runners);
-            for runner in runners.iter_mut() {
-                runner.run(at, &entry);
-            }
+            run_all(runners, at, entry);
             return Ok(());
         }
         let second = at - at % SECOND;
@@ -159,13 +148,20 @@ impl Spreader {
     fn run_group(&mut self, end: Micros, runners: &mut [Runner]) {
         let n = self.group.len() as u64;
         let span = end.saturating_sub(self.start);
-        for (i, entry) in self.group.iter().enumerate() {
+        for (i, entry) in self.group.drain(..).enumerate() {
             let at = self.start + span * i as u64 / n;
-            for runner in runners.iter_mut() {
-                runner.run(at, entry);
-            }
+            run_all(runners, at, entry);
         }
-        self.group.clear();
         self.start = end;
+    }
+}
+
+/// Runs `entry` through every runner: copies for all but the last, which takes it.
+pub fn run_all(runners: &mut [Runner], at: Micros, entry: Entry) {
+    if let Some((last, others)) = runners.split_last_mut() {
+        for runner in others {
+            runner.run(at, entry.clone());
+        }
+        last.run(at, entry);
     }
 }

@@ -125,7 +125,9 @@ pub fn seconds(text: &str) -> Option<Duration> {
         _ => return None,
     };
     let secs = value * scale;
-    (secs.is_finite() && secs >= 0.0 && secs < 1e9).then(|| Duration::from_secs_f64(secs))
+    (0.0..1e9)
+        .contains(&secs)
+        .then(|| Duration::from_secs_f64(secs))
 }
 
 /// A rule from the command line, `name=api,rate=10,period=1s,burst=20` (dotted names for tables:
@@ -203,8 +205,8 @@ pub fn simulate(
         };
         for runner in runners.iter_mut() {
             runner.tally.lines += 1;
-            runner.run(START + at, &entry);
         }
+        crate::run::run_all(runners, START + at, entry);
         if let Some(&next) = times.get(i + 1) {
             heap.push(Reverse((next, stream, i + 1)));
         }

@@ -33,7 +33,7 @@ pub fn parse_clf(text: &[u8]) -> Option<Stamp> {
         return None;
     }
     let offset = offset(&text[21..26])?;
-    let at = epoch_seconds(year, month, day, h, m, s)?.checked_sub_signed(offset)?;
+    let at = epoch_seconds(year, month, day, h, m, s)?.checked_add_signed(-offset)?;
     Some(Stamp {
         at: at.checked_mul(1_000_000)?,
         whole_second: true,
@@ -94,7 +94,7 @@ fn parse_iso(text: &str) -> Option<Stamp> {
         "" | "Z" | "z" => 0,
         zone => offset(zone.replace(':', "").as_bytes())?,
     };
-    let at = epoch_seconds(year, month, day, h, m, s)?.checked_sub_signed(offset)?;
+    let at = epoch_seconds(year, month, day, h, m, s)?.checked_add_signed(-offset)?;
     Some(Stamp {
         at: at.checked_mul(1_000_000)?.checked_add(micros)?,
         whole_second,

@@ -13,30 +13,27 @@ use crate::time::parse_clf;
 
 pub(super) struct Reader<R> {
     lines: Lines<R>,
-    headers: bool,
 }
 
 impl<R: BufRead> Reader<R> {
-    pub(super) fn new(input: R, headers: bool) -> Self {
+    pub(super) fn new(input: R) -> Self {
         Reader {
             lines: Lines::new(input),
-            headers,
         }
     }
 }
 
 impl<R: BufRead> Source for Reader<R> {
     fn next_entry(&mut self) -> Option<io::Result<Result<Entry, Skip>>> {
-        let headers = self.headers;
         Some(self.lines.next_line()?.map(|line| match line {
-            Line::Text(text) => parse_combined(text, headers),
+            Line::Text(text) => parse_combined(text),
             Line::TooLong => Err(Skip::TooLong),
         }))
     }
 }
 
-/// One `combined` (or `common`) line; `headers`: whether to read `Referer` and `User-Agent`.
-pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
+/// One `combined` (or `common`) line.
+pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
     // Binary data is rarely valid UTF-8 without a NUL; every field below is checked besides.
     if memchr(0, line).is_some() {
         return Err(Skip::NotText);
@@ -68,7 +65,7 @@ pub fn parse_combined(line: &[u8], headers: bool) -> Result<Entry, Skip> {
     let mut quoted = quoted_fields(&sized[size..]);
     for name in [REFERER, USER_AGENT] {
         match quoted.next() {
-            Some(Ok(value)) if value != "-" && headers => {
+            Some(Ok(value)) if value != "-" => {
                 if let Ok(value) = HeaderValue::from_str(value) {
                     fields.push((name, value));
                 }
@@ -133,7 +130,7 @@ mod tests {
 
     #[test]
     fn reads_every_part() {
-        let entry = parse_combined(LINE, true).unwrap();
+        let entry = parse_combined(LINE).unwrap();
         assert_eq!(entry.method, http::Method::GET);
         assert_eq!(entry.uri, "/a?b=1");
         assert_eq!(entry.peer, Some("203.0.113.9".parse().unwrap()));
@@ -146,7 +143,6 @@ mod tests {
     fn common_format_has_no_headers() {
         let entry = parse_combined(
             br#"::1 - - [10/Oct/2000:13:55:36 -0700] "POST /login HTTP/1.0" 401 12"#,
-            true,
         )
         .unwrap();
         assert!(entry.headers.is_empty());
@@ -159,12 +155,12 @@ mod tests {
         // header fields are missing), never a panic.
         for end in 0..LINE.len() {
             let cut = &LINE[..end];
-            if let Ok(entry) = parse_combined(cut, true) {
+            if let Ok(entry) = parse_combined(cut) {
                 assert!(end > LINE.len() - 30, "read {entry:?} from {cut:?}");
             }
         }
         assert_eq!(
-            parse_combined(&LINE[..60], true).unwrap_err(),
+            parse_combined(&LINE[..60]).unwrap_err(),
             Skip::Truncated,
             "cut inside the request line"
         );
@@ -173,11 +169,11 @@ mod tests {
     #[test]
     fn garbage_is_not_text() {
         assert_eq!(
-            parse_combined(b"\x00\x01\xff\xfe", true).unwrap_err(),
+            parse_combined(b"\x00\x01\xff\xfe").unwrap_err(),
             Skip::NotText
         );
         assert_eq!(
-            parse_combined(b"192.0.2.1 - - [x] \"GET / HTTP/1.1\" 200 1", true).unwrap_err(),
+            parse_combined(b"192.0.2.1 - - [x] \"GET / HTTP/1.1\" 200 1").unwrap_err(),
             Skip::BadTime
         );
     }

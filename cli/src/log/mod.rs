@@ -97,16 +97,14 @@ pub trait Source {
     fn next_entry(&mut self) -> Option<std::io::Result<Result<Entry, Skip>>>;
 }
 
-/// The reader of `format` over `input`. `headers`: whether the `combined` format's `Referer` and
-/// `User-Agent` are read (when no rule reads headers, copying them is skipped).
+/// The reader of `format` over `input`.
 pub fn open<'a>(
     format: Format,
     input: impl BufRead + 'a,
     fields: FieldMap,
-    headers: bool,
 ) -> Box<dyn Source + 'a> {
     match format {
-        Format::Combined => Box::new(combined::Reader::new(input, headers)),
+        Format::Combined => Box::new(combined::Reader::new(input)),
         Format::Json => Box::new(json::Reader::new(input, fields)),
         Format::Csv => Box::new(table::Reader::new(input, fields)),
     }
