@@ -542,3 +542,52 @@ fn the_report_matches_the_json() {
         "the log is limited"
     );
 }
+
+#[test]
+fn the_bucket_scenario_takes_the_burst_the_window_does_not() {
+    let output = tollgate(&["simulate", "--scenario", "bucket-burst", "--json"]);
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 40 steady requests and a burst of 30 at 10 s: the bucket's 20 tokens take 20 of the burst;
+    // a window of 2 per second takes at most 2 of it.
+    let (bucket, window) = (rule(&json, "token-bucket"), rule(&json, "fixed-window"));
+    assert_eq!(bucket["requests"], 70);
+    assert!(bucket["denied"].as_u64().unwrap() <= 11, "{bucket}");
+    assert!(window["denied"].as_u64().unwrap() >= 28, "{window}");
+}
+
+/// The admitted requests per second of the scenario's chart of `rule`.
+fn admitted_per_second(dir: &Path, rule: &str) -> Vec<u64> {
+    let svg = std::fs::read_to_string(dir.join(format!("simulation-{rule}.svg"))).unwrap();
+    svg.split("data-series=\"admitted\" data-values=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_smoothing_scenario_shows_the_sliding_window_spreading_admissions() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let output = tollgate(&[
+        "simulate",
+        "--scenario",
+        "smoothing",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    // One point per second over 60 s. After the first window, the fixed window admits its 30 in
+    // a surge at each window's start and nothing after; the sliding window admits every second.
+    let fixed = admitted_per_second(&report, "fixed-window");
+    let sliding = admitted_per_second(&report, "sliding-window");
+    assert_eq!((fixed.len(), sliding.len()), (60, 60));
+    let idle = |series: &[u64]| series[10..].iter().filter(|&&n| n == 0).count();
+    assert!(idle(&fixed) >= 10, "{fixed:?}");
+    assert_eq!(idle(&sliding), 0, "{sliding:?}");
+    assert!(sliding[10..].iter().max() < fixed[10..].iter().max());
+}
