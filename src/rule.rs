@@ -317,7 +317,7 @@ impl Scope {
 
 /// A rule in force, as the limiter holds it after validation: for tools that describe a
 /// configuration (the `tollgate check` command prints these in plain words). See
-/// [`Limiter::rules`](crate::Limiter::rules).
+/// [`Limiter::rules_in_force`](crate::Limiter::rules_in_force).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct RuleSummary {

@@ -13,27 +13,46 @@ use crate::time::parse_clf;
 
 pub(super) struct Reader<R> {
     lines: Lines<R>,
+    recent: Recent,
 }
 
 impl<R: BufRead> Reader<R> {
     pub(super) fn new(input: R) -> Self {
         Reader {
             lines: Lines::new(input),
+            recent: Recent::default(),
         }
     }
 }
 
 impl<R: BufRead> Source for Reader<R> {
     fn next_entry(&mut self) -> Option<io::Result<Result<Entry, Skip>>> {
+        let recent = &mut self.recent;
         Some(self.lines.next_line()?.map(|line| match line {
-            Line::Text(text) => parse_combined(text),
+            Line::Text(text) => recent.parse(text),
             Line::TooLong => Err(Skip::TooLong),
         }))
     }
 }
 
+/// The last `Referer` and `User-Agent` values: most lines repeat the one before, and a repeated
+/// value is shared (a reference count) instead of checked and copied again.
+#[derive(Default)]
+pub struct Recent([Option<HeaderValue>; 2]);
+
+impl Recent {
+    /// One line, as [`parse_combined`], reusing the header values of earlier lines.
+    pub fn parse(&mut self, line: &[u8]) -> Result<Entry, Skip> {
+        parse(line, self)
+    }
+}
+
 /// One `combined` (or `common`) line.
 pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
+    parse(line, &mut Recent::default())
+}
+
+fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
     // Binary data is rarely valid UTF-8 without a NUL; every field below is checked besides.
     if memchr(0, line).is_some() {
         return Err(Skip::NotText);
@@ -63,13 +82,19 @@ pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
     let uri = parse_uri(path)?;
     let mut fields = Vec::new();
     let mut quoted = quoted_fields(&sized[size..]);
-    for name in [REFERER, USER_AGENT] {
+    for (name, last) in [REFERER, USER_AGENT].into_iter().zip(&mut recent.0) {
         match quoted.next() {
-            Some(Ok(value)) if value != "-" => {
-                if let Ok(value) = HeaderValue::from_str(value) {
-                    fields.push((name, value));
+            Some(Ok(value)) if value != "-" => match last {
+                Some(same) if same.as_bytes() == value.as_bytes() => {
+                    fields.push((name, same.clone()));
                 }
-            }
+                _ => {
+                    if let Ok(value) = HeaderValue::from_str(value) {
+                        *last = Some(value.clone());
+                        fields.push((name, value));
+                    }
+                }
+            },
             Some(Err(())) => return Err(Skip::Truncated),
             _ => {}
         }
