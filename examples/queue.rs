@@ -57,7 +57,7 @@ pub(crate) fn app(upstream: Upstream) -> Router {
     // microsecond (and lets tests pause time).
     let pace = RateLimitLayer::builder()
         .rule(
-            Rule::new("upstream", Limit::per_second(5).burst(1))
+            Rule::new("upstream", Limit::per_second(5).capacity(1))
                 .queue(Queue::max_delay(Duration::from_secs(10))),
         )
         .store(MemoryStore::with_clock(TokioClock::new()))

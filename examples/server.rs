@@ -4,23 +4,25 @@
 //! ```text
 //! cargo run --example server --features config -- --config examples/configs/public_api.toml
 //! cargo run --example server --features config -- --config examples/configs/login_protection.yaml
+//! cargo run --example server --features config,redis -- --config examples/configs/redis.toml
 //! ```
 //!
 //! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and answers every method and path
 //! with the rules that applied and what they have left, so any `paths` and `methods` in the file
 //! can be tried with `curl -i`. `/metrics` (never limited) serves the counters in Prometheus
-//! text format. The file is watched: save a change and the new rules apply within two seconds
-//! (an invalid file is reported and the rules in force stay).
+//! text format. Any valid file loads, a Redis store's included (with the `redis` feature; the
+//! file's `store.url` names the server). The file is watched: save a change and the new rules
+//! apply within two seconds (an invalid file is reported and the rules in force stay).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::extract::Request;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tollgate::{Decision, RateLimitLayer};
+use tollgate::{ConfigFileError, ConfigWatch, Decision, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics`, outside the limits.
 pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
@@ -41,6 +43,14 @@ async fn answer(request: Request) -> String {
         _ => text += "  no rule applied\n",
     }
     text
+}
+
+/// The layer the file describes, watched for changes. `load_config` is the loader that takes any
+/// store: it connects to Redis when the file names it (the synchronous `from_config_file` cannot).
+pub(crate) async fn load(path: &Path) -> Result<(RateLimitLayer, ConfigWatch), ConfigFileError> {
+    let limits = RateLimitLayer::load_config(path).await?;
+    let watch = limits.watch_config_file(path, Duration::from_secs(2))?;
+    Ok((limits, watch))
 }
 
 /// The value of `--config FILE` (or `--config=FILE`).
@@ -66,8 +76,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_target(false).init();
     // The recorder comes first: the layer registers its counters when it is built.
     let metrics = PrometheusBuilder::new().install_recorder()?;
-    let limits = RateLimitLayer::from_config_file(&path)?;
-    let _watch = limits.watch_config_file(&path, Duration::from_secs(2))?;
+    let (limits, _watch) = load(&path).await?;
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         loop {

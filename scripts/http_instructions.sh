@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Counts the user-space instructions each HTTP bench server spends per request, under callgrind:
 #
-#   ./scripts/http_instructions.sh                      # every variant of benches/http.rs
+#   ./scripts/http_instructions.sh                      # every variant of bench/benches/http.rs
 #   ./scripts/http_instructions.sh bare tollgate-allowed-headers
 #
 # Requests per second on a shared virtual machine move with its speed; instructions per request do
-# not, so this is the steady counterpart of `cargo bench --bench http` (it leaves out the kernel's
+# not, so this is the steady counterpart of `cargo bench -p tollgate-bench --bench http` (it leaves out the kernel's
 # share, which is about the same for every variant). Each server runs under valgrind while wrk
 # sends it requests for a few seconds; the count covers that load only (startup is zeroed away).
 # Installs valgrind and wrk from Debian's packages when they are missing.
@@ -26,7 +26,7 @@ if [ ${#variants[@]} -eq 0 ]; then
         tower_governor-denied-around)
 fi
 
-binary=$(cargo bench --bench http --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+binary=$(cargo bench -p tollgate-bench --bench http --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 port=38421

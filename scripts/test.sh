@@ -30,16 +30,22 @@ step "clippy (all targets, all features, warnings are errors)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "clippy without default features, and with only the redis feature"
-cargo clippy --lib --no-default-features -- -D warnings
-cargo clippy --lib --no-default-features --features redis -- -D warnings
+cargo clippy -p tollgate --lib --no-default-features -- -D warnings
+cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warnings
 
-# --workspace: the library and the `tollgate` command (cli/).
+# --workspace: the library, the benchmarks (bench/) and the `tollgate` command (cli/).
 # The integration tests include the fuzz corpora's replay and the quick soak.
-step "tests (lib, integration, examples, benches once each)"
+step "tests (lib, integration, examples; the bench member's benches once each)"
 cargo test --workspace --all-targets --all-features
 
 step "doc tests"
 cargo test --workspace --doc --all-features
 
-step "docs build without warnings (broken links, missing docs)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
+# Built as docs.rs builds them (Cargo.toml's [package.metadata.docs.rs]: all features, `--cfg
+# docsrs`, which turns on the feature badges; RUSTC_BOOTSTRAP lets a stable toolchain do what
+# docs.rs's nightly does; build scripts that probe for nightly see it, so it gets a target
+# directory of its own and leaves the test build's cache alone).
+step "docs build as docs.rs builds them, without warnings (broken links, missing docs)"
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" CARGO_TARGET_DIR=target/docsrs \
+    cargo doc -p tollgate --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate-cli --no-deps

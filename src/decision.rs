@@ -18,7 +18,7 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
-    // extensions on every request, so each inline entry costs every request its 144 bytes.
+    // extensions on every request, so each inline entry costs every request its 168 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
 }
 
@@ -27,7 +27,9 @@ const PENDING: Outcome = Outcome {
     verdict: Verdict::Allowed,
     limit: 0,
     remaining: 0,
-    reset: Duration::ZERO,
+    balance: 0,
+    next_unit_in: Duration::ZERO,
+    full_in: Duration::ZERO,
 };
 
 /// One rule's part of a [`Decision`].

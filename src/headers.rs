@@ -129,7 +129,7 @@ pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Opti
 pub(crate) fn reported(outcome: &Outcome) -> (u64, u64) {
     (
         outcome.remaining.min(SF_INTEGER_MAX),
-        whole_seconds(outcome.reset).min(SF_INTEGER_MAX),
+        whole_seconds(outcome.next_unit_in).min(SF_INTEGER_MAX),
     )
 }
 
@@ -196,7 +196,7 @@ impl Legacy {
         decision.most_restrictive().map(|entry| Legacy {
             limit: entry.outcome.limit,
             remaining: entry.outcome.remaining,
-            reset: entry.outcome.reset,
+            reset: entry.outcome.next_unit_in,
         })
     }
 

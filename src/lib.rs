@@ -27,6 +27,8 @@
 //! The README describes how to pick an algorithm, keys behind proxies, and the headers.
 
 #![forbid(unsafe_code)]
+// On docs.rs, every item that needs a feature carries a badge naming it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 mod body;

@@ -12,8 +12,8 @@ use crate::rule::Rule;
 /// How much traffic a rule lets through: an algorithm and its numbers.
 ///
 /// The `per_*` constructors build a token bucket: `Limit::per_minute(60)` refills one unit every
-/// second and holds at most 60 (so a quiet client may burst 60 at once). Use [`burst`](Self::burst)
-/// for a different capacity, or pick a window algorithm with the other constructors.
+/// second and holds at most 60 (so a quiet client may burst 60 at once). Use
+/// [`capacity`](Self::capacity) for a different capacity, or pick a window algorithm with the other constructors.
 ///
 /// Nonsense values (a zero rate, a zero period, an initial balance above the capacity) are reported
 /// when the layer is built, naming the rule and the field.
@@ -58,6 +58,31 @@ impl Limit {
         }
     }
 
+    /// A fixed window per calendar month: `limit` units from midnight on the 1st to midnight on
+    /// the next 1st, at `utc_offset_secs` seconds east of UTC (negative: west; at most 18 hours
+    /// either way). Real months — 28 to 31 days, leap years included — not 30-day periods:
+    /// "10,000 a month, reset on the 1st" is `Limit::calendar_month(10_000, 0)`.
+    ///
+    /// `RateLimit-Policy` reports `w` as 31 days (the longest month); `t` counts to the next 1st.
+    pub fn calendar_month(limit: u64, utc_offset_secs: i32) -> Limit {
+        Limit {
+            algorithm: Algorithm::FixedWindow(FixedWindow::calendar_months(
+                limit,
+                i64::from(utc_offset_secs) * 1_000_000,
+            )),
+        }
+    }
+
+    /// A fixed window per calendar week: `limit` units from Monday 00:00 to the next Monday
+    /// 00:00, at `utc_offset_secs` seconds east of UTC (negative: west).
+    pub fn calendar_week(limit: u64, utc_offset_secs: i32) -> Limit {
+        const WEEK: i64 = 7 * 86_400;
+        // 1970-01-05, four days after the epoch, was a Monday.
+        let monday = (4 * 86_400 - i64::from(utc_offset_secs)).rem_euclid(WEEK);
+        Limit::fixed_window(limit, Duration::from_secs(WEEK as u64))
+            .aligned_at(Duration::from_secs(monday as u64))
+    }
+
     /// A sliding window counter: about `limit` units in any `period` (weighted approximation).
     pub fn sliding_window(limit: u64, period: Duration) -> Limit {
         Limit {
@@ -75,7 +100,9 @@ impl Limit {
 
     /// The capacity: the largest burst of a token bucket, or how far a fixed window may roll unused
     /// units over. A burst pool's steady bucket takes it.
-    pub fn burst(mut self, capacity: u64) -> Limit {
+    ///
+    /// (Formerly `burst`: that word now means only what a [`Queue`](crate::Queue) lets wait.)
+    pub fn capacity(mut self, capacity: u64) -> Limit {
         self.algorithm = match self.algorithm {
             Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(tb.with_capacity(capacity)),
             Algorithm::FixedWindow(w) => Algorithm::FixedWindow(w.with_capacity(capacity)),
@@ -86,6 +113,12 @@ impl Limit {
             other => other,
         };
         self
+    }
+
+    /// The capacity; renamed [`capacity`](Self::capacity).
+    #[deprecated(note = "renamed `capacity`: `burst` now means only what a `Queue` lets wait")]
+    pub fn burst(self, capacity: u64) -> Limit {
+        self.capacity(capacity)
     }
 
     /// The balance a new key starts with (token buckets; default: full).

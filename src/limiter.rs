@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::Request;
+use smallvec::SmallVec;
 
-use crate::algorithm::{CostTooLarge, Mode, Outcome};
+use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::decision::{Decision, Ruling};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
@@ -123,6 +124,10 @@ pub enum LimitError {
     },
     /// The rule has no [`Queue`](crate::Queue) settings, so it cannot reserve.
     NotQueued(String),
+    /// The rule's algorithm cannot reserve (only token buckets and fixed windows do).
+    CannotReserve(String),
+    /// One batch names the same rule and key twice.
+    Repeated(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -138,6 +143,14 @@ impl fmt::Display for LimitError {
                     "rate-limit rule {name:?} has no queue settings: it cannot reserve"
                 )
             }
+            LimitError::CannotReserve(name) => write!(
+                f,
+                "rate-limit rule {name:?} cannot reserve: only token buckets and fixed windows do"
+            ),
+            LimitError::Repeated(name) => write!(
+                f,
+                "rate-limit rule {name:?} is charged twice for the same key in one batch"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -148,7 +161,10 @@ impl std::error::Error for LimitError {
         match self {
             LimitError::Store(error) => Some(error),
             LimitError::CostTooLarge { error, .. } => Some(error),
-            LimitError::UnknownRule(_) | LimitError::NotQueued(_) => None,
+            LimitError::UnknownRule(_)
+            | LimitError::NotQueued(_)
+            | LimitError::CannotReserve(_)
+            | LimitError::Repeated(_) => None,
         }
     }
 }
@@ -297,15 +313,163 @@ impl Limiter {
         if !queued {
             return Err(LimitError::NotQueued(rule.to_owned()));
         }
-        let outcome = self.one(rule, key.as_ref(), cost, None).await?;
-        Ok(Reservation {
-            outcome,
-            at: tokio::time::Instant::now(),
-            limiter: self.clone(),
-            rule: rule.to_owned(),
-            key: KeyValue::new(key.as_ref()),
-            cost,
-        })
+        self.reservation([(rule, key)], cost, None).await
+    }
+
+    /// Reserves `cost` units for `key` under `rule` with **no bound**: the reservation is always
+    /// granted, now or after a wait however long, and the units are set aside at once (Convex's
+    /// plain `reserve`). For callers that schedule the work themselves and decide what a wait is
+    /// worth: look at [`wait`](Reservation::wait), and [`cancel`](Reservation::cancel) what will
+    /// not run. Works on every token-bucket and fixed-window rule, queued or not; the rule's
+    /// queue bound, if it has one, does not apply. Everyone after this reservation waits behind
+    /// it: a large unbounded reservation delays every later request of the key.
+    ///
+    /// A `RedisStore` counts exactly up to 2^50 µs (35 years) ahead, and denies a reservation
+    /// that would reach further.
+    pub async fn reserve_unbounded(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        cost: u64,
+    ) -> Result<Reservation, LimitError> {
+        let reserves = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            compiled.algorithm().reserves()
+        };
+        if !reserves {
+            return Err(LimitError::CannotReserve(rule.to_owned()));
+        }
+        let mode = Mode::Reserve(ReserveBound::default());
+        self.reservation([(rule, key)], cost, Some(mode)).await
+    }
+
+    /// A reservation of `cost` for one key under one rule.
+    async fn reservation<K: AsRef<[u8]>>(
+        &self,
+        charge: [(&str, K); 1],
+        cost: u64,
+        mode: Option<Mode>,
+    ) -> Result<Reservation, LimitError> {
+        let [(rule, key)] = charge;
+        let decision = self.many([(rule, key, cost)], mode).await?;
+        Ok(Reservation::new(decision, self))
+    }
+
+    /// Charges several rules at once, all or nothing, as the middleware charges the rules of a
+    /// request: each `(rule, key, cost)` is admitted, or none is charged, and the
+    /// [`Decision`] holds every rule's outcome (a denial's `retry_after` is the longest).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("per-user", Limit::per_minute(10)))
+    ///     .rule(Rule::new("global", Limit::per_minute(15)))
+    ///     .build()?;
+    /// let first = limiter.charge_all([("per-user", "alice", 10), ("global", "", 10)]).await?;
+    /// assert!(first.is_allowed());
+    /// // Bob fits his own limit but not the global one: neither is charged.
+    /// let bob = limiter.charge_all([("per-user", "bob", 6), ("global", "", 6)]).await?;
+    /// assert!(!bob.is_allowed());
+    /// assert_eq!(limiter.check("per-user", "bob", 0).await?.remaining, 10);
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn charge_all<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64)>,
+    ) -> Result<Decision, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        self.many(charges, Some(Mode::Charge)).await
+    }
+
+    /// The decision [`charge_all`](Self::charge_all) would make, with nothing charged.
+    pub async fn check_all<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64)>,
+    ) -> Result<Decision, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        self.many(charges, Some(Mode::Check)).await
+    }
+
+    /// Charges several rules at once, all or nothing, each in its own mode, exactly as the
+    /// middleware does: a queued rule reserves within its queue's bound, any other rule charges
+    /// only what fits now. The reservation's [`wait`](Reservation::wait) is the longest of the
+    /// rules'; [`cancel`](Reservation::cancel) gives every rule its units back.
+    pub async fn reserve_all<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64)>,
+    ) -> Result<Reservation, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        let decision = self.many(charges, None).await?;
+        Ok(Reservation::new(decision, self))
+    }
+
+    /// Decides a batch in one atomic step of the store; a `mode` of `None` uses each rule's own.
+    async fn many<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64)>,
+        mode: Option<Mode>,
+    ) -> Result<Decision, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        let mut decision = Decision::default();
+        let mut modes: SmallVec<[Mode; 2]> = SmallVec::new();
+        let pending = {
+            let rules = self.rules();
+            for (rule, key, cost) in charges {
+                let rule = rule.as_ref();
+                let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+                let mode = mode.unwrap_or(compiled.mode);
+                compiled
+                    .algorithm()
+                    .check_cost(cost, mode)
+                    .map_err(|error| LimitError::CostTooLarge {
+                        rule: rule.to_owned(),
+                        error,
+                    })?;
+                let key = KeyValue::new(key.as_ref());
+                // One key charged twice in one atomic step would be judged twice against the
+                // same balance.
+                if decision
+                    .rules()
+                    .iter()
+                    .any(|r| r.index == index && r.key == key)
+                {
+                    return Err(LimitError::Repeated(rule.to_owned()));
+                }
+                decision.plan(index, compiled.name.clone(), key, cost);
+                modes.push(mode);
+            }
+            if decision.rules().is_empty() {
+                return Ok(decision);
+            }
+            let batch: SmallVec<[Charge<'_>; 2]> = decision
+                .rules()
+                .iter()
+                .zip(&modes)
+                .map(|(r, &mode)| Charge {
+                    mode,
+                    ..rules.charge(r.index, &r.key, r.cost)
+                })
+                .collect();
+            self.store().apply(&batch)
+        };
+        decision.answer(pending.await?)?;
+        Ok(decision)
     }
 
     /// Gives `units` back to `key` under `rule` (never above the capacity), e.g. when work that was
@@ -449,40 +613,49 @@ impl Limiter {
     }
 }
 
-/// The answer to [`Limiter::reserve`].
+/// The answer to [`Limiter::reserve`], [`Limiter::reserve_unbounded`] and
+/// [`Limiter::reserve_all`].
 #[derive(Debug)]
 #[must_use = "a granted reservation holds units until it is used or cancelled"]
 pub struct Reservation {
-    outcome: Outcome,
+    decision: Decision,
     at: tokio::time::Instant,
     limiter: Limiter,
-    rule: String,
-    key: KeyValue,
-    cost: u64,
 }
 
 impl Reservation {
-    /// Whether the units were set aside (now or for later).
-    pub fn is_granted(&self) -> bool {
-        self.outcome.is_allowed()
+    fn new(decision: Decision, limiter: &Limiter) -> Self {
+        Reservation {
+            decision,
+            at: tokio::time::Instant::now(),
+            limiter: limiter.clone(),
+        }
     }
 
-    /// How long after the reservation the work may start (zero when it may start now).
+    /// Whether the units were set aside (now or for later), under every rule.
+    pub fn is_granted(&self) -> bool {
+        self.decision.is_allowed()
+    }
+
+    /// How long after the reservation the work may start (zero when it may start now): the
+    /// longest wait over the rules.
     pub fn wait(&self) -> Duration {
-        match self.outcome.verdict {
-            crate::Verdict::Reserved { wait } => wait,
-            _ => Duration::ZERO,
-        }
+        self.decision.wait()
     }
 
     /// For a denied reservation: when the same reservation would be accepted.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.outcome.retry_after()
+        self.decision.retry_after()
     }
 
-    /// The full outcome.
+    /// The outcome of the first rule (the only one for [`Limiter::reserve`]).
     pub fn outcome(&self) -> &Outcome {
-        &self.outcome
+        &self.decision.rules()[0].outcome
+    }
+
+    /// Every rule's outcome.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
     }
 
     /// Sleeps until the reserved slot (returns at once when granted now or denied).
@@ -492,12 +665,18 @@ impl Reservation {
         }
     }
 
-    /// Gives the units back (e.g. the work was called off). Does nothing for a denied reservation.
+    /// Gives the units back under every rule (e.g. the work was called off). Does nothing for a
+    /// denied reservation.
     pub async fn cancel(self) -> Result<(), LimitError> {
         if !self.is_granted() {
             return Ok(());
         }
-        self.limiter.refund(&self.rule, &self.key, self.cost).await
+        for entry in self.decision.rules() {
+            self.limiter
+                .refund(&entry.rule, &entry.key, entry.cost)
+                .await?;
+        }
+        Ok(())
     }
 }
 

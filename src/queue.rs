@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Mode, ReserveBound};
 
-/// How a token-bucket rule queues requests that would be denied.
+/// How a token-bucket or fixed-window rule queues requests that would be denied.
 ///
-/// A queued request reserves its units at once (the bucket's balance goes negative), waits locally
+/// A queued request reserves its units at once (the balance goes negative), waits locally
 /// until its slot, then reaches the service; requests of one key leave in reservation order, and a
 /// large request is never starved by small ones, since it holds its place from the start. Past the
 /// bound the request is denied as usual. A waiting request whose client goes away gives its units
@@ -24,6 +24,11 @@ use crate::algorithm::{Algorithm, Mode, ReserveBound};
 /// With `rate=1r/s burst=5` and seven simultaneous requests, one passes, five wait 1, 2, 3, 4 and
 /// 5 seconds, and one is rejected; with `delay=2`, three pass, three wait 1, 2 and 3 seconds, one is
 /// rejected; with `nodelay`, six pass and one is rejected.
+///
+/// On a fixed window a queued request waits for the start of the first window that pays its
+/// units back (DESIGN §2): with 10 per minute, 16 requests at a window's start let 10 pass and 6
+/// wait for the next window; `delay` and `nodelay` do not apply (a window has no excess that
+/// passes at once).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Queue {
     burst: Option<u64>,
@@ -86,12 +91,24 @@ impl Queue {
         algorithm: &Algorithm,
         cost: Option<u64>,
     ) -> Result<(), (&'static str, String)> {
-        let Algorithm::TokenBucket(_) = algorithm else {
-            return Err((
-                "queue",
-                "queue mode needs a token bucket (a queued token bucket is a leaky bucket)".into(),
-            ));
-        };
+        match algorithm {
+            Algorithm::TokenBucket(_) => {}
+            Algorithm::FixedWindow(_) if self.delay > 0 => {
+                return Err((
+                    "queue.delay",
+                    "a fixed window lets no excess pass at once: raise its limit instead".into(),
+                ));
+            }
+            Algorithm::FixedWindow(_) => {}
+            _ => {
+                return Err((
+                    "queue",
+                    "queue mode needs a token bucket (a queued token bucket is a leaky bucket) \
+                     or a fixed window"
+                        .into(),
+                ));
+            }
+        }
         if self.burst.is_none() && self.max_delay.is_none() {
             return Err((
                 "queue",

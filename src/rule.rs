@@ -116,7 +116,7 @@ impl Rule {
     }
 
     /// Queues requests that would be denied until their slot, within the queue's bound, instead of
-    /// rejecting them (token buckets only; see [`Queue`]).
+    /// rejecting them (token buckets and fixed windows; see [`Queue`]).
     pub fn queue(mut self, queue: Queue) -> Rule {
         self.queue = Some(queue);
         self
@@ -172,6 +172,10 @@ impl Rule {
             }
             Algorithm::FixedWindow(w) => {
                 positive(&name, "limit", w.limit())?;
+                const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+                if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                    return err("utc_offset", "must be within 18 hours of UTC".into());
+                }
                 positive(&name, "period", w.period().as_micros())?;
                 if w.capacity() < w.limit() {
                     return err(
@@ -489,7 +493,10 @@ mod tests {
             "rule \"llm\": cost: 101 exceeds the capacity (100): no request could ever pass"
         );
         assert_eq!(
-            error_of(Rule::new("b", Limit::per_second(5).burst(10).initial(11))),
+            error_of(Rule::new(
+                "b",
+                Limit::per_second(5).capacity(10).initial(11)
+            )),
             "rule \"b\": initial: must be at most the capacity (10)"
         );
         assert_eq!(

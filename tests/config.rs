@@ -20,13 +20,16 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
-    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, MemoryStore,
-    MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
+    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, ManualClock,
+    MemoryStore, MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[path = "support/oneshot.rs"]
 mod oneshot;
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
 use oneshot::{send, Limited};
 
 type Body = Full<Bytes>;
@@ -164,7 +167,7 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
         .rule(
             Rule::new(
                 "per-ip",
-                Limit::token_bucket(60, minute).burst(120).initial(60),
+                Limit::token_bucket(60, minute).capacity(120).initial(60),
             )
             .key(
                 Key::client_ip()
@@ -198,7 +201,7 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .shadow(true),
         )
         .rule(
-            Rule::new("upstream", Limit::per_second(5).burst(1))
+            Rule::new("upstream", Limit::per_second(5).capacity(1))
                 .path("/proxy/*")
                 .queue(Queue::burst(20).within(Duration::from_secs(10)).delay(5)),
         )
@@ -210,11 +213,14 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
                 .when(|_| true),
         )
         .rule(
-            Rule::new("api:pro", Limit::token_bucket(1_000, minute).burst(2_000))
-                .key(api_key())
-                .path("/api/*")
-                .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-                .when(|_| true),
+            Rule::new(
+                "api:pro",
+                Limit::token_bucket(1_000, minute).capacity(2_000),
+            )
+            .key(api_key())
+            .path("/api/*")
+            .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
+            .when(|_| true),
         )
         .build()
         .unwrap();
@@ -255,7 +261,7 @@ rules:
     algorithm: fixed_window
     limit: 10
     period: 1d
-    burst: 30
+    capacity: 30
     aligned: false
     key: { client_ip: { header: x-real-ip } }
   - name: nginx
@@ -310,7 +316,7 @@ rules:
         .rule(
             Rule::new(
                 "rollover",
-                Limit::fixed_window(10, Duration::from_secs(86_400)).burst(30),
+                Limit::fixed_window(10, Duration::from_secs(86_400)).capacity(30),
             )
             .key(Key::client_ip().header(ForwardedHeader::XRealIp)),
         )
@@ -337,7 +343,7 @@ paths = ["/api/*"]
 from = { header = "x-plan" }
 default = "free"
 plans.free = { rate = 60 }
-plans.pro = { rate = 1000, burst = 50 }
+plans.pro = { rate = 1000, capacity = 50 }
 "#,
     );
     let from_yaml = yaml(
@@ -352,7 +358,7 @@ rules:
       default: free
       plans:
         free: { rate: 60 }
-        pro: { rate: 1000, burst: 50 }
+        pro: { rate: 1000, capacity: 50 }
 "#,
     );
     assert_eq!(described(&from_toml), described(&from_yaml));
@@ -389,7 +395,7 @@ legacy_headers = true
 name = "burst"
 rate = 1
 period = "1s"
-burst = 3
+capacity = 3
 initial = 2
 key = { header = "x-user" }
 methods = ["POST"]
@@ -453,6 +459,104 @@ queue = { burst = 2, max_delay = "5s" }
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
 
+/// `capacity` sets a limit's capacity; `burst`, its old spelling, still does (a queue's `burst`
+/// is the only other meaning of the word).
+#[test]
+fn capacity_and_its_old_spelling_burst_say_the_same() {
+    let new = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 7");
+    let old = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 7");
+    let in_code = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).capacity(7)));
+    assert_eq!(described(&new), described(&in_code));
+    assert_eq!(described(&old), described(&in_code));
+    #[allow(deprecated)]
+    let deprecated = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).burst(7)));
+    assert_eq!(described(&deprecated), described(&in_code));
+}
+
+/// Calendar windows from a file: `calendar = "month"` or `"week"` with a `utc_offset`, the same
+/// limits as in code.
+#[tokio::test]
+async fn calendar_windows_from_a_file() {
+    let text = r#"
+[[rules]]
+name = "plan"
+algorithm = "fixed_window"
+limit = 10_000
+calendar = "month"
+utc_offset = "+02:00"
+
+[[rules]]
+name = "weekly"
+algorithm = "fixed_window"
+limit = 5
+calendar = "week"
+utc_offset = "-05:30"
+capacity = 10
+"#;
+    // 2024-02-29T21:59:59Z: one second before March in UTC+2.
+    let clock = ManualClock::new(Duration::from_secs(1_709_243_999));
+    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+        .unwrap()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let in_code = RateLimitLayer::builder()
+        .rule(Rule::new("plan", Limit::calendar_month(10_000, 7_200)))
+        .rule(Rule::new(
+            "weekly",
+            Limit::calendar_week(5, -19_800).capacity(10),
+        ))
+        .build()
+        .unwrap();
+    assert_eq!(described(&layer), described(&in_code));
+    let limiter = layer.limiter();
+    let out = limiter.charge("plan", "k", 10_000).await.unwrap();
+    assert_eq!(out.next_unit_in, Duration::from_secs(1));
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        limiter.check("plan", "k", 0).await.unwrap().remaining,
+        10_000
+    );
+}
+
+/// Queue mode on a fixed window, from a file: DESIGN §2's waits (10 per minute, reserve 16 at the
+/// window's start → 60 s; 5 more at +30 s → 90 s).
+#[tokio::test]
+async fn a_queued_fixed_window_from_a_file() {
+    let text = r#"
+[[rules]]
+name = "quota"
+algorithm = "fixed_window"
+limit = 10
+period = "1m"
+aligned = true
+queue = { burst = 11 }
+"#;
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_020)); // a whole minute
+    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+        .unwrap()
+        .store(MemoryStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let in_code = RateLimitLayer::builder()
+        .rule(
+            Rule::new(
+                "quota",
+                Limit::fixed_window(10, Duration::from_secs(60)).aligned(),
+            )
+            .queue(Queue::burst(11)),
+        )
+        .build()
+        .unwrap();
+    assert_eq!(described(&layer), described(&in_code));
+    let limiter = layer.limiter();
+    let first = limiter.reserve("quota", "k", 16).await.unwrap();
+    assert_eq!(first.wait(), Duration::from_secs(60));
+    clock.advance(Duration::from_secs(30));
+    let second = limiter.reserve("quota", "k", 5).await.unwrap();
+    assert_eq!(second.wait(), Duration::from_secs(90));
+}
+
 #[tokio::test(start_paused = true)]
 async fn shadow_rules_and_response_options() {
     let layer = toml(
@@ -490,7 +594,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -536,7 +640,7 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `initial`, `pool`, `aligned`, `aligned_at`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `unlimited`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
@@ -559,16 +663,16 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"", "rules[0].limit: a token_bucket takes `rate`, not `limit`"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ninitial = 1", "rules[0].initial: is not used by a fixed_window"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\npool = { capacity = 1, rate = 1, period = \"1s\" }", "rules[0].pool: is not used by a sliding_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 10", "rules[0].burst: is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 10", "rules[0].capacity: is not used by a sliding_window"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: only windows are aligned"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned_at = \"1h\"", "rules[0].aligned_at: only windows are aligned"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: a sliding_log has no windows to align"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\naligned = true\naligned_at = \"2h\"", "rules[0].aligned_at: give `aligned = true` or `aligned_at`, not both"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"", "rules[0].rate: must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"0s\"", "rules[0].period: must be at least 1 µs"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 0", "rules[0].burst: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nburst = 4", "rules[0].burst: must be at least the per-window limit (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 0", "rules[0].capacity: must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 4", "rules[0].capacity: must be at least the per-window limit (5)"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 0\nperiod = \"1s\"", "rules[0].limit: must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"0ms\"", "rules[0].period: must be at least 1 µs"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "rules[0].pool.capacity: must be greater than 0"),
@@ -578,7 +682,12 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "rules[0].cost: 11 exceeds the capacity (10): no request could ever pass"),
         (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
         (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "rules[0].queue.delay: a fixed window lets no excess pass at once: raise its limit instead"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nutc_offset = \"+19:00\"", "rules[0].utc_offset: invalid UTC offset \"+19:00\": write \"+02:00\", \"-05:30\" or \"Z\", within 18 hours"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nperiod = \"30d\"", "rules[0].period: a calendar window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1d\"\ncalendar = \"week\"", "rules[0].calendar: only a fixed_window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\nutc_offset = \"Z\"", "rules[0].utc_offset: only a calendar window has a UTC offset"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "rules[0].queue.delay: must be at most the burst (2)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "rules[0].queue.burst: lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "rules[0].queue.max_delay: must be greater than 0"),
@@ -1213,4 +1322,36 @@ async fn the_login_protection_sample_slows_down_guessing() {
             1,
         ))));
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
+
+/// The `server` example loads a file that names a Redis store (the async loader connects it) and
+/// limits through that Redis: two copies of the app share one budget.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_server_example_serves_the_redis_sample_through_redis() {
+    let redis = redis_server::RedisServer::start();
+    let text = std::fs::read_to_string(sample("redis.toml"))
+        .unwrap()
+        .replace("redis://127.0.0.1:6379", &redis.url());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, text).unwrap();
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let (first, _watch) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
+    let (second, _watch2) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first.limiter().rule_names(), ["per-ip", "search"]);
+    let apps = [
+        server::app(first, recorder.handle()),
+        server::app(second, recorder.handle()),
+    ];
+    let search = || app_request(Method::GET, "/search", &[]);
+    for i in 0..10 {
+        let (status, body) = call(&apps[i % 2], search()).await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {body}");
+    }
+    for app in &apps {
+        assert_eq!(call(app, search()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert!(redis.command_calls("evalsha") > 0, "decided in Redis");
 }

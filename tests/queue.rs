@@ -18,6 +18,11 @@ use oneshot::Limited;
 #[path = "support/paused.rs"]
 mod paused;
 
+#[path = "support/calendar.rs"]
+mod calendar;
+#[path = "support/reservations.rs"]
+mod reservations;
+
 type Body = Full<Bytes>;
 
 /// When (since `start`) each request id reached the inner service.
@@ -293,6 +298,84 @@ async fn reservations_for_jobs() {
     ));
 }
 
+#[tokio::test]
+async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
+    let clock = tollgate::ManualClock::new(reservations::W);
+    let mut builder = Limiter::builder().store(tollgate::MemoryStore::with_clock(clock.clone()));
+    for rule in reservations::rules() {
+        builder = builder.rule(rule);
+    }
+    let limiter = builder.build().unwrap();
+    reservations::example(&limiter, &clock).await;
+    reservations::several_rules(&limiter).await;
+}
+
+#[tokio::test]
+async fn calendar_windows_follow_the_calendar() {
+    let clock = tollgate::ManualClock::new(calendar::START);
+    let mut builder = Limiter::builder().store(tollgate::MemoryStore::with_clock(clock.clone()));
+    for rule in calendar::rules() {
+        builder = builder.rule(rule);
+    }
+    calendar::scenario(&builder.build().unwrap(), &clock).await;
+}
+
+/// Queue mode on a fixed window: 10 per minute, up to 11 units owed. The window starts when the
+/// test does (aligned to the clock's first reading).
+#[tokio::test(start_paused = true)]
+async fn a_queued_fixed_window_holds_requests_until_the_window_that_pays_them_back() {
+    use tollgate::Clock;
+    let clock = tollgate::TokioClock::new();
+    let start = Duration::from_micros(clock.now());
+    let rule = Rule::new(
+        "fw",
+        Limit::fixed_window(10, Duration::from_secs(60)).aligned_at(start),
+    )
+    .queue(Queue::burst(11));
+    let layer = tollgate::RateLimitLayer::builder()
+        .store(tollgate::MemoryStore::with_clock(clock))
+        .rule(rule)
+        .build()
+        .unwrap();
+    let (arrivals, inner) = recording(Instant::now());
+    let service = layer.layer(inner);
+    // 16 at the window's start: 10 pass, 6 wait for the next window.
+    let first = tokio::spawn({
+        let service = service.clone();
+        async move { burst(&service, (0..16).map(|id| request(id, None)).collect()).await }
+    });
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    // At +30 s, six more: the next window's 10 units pay for the first 4 of them too (the debt
+    // goes from 6 to 10), so they wait 30 s; the 5th owes 11 and waits for the window after
+    // (+120 s); the 6th would owe 12, past the bound, and is told it could queue at +60 s.
+    let second = burst(&service, (16..22).map(|id| request(id, None)).collect()).await;
+    let answers: Vec<_> = second
+        .iter()
+        .map(|(status, delay)| (status.as_u16(), delay.as_deref()))
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            (200, Some("30")),
+            (200, Some("30")),
+            (200, Some("30")),
+            (200, Some("30")),
+            (200, Some("90")),
+            (429, None)
+        ]
+    );
+    let first = first.await.unwrap();
+    assert!(first.iter().all(|(status, _)| *status == StatusCode::OK));
+    let delays: Vec<_> = first.iter().map(|(_, delay)| delay.as_deref()).collect();
+    let mut expected = vec![None; 10];
+    expected.extend(vec![Some("60"); 6]);
+    assert_eq!(delays, expected);
+    let mut want = vec![Duration::ZERO; 10];
+    want.extend([Duration::from_secs(60); 10]);
+    want.push(Duration::from_secs(120));
+    assert_eq!(arrival_times(&arrivals), want);
+}
+
 #[test]
 fn queue_settings_that_cannot_work_are_build_errors() {
     let error = |rule: Rule| {
@@ -303,8 +386,12 @@ fn queue_settings_that_cannot_work_are_build_errors() {
             .to_string()
     };
     assert_eq!(
-        error(Rule::new("w", Limit::fixed_window(5, Duration::from_secs(1))).queue(Queue::burst(3))),
-        "rule \"w\": queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket)"
+        error(Rule::new("w", Limit::sliding_window(5, Duration::from_secs(1))).queue(Queue::burst(3))),
+        "rule \"w\": queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"
+    );
+    assert_eq!(
+        error(Rule::new("w", Limit::fixed_window(5, Duration::from_secs(1))).queue(Queue::burst(3).delay(1))),
+        "rule \"w\": queue.delay: a fixed window lets no excess pass at once: raise its limit instead"
     );
     assert_eq!(
         error(Rule::new("q", Limit::per_second(5)).queue(Queue::burst(2).delay(3))),

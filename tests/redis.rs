@@ -4,6 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+#[path = "support/calendar.rs"]
+mod calendar;
 #[path = "support/differential.rs"]
 mod differential;
 #[path = "support/hammer.rs"]
@@ -13,6 +15,8 @@ mod hammer;
 mod redis_example;
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/reservations.rs"]
+mod reservations;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -289,7 +293,9 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
                 },
                 limit: 2,
                 remaining: 0,
-                reset: Duration::from_secs(1200),
+                balance: 0,
+                next_unit_in: Duration::from_secs(1200),
+                full_in: Duration::from_secs(3000),
             }
         );
     }
@@ -545,6 +551,46 @@ async fn a_paused_redis_times_out_and_recovers() {
 }
 
 /// Refunds and resets go through Redis, and a refund never exceeds the capacity.
+/// DESIGN §2's fixed-window reservations with their exact waits, on Redis (the same scenario as
+/// tests/queue.rs runs on the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(reservations::W);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let mut builder = Limiter::builder().store(store);
+    for rule in reservations::rules() {
+        builder = builder.rule(rule);
+    }
+    let limiter = builder.build().unwrap();
+    reservations::example(&limiter, &clock).await;
+    reservations::several_rules(&limiter).await;
+}
+
+/// Calendar months and weeks across month lengths, leap years and offsets, on Redis (the same
+/// scenario as tests/queue.rs runs on the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calendar_windows_follow_the_calendar() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(calendar::START);
+    let store = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let mut builder = Limiter::builder().store(store);
+    for rule in calendar::rules() {
+        builder = builder.rule(rule);
+    }
+    calendar::scenario(&builder.build().unwrap(), &clock).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_resets() {
     let server = RedisServer::start();

@@ -104,7 +104,7 @@ fn layer(store: MemoryStore) -> RateLimitLayer {
     RateLimitLayer::builder()
         .store(store)
         .rule(
-            Rule::new("bucket", Limit::per_second(RATE).burst(CAPACITY))
+            Rule::new("bucket", Limit::per_second(RATE).capacity(CAPACITY))
                 .key(key())
                 .path("/bucket"),
         )

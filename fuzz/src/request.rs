@@ -56,7 +56,7 @@ fn layer() -> RateLimitLayer {
                 .path("/login"),
         )
         .rule(
-            Rule::new("api", Limit::per_minute(100).burst(2))
+            Rule::new("api", Limit::per_minute(100).capacity(2))
                 .key(Key::header(header("x-api-key")))
                 .path("/api/*")
                 .on_missing_key(MissingKey::Fallback(Key::peer_ip())),
@@ -91,7 +91,7 @@ fn layer() -> RateLimitLayer {
             .methods([Method::PUT, Method::DELETE]),
         )
         .rule(
-            Rule::new("upstream", Limit::per_second(5).burst(1))
+            Rule::new("upstream", Limit::per_second(5).capacity(1))
                 .path("/slow/*")
                 .cost(Cost::header(header("x-cost")).or(1))
                 .queue(Queue::max_delay(Duration::from_secs(2))),

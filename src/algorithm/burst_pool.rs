@@ -124,7 +124,9 @@ impl BurstPool {
             verdict,
             limit: self.capacity(),
             remaining,
-            reset,
+            balance: i64::try_from(remaining).unwrap_or(i64::MAX),
+            next_unit_in: reset,
+            full_in: duration(left.steady.max(left.pool).saturating_sub(now)),
         }
     }
 

@@ -1,24 +1,34 @@
 use std::time::Duration;
 
-use super::{duration, micros, window_containing, Micros, Outcome, Verdict, WindowStart};
+use super::{
+    calendar, duration, micros, window_containing, Micros, Mode, Outcome, ReserveBound, Verdict,
+    WindowStart,
+};
 
 /// Fixed window: `limit` units per window of `period`; with a capacity above the limit, unused units
 /// roll over into later windows (up to the capacity).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
+    /// The window length; for calendar months, the longest month (31 days).
     period: Micros,
     capacity: u64,
     start: WindowStart,
+    /// Windows are calendar months at this offset east of UTC (µs), not `period`s.
+    months: Option<i64>,
 }
+
+/// The longest calendar month, in µs.
+const LONGEST_MONTH: Micros = 31 * 86_400_000_000;
 
 /// The state of one key under a [`FixedWindow`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedWindowState {
     /// Start of the window the state was last updated in.
     pub window_start: Micros,
-    /// Units left in that window.
-    pub remaining: u64,
+    /// Units left in that window; negative while reservations are owed (each later window pays
+    /// `limit` units of the debt before anything is available again).
+    pub balance: i64,
 }
 
 impl FixedWindow {
@@ -29,7 +39,26 @@ impl FixedWindow {
             period: micros(period),
             capacity: limit,
             start: WindowStart::PerKey,
+            months: None,
         }
+    }
+
+    /// `limit` units per calendar month, windows starting at midnight on the 1st at `utc_offset`
+    /// µs east of UTC (negative: west). Months are the calendar's (28 to 31 days, leap years
+    /// included), not 30-day periods.
+    pub fn calendar_months(limit: u64, utc_offset: i64) -> Self {
+        FixedWindow {
+            limit,
+            period: LONGEST_MONTH,
+            capacity: limit,
+            start: WindowStart::Aligned(Duration::ZERO),
+            months: Some(utc_offset),
+        }
+    }
+
+    /// For calendar-month windows: the offset east of UTC, in µs.
+    pub fn months(&self) -> Option<i64> {
+        self.months
     }
 
     /// Lets unused units roll over, up to `capacity` in one window.
@@ -49,7 +78,7 @@ impl FixedWindow {
         self.limit
     }
 
-    /// The window length.
+    /// The window length (for calendar months: 31 days, the longest).
     pub fn period(&self) -> Duration {
         duration(self.period)
     }
@@ -68,69 +97,209 @@ impl FixedWindow {
         self.period
     }
 
+    /// The capacity as a balance (a capacity past `i64::MAX` holds `i64::MAX`).
+    fn full(&self) -> i64 {
+        i64::try_from(self.capacity).unwrap_or(i64::MAX)
+    }
+
+    /// The largest cost that can ever pass in `mode`. A reservation bounded by a wait can go
+    /// furthest from a full window in its last microsecond: `m` more windows of `limit` units
+    /// wait `(m − 1)·period + 1 µs`.
+    pub fn max_cost(&self, mode: Mode) -> u64 {
+        match mode {
+            Mode::Reserve(bound) => {
+                let by_units = bound
+                    .max_units
+                    .map_or(u64::MAX, |units| self.capacity.saturating_add(units));
+                let by_wait = bound.max_wait.map_or(u64::MAX, |wait| {
+                    let windows = match micros(wait) {
+                        0 => 0,
+                        wait => (wait - 1) / self.period.max(1) + 1,
+                    };
+                    self.capacity
+                        .saturating_add(windows.saturating_mul(self.limit))
+                });
+                by_units.min(by_wait)
+            }
+            _ => self.capacity,
+        }
+    }
+
     /// The state of a key never seen before: a full window. `offset` comes from
     /// [`WindowStart::offset`].
     pub fn fresh(&self, now: Micros, offset: Micros) -> FixedWindowState {
+        let window_start = match self.months {
+            None => window_containing(now, offset, self.period),
+            Some(utc) => calendar::month_start(calendar::month_index(now, utc), utc),
+        };
         FixedWindowState {
-            window_start: window_containing(now, offset, self.period),
-            remaining: self.capacity,
+            window_start,
+            balance: self.full(),
         }
     }
 
-    /// The state rolled forward to the window that contains `now`.
+    /// The state rolled forward to the window that contains `now`: `min(v + r·k, C)`.
     fn roll(&self, state: FixedWindowState, now: Micros) -> FixedWindowState {
-        let windows = now.saturating_sub(state.window_start) / self.period;
-        let granted = u128::from(windows) * u128::from(self.limit) + u128::from(state.remaining);
+        let windows = self.windows_between(state.window_start, now);
+        let granted = i128::from(windows) * i128::from(self.limit) + i128::from(state.balance);
         FixedWindowState {
-            window_start: state.window_start + windows * self.period,
-            remaining: granted.min(u128::from(self.capacity)) as u64,
+            window_start: self.boundary(state.window_start, windows),
+            balance: clamp(granted.min(i128::from(self.full()))),
         }
     }
 
-    /// Wait until `units` fit, from a rolled state.
-    fn wait_for(&self, state: FixedWindowState, now: Micros, units: u64) -> Micros {
-        if state.remaining >= units {
+    /// Wait until the balance reaches `units` (negative: a debt of that many), from a rolled
+    /// state: the start of the first window that brings it there, `ts + p·ceil((units − v)/r) − now`.
+    fn wait_for(&self, state: FixedWindowState, now: Micros, units: impl Into<i128>) -> Micros {
+        let missing = units.into() - i128::from(state.balance);
+        if missing <= 0 {
             return 0;
         }
-        let windows = (units - state.remaining).div_ceil(self.limit);
-        // Saturating: a window end beyond the clock's range is "never".
-        state
-            .window_start
-            .saturating_add(windows.saturating_mul(self.period))
+        let windows = (missing as u128).div_ceil(u128::from(self.limit.max(1)));
+        // A window beyond the clock's range is "never".
+        let windows = u64::try_from(windows).unwrap_or(u64::MAX);
+        self.boundary(state.window_start, windows)
             .saturating_sub(now)
     }
 
-    /// The outcome of charging `cost` at `now`, without changing the state.
-    pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64) -> Outcome {
+    /// The start of the `k`-th window after the one starting at `window_start` (saturating at
+    /// the clock's end).
+    fn boundary(&self, window_start: Micros, k: u64) -> Micros {
+        match self.months {
+            None => window_start.saturating_add(k.saturating_mul(self.period)),
+            Some(utc) => {
+                // 10,000 years of months is past the clock's end already.
+                let k = k.min(120_000) as i64;
+                calendar::month_start(calendar::month_index(window_start, utc) + k, utc)
+            }
+        }
+    }
+
+    /// How many window starts lie in `(window_start, now]`.
+    fn windows_between(&self, window_start: Micros, now: Micros) -> u64 {
+        if now <= window_start {
+            return 0;
+        }
+        match self.months {
+            None => (now - window_start) / self.period.max(1),
+            Some(utc) => {
+                (calendar::month_index(now, utc) - calendar::month_index(window_start, utc)) as u64
+            }
+        }
+    }
+
+    /// The outcome of charging `cost` at `now`, without changing the state. In
+    /// [`Mode::Reserve`] a cost that does not fit is reserved within the bound: the balance goes
+    /// negative and the work may start at the first window that brings it back to zero.
+    pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let rolled = self.roll(state, now);
-        let (verdict, left) = if rolled.remaining >= cost {
-            let left = FixedWindowState {
-                remaining: rolled.remaining - cost,
-                ..rolled
-            };
-            (Verdict::Allowed, left)
-        } else {
-            let retry_after = duration(self.wait_for(rolled, now, cost));
-            (Verdict::Denied { retry_after }, rolled)
+        let owed = i128::from(rolled.balance) - i128::from(cost);
+        let after = FixedWindowState {
+            balance: clamp(owed),
+            ..rolled
         };
-        let reset = if left.remaining >= self.capacity {
+        let verdict = if owed >= 0 {
+            Verdict::Allowed
+        } else {
+            match mode {
+                Mode::Reserve(bound) => {
+                    let wait = self.wait_for(after, now, 0);
+                    if within(owed, wait, bound) {
+                        Verdict::Reserved {
+                            wait: duration(wait),
+                        }
+                    } else {
+                        Verdict::Denied {
+                            retry_after: duration(self.wait_to_reserve(rolled, now, cost, bound)),
+                        }
+                    }
+                }
+                _ => Verdict::Denied {
+                    retry_after: duration(self.wait_for(rolled, now, cost)),
+                },
+            }
+        };
+        let left = if verdict.is_admitted() { after } else { rolled };
+        let remaining = left.balance.max(0) as u64;
+        let reset = if left.balance >= self.full() {
             Duration::ZERO
         } else {
-            duration(self.wait_for(left, now, left.remaining + 1))
+            duration(self.wait_for(left, now, remaining + 1))
         };
         Outcome {
             verdict,
             limit: self.capacity,
-            remaining: left.remaining,
-            reset,
+            remaining,
+            balance: left.balance,
+            next_unit_in: reset,
+            full_in: duration(self.wait_for(left, now, self.capacity)),
         }
     }
 
-    /// Applies an allowed charge.
+    /// For a reservation past its bound: the smallest wait after which it would be accepted into
+    /// the queue, never later than the moment the cost fits outright.
+    ///
+    /// The unit bound is met once the balance reaches `cost − max_units`, and stays met. The wait
+    /// bound is not monotone: while the window refills without reaching its capacity, the
+    /// reservation's slot stays at the same window start `F`, so it is met from `F − max_wait`
+    /// on; once the window is full, the slot moves on with every window (`m` windows after the
+    /// current one's start), so it is met only in the last `p − (m·p − max_wait)` µs of a window.
+    fn wait_to_reserve(
+        &self,
+        rolled: FixedWindowState,
+        now: Micros,
+        cost: u64,
+        bound: ReserveBound,
+    ) -> Micros {
+        let at = |wait: Micros| now.saturating_add(wait);
+        let fits = if cost <= self.capacity {
+            at(self.wait_for(rolled, now, cost))
+        } else {
+            Micros::MAX
+        };
+        let units_ok = at(bound.max_units.map_or(0, |units| {
+            self.wait_for(rolled, now, i128::from(cost) - i128::from(units))
+        }));
+        let accepted = match bound.max_wait {
+            None => units_ok,
+            Some(max_wait) => {
+                let max_wait = micros(max_wait);
+                let full = at(self.wait_for(rolled, now, self.capacity));
+                let slot = at(self.wait_for(rolled, now, cost));
+                let first = units_ok.max(slot.saturating_sub(max_wait));
+                if first < full {
+                    first
+                } else {
+                    // From a full window, the slot is `m` windows after the current one's
+                    // start. Windows of different lengths (months) may need a few tries.
+                    let m = (cost - cost.min(self.capacity)).div_ceil(self.limit.max(1));
+                    let mut t = units_ok.max(full);
+                    let mut start = self.boundary(
+                        rolled.window_start,
+                        self.windows_between(rolled.window_start, t),
+                    );
+                    let mut accepted = Micros::MAX;
+                    for _ in 0..24 {
+                        let next = self.boundary(start, 1);
+                        let at = t.max(self.boundary(start, m).saturating_sub(max_wait));
+                        if at < next {
+                            accepted = at;
+                            break;
+                        }
+                        (start, t) = (next, next);
+                    }
+                    accepted
+                }
+            }
+        };
+        accepted.min(fits).saturating_sub(now)
+    }
+
+    /// Applies an admitted (allowed or reserved) charge.
     pub fn commit(&self, state: FixedWindowState, now: Micros, cost: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
         FixedWindowState {
-            remaining: rolled.remaining.saturating_sub(cost),
+            balance: clamp(i128::from(rolled.balance) - i128::from(cost)),
             ..rolled
         }
     }
@@ -138,17 +307,30 @@ impl FixedWindow {
     /// Gives `units` back, never above capacity.
     pub fn refund(&self, state: FixedWindowState, now: Micros, units: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
+        let back = i128::from(rolled.balance) + i128::from(units);
         FixedWindowState {
-            remaining: rolled.remaining.saturating_add(units).min(self.capacity),
+            balance: clamp(back.min(i128::from(self.full()))),
             ..rolled
         }
     }
 
     /// The moment the state becomes equal to a fresh key's (a full window).
     pub fn expires_at(&self, state: FixedWindowState) -> Micros {
-        let missing = self.capacity.saturating_sub(state.remaining);
         state
             .window_start
-            .saturating_add(missing.div_ceil(self.limit).saturating_mul(self.period))
+            .saturating_add(self.wait_for(state, state.window_start, self.capacity))
     }
+}
+
+/// Whether a reservation leaving the balance at `owed` (negative) and waiting `wait` µs stays
+/// within `bound`.
+fn within(owed: i128, wait: Micros, bound: ReserveBound) -> bool {
+    bound
+        .max_units
+        .is_none_or(|units| -owed <= i128::from(units))
+        && bound.max_wait.is_none_or(|max| wait <= micros(max))
+}
+
+fn clamp(balance: i128) -> i64 {
+    balance.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }

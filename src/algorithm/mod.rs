@@ -16,6 +16,7 @@
 //! side and keeps bursts exact.
 
 mod burst_pool;
+mod calendar;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;
@@ -41,8 +42,8 @@ pub enum Mode {
     /// Look only: the outcome a charge would have, with nothing charged.
     Check,
     /// Charge if the cost fits now; otherwise reserve it (the balance goes negative) when the
-    /// reservation stays within the bound, and report how long the caller must wait. Only token
-    /// buckets reserve; other algorithms treat this as [`Mode::Charge`].
+    /// reservation stays within the bound, and report how long the caller must wait. Token
+    /// buckets and fixed windows reserve; other algorithms treat this as [`Mode::Charge`].
     Reserve(ReserveBound),
 }
 
@@ -87,10 +88,18 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// The most units the limit can hold (`q` in `RateLimit-Policy`).
     pub limit: u64,
-    /// Whole units available after this decision (`r` in `RateLimit`).
+    /// Whole units available after this decision (`r` in `RateLimit`); never negative.
     pub remaining: u64,
-    /// Time until the available quota grows by at least one unit; zero when it is full (`t`).
-    pub reset: Duration,
+    /// The signed balance after this decision: `remaining` when units are available, negative
+    /// while units are owed (reservations not yet paid back by the refill).
+    pub balance: i64,
+    /// Time until the available quota grows by at least one unit; zero when it is full (`t` in
+    /// `RateLimit`). Not the time until the quota is full again: that is
+    /// [`full_in`](Self::full_in).
+    pub next_unit_in: Duration,
+    /// Time until the quota is full again (`remaining == limit`), debt and reservations
+    /// included; zero when it is full.
+    pub full_in: Duration,
 }
 
 impl Outcome {
@@ -183,13 +192,14 @@ impl Algorithm {
     pub fn max_cost(&self, mode: Mode) -> u64 {
         match self {
             Algorithm::TokenBucket(a) => a.max_cost(mode),
+            Algorithm::FixedWindow(a) => a.max_cost(mode),
             other => other.capacity(),
         }
     }
 
-    /// Whether `mode` can reserve with this algorithm (only token buckets do).
+    /// Whether `mode` can reserve with this algorithm (token buckets and fixed windows do).
     pub fn reserves(&self) -> bool {
-        matches!(self, Algorithm::TokenBucket(_))
+        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
     /// Checks `cost` against [`max_cost`](Self::max_cost).

@@ -115,7 +115,9 @@ impl SlidingLog {
             verdict,
             limit: self.limit,
             remaining,
-            reset,
+            balance: i64::try_from(remaining).unwrap_or(i64::MAX),
+            next_unit_in: reset,
+            full_in: duration(self.wait_for(state, now, charged, self.limit)),
         }
     }
 

@@ -38,30 +38,51 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-fn allowed(limit: u64, remaining: u64, reset: Duration) -> Outcome {
-    Outcome {
+/// An outcome as the hand-written tests state it: verdict, limit, remaining and the time to the
+/// next unit (`balance` and `full_in` are checked by [`check_outcome`] and tests of their own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Expect {
+    verdict: Verdict,
+    limit: u64,
+    remaining: u64,
+    next_unit_in: Duration,
+}
+
+impl PartialEq<Expect> for Outcome {
+    fn eq(&self, other: &Expect) -> bool {
+        Expect {
+            verdict: self.verdict,
+            limit: self.limit,
+            remaining: self.remaining,
+            next_unit_in: self.next_unit_in,
+        } == *other
+    }
+}
+
+fn allowed(limit: u64, remaining: u64, next_unit_in: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Allowed,
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
-fn denied(limit: u64, remaining: u64, reset: Duration, retry_after: Duration) -> Outcome {
-    Outcome {
+fn denied(limit: u64, remaining: u64, next_unit_in: Duration, retry_after: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Denied { retry_after },
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
-fn reserved(limit: u64, remaining: u64, reset: Duration, wait: Duration) -> Outcome {
-    Outcome {
+fn reserved(limit: u64, remaining: u64, next_unit_in: Duration, wait: Duration) -> Expect {
+    Expect {
         verdict: Verdict::Reserved { wait },
         limit,
         remaining,
-        reset,
+        next_unit_in,
     }
 }
 
@@ -131,11 +152,14 @@ impl Limiter for FixedWindow {
         let period = self.period_micros();
         (period, (period / self.limit()).max(1))
     }
+    fn max_cost_in(&self, mode: Mode) -> u64 {
+        self.max_cost(mode)
+    }
     fn fresh_state(&self, now: Micros, offset: Micros) -> FixedWindowState {
         self.fresh(now, offset)
     }
-    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, _mode: Mode) -> Outcome {
-        self.evaluate(*state, now, cost)
+    fn eval(&self, state: &FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
+        self.evaluate(*state, now, cost, mode)
     }
     fn apply(&self, state: &mut FixedWindowState, now: Micros, cost: u64) {
         *state = self.commit(*state, now, cost);
@@ -357,15 +381,42 @@ fn check_outcome<L: Limiter>(
 
     let peek = limiter.eval(&left, at, 0, Mode::Check);
     prop_assert_eq!(
-        (out.remaining, out.reset),
-        (peek.remaining, peek.reset),
+        (out.remaining, out.next_unit_in, out.balance, out.full_in),
+        (
+            peek.remaining,
+            peek.next_unit_in,
+            peek.balance,
+            peek.full_in
+        ),
         "outcome vs a peek at the state left"
     );
 
-    if out.reset.is_zero() {
+    // The signed balance is `remaining` unless units are owed.
+    if out.balance >= 0 {
+        prop_assert_eq!(out.balance as u64, out.remaining, "{:?}", out);
+    } else {
+        prop_assert_eq!(out.remaining, 0, "owes units but has some: {:?}", out);
+    }
+    // `full_in` is exactly when the quota is full again.
+    if out.full_in.is_zero() {
+        prop_assert_eq!(out.remaining, out.limit, "full_in is zero only when full");
+    } else {
+        let full = micros(out.full_in);
+        let just_before = limiter.eval(&left, at + full - 1, 0, Mode::Check);
+        let then = limiter.eval(&left, at + full, 0, Mode::Check);
+        prop_assert!(
+            just_before.remaining < out.limit,
+            "full before full_in: {:?}",
+            out
+        );
+        prop_assert_eq!(then.remaining, out.limit, "not full at full_in: {:?}", out);
+        prop_assert!(out.full_in >= out.next_unit_in);
+    }
+
+    if out.next_unit_in.is_zero() {
         prop_assert_eq!(out.remaining, out.limit, "reset is zero only when full");
     } else {
-        let reset = micros(out.reset);
+        let reset = micros(out.next_unit_in);
         let just_before = limiter.eval(&left, at + reset - 1, 0, Mode::Check);
         let then = limiter.eval(&left, at + reset, 0, Mode::Check);
         prop_assert_eq!(
@@ -405,7 +456,8 @@ fn check_outcome<L: Limiter>(
             // For a reservation: the moment it would be accepted into the queue (reserved or
             // allowed); for a charge or check: the moment the cost fits outright.
             let probe = match mode {
-                Mode::Reserve(_) => {
+                // (A cost above the capacity never fits outright.)
+                Mode::Reserve(_) if cost <= limiter.quota() => {
                     let outright = limiter.eval(before, at, cost, Mode::Check).retry_after();
                     prop_assert!(
                         outright.is_some_and(|outright| retry_after <= outright),
@@ -415,6 +467,7 @@ fn check_outcome<L: Limiter>(
                     );
                     mode
                 }
+                Mode::Reserve(_) => mode,
                 _ => Mode::Check,
             };
             let early = limiter.eval(before, at + retry - 1, cost, probe);
@@ -453,7 +506,7 @@ impl Event {
             2 => previous.map_or(0, |step| match step.out.verdict {
                 Verdict::Denied { retry_after } => micros(retry_after),
                 Verdict::Reserved { wait } => micros(wait),
-                Verdict::Allowed => micros(step.out.reset),
+                Verdict::Allowed => micros(step.out.next_unit_in),
             }),
             3 => self.gap_raw % 3,
             4..=6 => self.gap_raw % (2 * interval + 1),

@@ -130,6 +130,17 @@ impl TokenBucket {
         }
     }
 
+    /// The signed balance while owing `debt`: `available` units, or minus the whole units owed
+    /// beyond the capacity (rounded up: a part of a unit owed is a unit owed).
+    fn balance(&self, debt: Micros, available: u64) -> i64 {
+        let span = self.span(self.capacity);
+        if debt <= span {
+            clamp(available)
+        } else {
+            -clamp((debt - span).div_ceil(self.interval))
+        }
+    }
+
     /// The smallest wait after which `units` (≤ capacity) fit.
     fn wait_for(&self, debt: Micros, units: u64) -> Micros {
         debt.saturating_sub(self.span(self.capacity.saturating_sub(units)))
@@ -173,7 +184,9 @@ impl TokenBucket {
             verdict,
             limit: self.capacity,
             remaining,
-            reset: self.reset(left, remaining),
+            balance: self.balance(left, remaining),
+            next_unit_in: self.reset(left, remaining),
+            full_in: duration(left),
         }
     }
 
@@ -219,4 +232,8 @@ impl TokenBucket {
     pub fn refund(&self, tat: Micros, now: Micros, units: u64) -> Micros {
         tat.saturating_sub(self.cost_micros(units)).max(now)
     }
+}
+
+fn clamp(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, ClientIpSpec, CostSpec, File, ForwardedHeaderName, KeySpec,
-    LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
+    AccessSpec, AlgorithmName, CalendarName, ClientIpSpec, CostSpec, File, ForwardedHeaderName,
+    KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
     StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
@@ -336,16 +336,18 @@ fn tiered(
     Ok(rules)
 }
 
-const LIMIT_FIELDS: [&str; 9] = [
+const LIMIT_FIELDS: [&str; 11] = [
     "algorithm",
     "rate",
     "limit",
     "period",
-    "burst",
+    "capacity",
     "initial",
     "pool",
     "aligned",
     "aligned_at",
+    "calendar",
+    "utc_offset",
 ];
 
 /// How a tiered rule finds a request's plan.
@@ -412,14 +414,20 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
         Ok,
     );
     let not_used = format!("is not used by a {algorithm}");
+    if algorithm != AlgorithmName::FixedWindow {
+        unused("calendar", "only a fixed_window follows the calendar")?;
+    }
+    if fields.calendar.is_none() {
+        unused("utc_offset", "only a calendar window has a UTC offset")?;
+    }
     let limit = match algorithm {
         AlgorithmName::TokenBucket => {
             unused("limit", "a token_bucket takes `rate`, not `limit`")?;
             unused("aligned", "only windows are aligned")?;
             unused("aligned_at", "only windows are aligned")?;
             let mut limit = Limit::token_bucket(required("rate", fields.rate)?, period?);
-            if let Some(burst) = fields.burst {
-                limit = limit.burst(burst);
+            if let Some(capacity) = fields.capacity {
+                limit = limit.capacity(capacity);
             }
             if let Some(initial) = fields.initial {
                 limit = limit.initial(initial);
@@ -434,14 +442,39 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
             unused("initial", &not_used)?;
             unused("pool", &not_used)?;
             if window != AlgorithmName::FixedWindow {
-                unused("burst", &not_used)?;
+                unused("capacity", &not_used)?;
             }
-            let (count, period) = (required("limit", fields.limit)?, period?);
+            let count = required("limit", fields.limit)?;
+            if let Some(calendar) = fields.calendar {
+                let why = "a calendar window follows the calendar";
+                unused("period", why)?;
+                unused("aligned", why)?;
+                unused("aligned_at", why)?;
+                let offset = match fields.utc_offset.as_deref() {
+                    None => 0,
+                    Some(text) => utc_offset(text).ok_or_else(|| Invalid {
+                        path: here("utc_offset"),
+                        message: format!(
+                            "invalid UTC offset {text:?}: write \"+02:00\", \"-05:30\" or \"Z\", \
+                             within 18 hours"
+                        ),
+                    })?,
+                };
+                let limit = match calendar {
+                    CalendarName::Month => Limit::calendar_month(count, offset),
+                    CalendarName::Week => Limit::calendar_week(count, offset),
+                };
+                return Ok(match fields.capacity {
+                    Some(capacity) => limit.capacity(capacity),
+                    None => limit,
+                });
+            }
+            let period = period?;
             let mut limit = match window {
                 AlgorithmName::FixedWindow => {
                     let limit = Limit::fixed_window(count, period);
-                    match fields.burst {
-                        Some(burst) => limit.burst(burst),
+                    match fields.capacity {
+                        Some(capacity) => limit.capacity(capacity),
                         None => limit,
                     }
                 }
@@ -469,13 +502,29 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
     Ok(limit)
 }
 
+/// `"+HH:MM"`, `"-HH:MM"` or `"Z"`: seconds east of UTC, within 18 hours.
+fn utc_offset(text: &str) -> Option<i32> {
+    if text == "Z" {
+        return Some(0);
+    }
+    let (sign, rest) = match text.as_bytes().first()? {
+        b'+' => (1, &text[1..]),
+        b'-' => (-1, &text[1..]),
+        _ => return None,
+    };
+    let (hours, minutes) = rest.split_once(':')?;
+    let digits = |part: &str| part.len() == 2 && part.bytes().all(|b| b.is_ascii_digit());
+    if !digits(hours) || !digits(minutes) {
+        return None;
+    }
+    let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);
+    let seconds = hours * 3600 + minutes * 60;
+    (minutes < 60 && seconds <= 18 * 3600).then_some(sign * seconds)
+}
+
 /// A rule's own validation error, at the place of the field in the file.
 fn from_rule_error(error: &ConfigError, place: &dyn Fn(&str) -> String) -> Invalid {
-    let field = match error.field() {
-        // `Limit::burst` sets the capacity.
-        "capacity" => "burst",
-        other => other,
-    };
+    let field = error.field();
     Invalid {
         path: format!("{}.{field}", place(field)),
         message: error.message().to_owned(),

@@ -73,6 +73,7 @@ impl ConfigFormat {
 }
 
 /// Loading and reloading a layer from a configuration file (feature `config`).
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 impl RateLimitLayer {
     /// A layer configured by the file at `path`: TOML or YAML by its extension.
     ///

@@ -97,11 +97,15 @@ pub(crate) struct RuleSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    pub(crate) burst: Option<u64>,
+    /// `burst` is the old spelling, still read.
+    #[serde(alias = "burst")]
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     pub(crate) key: Option<KeySpec>,
     pub(crate) on_missing_key: Option<MissingKeySpec>,
     #[serde(default)]
@@ -123,11 +127,13 @@ impl RuleSpec {
             rate: self.rate,
             limit: self.limit,
             period: self.period.map(|d| d.0),
-            burst: self.burst,
+            capacity: self.capacity,
             initial: self.initial,
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }
@@ -139,11 +145,13 @@ pub(crate) struct LimitFields {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<std::time::Duration>,
-    pub(crate) burst: Option<u64>,
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<std::time::Duration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
 }
 
 impl LimitFields {
@@ -154,11 +162,13 @@ impl LimitFields {
             rate: self.rate.or(base.rate),
             limit: self.limit.or(base.limit),
             period: self.period.or(base.period),
-            burst: self.burst.or(base.burst),
+            capacity: self.capacity.or(base.capacity),
             initial: self.initial.or(base.initial),
             pool: self.pool.clone().or_else(|| base.pool.clone()),
             aligned: self.aligned.or(base.aligned),
             aligned_at: self.aligned_at.or(base.aligned_at),
+            calendar: self.calendar.or(base.calendar),
+            utc_offset: self.utc_offset.clone().or_else(|| base.utc_offset.clone()),
         }
     }
 
@@ -169,14 +179,24 @@ impl LimitFields {
             "rate" => self.rate.is_some(),
             "limit" => self.limit.is_some(),
             "period" => self.period.is_some(),
-            "burst" => self.burst.is_some(),
+            "capacity" => self.capacity.is_some(),
             "initial" => self.initial.is_some(),
             "aligned" => self.aligned.is_some(),
             "aligned_at" => self.aligned_at.is_some(),
+            "calendar" => self.calendar.is_some(),
+            "utc_offset" => self.utc_offset.is_some(),
             _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
             _ => false,
         }
     }
+}
+
+/// `calendar = "month"` or `"week"` on a fixed window.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CalendarName {
+    Month,
+    Week,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -237,11 +257,15 @@ pub(crate) struct PlanSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    pub(crate) burst: Option<u64>,
+    /// `burst` is the old spelling, still read.
+    #[serde(alias = "burst")]
+    pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
     pub(crate) aligned: Option<bool>,
     pub(crate) aligned_at: Option<HumanDuration>,
+    pub(crate) calendar: Option<CalendarName>,
+    pub(crate) utc_offset: Option<String>,
     #[serde(default)]
     pub(crate) unlimited: bool,
 }
@@ -254,11 +278,13 @@ impl PlanSpec {
             rate: self.rate,
             limit: self.limit,
             period: self.period.map(|d| d.0),
-            burst: self.burst,
+            capacity: self.capacity,
             initial: self.initial,
             pool: self.pool.clone(),
             aligned: self.aligned,
             aligned_at: self.aligned_at.map(|d| d.0),
+            calendar: self.calendar,
+            utc_offset: self.utc_offset.clone(),
         }
     }
 }

@@ -427,7 +427,7 @@ impl<'c, 'a> Cell<'c, 'a> {
                     }
                 };
                 match (algorithm, slot) {
-                    (Algorithm::FixedWindow(a), Slot::Window(s)) => a.evaluate(*s, now, cost),
+                    (Algorithm::FixedWindow(a), Slot::Window(s)) => a.evaluate(*s, now, cost, mode),
                     (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::BurstPool(a), Slot::Pool(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::SlidingLog(a), Slot::Log(s)) => a.evaluate(s, now, cost),
@@ -554,7 +554,9 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
         },
         limit: algorithm.capacity(),
         remaining: 0,
-        reset: algorithm.window(),
+        balance: 0,
+        next_unit_in: algorithm.window(),
+        full_in: algorithm.window(),
     }
 }
 

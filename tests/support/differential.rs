@@ -66,6 +66,12 @@ pub fn algorithm() -> impl Strategy<Value = Algorithm> {
                     .with_start(start),
             )
         }),
+        1 => (1u64..10, 0u64..3, -18i64..=18).prop_map(|(limit, extra, hours)| {
+            Algorithm::FixedWindow(
+                FixedWindow::calendar_months(limit, hours * 3_600_000_000)
+                    .with_capacity(limit + extra),
+            )
+        }),
         2 => (1u64..10, period(), start()).prop_map(|(limit, period, start)| {
             Algorithm::SlidingWindow(SlidingWindow::new(limit, period).with_start(start))
         }),

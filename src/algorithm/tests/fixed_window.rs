@@ -15,7 +15,7 @@ fn aligned_windows_start_on_whole_minutes() {
         state,
         FixedWindowState {
             window_start: T0,
-            remaining: 5
+            balance: 5
         }
     );
     let mut run = Run::new(&fw, state);
@@ -96,28 +96,28 @@ fn expires_when_the_window_would_be_full_again() {
     let fw = aligned(10, secs(1)).with_capacity(25);
     let state = FixedWindowState {
         window_start: T0,
-        remaining: 3,
+        balance: 3,
     };
     // 22 missing: three windows of 10.
     assert_eq!(fw.expires_at(state), T0 + 3 * SEC);
     let at = T0 + 3 * SEC;
     for cost in 0..=25 {
         assert_eq!(
-            fw.evaluate(state, at, cost),
-            fw.evaluate(fw.fresh(at, 0), at, cost)
+            fw.evaluate(state, at, cost, Mode::Charge),
+            fw.evaluate(fw.fresh(at, 0), at, cost, Mode::Charge)
         );
     }
-    assert_eq!(fw.evaluate(state, at - 1, 0).remaining, 23);
+    assert_eq!(fw.evaluate(state, at - 1, 0, Mode::Charge).remaining, 23);
 
     let plain = aligned(5, secs(1));
     let drained = FixedWindowState {
         window_start: T0,
-        remaining: 0,
+        balance: 0,
     };
     assert_eq!(plain.expires_at(drained), T0 + SEC);
     let full = FixedWindowState {
         window_start: T0,
-        remaining: 5,
+        balance: 5,
     };
     assert_eq!(plain.expires_at(full), T0);
 }
@@ -149,7 +149,201 @@ fn window() -> impl Strategy<Value = (FixedWindow, Micros)> {
         })
 }
 
+#[test]
+fn reservations_wait_for_the_window_that_pays_them_back() {
+    // DESIGN §2: 10 per minute, full at window start W.
+    let fw = aligned(10, secs(60));
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    let mut run = Run::new(&fw, fw.fresh(T0, 0));
+    // Reserve 16 → v' = −6: wait until W + 60 s.
+    assert_eq!(
+        run.step(T0, 16, unbounded),
+        reserved(10, 0, secs(60), secs(60))
+    );
+    assert_eq!(run.state.balance, -6);
+    // At W + 30 s reserve 5 → v' = −11: wait until W + 120 s, 90 s from now.
+    let t = T0 + 30 * SEC;
+    assert_eq!(
+        run.step(t, 5, unbounded),
+        reserved(10, 0, secs(90), secs(90))
+    );
+    assert_eq!(run.state.balance, -11);
+    // Nothing passes before the debt is paid: at W + 60 s the balance is −1.
+    assert_eq!(
+        run.charge(T0 + 60 * SEC, 1),
+        denied(10, 0, secs(60), secs(60))
+    );
+    assert_eq!(run.peek(T0 + 120 * SEC), allowed(10, 9, secs(60)));
+    // The key is fresh again once the debt is paid and the window refilled: at W + 180 s.
+    assert_eq!(fw.expires_at(run.state), T0 + 180 * SEC);
+    // A refund pays the debt back first.
+    fw.refund(run.state, t, 11);
+    assert_eq!(fw.refund(run.state, t, 11).balance, 0);
+}
+
+#[test]
+fn a_bounded_reservation_is_denied_until_the_queue_would_take_it() {
+    let fw = aligned(10, secs(60));
+    // At most 5 units owed.
+    let by_units = Mode::Reserve(ReserveBound {
+        max_units: Some(5),
+        max_wait: None,
+    });
+    assert_eq!(fw.max_cost(by_units), 15);
+    let mut run = Run::new(&fw, fw.fresh(T0, 0));
+    assert_eq!(
+        run.step(T0, 15, by_units),
+        reserved(10, 0, secs(60), secs(60))
+    );
+    // Owing 5, one more would owe 6: it can queue once the next window pays 10 back.
+    assert_eq!(
+        run.step(T0 + 10 * SEC, 1, by_units),
+        denied(10, 0, secs(50), secs(50))
+    );
+
+    // At most 30 s of waiting: from a full window, 12 units wait until W + 60 s, which is
+    // within 30 s from W + 30 s on.
+    let by_wait = Mode::Reserve(ReserveBound {
+        max_units: None,
+        max_wait: Some(secs(30)),
+    });
+    // From a full window in its last µs, one more window's 10 units wait 1 µs + 0 windows.
+    assert_eq!(fw.max_cost(by_wait), 20);
+    let state = fw.fresh(T0, 0);
+    assert_eq!(
+        fw.evaluate(state, T0 + 10 * SEC, 12, by_wait),
+        denied(10, 10, Duration::ZERO, secs(20))
+    );
+    assert_eq!(
+        fw.evaluate(state, T0 + 30 * SEC, 12, by_wait),
+        reserved(10, 0, secs(30), secs(30))
+    );
+    // Drained: 5 units wait for W + 60 s, within 30 s from W + 30 s on.
+    let drained = FixedWindowState {
+        window_start: T0,
+        balance: 0,
+    };
+    assert_eq!(
+        fw.evaluate(drained, T0 + 10 * SEC, 5, by_wait),
+        denied(10, 0, secs(50), secs(20))
+    );
+    // Queue mode never reserves beyond its bound, and a plain charge never reserves.
+    assert_eq!(
+        fw.evaluate(drained, T0 + 10 * SEC, 5, Mode::Charge),
+        denied(10, 0, secs(50), secs(50))
+    );
+}
+
+fn bound() -> impl Strategy<Value = ReserveBound> {
+    (
+        prop::option::of(0u64..30),
+        prop::option::of((0u64..3 * SEC).prop_map(us)),
+    )
+        .prop_map(|(max_units, max_wait)| ReserveBound {
+            max_units,
+            max_wait,
+        })
+}
+
+/// Calendar months at an offset of whole hours within ±18 h.
+fn months() -> impl Strategy<Value = FixedWindow> {
+    (1u64..20, 0u64..3, -18i64..=18).prop_map(|(limit, extra, hours)| {
+        FixedWindow::calendar_months(limit, hours * 3_600_000_000)
+            .with_capacity(limit * (1 + extra))
+    })
+}
+
+#[test]
+fn calendar_months_reset_on_the_first() {
+    // 2024-02-10T00:00Z; February 2024 has 29 days.
+    let t = 1_707_523_200 * SEC;
+    let fw = FixedWindow::calendar_months(3, 0);
+    // `RateLimit-Policy`'s `w`: the longest month.
+    assert_eq!(
+        Algorithm::FixedWindow(fw.clone()).window(),
+        secs(31 * 86_400)
+    );
+    let mut run = Run::new(&fw, fw.fresh(t, 0));
+    assert_eq!(run.state.window_start, 1_706_745_600 * SEC); // 1 February
+    assert_eq!(run.charge(t, 3), allowed(3, 0, secs(20 * 86_400)));
+    // Owing 4 → March pays 3, April the last one: 20 + 31 days.
+    let out = run.step(t, 4, Mode::Reserve(ReserveBound::default()));
+    assert_eq!(out, reserved(3, 0, secs(51 * 86_400), secs(51 * 86_400)));
+    assert_eq!(out.full_in, secs(81 * 86_400));
+    // Midnight on the 1st in UTC+5:30 is 18:30 UTC the day before.
+    let india = FixedWindow::calendar_months(3, 19_800_000_000);
+    assert_eq!(india.fresh(t, 0).window_start, 1_706_725_800 * SEC);
+}
+
 proptest! {
+    #[test]
+    fn calendar_months_keep_every_promise(
+        fw in months(),
+        bound in bound(),
+        start in start(),
+        events in events(),
+    ) {
+        let mode = Mode::Reserve(bound);
+        let run = drive(&fw, start, 0, &events, |e| match e.mode_raw % 4 {
+            0 => Mode::Check,
+            1 => Mode::Charge,
+            _ => mode,
+        })?;
+        prop_assert!(fw.expires_at(run.state) >= run.state.window_start);
+    }
+
+    #[test]
+    fn a_calendar_month_expired_is_a_fresh_key(
+        fw in months(),
+        start in start(),
+        history in events(),
+        later in any::<u64>(),
+        follow_up in events(),
+    ) {
+        check_expiry(&fw, start, 0, &history, later, &follow_up)?;
+    }
+
+    #[test]
+    fn reservations_are_fifo_and_never_over_admit(
+        (fw, offset) in window(),
+        bound in bound(),
+        start in start(),
+        events in events(),
+    ) {
+        let mode = Mode::Reserve(bound);
+        let run = drive(&fw, start, offset, &events, |e| match e.mode_raw % 4 {
+            0 => Mode::Check,
+            1 => Mode::Charge,
+            _ => mode,
+        })?;
+        for step in &run.steps {
+            if let Verdict::Reserved { wait } = step.out.verdict {
+                if let Some(max) = bound.max_wait {
+                    prop_assert!(wait <= max, "waits {:?} > {:?}", wait, max);
+                }
+            }
+        }
+        // Counted when they start (at the window that pays them back), charges are first in,
+        // first out, and windows i..=j start at most C + (j − i + 1)·r units: the window before
+        // `i` may have paid for reservations that start with `i`; plus what a first reservation
+        // larger than the capacity brings.
+        let charges = run.charges();
+        assert_bounded(&charges, |_, _| u128::MAX)?;
+        let first = fw.fresh(start, offset).window_start;
+        let period = micros(fw.period());
+        let (capacity, limit) = (u128::from(fw.capacity()), u128::from(fw.limit()));
+        let window = move |t: Micros| u128::from((t - first) / period);
+        for (i, &(a, head)) in charges.iter().enumerate() {
+            let extra = capacity.max(u128::from(head)) - capacity;
+            let mut sum = 0u128;
+            for &(b, units) in &charges[i..] {
+                sum += u128::from(units);
+                let max = capacity + extra + limit * (window(b) - window(a) + 1);
+                prop_assert!(sum <= max, "{} units started in [{}, {}], at most {}", sum, a, b, max);
+            }
+        }
+    }
+
     #[test]
     fn never_over_admits((fw, offset) in window(), start in start(), events in events()) {
         let run = drive(&fw, start, offset, &events, |_| Mode::Charge)?;

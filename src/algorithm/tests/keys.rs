@@ -65,7 +65,13 @@ fn algorithm_facade() {
         assert_eq!(algorithm.capacity(), capacity);
         assert_eq!(algorithm.window(), window);
         let reserves = algorithm.reserves();
-        assert_eq!(reserves, matches!(algorithm, Algorithm::TokenBucket(_)));
+        assert_eq!(
+            reserves,
+            matches!(
+                algorithm,
+                Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_)
+            )
+        );
         for mode in [Mode::Charge, Mode::Check, reserve] {
             let max = if reserves && mode == reserve {
                 capacity + 5

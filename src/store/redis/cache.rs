@@ -40,7 +40,9 @@ struct Entry {
     denied: bool,
     limit: u64,
     remaining: u64,
+    balance: i64,
     reset_at: Micros,
+    full_at: Micros,
 }
 
 impl DenyCache {
@@ -104,14 +106,18 @@ impl DenyCache {
                     },
                     limit: entry.limit,
                     remaining: 0,
-                    reset: left(entry.until),
+                    balance: entry.balance,
+                    next_unit_in: left(entry.until),
+                    full_in: left(entry.full_at),
                 }
             } else {
                 Outcome {
                     verdict: Verdict::Allowed,
                     limit: entry.limit,
                     remaining: entry.remaining,
-                    reset: left(entry.reset_at),
+                    balance: entry.balance,
+                    next_unit_in: left(entry.reset_at),
+                    full_in: left(entry.full_at),
                 }
             });
         }
@@ -127,7 +133,7 @@ impl DenyCache {
                     && view.cacheable
                     && !matches!(view.mode, Mode::Reserve(_)) =>
             {
-                Some(now.saturating_add(micros(outcome.reset).max(1)))
+                Some(now.saturating_add(micros(outcome.next_unit_in).max(1)))
             }
             _ => None,
         };
@@ -154,14 +160,18 @@ impl DenyCache {
                     denied: true,
                     limit: outcome.limit,
                     remaining: 0,
+                    balance: outcome.balance,
                     reset_at: empty,
+                    full_at: now.saturating_add(micros(outcome.full_in)),
                 },
                 None => Entry {
                     until,
                     denied: false,
                     limit: outcome.limit,
                     remaining: outcome.remaining,
-                    reset_at: now.saturating_add(micros(outcome.reset)),
+                    balance: outcome.balance,
+                    reset_at: now.saturating_add(micros(outcome.next_unit_in)),
+                    full_at: now.saturating_add(micros(outcome.full_in)),
                 },
             };
             self.insert(view.hash, entry, now);
@@ -222,7 +232,9 @@ mod tests {
             verdict: Verdict::Denied { retry_after: reset },
             limit: 10,
             remaining: 0,
-            reset,
+            balance: 0,
+            next_unit_in: reset,
+            full_in: reset,
         }
     }
 
@@ -231,7 +243,9 @@ mod tests {
             verdict: Verdict::Allowed,
             limit: 100,
             remaining,
-            reset: SECOND,
+            balance: remaining as i64,
+            next_unit_in: SECOND,
+            full_in: SECOND,
         }
     }
 
@@ -261,7 +275,8 @@ mod tests {
         assert_eq!(
             answer[1],
             Outcome {
-                reset: Duration::from_millis(750),
+                next_unit_in: Duration::from_millis(750),
+                full_in: Duration::from_millis(750),
                 ..allowed(7)
             }
         );

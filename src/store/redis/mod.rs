@@ -710,7 +710,9 @@ impl Inner {
                     verdict: Verdict::Allowed,
                     limit: record.limit,
                     remaining: 0,
-                    reset: Duration::ZERO,
+                    balance: 0,
+                    next_unit_in: Duration::ZERO,
+                    full_in: Duration::ZERO,
                 })
             })
             .collect())
@@ -794,10 +796,10 @@ impl Packed {
     }
 }
 
-/// Reads the script's reply: seven integers per item, then the time the script used, as
+/// Reads the script's reply: nine integers per item, then the time the script used, as
 /// little-endian doubles.
 fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (7 * items.len() + 1) {
+    if reply.len() != 8 * (9 * items.len() + 1) {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -818,10 +820,19 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
             )))
         }
     };
+    let signed = |value: f64| {
+        if value.is_finite() && value.abs() < 9.0e15 {
+            Ok(value as i64)
+        } else {
+            Err(protocol(format!(
+                "a value in the script's reply is not a balance: {reply:?}"
+            )))
+        }
+    };
     let at = number(reply[reply.len() - 1])?;
     items
         .iter()
-        .zip(reply.chunks_exact(7))
+        .zip(reply.chunks_exact(9))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
             let verdict = match number(values[0])? {
@@ -839,7 +850,9 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 verdict,
                 limit: number(values[2])?,
                 remaining: number(values[3])?,
-                reset: duration(number(values[4])?),
+                balance: signed(values[7])?,
+                next_unit_in: duration(number(values[4])?),
+                full_in: duration(number(values[8])?),
             };
             if let Some(sharding) = &item.record.sharding {
                 sharding.saw(candidates[index].shard, outcome.remaining);

@@ -25,6 +25,9 @@ pub(super) const MAX_NOW: u64 = 1 << 52;
 /// How far a reservation may reach ahead: twice [`MAX_SPAN`] (71 years).
 const MAX_AFTER: u64 = 1 << 51;
 
+/// Added to a calendar month's UTC offset (validated within 18 hours) for the script.
+const MONTH_OFFSET_BIAS: i64 = 86_400_000_000;
+
 const BUCKET: u64 = 1;
 const FIXED: u64 = 2;
 const SLIDING: u64 = 3;
@@ -143,12 +146,33 @@ pub(super) fn push(
         }
         Algorithm::FixedWindow(w) => {
             let period = w.period_micros();
+            let (owed, max_wait) = match mode {
+                Mode::Reserve(bound) => {
+                    // A debt the windows of MAX_AFTER µs cannot pay back is never within bounds:
+                    // the script's sums stay exact, and such a reservation is denied.
+                    let reach = (MAX_AFTER / period.max(1))
+                        .saturating_mul(w.limit())
+                        .min(MAX_UNITS);
+                    (
+                        bound.max_units.map_or(reach, |units| units.min(reach)),
+                        bound.max_wait.map_or(EXACT, |wait| micros(wait).min(EXACT)),
+                    )
+                }
+                _ => (0, 0),
+            };
+            // Calendar months go as period 0, their UTC offset shifted by a day to stay positive.
+            let (period, offset) = match w.months() {
+                Some(utc) => (0, u64::try_from(utc + MONTH_OFFSET_BIAS).unwrap_or(0)),
+                None => (period, w.start().offset(period, rule, key)),
+            };
             args.extend([
                 FIXED,
                 w.limit(),
                 period,
                 w.capacity(),
-                w.start().offset(period, rule, key),
+                offset,
+                owed,
+                max_wait,
             ]);
         }
         Algorithm::SlidingWindow(w) => {

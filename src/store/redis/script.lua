@@ -21,10 +21,10 @@
 --              charge), then n times: algorithm code and parameters (see `read`).
 -- KEYS     one per candidate, in order.
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
---          an array reply): seven integers per record: verdict (0 allowed, 1 reserved, 2
---          denied), wait or retry-after (µs), limit, remaining, reset (µs), chosen candidate (0
---          or 1), aux (the units a burst pool charge took from its steady bucket); then the time
---          used.
+--          an array reply): nine integers per record: verdict (0 allowed, 1 reserved, 2
+--          denied), wait or retry-after (µs), limit, remaining, time to the next unit (µs),
+--          chosen candidate (0 or 1), aux (the units a burst pool charge took from its steady
+--          bucket), the signed balance, time until full (µs); then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (below) therefore comes first and creates almost
@@ -58,10 +58,12 @@ end
 -- functions named in each part), inlined; the differential tests send single-rule batches through
 -- here and larger ones through the general code.
 
-if op == 1 and count == 1 and n == 1 and code <= 3 then
+-- (A fixed window's reservation goes to the general code: rare enough not to slow this part.)
+-- (Neither does a calendar-month window, sent with period 0.)
+if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 and p2 > 0)) then
   local key = KEYS[1]
   local raw = redis.call('GET', key)
-  local kind, wait, limit, remaining, reset = 0, 0, 0, 0, 0
+  local kind, wait, limit, remaining, reset, balance, full = 0, 0, 0, 0, 0, 0, 0
   -- Set when the charge is committed: the new state, and when it equals a fresh key's.
   local value, expires
 
@@ -95,6 +97,9 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     end
     limit = cap
     if left < span then remaining = div(span - left, T) end
+    -- `TokenBucket::balance`: minus the whole units owed beyond the capacity.
+    balance, full = remaining, left
+    if left > span then balance = -div(left - span + T - 1, T) end
     if remaining < cap then
       -- `tb_reset`: until one more unit is available.
       reset = left
@@ -112,7 +117,7 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     local period = p2
     local ws, a, b
     if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
-      ws, a, b = string.match(raw, '(%d+),(%d+),?(%d*)')
+      ws, a, b = string.match(raw, '(%d+),(-?%d+),?(%d*)') -- a fixed window's may owe units
       ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
     end
     local windows = 0
@@ -130,7 +135,7 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     end
 
     if code == 2 then
-      -- Fixed window: `make_fixed`; `a` units left.
+      -- Fixed window: `make_fixed`; `a` units left, negative while reservations are owed.
       local rate, cap = p1, p3
       local rem = a or cap
       if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
@@ -148,9 +153,12 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
         kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
         if wait < 0 then wait = 0 end
       end
-      limit, remaining = cap, rem
+      limit, remaining, balance = cap, rem, rem
+      if rem < 0 then remaining = 0 end
+      if rem < cap then full = ws + div(cap - rem + rate - 1, rate) * period - now end
       if rem < cap then
-        reset = ws + period - now
+        -- Until one more whole unit: the next window, or the one that pays the debt back.
+        reset = ws + div(remaining - rem + rate, rate) * period - now
         if reset < 0 then reset = 0 end
       end
     else
@@ -209,6 +217,12 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
       end
       remaining = limit - cur - div(prev * left + period - 1, period)
       if remaining < 0 then remaining = 0 end
+      balance = remaining
+      if cur > 0 then
+        full = ws + 2 * period - now
+      elseif prev > 0 then
+        full = ws + period - now
+      end
       if remaining < limit then reset = wait_for(cur, remaining + 1) end
     end
   end
@@ -219,7 +233,9 @@ if op == 1 and count == 1 and n == 1 and code <= 3 then
     if expires > now then px = div(expires - now + 999, 1000) end
     redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
   end
-  return struct.pack('<dddddddd', kind, wait, limit, remaining, reset, 0, 0, now)
+  return struct.pack(
+    '<dddddddddd', kind, wait, limit, remaining, reset, 0, 0, balance, full, now
+  )
 end
 
 ------------------------------------------------------------------------------------------------
@@ -316,7 +332,10 @@ local function make_bucket()
     end
     local left = debt
     if kind ~= 2 then left = after end
-    return kind, wait, p.cap, tb_available(p, left), tb_reset(p, left)
+    local available = tb_available(p, left)
+    local balance = available
+    if left > p.span then balance = -cdiv(left - p.span, p.T) end
+    return kind, wait, p.cap, available, tb_reset(p, left), balance, left
   end
 
   function bucket.commit(p, tat, now, cost)
@@ -346,17 +365,70 @@ local function make_bucket()
 end
 
 ------------------------------------------------------------------------------------------------
--- Fixed window: { ws = window start, rem = units left }.
+-- Calendar months (src/algorithm/calendar.rs): the proleptic Gregorian calendar from days since
+-- the epoch and back, in eras of 400 years with years starting in March.
+local DAY = 86400000000
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local month = mp + 3
+  if mp >= 10 then month = mp - 9 end
+  local year = yoe + era * 400
+  if month <= 2 then year = year + 1 end
+  return year, month
+end
+
+local function days_from_civil(year, month)
+  if month <= 2 then year = year - 1 end
+  local era = floor(year / 400)
+  local yoe = year - era * 400
+  local doy = floor((153 * ((month + 9) % 12) + 2) / 5)
+  return era * 146097 + yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy - 719468
+end
+
+local function month_index(t, off)
+  local year, month = civil_from_days(div(t + off, DAY))
+  return year * 12 + month - 1
+end
+
+local function month_start(index, off)
+  local year = floor(index / 12)
+  return pos(days_from_civil(year, index - year * 12 + 1) * DAY - off)
+end
+
+-- Fixed window: { ws = window start, rem = units left, negative while reservations are owed }.
+-- `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
 
 local function make_fixed()
   local fixed = {}
 
+  -- The start of the `k`-th window after the one starting at `ws` (`FixedWindow::boundary`).
+  local function fw_boundary(p, ws, k)
+    if p.period > 0 then return ws + k * p.period end
+    return month_start(month_index(ws, p.off) + min(k, 120000), p.off)
+  end
+
+  -- Window starts in (ws, now] (`FixedWindow::windows_between`).
+  local function fw_between(p, ws, now)
+    if now <= ws then return 0 end
+    if p.period > 0 then return div(now - ws, p.period) end
+    return month_index(now, p.off) - month_index(ws, p.off)
+  end
+
   function fixed.fresh(p, now)
+    if p.period == 0 then
+      return { ws = month_start(month_index(now, p.off), p.off), rem = p.cap }
+    end
     return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
   end
 
   local function fw_roll(p, s, now)
-    local windows = div(pos(now - s.ws), p.period)
+    local windows = fw_between(p, s.ws, now)
     local rem
     if s.rem >= p.cap then
       rem = p.cap
@@ -365,31 +437,69 @@ local function make_fixed()
     else
       rem = s.rem + windows * p.limit
     end
-    return { ws = s.ws + windows * p.period, rem = rem }
+    return { ws = fw_boundary(p, s.ws, windows), rem = rem }
   end
 
+  -- Until the balance reaches `units` (negative: a debt of that many).
   local function fw_wait_for(p, s, now, units)
     if s.rem >= units then return 0 end
     local windows = cdiv(units - s.rem, p.limit)
-    return pos(s.ws + windows * p.period - now)
+    return pos(fw_boundary(p, s.ws, windows) - now)
+  end
+
+  -- `wait_to_reserve`: when a reservation past its bound would be accepted.
+  local function fw_wait_to_reserve(p, r, now, cost)
+    local fits = math.huge
+    if cost <= p.cap then fits = now + fw_wait_for(p, r, now, cost) end
+    local units_ok = now + fw_wait_for(p, r, now, cost - p.owed)
+    local full = now + fw_wait_for(p, r, now, p.cap)
+    local slot = now + fw_wait_for(p, r, now, cost)
+    local accepted = max(units_ok, slot - p.max_wait)
+    if accepted >= full then
+      -- From a full window the slot is `m` windows after the current one's start; windows of
+      -- different lengths (months) may need a few tries.
+      local m = cdiv(pos(cost - p.cap), p.limit)
+      local t = max(units_ok, full)
+      local start = fw_boundary(p, r.ws, fw_between(p, r.ws, t))
+      accepted = math.huge
+      for _ = 1, 24 do
+        local next = fw_boundary(p, start, 1)
+        local at = max(t, fw_boundary(p, start, m) - p.max_wait)
+        if at < next then
+          accepted = at
+          break
+        end
+        start, t = next, next
+      end
+    end
+    return pos(min(accepted, fits) - now)
   end
 
   function fixed.eval(p, s, now, cost, mode)
     local r = fw_roll(p, s, now)
     local kind, wait, left = 0, 0, r
-    if r.rem >= cost then
-      left = { ws = r.ws, rem = r.rem - cost }
+    local after = { ws = r.ws, rem = r.rem - cost }
+    if after.rem >= 0 then
+      left = after
+    elseif mode == 2 then
+      wait = fw_wait_for(p, after, now, 0)
+      if -after.rem <= p.owed and wait <= p.max_wait then
+        kind, left = 1, after
+      else
+        kind, wait = 2, fw_wait_to_reserve(p, r, now, cost)
+      end
     else
       kind, wait = 2, fw_wait_for(p, r, now, cost)
     end
+    local remaining = pos(left.rem)
     local reset = 0
-    if left.rem < p.cap then reset = fw_wait_for(p, left, now, left.rem + 1) end
-    return kind, wait, p.cap, left.rem, reset
+    if left.rem < p.cap then reset = fw_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, p.cap, remaining, reset, left.rem, fw_wait_for(p, left, now, p.cap)
   end
 
   function fixed.commit(p, s, now, cost)
     local r = fw_roll(p, s, now)
-    return { ws = r.ws, rem = pos(r.rem - cost) }
+    return { ws = r.ws, rem = r.rem - cost }
   end
 
   function fixed.refund(p, s, now, units)
@@ -398,13 +508,13 @@ local function make_fixed()
   end
 
   function fixed.expires(p, s)
-    return s.ws + cdiv(pos(p.cap - s.rem), p.limit) * p.period
+    return fw_boundary(p, s.ws, cdiv(pos(p.cap - s.rem), p.limit))
   end
 
   function fixed.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 'w' then return nil end
-    local n = numbers(raw)
-    return { ws = n[1], rem = n[2] }
+    local ws, rem = string.match(raw, '^w(%d+),(-?%d+)')
+    if ws == nil then return nil end
+    return { ws = tonumber(ws), rem = tonumber(rem) }
   end
 
   function fixed.encode(s)
@@ -478,7 +588,7 @@ local function make_sliding()
     local remaining = sw_remaining(p, left, now)
     local reset = 0
     if remaining < p.limit then reset = sw_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, p.limit, remaining, reset
+    return kind, wait, p.limit, remaining, reset, remaining, sw_wait_for(p, left, now, p.limit)
   end
 
   function sliding.commit(p, s, now, cost)
@@ -561,7 +671,7 @@ local function make_log()
     local remaining = pos(p.limit - (used + charged))
     local reset = 0
     if remaining < p.limit then reset = sl_wait_for(p, e, now, charged, remaining + 1) end
-    return kind, wait, p.limit, remaining, reset
+    return kind, wait, p.limit, remaining, reset, remaining, sl_wait_for(p, e, now, charged, p.limit)
   end
 
   local function sl_prune(p, e, now)
@@ -702,7 +812,7 @@ local function make_pool()
     local capacity = p.steady.cap + p.pool.cap
     local reset = 0
     if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, capacity, remaining, reset
+    return kind, wait, capacity, remaining, reset, remaining, pos(max(left.s, left.p) - now)
   end
 
   function pool.refund(p, st, now, units)
@@ -787,9 +897,10 @@ local function read()
     p = {
       alg = alg, code = 2, key = key, limit = argv[a + 1],
       period = argv[a + 2], cap = argv[a + 3],
-      offset = argv[a + 4], state = false,
+      offset = argv[a + 4], owed = argv[a + 5], max_wait = argv[a + 6], state = false,
+      off = argv[a + 4] - 86400000000, -- a calendar month's UTC offset (period 0)
     }
-    a = a + 5
+    a = a + 7
   elseif code == 3 then
     p = {
       alg = alg, code = 3, key = key, limit = argv[a + 1],
@@ -849,7 +960,8 @@ end
 local reply = {}
 local function answer(rec, res)
   reply[#reply + 1] = struct.pack(
-    '<ddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0
+    '<ddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
+    res[6], res[7]
   )
 end
 
@@ -887,8 +999,9 @@ if op == 1 or op == 2 then
       end
     elseif rec.res[1] ~= 2 then
       -- All or nothing: report what the admitted charge leaves, uncharged.
-      local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
-      rec.res = { 0, 0, limit, remaining, reset }
+      local res = { p.alg.eval(p, p.state, now, 0, 1) }
+      res[1], res[2] = 0, 0
+      rec.res = res
     end
     answer(rec, rec.res)
   end
@@ -922,8 +1035,9 @@ elseif op == 3 or op == 4 then
         save(p, p.state)
       end
     end
-    local _, _, limit, remaining, reset = p.alg.eval(p, p.state, now, 0, 1)
-    answer(rec, { 0, 0, limit, remaining, reset })
+    local res = { p.alg.eval(p, p.state, now, 0, 1) }
+    res[1], res[2] = 0, 0
+    answer(rec, res)
   end
 else
   return redis.error_reply('tollgate: unknown op')

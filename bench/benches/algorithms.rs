@@ -51,7 +51,7 @@ struct Fixed(FixedWindow, FixedWindowState);
 
 impl Decide for Fixed {
     fn decide(&mut self, now: Micros) -> Outcome {
-        let outcome = self.0.evaluate(self.1, now, 1);
+        let outcome = self.0.evaluate(self.1, now, 1, Mode::Charge);
         if outcome.verdict.is_admitted() {
             self.1 = self.0.commit(self.1, now, 1);
         }

@@ -1,7 +1,7 @@
 //! Memory per tracked key: tollgate's `MemoryStore` or governor's keyed limiter, one per process.
 //!
 //! ```text
-//! cargo run --release --example memory_per_key -- tollgate|governor [N]
+//! cargo run --release -p tollgate-bench --example memory_per_key -- tollgate|governor [N]
 //! ```
 //!
 //! Reads the resident set size from `/proc/self/statm` (Linux only), makes one allowed decision

@@ -1,9 +1,9 @@
 //! `MemoryStore` called through `&dyn Store` against governor's keyed limiter,
-//! alternating in short rounds: the scenarios of `benches/store.rs`, measured so that a noisy
+//! alternating in short rounds: the scenarios of `bench/benches/store.rs`, measured so that a noisy
 //! machine cannot favour either side.
 //!
 //! ```text
-//! cargo run --release --example decision_ab -- [ROUNDS] [FILTER]
+//! cargo run --release -p tollgate-bench --example decision_ab -- [ROUNDS] [FILTER]
 //! ```
 //!
 //! Criterion measures one implementation for seconds, then the other; on a virtual machine whose
@@ -11,11 +11,11 @@
 //! round runs tollgate and governor back to back for 400,000 decisions each (in alternating order),
 //! and each scenario prints the median of its rounds (default 30) in nanoseconds per decision, and
 //! the median of the per-round ratios: below 1 is faster than governor. Scenario names work as in
-//! `benches/store.rs`; FILTER keeps the scenarios whose name contains it (e.g. `hot`, `2t`).
+//! `bench/benches/store.rs`; FILTER keeps the scenarios whose name contains it (e.g. `hot`, `2t`).
 //!
 //! Tollgate's store is called through `&dyn Store`, as the middleware calls any store but the
 //! memory store (a store wrapping it, say), so its decision is one call. The middleware calls a
-//! `MemoryStore` by its type, as `benches/store.rs` does, where the compiler may inline the whole
+//! `MemoryStore` by its type, as `bench/benches/store.rs` does, where the compiler may inline the whole
 //! decision into the caller, as it does with governor's generic `check_key` (inlined here too).
 
 use std::hint::black_box;

@@ -3,14 +3,14 @@
 //! server, and Redis commands and server time per decision read from `INFO commandstats`.
 //!
 //! ```text
-//! cargo bench --bench redis --features redis
+//! cargo bench -p tollgate-bench --bench redis
 //! ```
 //!
 //! It starts its own `redis-server` on a free loopback port (Debian packages `redis-server` and
 //! `redis-tools`). Under `cargo test` (no `--bench` argument) it runs each phase briefly, as a
 //! smoke test.
 
-#[path = "../tests/support/redis_server.rs"]
+#[path = "../../tests/support/redis_server.rs"]
 mod redis_server;
 
 use std::process::Command;

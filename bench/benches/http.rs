@@ -2,8 +2,8 @@
 //! tower_governor, with the same quota, measured by `wrk`.
 //!
 //! ```text
-//! cargo bench --bench http                 # needs `wrk` (Debian package `wrk`)
-//! HTTP_BENCH_SECS=10 HTTP_BENCH_RUNS=5 cargo bench --bench http
+//! cargo bench -p tollgate-bench --bench http                 # needs `wrk` (Debian package `wrk`)
+//! HTTP_BENCH_SECS=10 HTTP_BENCH_RUNS=5 cargo bench -p tollgate-bench --bench http
 //! ```
 //!
 //! Each server runs in its own process (this binary with `--serve VARIANT ADDR`) on a one-thread
@@ -403,7 +403,7 @@ fn main() {
         for variant in Variant::all() {
             let _ = app(variant);
         }
-        println!("http bench: routers build (run `cargo bench --bench http` to measure)");
+        println!("http bench: routers build (run `cargo bench -p tollgate-bench --bench http` to measure)");
         return;
     }
     let seconds = env("HTTP_BENCH_SECS", 5);
