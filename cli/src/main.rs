@@ -244,6 +244,16 @@ fn run(command: Command) -> Result<(), String> {
             if clients == 0 || clients > 65_536 {
                 return Err("--clients must be between 1 and 65536".into());
             }
+            let requests: f64 = traffic
+                .iter()
+                .map(|t| t.expected(duration) * clients as f64)
+                .sum();
+            if requests > simulate::MAX_REQUESTS {
+                return Err(format!(
+                    "this traffic sends about {requests:.0} requests; at most {} are simulated: shorten --duration or lower the rates",
+                    simulate::MAX_REQUESTS
+                ));
+            }
             simulate::simulate(&traffic, clients, duration, seed, &mut runners);
             let tally = side_by_side(runners);
             emit(&output, &title, &[("simulation", &tally)], tally.to_json())

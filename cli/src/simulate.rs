@@ -70,6 +70,15 @@ impl Traffic {
         }
     }
 
+    /// About how many requests one client sends in `duration`.
+    pub fn expected(&self, duration: Duration) -> f64 {
+        let seconds = duration.as_secs_f64();
+        match *self {
+            Traffic::Steady { rate } | Traffic::Poisson { rate } => rate * seconds,
+            Traffic::Burst { n, every, .. } => n as f64 * (seconds / every.as_secs_f64()).ceil(),
+        }
+    }
+
     /// The arrival times (µs from the start) of one client, within `duration`.
     fn arrivals(
         &self,
@@ -168,6 +177,9 @@ pub fn runner(text: &str) -> Result<Runner, ConfigFileError> {
     let layer = RateLimitLayer::from_config_str_with_store(ConfigFormat::Toml, text, store)?;
     Ok(Runner::new(layer.limiter().clone(), clock))
 }
+
+/// The most requests one simulation sends (their arrival times are held in memory).
+pub const MAX_REQUESTS: f64 = 20_000_000.0;
 
 /// Sends `traffic` from `clients` clients for `duration` through every runner.
 pub fn simulate(

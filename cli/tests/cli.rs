@@ -591,3 +591,37 @@ fn the_smoothing_scenario_shows_the_sliding_window_spreading_admissions() {
     assert_eq!(idle(&sliding), 0, "{sliding:?}");
     assert!(sliding[10..].iter().max() < fixed[10..].iter().max());
 }
+
+#[test]
+fn simulate_refuses_traffic_too_large_to_hold() {
+    let output = tollgate(&[
+        "simulate",
+        "--rule",
+        "name=a,rate=1,period=1s",
+        "--traffic",
+        "steady:1000000",
+        "--clients",
+        "1000",
+        "--duration",
+        "1h",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("at most 20000000 are simulated"),
+        "{}",
+        stderr(&output)
+    );
+    let output = tollgate(&[
+        "simulate",
+        "--rule",
+        "name=a,rate=1,period=1s",
+        "--traffic",
+        "steady:fast",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("expected steady:RATE"),
+        "{}",
+        stderr(&output)
+    );
+}
