@@ -69,10 +69,11 @@ async fn hello(decision: Decision) -> String {
         .into_iter()
         .find_map(|plan| decision.rule(plan))
     {
-        Some(plan) => format!(
-            "hello, {} customer: {} requests left\n",
-            plan.rule, plan.outcome.remaining
-        ),
+        Some(plan) => {
+            let left = plan.outcome.remaining;
+            let noun = if left == 1 { "request" } else { "requests" };
+            format!("hello, {} customer: {left} {noun} left\n", plan.rule)
+        }
         None => "hello\n".to_owned(),
     }
 }

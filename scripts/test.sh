@@ -29,9 +29,10 @@ cargo fmt --all -- --check
 step "clippy (all targets, all features, warnings are errors)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "clippy without default features, and with only the redis feature"
+step "clippy without default features, and with only the redis or the tonic feature"
 cargo clippy -p tollgate --lib --no-default-features -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warnings
+cargo clippy -p tollgate --lib --no-default-features --features tonic -- -D warnings
 
 # --workspace: the library, the benchmarks (bench/) and the `tollgate` command (cli/).
 # The integration tests include the fuzz corpora's replay and the quick soak.

@@ -4,6 +4,11 @@
 //! the Unix epoch (windows can align to UTC minutes or midnight) but advances monotonically, so a
 //! wall-clock jump never refills or drains a bucket.
 //!
+//! Monotonic means per clock, not only per core: time-stamp counters can disagree between cores,
+//! and a VM can migrate to a host whose counter is behind (governor #299 denies requests early
+//! for exactly this reason). [`SystemClock`] therefore never hands out less than the latest value
+//! it handed out, on any thread, and the memory store holds every other clock to the same rule.
+//!
 //! - [`SystemClock`] (the default) reads the CPU's time-stamp counter through `quanta`, as
 //!   governor does: about 10 ns a read, against about 30 ns for the operating system's clock on a
 //!   typical VM — a third of a whole in-memory decision.
@@ -24,7 +29,27 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Micros;
 }
 
-/// Unix-anchored monotonic time from the time-stamp counter (see the module docs).
+/// The latest time handed out, so that a reading that went backwards is answered with it.
+#[derive(Debug, Default)]
+pub(crate) struct Latest(AtomicU64);
+
+impl Latest {
+    /// `now`, or the latest time handed out if that is later.
+    #[inline]
+    pub(crate) fn at_least(&self, now: Micros) -> Micros {
+        // A plain load first: within one microsecond (most calls under load) nothing is written,
+        // so threads reading the clock do not take turns owning its cache line. Relaxed: this one
+        // value is the only thing ordered, and `fetch_max` is atomic on it.
+        let latest = self.0.load(Ordering::Relaxed);
+        if now <= latest {
+            return latest;
+        }
+        now.max(self.0.fetch_max(now, Ordering::Relaxed))
+    }
+}
+
+/// Unix-anchored monotonic time from the time-stamp counter (see the module docs): never less
+/// than the latest time it handed out, shared by its clones.
 #[derive(Clone, Debug)]
 pub struct SystemClock {
     anchor_unix: Micros,
@@ -33,6 +58,7 @@ pub struct SystemClock {
     /// turned into one multiplication (instead of its conversion to nanoseconds and a division).
     micros_per_tick: u64,
     counter: quanta::Clock,
+    latest: Arc<Latest>,
 }
 
 impl SystemClock {
@@ -47,6 +73,7 @@ impl SystemClock {
             anchor: counter.raw(),
             micros_per_tick: u64::try_from((nanos << 24) / 1_000).unwrap_or(u64::MAX),
             counter,
+            latest: Arc::default(),
         }
     }
 }
@@ -62,7 +89,8 @@ impl Clock for SystemClock {
     fn now(&self) -> Micros {
         let ticks = self.counter.raw().saturating_sub(self.anchor);
         let elapsed = (u128::from(ticks) * u128::from(self.micros_per_tick)) >> 64;
-        self.anchor_unix.saturating_add(elapsed as u64)
+        self.latest
+            .at_least(self.anchor_unix.saturating_add(elapsed as u64))
     }
 }
 
@@ -118,7 +146,8 @@ impl ManualClock {
         self.0.fetch_add(micros(by), Ordering::SeqCst);
     }
 
-    /// Sets the time (it may go backwards; algorithms treat an earlier `now` as no time passing).
+    /// Sets the time. It may go backwards, as a real clock can: the memory store then answers
+    /// as if no time had passed until the clock is past the latest time it read.
     pub fn set(&self, at: Duration) {
         self.0.store(micros(at), Ordering::SeqCst);
     }
@@ -152,6 +181,45 @@ mod tests {
         );
         std::thread::sleep(Duration::from_millis(2));
         assert!(clock.now() >= first + 2_000);
+    }
+
+    #[test]
+    fn latest_never_goes_back_across_threads() {
+        let latest = Arc::new(Latest::default());
+        assert_eq!(latest.at_least(50), 50);
+        assert_eq!(latest.at_least(40), 50, "an earlier reading is the latest");
+        assert_eq!(latest.at_least(60), 60);
+        // Threads reading times that go up and down: each sees a non-decreasing sequence, never
+        // below what any thread was handed before it read.
+        let threads: Vec<_> = (0..4u64)
+            .map(|i| {
+                let latest = latest.clone();
+                std::thread::spawn(move || {
+                    let mut previous = 0;
+                    for n in 0..10_000u64 {
+                        let reading = 1_000 + (n * 7 + i * 13) % 997;
+                        let got = latest.at_least(reading);
+                        assert!(got >= reading && got >= previous);
+                        previous = got;
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(latest.at_least(0), 1_996);
+    }
+
+    #[test]
+    fn system_clock_clones_share_the_floor() {
+        let clock = SystemClock::new();
+        let ahead = clock.latest.at_least(clock.now() + 60_000_000);
+        let clone = clock.clone();
+        // A counter a minute behind the latest reading (another core, a migrated VM) reads as
+        // the latest, on every clone.
+        assert_eq!(clone.now(), ahead);
+        assert_eq!(clock.now(), ahead);
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,6 +20,8 @@ pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
     // extensions on every request, so each inline entry costs every request its 168 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
+    /// The gRPC method called (`/package.Service/Method`), for gRPC requests.
+    grpc_method: Option<Arc<str>>,
 }
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
@@ -80,6 +82,17 @@ impl Decision {
         if let Some(entry) = self.rules.first_mut() {
             entry.outcome = outcome;
         }
+    }
+
+    /// Records the gRPC method the request calls.
+    pub(crate) fn set_grpc_method(&mut self, method: Arc<str>) {
+        self.grpc_method = Some(method);
+    }
+
+    /// For a gRPC (or gRPC-Web) request, the method it calls: its path,
+    /// `/package.Service/Method`.
+    pub fn grpc_method(&self) -> Option<&str> {
+        self.grpc_method.as_deref()
     }
 
     /// Every rule that applied, in the layer's order.

@@ -206,7 +206,7 @@ where
                         headers.apply(response.headers_mut());
                     }
                     if let Some(wait) = delayed.take() {
-                        crate::headers::insert_delay(response.headers_mut(), wait);
+                        crate::response::headers::insert_delay(response.headers_mut(), wait);
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::{Limiter, LimiterBuilder};
-use crate::response::Responder;
+use crate::response::{Rejection, Responder};
 use crate::rule::Rule;
 use crate::ruleset::AccessList;
 use crate::service::RateLimit;
@@ -23,8 +23,9 @@ pub enum FailurePolicy {
     /// outage then degrades protection instead of taking the whole service down with it.
     #[default]
     Open,
-    /// Answer `503 Service Unavailable` with a problem+json body: for limits that guard something
-    /// that must never be overrun (a paid upstream with a hard cap).
+    /// Answer `503 Service Unavailable` with a problem+json body (gRPC requests: `UNAVAILABLE`):
+    /// for limits that guard something that must never be overrun (a paid upstream with a hard
+    /// cap).
     Closed,
 }
 
@@ -56,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) shadow_all: bool,
     /// Logs show a hash of each key instead of the key.
     pub(crate) redact_keys: bool,
+    /// A missing peer address is logged once per layer, not once per request.
+    pub(crate) no_peer_logged: std::sync::atomic::AtomicBool,
 }
 
 impl RateLimitLayer {
@@ -116,7 +119,7 @@ pub struct RateLimitLayerBuilder {
     on_allowed: bool,
     legacy: bool,
     jitter: Duration,
-    rejection: Option<Arc<crate::response::RejectionFn>>,
+    rejection: Option<Arc<crate::response::RespondFn>>,
     failure: FailurePolicy,
     shadow_all: bool,
     redact_keys: bool,
@@ -168,12 +171,35 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Builds the rejection response yourself (default: a problem+json body with
-    /// `violated-policies`). `Retry-After` and the `RateLimit` fields are still added unless your
-    /// response sets them.
+    /// Builds the rejection response of denied HTTP requests yourself (default: a problem+json
+    /// body with `violated-policies`). `Retry-After` and the `RateLimit` fields are still added
+    /// unless your response sets them.
+    ///
+    /// gRPC requests keep the layer's gRPC answer (an HTTP body would reach a gRPC client as an
+    /// `Internal` error); to answer both protocols yourself, use
+    /// [`on_rejection`](Self::on_rejection), which replaces this hook.
     pub fn rejection<F>(mut self, build: F) -> Self
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.rejection = Some(Arc::new(move |rejected: &Rejection<'_>| {
+            if rejected.protocol().is_grpc() {
+                rejected.default_response()
+            } else {
+                build(rejected.decision())
+            }
+        }));
+        self
+    }
+
+    /// Builds the rejection response of every denied request yourself, HTTP or gRPC: the hook
+    /// gets a [`Rejection`] with the decision, the request's [`Protocol`](crate::Protocol), the
+    /// wait, and the layer's own answer. The layer still adds the wait (`Retry-After`, or
+    /// `grpc-retry-pushback-ms` for gRPC) and the `RateLimit` fields unless your response sets
+    /// them. Replaces [`rejection`](Self::rejection).
+    pub fn on_rejection<F>(mut self, build: F) -> Self
+    where
+        F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
     {
         self.rejection = Some(Arc::new(build));
         self
@@ -185,7 +211,8 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Requests matching `list` are refused with `403 Forbidden` and a problem+json body.
+    /// Requests matching `list` are refused with `403 Forbidden` and a problem+json body (gRPC
+    /// requests: `PERMISSION_DENIED`).
     pub fn deny(mut self, list: AccessList) -> Self {
         self.limiter = self.limiter.deny(list);
         self
@@ -228,6 +255,7 @@ impl RateLimitLayerBuilder {
                 failure: self.failure,
                 shadow_all: self.shadow_all,
                 redact_keys: self.redact_keys,
+                no_peer_logged: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

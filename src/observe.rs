@@ -126,20 +126,21 @@ impl fmt::Display for LoggedKey<'_> {
 }
 
 /// Emits the event for one rule's answer to a request.
-pub(crate) fn event(entry: &RuleDecision, shadow: bool, redact: bool) {
+/// (`grpc_method` is logged for gRPC requests only: a `None` field is left out.)
+pub(crate) fn event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: bool, redact: bool) {
     let key = LoggedKey::new(&entry.key, redact);
     match entry.outcome.verdict {
         Verdict::Denied { retry_after } if shadow => tracing::info!(
             rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,
-            "rate limit: shadow rule would deny"
+            grpc_method, "rate limit: shadow rule would deny"
         ),
         Verdict::Denied { retry_after } => tracing::debug!(
             rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,
-            "rate limit: denied"
+            grpc_method, "rate limit: denied"
         ),
         Verdict::Reserved { wait } => tracing::debug!(
             rule = %entry.rule, key = %key, wait_ms = wait.as_millis() as u64,
-            "rate limit: delayed in queue"
+            grpc_method, "rate limit: delayed in queue"
         ),
         Verdict::Allowed => {}
     }

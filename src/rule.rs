@@ -97,6 +97,27 @@ impl Rule {
         self
     }
 
+    /// Applies only to calls of a gRPC method, `/package.Service/Method`, or of every method of a
+    /// service, `/package.Service/*` (may be called several times, and mixed with
+    /// [`path`](Self::path): a request in any of them is in scope).
+    ///
+    /// A gRPC call's path is its method's name, so this matches the path like `path` does; a
+    /// pattern of another form (no service, a `*` anywhere but as the whole method, a query) is an
+    /// error when the layer is built, naming the rule and the field `grpc`.
+    ///
+    /// ```
+    /// use tollgate::{Key, Limit, Rule};
+    ///
+    /// let greet = Rule::new("greet", Limit::per_minute(5))
+    ///     .key(Key::peer_ip())
+    ///     .grpc("/helloworld.Greeter/SayHello");
+    /// let admin = Rule::new("admin", Limit::per_second(1)).grpc("/acme.Admin/*");
+    /// ```
+    pub fn grpc(mut self, pattern: impl Into<String>) -> Rule {
+        self.scope.grpc.push(pattern.into());
+        self
+    }
+
     /// Applies only to requests for which `predicate` holds, on top of methods and paths (e.g. the
     /// requests of one plan: `.when(|head| head.headers.get("x-plan").is_some_and(|v| v == "pro"))`).
     pub fn when<F>(mut self, predicate: F) -> Rule
@@ -208,6 +229,11 @@ impl Rule {
                 );
             }
         }
+        for pattern in &self.scope.grpc {
+            if let Err(message) = check_grpc_pattern(pattern) {
+                return err("grpc", message);
+            }
+        }
         if let Some(queue) = &self.queue {
             queue
                 .validate(self.limit.algorithm(), self.cost.as_fixed())
@@ -292,6 +318,8 @@ impl From<Limit> for Rule {
 struct Scope {
     methods: Vec<Method>,
     paths: Vec<String>,
+    /// gRPC methods; matched as paths once checked.
+    grpc: Vec<String>,
     when: Option<Predicate>,
 }
 
@@ -313,6 +341,7 @@ impl Scope {
             paths: self
                 .paths
                 .iter()
+                .chain(&self.grpc)
                 .map(|p| segments(p).map(str::to_owned).collect())
                 .collect(),
         }
@@ -407,6 +436,35 @@ impl CompiledScope {
     }
 }
 
+/// Why `pattern` is not a gRPC method (`/package.Service/Method`) or service
+/// (`/package.Service/*`) pattern, if it is not.
+pub(crate) fn check_grpc_pattern(pattern: &str) -> Result<(), String> {
+    let fail = |why: &str| {
+        Err(format!(
+            "{pattern:?} {why}: write \"/package.Service/Method\" or \"/package.Service/*\""
+        ))
+    };
+    let Some(rest) = pattern.strip_prefix('/') else {
+        return fail("does not start with '/'");
+    };
+    let Some((service, method)) = rest.split_once('/') else {
+        return fail("names no method");
+    };
+    let name = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    };
+    if !name(service) {
+        return fail("has no valid service name (letters, digits, '_' and '.')");
+    }
+    if method != "*" && !name(method) {
+        return fail("has no valid method name (letters, digits and '_', or '*' for all)");
+    }
+    Ok(())
+}
+
 fn segments(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())
 }
@@ -453,6 +511,51 @@ mod tests {
         assert!(!matches("/users/*/avatar", "/users/7/name"));
         assert!(matches("/", "/"));
         assert!(!matches("/", "/x"));
+    }
+
+    #[test]
+    fn grpc_patterns_match_methods_and_services() {
+        let scope = |pattern: &str| {
+            Scope {
+                grpc: vec![pattern.into()],
+                ..Scope::default()
+            }
+            .compile()
+        };
+        let method = scope("/helloworld.Greeter/SayHello");
+        let service = scope("/helloworld.Greeter/*");
+        let call = |path: &'static str| Uri::from_static(path);
+        assert!(method.matches(&Method::POST, &call("/helloworld.Greeter/SayHello")));
+        assert!(!method.matches(&Method::POST, &call("/helloworld.Greeter/SayBye")));
+        assert!(service.matches(&Method::POST, &call("/helloworld.Greeter/SayBye")));
+        assert!(!service.matches(&Method::POST, &call("/helloworld.Other/SayHello")));
+        assert!(!service.matches(&Method::POST, &call("/helloworld.Greeter")));
+    }
+
+    #[test]
+    fn bad_grpc_patterns_are_errors_naming_the_field() {
+        for pattern in [
+            "helloworld.Greeter/SayHello",
+            "/helloworld.Greeter",
+            "/helloworld.Greeter/",
+            "//SayHello",
+            "/*/SayHello",
+            "/helloworld.Greeter/Say*",
+            "/helloworld.Greeter/SayHello/x",
+            "/helloworld.Greeter/SayHello?x=1",
+        ] {
+            let error = Rule::new("g", Limit::per_second(1))
+                .grpc(pattern)
+                .validate()
+                .unwrap_err();
+            assert_eq!(error.field(), "grpc", "{pattern}");
+            assert!(error.to_string().contains(pattern), "{error}");
+        }
+        assert!(Rule::new("g", Limit::per_second(1))
+            .grpc("/Greeter/SayHello")
+            .grpc("/a.b.C/*")
+            .validate()
+            .is_ok());
     }
 
     #[test]

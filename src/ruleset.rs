@@ -13,10 +13,11 @@ use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::headers::{self, PolicyItem};
-use crate::key::{Key, KeyValue, RequestHead};
+use crate::key::{peer_addr, Key, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
-use crate::prepared::Prepared;
+use crate::response::grpc::Protocol;
+use crate::response::headers::{self, PolicyItem};
+use crate::response::Prepared;
 use crate::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 
@@ -55,6 +56,12 @@ pub(crate) enum Refusal {
     },
     /// The request matched a deny list.
     Denied { list: String },
+    /// The rule's key is the peer's address, and the server passes none on: its
+    /// misconfiguration, not the request's fault.
+    NoPeer {
+        rule: std::sync::Arc<str>,
+        key: String,
+    },
 }
 
 impl From<Refusal> for crate::decision::Ruling {
@@ -71,6 +78,11 @@ impl From<Refusal> for crate::decision::Ruling {
             Refusal::CostTooLarge { rule, error } => {
                 (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
             }
+            Refusal::NoPeer { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(rule),
+                format!("no peer address: the rule counts by {key}"),
+            ),
             Refusal::Denied { list } => (
                 StatusCode::FORBIDDEN,
                 None,
@@ -207,10 +219,19 @@ impl RuleSet {
             }
             let key = match rule.key.extract(request) {
                 Some(key) => key,
+                // Whatever the rule does with missing keys: without the peer address no
+                // request would ever have this key, and skipping or sharing one would
+                // silently turn the limit off.
+                None if rule.key.reads_peer() && peer_addr(head.extensions).is_none() => {
+                    return Err(no_peer(rule, &rule.key));
+                }
                 None => match &rule.missing_key {
                     MissingKey::Skip => continue,
                     MissingKey::Fallback(fallback) => match fallback.extract(request) {
                         Some(key) => key,
+                        None if fallback.reads_peer() && peer_addr(head.extensions).is_none() => {
+                            return Err(no_peer(rule, fallback));
+                        }
                         None => return Err(missing(rule, StatusCode::BAD_REQUEST)),
                     },
                     MissingKey::Reject => return Err(missing(rule, StatusCode::BAD_REQUEST)),
@@ -233,6 +254,14 @@ impl RuleSet {
                 &mut *enforced
             };
             plan.plan(index, rule.name.clone(), key, cost);
+        }
+        if Protocol::of(request).is_grpc() {
+            let method: std::sync::Arc<str> = request.uri().path().into();
+            for plan in [enforced, shadow] {
+                if !plan.rules().is_empty() {
+                    plan.set_grpc_method(method.clone());
+                }
+            }
         }
         Ok(Route::Planned)
     }
@@ -284,6 +313,13 @@ impl RuleSet {
             cost,
             mode: rule.mode,
         }
+    }
+}
+
+fn no_peer(rule: &CompiledRule, key: &Key) -> Refusal {
+    Refusal::NoPeer {
+        rule: rule.name.clone(),
+        key: key.describe(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `RateLimit<S>`: the middleware service.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,9 +18,10 @@ use crate::key::KeyValue;
 use crate::layer::{FailurePolicy, RateLimitLayer, Shared};
 use crate::limiter::Limiter;
 use crate::observe;
+use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
-use crate::ruleset::{Answer, Route, RuleSet};
+use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -103,8 +105,13 @@ where
                 return ResponseFuture::new(State::calling(self.inner.call(request), None))
             }
             Err(refusal) => {
-                tracing::debug!(?refusal, "rate limit: request refused before counting");
-                return ResponseFuture::new(State::respond(shared.responder.refused(&refusal)));
+                match &refusal {
+                    Refusal::NoPeer { rule, key } => report_no_peer(shared, rule, key),
+                    _ => tracing::debug!(?refusal, "rate limit: request refused before counting"),
+                }
+                let protocol = Protocol::of(&request);
+                let response = shared.responder.refused(&refusal, protocol);
+                return ResponseFuture::new(State::respond(response));
             }
         }
         if !shadow.rules().is_empty() {
@@ -144,6 +151,21 @@ where
     }
 }
 
+/// The server passes no peer address: its misconfiguration, said loudly once per layer.
+#[cold]
+fn report_no_peer(shared: &Shared, rule: &str, key: &str) {
+    if !shared.no_peer_logged.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            %rule,
+            %key,
+            "rate limit: requests carry no peer address, so rule \"{rule}\" cannot key them by \
+             {key}; answering 500. With axum, serve with \
+             `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, insert the \
+             connection's `SocketAddr` into each request's extensions"
+        );
+    }
+}
+
 /// Decides shadow rules: counted and logged like the others, never blocking. A store that needs
 /// I/O answers in the background, so shadow rules add no latency.
 fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision) {
@@ -154,7 +176,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
         Ok(()) => {
             for entry in decision.rules() {
                 rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
-                observe::event(entry, true, shared.redact_keys);
+                observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
         Err(error) => {
@@ -241,7 +263,8 @@ pub(crate) fn decide<B>(
                 }
                 FailurePolicy::Closed => {
                     tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
-                    Next::Respond(shared.responder.unavailable(&error))
+                    let protocol = Protocol::of(request);
+                    Next::Respond(shared.responder.unavailable_in(&error, protocol))
                 }
             };
         }
@@ -252,10 +275,11 @@ pub(crate) fn decide<B>(
         if allowed || !entry.outcome.is_allowed() {
             rules.metrics[entry.index].record(entry.outcome.verdict);
         }
-        observe::event(entry, false, shared.redact_keys);
+        observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
     if !allowed {
-        return Next::Respond(shared.responder.denied(rules, decision));
+        let protocol = Protocol::of(request);
+        return Next::Respond(shared.responder.denied(rules, decision, protocol));
     }
     let headers = shared.responder.allowed(rules, decision);
     let wait = decision.wait();

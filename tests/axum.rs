@@ -53,6 +53,78 @@ async fn route_layer_limits_one_route_and_leaves_404s_alone() {
     }
 }
 
+/// What the README says about `layer` and `route_layer`: `Router::layer` charges 404s and 405s,
+/// `Router::route_layer` charges 405s (the path matched; axum's 405 answer runs inside the route),
+/// and the method router's own `route_layer` charges only requests that match a route and one
+/// of its methods.
+#[tokio::test(start_paused = true)]
+async fn which_refusals_of_the_router_are_charged() {
+    let limits = || paused::layer(Rule::new("login", Limit::per_minute(2)));
+    let welcome = || async { "welcome" };
+
+    let everything = Router::new().route("/login", post(welcome)).layer(limits());
+    assert_eq!(
+        status(&everything, "GET", "/login").await,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(
+        status(&everything, "GET", "/missing").await,
+        StatusCode::NOT_FOUND
+    );
+    // The 405 and the 404 spent the budget of 2.
+    assert_eq!(
+        status(&everything, "POST", "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let matched_paths = Router::new()
+        .route("/login", post(welcome))
+        .route_layer(limits());
+    for _ in 0..3 {
+        assert_eq!(
+            status(&matched_paths, "GET", "/missing").await,
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(
+        status(&matched_paths, "GET", "/login").await,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(
+        status(&matched_paths, "POST", "/login").await,
+        StatusCode::OK
+    );
+    // The 405 was charged: the budget of 2 is spent.
+    assert_eq!(
+        status(&matched_paths, "POST", "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let matched_methods = Router::new().route("/login", post(welcome).route_layer(limits()));
+    for _ in 0..3 {
+        assert_eq!(
+            status(&matched_methods, "GET", "/login").await,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            status(&matched_methods, "GET", "/missing").await,
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(
+        status(&matched_methods, "POST", "/login").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&matched_methods, "POST", "/login").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&matched_methods, "POST", "/login").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn separate_layers_on_separate_routes_keep_separate_budgets() {
     let app = Router::new()

@@ -191,6 +191,12 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .on_missing_key(MissingKey::Reject),
         )
         .rule(
+            Rule::new("greeter", Limit::token_bucket(5, minute))
+                .key(Key::peer_ip())
+                .grpc("/helloworld.Greeter/SayHello")
+                .grpc("/acme.Admin/*"),
+        )
+        .rule(
             Rule::new(
                 "llm-tokens",
                 Limit::token_bucket(10_000, minute).pool(50_000, 100, Duration::from_secs(1)),
@@ -440,6 +446,39 @@ on_missing_key = { reject = 401 }
 }
 
 #[tokio::test(start_paused = true)]
+async fn grpc_scopes_name_methods_and_services() {
+    let layer = toml_paused(
+        r#"
+[[rules]]
+name = "greet"
+rate = 1
+period = "1m"
+grpc = ["/helloworld.Greeter/SayHello", "/acme.Admin/*"]
+"#,
+    );
+    let service = service(&layer);
+    let call = |path: &str| {
+        request(
+            Method::POST,
+            path,
+            &[("content-type", "application/grpc")],
+            "192.0.2.1",
+        )
+    };
+    let first = send(&service, call("/helloworld.Greeter/SayHello")).await;
+    assert_eq!(header(&first, "ratelimit"), Some("\"greet\";r=0;t=60"));
+    let second = send(&service, call("/acme.Admin/Reset")).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(header(&second, "grpc-status"), Some("8"));
+    // Outside the scope: other methods of the service, other services.
+    for path in ["/helloworld.Greeter/SayBye", "/acme.Other/Reset"] {
+        let other = send(&service, call(path)).await;
+        assert_eq!(header(&other, "grpc-status"), None, "{path}");
+        assert_eq!(header(&other, "ratelimit"), None, "{path}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn queue_settings_delay_requests() {
     let layer = toml_paused(
         r#"
@@ -594,7 +633,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -612,26 +651,28 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = 7", "line 5, column 7: rules[0].key: expected a key source: a name such as \"peer_ip\", or a table such as { header = NAME }, found integer `7`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x api\" }", "line 5, column 18: rules[0].key.header: invalid header name \"x api\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trust = [\"10.0.0/8\"] } }", "line 5, column 31: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`, `cdn`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-client-ip\" } }", "line 5, column 32: rules[0].key.client_ip.header: unknown value \"x-client-ip\" (expected one of `x-forwarded-for`, `forwarded`, `x-real-ip`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 0 } }", "rules[0].key.client_ip.ipv6_prefix: must be from 1 to 128"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 129 } }", "rules[0].key.client_ip.ipv6_prefix: must be from 1 to 128"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv4_prefix = 33 } }", "rules[0].key.client_ip.ipv4_prefix: must be from 1 to 32"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { cookie = \"\" }", "rules[0].key.cookie: names no cookie"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [] }", "rules[0].key.first_of: lists no key"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [\"peer_ip\", { client_ip = { ipv4_prefix = 40 } }] }", "rules[0].key.first_of[1].client_ip.ipv4_prefix: must be from 1 to 32"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 0 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 129 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv4_prefix = 33 } }", "line 5, column 37: rules[0].key.client_ip.ipv4_prefix (rule \"a\"): must be from 1 to 32"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { cookie = \"\" }", "line 5, column 18: rules[0].key.cookie (rule \"a\"): names no cookie"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [] }", "line 5, column 20: rules[0].key.first_of (rule \"a\"): lists no key"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [\"peer_ip\", { client_ip = { ipv4_prefix = 40 } }] }", "line 5, column 62: rules[0].key.first_of[1].client_ip.ipv4_prefix (rule \"a\"): must be from 1 to 32"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key: unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "rules[0].on_missing_key.reject: 200 is not a 4xx or 5xx status"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "rules[0].on_missing_key.reject: 1000 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 200 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 1000 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback: unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost: must not be negative (got -1)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = \"5\"", "line 5, column 8: rules[0].cost: expected a whole number of units or a table { header = NAME, default = UNITS }, found string \"5\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { header = \"x-cost\", defualt = 1 }", "line 5, column 29: rules[0].cost.defualt: unknown field (expected `header` or `default`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { default = 1 }", "line 5, column 8: rules[0].cost.header: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 11: rules[0].methods[0]: methods are case-sensitive: write \"GET\", not \"get\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 11: rules[0].methods[0]: invalid method \"GE T\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npaths = [\"login\"]", "rules[0].paths[0]: \"login\" does not start with '/'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 12: rules[0].methods[0]: methods are case-sensitive: write \"GET\", not \"get\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 12: rules[0].methods[0]: invalid method \"GE T\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npaths = [\"login\"]", "line 5, column 10: rules[0].paths[0] (rule \"a\"): \"login\" does not start with '/'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/helloworld.Greeter\"]", "line 5, column 9: rules[0].grpc[0] (rule \"a\"): \"/helloworld.Greeter\" names no method: write \"/package.Service/Method\" or \"/package.Service/*\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/pkg.S/Say*\"]", "line 5, column 9: rules[0].grpc[0] (rule \"a\"): \"/pkg.S/Say*\" has no valid method name (letters, digits and '_', or '*' for all): write \"/package.Service/Method\" or \"/package.Service/*\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size: unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
         (Toml, "[store]\nkind = \"disk\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: unknown value \"disk\" (expected `memory` or `redis`)"),
         (Toml, "[store]\nmax_keys = 10\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: store.kind: is required"),
@@ -654,81 +695,81 @@ fn every_error_names_its_place() {
         (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {header: x-api-key, cookie: s}", "line 5, column 10: rules[0].key: a key source is a table with exactly one entry (found another: `cookie`)"),
         (Yaml, "---\nrules: []\n---\nrules: []", "deserializing from YAML containing more than one document is not supported"),
         (Yaml, "- a\n- b", "line 1, column 1: expected a table, found sequence"),
-        (Toml, "rules = []", "rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
-        (Toml, "rules = []\n[[allow]]\nkey = \"peer_ip\"\nnetworks = [\"10.0.0.0/8\"]", "rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
-        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"", "rules[0].rate: is required by a token_bucket"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1", "rules[0].period: is required by a token_bucket"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nperiod = \"1s\"", "rules[0].limit: is required by a fixed_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nrate = 5\nperiod = \"1s\"", "rules[0].rate: windows take `limit`, not `rate`"),
-        (Toml, "[[rules]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"", "rules[0].limit: a token_bucket takes `rate`, not `limit`"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ninitial = 1", "rules[0].initial: is not used by a fixed_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\npool = { capacity = 1, rate = 1, period = \"1s\" }", "rules[0].pool: is not used by a sliding_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 10", "rules[0].capacity: is not used by a sliding_window"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: only windows are aligned"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned_at = \"1h\"", "rules[0].aligned_at: only windows are aligned"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\naligned = true", "rules[0].aligned: a sliding_log has no windows to align"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\naligned = true\naligned_at = \"2h\"", "rules[0].aligned_at: give `aligned = true` or `aligned_at`, not both"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"", "rules[0].rate: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"0s\"", "rules[0].period: must be at least 1 µs"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 0", "rules[0].capacity: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 5\ninitial = 6", "rules[0].initial: must be at most the capacity (5)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 4", "rules[0].capacity: must be at least the per-window limit (5)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 0\nperiod = \"1s\"", "rules[0].limit: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"0ms\"", "rules[0].period: must be at least 1 µs"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "rules[0].pool.capacity: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 0, period = \"1s\" }", "rules[0].pool.rate: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1, period = \"0s\" }", "rules[0].pool.period: must be at least 1 µs"),
+        (Toml, "rules = []", "line 1, column 9: rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
+        (Toml, "rules = []\n[[allow]]\nkey = \"peer_ip\"\nnetworks = [\"10.0.0.0/8\"]", "line 1, column 9: rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"", "line 1, column 1: rules[0].rate (rule \"a\"): is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1", "line 1, column 1: rules[0].period (rule \"a\"): is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nperiod = \"1s\"", "line 1, column 1: rules[0].limit (rule \"a\"): is required by a fixed_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nrate = 5\nperiod = \"1s\"", "line 4, column 8: rules[0].rate (rule \"a\"): windows take `limit`, not `rate`"),
+        (Toml, "[[rules]]\nname = \"a\"\nlimit = 5\nperiod = \"1s\"", "line 3, column 9: rules[0].limit (rule \"a\"): a token_bucket takes `rate`, not `limit`"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ninitial = 1", "line 6, column 11: rules[0].initial (rule \"a\"): is not used by a fixed_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\npool = { capacity = 1, rate = 1, period = \"1s\" }", "line 6, column 8: rules[0].pool (rule \"a\"): is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned = true", "line 5, column 11: rules[0].aligned (rule \"a\"): only windows are aligned"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\naligned_at = \"1h\"", "line 5, column 14: rules[0].aligned_at (rule \"a\"): only windows are aligned"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1s\"\naligned = true", "line 6, column 11: rules[0].aligned (rule \"a\"): a sliding_log has no windows to align"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\naligned = true\naligned_at = \"2h\"", "line 7, column 14: rules[0].aligned_at (rule \"a\"): give `aligned = true` or `aligned_at`, not both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"", "line 3, column 8: rules[0].rate (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"0s\"", "line 4, column 10: rules[0].period (rule \"a\"): must be at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 0\nperiod = \"1s\"", "line 4, column 9: rules[0].limit (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"0ms\"", "line 5, column 10: rules[0].period (rule \"a\"): must be at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "line 5, column 21: rules[0].pool.capacity (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 0, period = \"1s\" }", "line 5, column 31: rules[0].pool.rate (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1, period = \"0s\" }", "line 5, column 43: rules[0].pool.period (rule \"a\"): must be at least 1 µs"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1 }", "line 5, column 8: rules[0].pool.period: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "rules[0].cost: 11 exceeds the capacity (10): no request could ever pass"),
-        (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
-        (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "rules[0].queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "rules[0].queue.delay: a fixed window lets no excess pass at once: raise its limit instead"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nutc_offset = \"+19:00\"", "rules[0].utc_offset: invalid UTC offset \"+19:00\": write \"+02:00\", \"-05:30\" or \"Z\", within 18 hours"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nperiod = \"30d\"", "rules[0].period: a calendar window follows the calendar"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1d\"\ncalendar = \"week\"", "rules[0].calendar: only a fixed_window follows the calendar"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\nutc_offset = \"Z\"", "rules[0].utc_offset: only a calendar window has a UTC offset"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "rules[0].queue.delay: must be at most the burst (2)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "rules[0].queue.burst: lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "rules[0].queue.max_delay: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = {}", "rules[0].queue: needs a bound: a burst, a max_delay, or both"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 1, nodelay = true }", "rules[0].queue.nodelay: give `delay` or `nodelay`, not both"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"1s\", nodelay = true }", "rules[0].queue.nodelay: needs a burst: nodelay lets the whole burst pass at once"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 2\nperiod = \"1s\"", "rules[1].name: the rule name \"a\" is already used by rules[0].name (names are the rules' namespaces)"),
-        (Toml, "[[rules]]\nname = \"api:free\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "rules[1].tiers.plans.free: the rule name \"api:free\" is already used by rules[0].name (names are the rules' namespaces)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans = {}", "rules[0].tiers.plans: has no plans"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.\"pro plan\" = {}", "rules[0].tiers.plans.pro plan: a plan name is letters, digits, '-', '_' and '.'"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"gold\"\nplans.free = {}\nplans.pro = {}", "rules[0].tiers.default: \"gold\" is not a plan (plans: free, pro)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys: is required when plans come from the key (`from = \"key\"`, the default): a table from key to plan"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { header = \"x-plan\" }\nkeys = { k = \"free\" }\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys: is only used when plans come from the key (`from = \"key\"`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = { k1 = \"free\", k2 = \"gold\" }\ndefault = \"free\"\nplans.free = {}", "rules[0].tiers.keys.k2: \"gold\" is not a plan (plans: free)"),
-        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { unlimited = true, rate = 5 }", "rules[0].tiers.plans.free.rate: an unlimited plan has no limit"),
-        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 1 }\nplans.pro = {}", "rules[0].tiers.plans.pro.rate: is required by a token_bucket"),
-        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 0 }", "rules[0].tiers.plans.free.rate: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "rules[0].rate: must be greater than 0"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 3\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 2 }", "rules[0].cost: 3 exceeds the capacity (2): no request could ever pass"),
-        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { algorithm = \"fixed_window\", rate = 2 }", "rules[0].tiers.plans.free.rate: windows take `limit`, not `rate`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = \"peer_ip\"", "allow[0]: lists nothing: give `values`, `networks`, or both"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = { header = \"x\" }\nnetworks = [\"10.0.0.0/8\"]", "allow[0].networks: need an IP key (peer_ip or client_ip)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[deny]]\nkey = { header = \"x\" }\nvalues = [\"a\", \"\"]", "deny[0].values[1]: is empty (an empty key is a missing key)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "line 5, column 8: rules[0].cost (rule \"a\"): 11 exceeds the capacity (10): no request could ever pass"),
+        (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
+        (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 3 }", "line 5, column 30: rules[0].queue.delay (rule \"a\"): must be at most the burst (2)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 4\nqueue = { burst = 3 }", "line 6, column 19: rules[0].queue.burst (rule \"a\"): lets 3 units wait, less than the cost (4): a request arriving at an empty bucket could never queue"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"0s\" }", "line 5, column 23: rules[0].queue.max_delay (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = {}", "line 5, column 9: rules[0].queue (rule \"a\"): needs a bound: a burst, a max_delay, or both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { burst = 2, delay = 1, nodelay = true }", "line 5, column 43: rules[0].queue.nodelay (rule \"a\"): give `delay` or `nodelay`, not both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { max_delay = \"1s\", nodelay = true }", "line 5, column 39: rules[0].queue.nodelay (rule \"a\"): needs a burst: nodelay lets the whole burst pass at once"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 2\nperiod = \"1s\"", "line 6, column 8: rules[1].name: the rule name \"a\" is already used by rules[0].name (names are the rules' namespaces)"),
+        (Toml, "[[rules]]\nname = \"api:free\"\nrate = 1\nperiod = \"1s\"\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "line 12, column 14: rules[1].tiers.plans.free (rule \"api\"): the rule name \"api:free\" is already used by rules[0].name (names are the rules' namespaces)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans = {}", "line 8, column 9: rules[0].tiers.plans (rule \"a\"): has no plans"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.\"pro plan\" = {}", "line 8, column 20: rules[0].tiers.plans.pro plan (rule \"a\"): a plan name is letters, digits, '-', '_' and '.'"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"gold\"\nplans.free = {}\nplans.pro = {}", "line 7, column 11: rules[0].tiers.default (rule \"a\"): \"gold\" is not a plan (plans: free, pro)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nplans.free = {}", "line 5, column 1: rules[0].tiers.keys (rule \"a\"): is required when plans come from the key (`from = \"key\"`, the default): a table from key to plan"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { header = \"x-plan\" }\nkeys = { k = \"free\" }\ndefault = \"free\"\nplans.free = {}", "line 7, column 8: rules[0].tiers.keys (rule \"a\"): is only used when plans come from the key (`from = \"key\"`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = { k1 = \"free\", k2 = \"gold\" }\ndefault = \"free\"\nplans.free = {}", "line 6, column 28: rules[0].tiers.keys.k2 (rule \"a\"): \"gold\" is not a plan (plans: free)"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { unlimited = true, rate = 5 }", "line 7, column 41: rules[0].tiers.plans.free.rate (rule \"a\"): an unlimited plan has no limit"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 1 }\nplans.pro = {}", "line 8, column 13: rules[0].tiers.plans.pro.rate (rule \"a\"): is required by a token_bucket"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 0 }", "line 7, column 23: rules[0].tiers.plans.free.rate (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = {}", "line 3, column 8: rules[0].rate (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 5\nperiod = \"1s\"\ncost = 3\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { rate = 2 }", "line 5, column 8: rules[0].cost (rule \"a\"): 3 exceeds the capacity (2): no request could ever pass"),
+        (Toml, "[[rules]]\nname = \"a\"\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\nplans.free = { algorithm = \"fixed_window\", rate = 2 }", "line 7, column 51: rules[0].tiers.plans.free.rate (rule \"a\"): windows take `limit`, not `rate`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = \"peer_ip\"", "line 5, column 1: allow[0]: lists nothing: give `values`, `networks`, or both"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[allow]]\nkey = { header = \"x\" }\nnetworks = [\"10.0.0.0/8\"]", "line 7, column 12: allow[0].networks: need an IP key (peer_ip or client_ip)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[deny]]\nkey = { header = \"x\" }\nvalues = [\"a\", \"\"]", "line 7, column 16: deny[0].values[1]: is empty (an empty key is a missing key)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 10", "line 6, column 12: rules[0].capacity (rule \"a\"): is not used by a sliding_window"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 0", "line 5, column 12: rules[0].capacity (rule \"a\"): must be greater than 0"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 5\ninitial = 6", "line 6, column 11: rules[0].initial (rule \"a\"): must be at most the capacity (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 4", "line 6, column 12: rules[0].capacity (rule \"a\"): must be at least the per-window limit (5)"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "line 6, column 9: rules[0].queue (rule \"a\"): queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "line 6, column 9: rules[0].queue.delay (rule \"a\"): a fixed window lets no excess pass at once: raise its limit instead"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nutc_offset = \"+19:00\"", "line 6, column 14: rules[0].utc_offset (rule \"a\"): invalid UTC offset \"+19:00\": write \"+02:00\", \"-05:30\" or \"Z\", within 18 hours"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nperiod = \"30d\"", "line 6, column 10: rules[0].period (rule \"a\"): a calendar window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1d\"\ncalendar = \"week\"", "line 6, column 12: rules[0].calendar (rule \"a\"): only a fixed_window follows the calendar"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1d\"\nutc_offset = \"Z\"", "line 6, column 14: rules[0].utc_offset (rule \"a\"): only a calendar window has a UTC offset"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[[deny]]\nvalues = [\"a\"]", "line 5, column 1: deny[0].key: is required"),
-        (Toml, "[store]\nkind = \"memory\"\nurl = \"redis://x\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: is only used by the redis store"),
-        (Toml, "[store]\nkind = \"memory\"\ntimeout = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.timeout: is only used by the redis store"),
-        (Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.max_keys: must be greater than 0"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\nmax_keys = 5\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.max_keys: is only used by the memory store"),
-        (Toml, "[store]\nkind = \"redis\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: is required by the redis store"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"localhost:6379\" is not a Redis URL (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"http://localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: unsupported scheme \"http\" (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://:6379\" has no host (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost:port\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://localhost:port\" has an invalid port (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost/zero\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://localhost/zero\": the path must be a database number (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://[::1:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"redis://[::1:6379\" has an unclosed '[' (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix://\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.url: \"unix://\" has no socket path (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\ntimeout = \"0s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.timeout: must be greater than 0"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"rediss://user:pw@[::1]:6380/2\"\ntimeout = \"50ms\"\non_failure = \"closed\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
-        (Toml, "[response]\nstatus = 200\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "response.status: 200 is not a 4xx or 5xx status"),
-        (Toml, "[response]\nstatus = 42\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "response.status: 42 is not a 4xx or 5xx status"),
+        (Toml, "[store]\nkind = \"memory\"\nurl = \"redis://x\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: is only used by the redis store"),
+        (Toml, "[store]\nkind = \"memory\"\ntimeout = \"1s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 11: store.timeout: is only used by the redis store"),
+        (Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 12: store.max_keys: must be greater than 0"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\nmax_keys = 5\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 4, column 12: store.max_keys: is only used by the memory store"),
+        (Toml, "[store]\nkind = \"redis\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: store.url: is required by the redis store"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"localhost:6379\" is not a Redis URL (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"http://localhost:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: unsupported scheme \"http\" (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"redis://:6379\" has no host (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost:port\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"redis://localhost:port\" has an invalid port (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://localhost/zero\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"redis://localhost/zero\": the path must be a database number (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://[::1:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"redis://[::1:6379\" has an unclosed '[' (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix://\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"unix://\" has no socket path (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\ntimeout = \"0s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 4, column 11: store.timeout: must be greater than 0"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"rediss://user:pw@[::1]:6380/2\"\ntimeout = \"50ms\"\non_failure = \"closed\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
+        (Toml, "[response]\nstatus = 200\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.status: 200 is not a 4xx or 5xx status"),
+        (Toml, "[response]\nstatus = 42\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.status: 42 is not a 4xx or 5xx status"),
         (Toml, "[response]\njitter = \"soon\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.jitter: invalid duration \"soon\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
     ];
     let mut wrong = Vec::new();
@@ -744,6 +785,128 @@ fn every_error_names_its_place() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Values checked after parsing are located like parse errors: file, line and column of the
+/// value (of the table, when the value is missing), and the rule by its name.
+#[test]
+fn errors_found_after_parsing_have_a_line_a_column_and_the_rule_name() {
+    let toml_text = "[[rules]]\nname = \"login\"\nrate = 5\nperiod = \"1m\"\n\n[[rules]]\nname = \"per-ip\"\nrate = 0\nperiod = \"1s\"\n";
+    let error = RateLimitLayer::from_config_str(ConfigFormat::Toml, toml_text).unwrap_err();
+    assert_eq!(
+        (error.path(), error.rule(), error.line(), error.column()),
+        ("rules[1].rate", Some("per-ip"), Some(8), Some(8))
+    );
+    assert_eq!(
+        error.to_string(),
+        "line 8, column 8: rules[1].rate (rule \"per-ip\"): must be greater than 0"
+    );
+    let yaml_text = "rules:\n  - name: login\n    rate: 5\n    period: 1m\n  - name: per-ip\n    period: 1s\n    rate: 0\n";
+    let error = RateLimitLayer::from_config_str(ConfigFormat::Yaml, yaml_text).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "line 7, column 11: rules[1].rate (rule \"per-ip\"): must be greater than 0"
+    );
+    // A missing value: the rule's table is the place to add it.
+    let error = yaml_error("rules:\n  - name: a\n    rate: 1\n  - name: b\n    period: 1s\n");
+    assert_eq!(
+        error,
+        "line 2, column 5: rules[0].period (rule \"a\"): is required by a token_bucket"
+    );
+    // From a file, the file leads.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(&path, toml_text).unwrap();
+    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}:8:8: rules[1].rate (rule \"per-ip\"): must be greater than 0",
+            path.display()
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn methods_are_standard_unless_an_extension_is_asked_for() {
+    let rule = |methods: &str| {
+        format!("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = {methods}\n")
+    };
+    assert_eq!(
+        toml_error(&rule("[\"GET\", \"POTS\"]")),
+        "line 5, column 19: rules[0].methods[1]: unknown method \"POTS\" (expected one of GET, \
+         HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH; an extension method is written \
+         { extension = \"POTS\" })"
+    );
+    assert_eq!(
+        yaml_error("rules:\n  - name: a\n    rate: 1\n    period: 1s\n    methods: [POTS]\n"),
+        "line 5, column 15: rules[0].methods[0]: unknown method \"POTS\" (expected one of GET, \
+         HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH; an extension method is written \
+         { extension = \"POTS\" })"
+    );
+    assert_eq!(
+        toml_error(&rule("[{ extension = \"GET\" }]")),
+        "line 5, column 12: rules[0].methods[0]: \"GET\" is a standard method: write it as a plain string"
+    );
+    assert_eq!(
+        toml_error(&rule("[{ extension = \"PUR GE\" }]")),
+        "line 5, column 12: rules[0].methods[0]: invalid method \"PUR GE\""
+    );
+    assert_eq!(
+        toml_error(&rule("[{ verb = \"PURGE\" }]")),
+        "line 5, column 12: rules[0].methods[0]: unknown method form `verb` (expected a method name or { extension = NAME })"
+    );
+    // An extension asked for explicitly is limited; other methods are not.
+    let layer = toml(&rule("[\"DELETE\", { extension = \"PURGE\" }]"));
+    let service = service(&layer);
+    let purge = || request(Method::from_bytes(b"PURGE").unwrap(), "/", &[], "192.0.2.1");
+    assert_eq!(statuses(&service, 2, purge).await, [200, 429]);
+    assert_eq!(
+        statuses(&service, 3, || get("/", &[])).await,
+        [200, 200, 200]
+    );
+}
+
+/// A CDN's client-IP header from the file, honoured from its networks only.
+#[tokio::test(start_paused = true)]
+async fn cdn_headers_from_the_file_are_read_from_their_networks_only() {
+    let toml_layer = toml_paused(
+        r#"
+[[rules]]
+name = "per-client"
+rate = 1
+period = "1m"
+key = { client_ip = { cdn = [{ header = "cf-connecting-ip", trust = ["173.245.48.0/20"] }, { header = "fly-client-ip", trust = ["10.0.0.0/8"] }] } }
+"#,
+    );
+    let yaml_layer = RateLimitLayer::config_builder(
+        ConfigFormat::Yaml,
+        "rules:\n  - name: per-client\n    rate: 1\n    period: 1m\n    key:\n      client_ip:\n        cdn:\n          - { header: cf-connecting-ip, trust: [173.245.48.0/20] }\n          - { header: fly-client-ip, trust: [10.0.0.0/8] }\n",
+    )
+    .unwrap()
+    .store(MemoryStore::with_clock(TokioClock::new()))
+    .build()
+    .unwrap();
+    for layer in [toml_layer, yaml_layer] {
+        let service = service(&layer);
+        let headers = [
+            ("cf-connecting-ip", "198.51.100.7"),
+            ("fly-client-ip", "198.51.100.8"),
+        ];
+        let via = |peer: &'static str| move || request(Method::GET, "/", &headers, peer);
+        // Through Cloudflare: counted by CF-Connecting-IP (one each for two clients).
+        assert_eq!(statuses(&service, 2, via("173.245.48.1")).await, [200, 429]);
+        assert_eq!(statuses(&service, 1, via("10.1.2.3")).await, [200]);
+        // A client sending both headers straight to the app cannot pick a key: it is itself.
+        assert_eq!(statuses(&service, 2, via("203.0.113.66")).await, [200, 429]);
+        assert_eq!(statuses(&service, 1, via("203.0.113.67")).await, [200]);
+    }
+    assert_eq!(
+        toml_error("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { cdn = [{ header = \"cf-connecting-ip\", trust = [] }] } }"),
+        "line 5, column 69: rules[0].key.client_ip.cdn[0].trust (rule \"a\"): is empty: a CDN header is honoured only from the networks trusted for it"
+    );
+    assert!(toml_error("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { cdn = [{ header = \"x-client-ip\", trust = [\"10.0.0.0/8\"] }] } }")
+        .contains("rules[0].key.client_ip.cdn[0].header: unknown value \"x-client-ip\""));
 }
 
 // ───────────────────────────── tiers ─────────────────────────────
@@ -981,11 +1144,17 @@ async fn an_invalid_reload_changes_nothing() {
     let error = layer
         .reload_config_str(ConfigFormat::Toml, &broken)
         .unwrap_err();
-    assert_eq!(error.to_string(), "rules[1].rate: must be greater than 0");
+    assert_eq!(
+        error.to_string(),
+        "line 13, column 8: rules[1].rate (rule \"added\"): must be greater than 0"
+    );
     let error = layer
         .reload_config_str(ConfigFormat::Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"x\"\nrate = 1\nperiod = \"1s\"\n")
         .unwrap_err();
-    assert_eq!(error.to_string(), "store.max_keys: must be greater than 0");
+    assert_eq!(
+        error.to_string(),
+        "line 3, column 12: store.max_keys: must be greater than 0"
+    );
     assert_eq!(layer.limiter().rule_names(), ["kept", "changed"]);
     let service = service(&layer);
     assert_eq!(
@@ -1159,9 +1328,12 @@ fn file_errors_name_the_file_and_the_line() {
     let error = RateLimitLayer::from_config_file(&path).unwrap_err();
     assert_eq!(
         error.to_string(),
-        format!("{}: rules[0].rate: must be greater than 0", path.display())
+        format!(
+            "{}:3:8: rules[0].rate (rule \"a\"): must be greater than 0",
+            path.display()
+        )
     );
-    assert_eq!(error.line(), None);
+    assert_eq!(error.rule(), Some("a"));
     // Reloading reports the file too, and keeps the rules.
     let layer = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n");
     let error = layer.reload_config_file(&path).unwrap_err();

@@ -244,9 +244,10 @@ async fn api_key_tiers_count_each_plan_by_its_own_rule() {
     for left in (0..5).rev() {
         let reply = server.get("/", &free).await;
         assert_eq!(reply.status, StatusCode::OK);
+        let noun = if left == 1 { "request" } else { "requests" };
         assert_eq!(
             reply.body,
-            format!("hello, free customer: {left} requests left\n")
+            format!("hello, free customer: {left} {noun} left\n")
         );
         assert_eq!(
             reply.header("ratelimit-policy"),

@@ -21,8 +21,13 @@ use oneshot::send;
 
 type Body = Full<Bytes>;
 
-fn from(ip: &str, path: &str) -> Request<Body> {
-    let mut req = Request::get(path).body(Body::default()).unwrap();
+fn from(ip: &str, path: &str, grpc: bool) -> Request<Body> {
+    let mut req = match grpc {
+        true => Request::post(path).header("content-type", "application/grpc"),
+        false => Request::get(path),
+    }
+    .body(Body::default())
+    .unwrap();
     req.extensions_mut()
         .insert(SocketAddr::new(ip.parse().unwrap(), 1));
     req
@@ -42,7 +47,7 @@ impl std::io::Write for Lines {
     }
 }
 
-async fn denial_log(redact: bool) -> String {
+async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     let lines = Lines::default();
     let writer = lines.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -59,20 +64,91 @@ async fn denial_log(redact: bool) -> String {
     let service = layer.layer(service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::default()))
     }));
-    send(&service, from("198.51.100.7", "/")).await;
-    send(&service, from("198.51.100.7", "/")).await;
+    send(&service, from("198.51.100.7", path, grpc)).await;
+    send(&service, from("198.51.100.7", path, grpc)).await;
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     text
 }
 
 #[tokio::test(start_paused = true)]
 async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
-    let plain = denial_log(false).await;
+    let plain = denial_log(false, "/", false).await;
     assert!(plain.contains("rate limit: denied"), "{plain}");
     assert!(plain.contains("rule=per-ip"), "{plain}");
     assert!(plain.contains("key=198.51.100.7"), "{plain}");
-    let redacted = denial_log(true).await;
+    assert!(!plain.contains("grpc_method"), "{plain}");
+    // A gRPC call's events name its method.
+    let grpc = denial_log(false, "/helloworld.Greeter/SayHello", true).await;
+    assert!(grpc.contains("rate limit: denied"), "{grpc}");
+    assert!(
+        grpc.contains("grpc_method=\"/helloworld.Greeter/SayHello\""),
+        "{grpc}"
+    );
+    let redacted = denial_log(true, "/", false).await;
     assert!(redacted.contains("rate limit: denied"), "{redacted}");
     assert!(!redacted.contains("198.51.100.7"), "{redacted}");
     assert!(redacted.contains("key=#"), "{redacted}");
+}
+
+/// One request over a real connection; the status and the body.
+async fn get(addr: SocketAddr) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    let status = reply[9..12].parse().unwrap();
+    let body = reply.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
+    use axum::{routing::get as route_get, Router};
+    use tollgate::{MissingKey, RateLimitLayer};
+
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The current-thread runtime serves on this thread, where the subscriber is installed.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-ip", Limit::per_minute(100)).key(Key::peer_ip()))
+        // Skipping would silently turn this limit off: the missing peer is not the request's.
+        .rule(
+            Rule::new("clients", Limit::per_minute(100))
+                .key(Key::client_ip().trust_loopback())
+                .on_missing_key(MissingKey::Skip),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", route_get(|| async { "hello" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // The mistake under test: `app` served as is, without `into_make_service_with_connect_info`.
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    for _ in 0..20 {
+        let (status, body) = get(addr).await;
+        assert_eq!(status, 500, "{body}");
+        assert!(body.contains("The server is misconfigured"), "{body}");
+        assert!(!body.contains("this request has none"), "{body}");
+    }
+    server.abort();
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert!(
+        errors[0].contains("into_make_service_with_connect_info"),
+        "{text}"
+    );
+    assert!(errors[0].contains("per-ip"), "{text}");
 }

@@ -166,17 +166,18 @@ async fn keys_separate_clients() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_missing_peer_address_is_a_clear_400() {
+async fn a_missing_peer_address_is_the_servers_500_not_the_clients_400() {
     let (calls, inner) = counting();
     let service = paused::layer(Limit::per_minute(1).key(Key::peer_ip())).layer(inner);
     let response = send(&service, get("/")).await;
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         header(&response, "content-type"),
         Some("application/problem+json")
     );
     let detail = json(&response)["detail"].as_str().unwrap().to_owned();
     assert!(detail.contains("peer-ip"), "{detail}");
+    assert!(detail.contains("server is misconfigured"), "{detail}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 

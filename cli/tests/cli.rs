@@ -91,7 +91,8 @@ fn check_names_the_file_place_rule_and_field_and_exits_one() {
     let output = tollgate(&["check", "--config", &data("bad.toml")]);
     assert_eq!(output.status.code(), Some(1));
     assert!(
-        stderr(&output).contains("bad.toml: rules[0].rate: must be greater than 0"),
+        stderr(&output)
+            .contains("bad.toml:3:8: rules[0].rate (rule \"per-ip\"): must be greater than 0"),
         "{}",
         stderr(&output)
     );
@@ -242,7 +243,7 @@ fn a_config_the_layer_rejects_stops_the_replay_with_its_error() {
         log.to_str().unwrap(),
     ]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains("rules[0].rate: must be greater than 0"));
+    assert!(stderr(&output).contains("rules[0].rate (rule \"per-ip\"): must be greater than 0"));
     let output = tollgate(&[
         "replay",
         "--config",
@@ -411,7 +412,7 @@ fn simulate_rules_from_the_command_line() {
     let bad = tollgate(&["simulate", "--rule", "name=tb,rate=0,period=1s"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(
-        stderr(&bad).contains("rules[0].rate: must be greater than 0"),
+        stderr(&bad).contains("rules[0].rate (rule \"tb\"): must be greater than 0"),
         "{}",
         stderr(&bad)
     );

@@ -91,8 +91,15 @@ impl SlidingLog {
         0
     }
 
+    /// `now`, or the newest entry's time if `now` is earlier (a clock that stepped back): the
+    /// time in between counts as none, so entries stay in time order and none lingers longer.
+    fn not_before_newest(state: &SlidingLogState, now: Micros) -> Micros {
+        state.entries.back().map_or(now, |&(at, _)| now.max(at))
+    }
+
     /// The outcome of charging `cost` at `now`, without changing the state.
     pub fn evaluate(&self, state: &SlidingLogState, now: Micros, cost: u64) -> Outcome {
+        let now = Self::not_before_newest(state, now);
         let used = self.used(state, now);
         // Checked, not saturating: with a limit of `u64::MAX` a saturated sum would always fit.
         let fits = used
@@ -123,6 +130,7 @@ impl SlidingLog {
 
     /// Applies an allowed charge, dropping entries that left the window.
     pub fn commit(&self, state: &mut SlidingLogState, now: Micros, cost: u64) {
+        let now = Self::not_before_newest(state, now);
         self.prune(state, now);
         if cost == 0 {
             return;
@@ -135,6 +143,7 @@ impl SlidingLog {
 
     /// Gives `units` back, newest entries first.
     pub fn refund(&self, state: &mut SlidingLogState, now: Micros, mut units: u64) {
+        let now = Self::not_before_newest(state, now);
         self.prune(state, now);
         while units > 0 {
             let Some((_, last)) = state.entries.back_mut() else {

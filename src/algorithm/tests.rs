@@ -105,6 +105,9 @@ trait Limiter {
     fn give_back(&self, state: &mut Self::State, now: Micros, units: u64);
     /// From this moment on the state behaves exactly like a fresh key's.
     fn expiry(&self, state: &Self::State) -> Micros;
+    /// The time the state records, before which a `now` counts as that time; `None` for the
+    /// buckets, whose one number is the moment they are full again.
+    fn stored_time(&self, state: &Self::State) -> Option<Micros>;
 }
 
 impl Limiter for TokenBucket {
@@ -141,6 +144,9 @@ impl Limiter for TokenBucket {
     fn expiry(&self, state: &Micros) -> Micros {
         *state
     }
+    fn stored_time(&self, _state: &Micros) -> Option<Micros> {
+        None
+    }
 }
 
 impl Limiter for FixedWindow {
@@ -170,6 +176,9 @@ impl Limiter for FixedWindow {
     fn expiry(&self, state: &FixedWindowState) -> Micros {
         self.expires_at(*state)
     }
+    fn stored_time(&self, state: &FixedWindowState) -> Option<Micros> {
+        Some(state.window_start)
+    }
 }
 
 impl Limiter for SlidingWindow {
@@ -195,6 +204,9 @@ impl Limiter for SlidingWindow {
     }
     fn expiry(&self, state: &SlidingWindowState) -> Micros {
         self.expires_at(*state)
+    }
+    fn stored_time(&self, state: &SlidingWindowState) -> Option<Micros> {
+        Some(state.window_start)
     }
 }
 
@@ -222,6 +234,9 @@ impl Limiter for SlidingLog {
     fn expiry(&self, state: &SlidingLogState) -> Micros {
         self.expires_at(state)
     }
+    fn stored_time(&self, state: &SlidingLogState) -> Option<Micros> {
+        state.entries().last().map(|(at, _)| at)
+    }
 }
 
 impl Limiter for BurstPool {
@@ -246,6 +261,9 @@ impl Limiter for BurstPool {
     }
     fn expiry(&self, state: &BurstPoolState) -> Micros {
         self.expires_at(*state)
+    }
+    fn stored_time(&self, _state: &BurstPoolState) -> Option<Micros> {
+        None
     }
 }
 
@@ -695,4 +713,117 @@ fn check_clock_skew<L: Limiter>(limiter: &L, t: Micros, skew: Micros) {
         "admitted past the limit at an earlier time: {out:?}"
     );
     assert!(out.remaining <= out.limit);
+}
+
+/// A key driven by a clock that sometimes steps backwards (by up to two periods, below the key's
+/// first time too): nothing panics, an earlier time never admits more or leaves more than the
+/// latest time seen (no refill is invented), and where the state records a time, a `now` before
+/// it is answered exactly as that time (the time between counts as none: no early denial).
+fn check_backward_time<L: Limiter>(
+    limiter: &L,
+    start: Micros,
+    events: &[Event],
+    back: &[u64],
+) -> Result<(), TestCaseError> {
+    let mut run = Run::fresh(limiter, start);
+    let (period, _) = limiter.scale();
+    let (mut t, mut latest) = (start, start);
+    for (i, event) in events.iter().enumerate() {
+        let step_back = back.get(i).copied().unwrap_or(0);
+        if step_back % 3 == 0 {
+            t = t.saturating_sub(step_back % (2 * period + 1));
+        } else {
+            t += event.gap(limiter.scale(), run.steps.last());
+        }
+        latest = latest.max(t);
+        let cost = event.cost(limiter.quota());
+        let at_t = limiter.eval(&run.state, t, cost, Mode::Charge);
+        let at_latest = limiter.eval(&run.state, latest, cost, Mode::Charge);
+        prop_assert!(at_t.remaining <= at_t.limit, "{:?}", at_t);
+        prop_assert!(
+            !at_t.verdict.is_admitted() || at_latest.verdict.is_admitted(),
+            "admitted at {} but not at the latest time {}: refill invented",
+            t,
+            latest
+        );
+        let (peek_t, peek_latest) = (
+            limiter.eval(&run.state, t, 0, Mode::Check),
+            limiter.eval(&run.state, latest, 0, Mode::Check),
+        );
+        prop_assert!(
+            peek_t.remaining <= peek_latest.remaining,
+            "more left at {} than at the latest time {}",
+            t,
+            latest
+        );
+        if let Some(stored) = limiter.stored_time(&run.state).filter(|&s| t < s) {
+            let at_stored = limiter.eval(&run.state, stored, cost, Mode::Charge);
+            prop_assert_eq!(
+                (at_t.verdict.is_admitted(), at_t.remaining),
+                (at_stored.verdict.is_admitted(), at_stored.remaining),
+                "an earlier now than the stored time {} is not that time",
+                stored
+            );
+        }
+        run.step(t, cost, Mode::Charge);
+        if i % 4 == 3 {
+            limiter.give_back(&mut run.state, t, 1);
+            prop_assert!(limiter.eval(&run.state, t, 0, Mode::Check).remaining <= limiter.quota());
+        }
+    }
+    Ok(())
+}
+
+fn backward_steps() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(any::<u64>(), 40)
+}
+
+proptest! {
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_token_bucket(
+        rate in 1u64..50, capacity in 1u64..60, period in period(),
+        start in start(), events in events(), back in backward_steps(),
+    ) {
+        let limit = TokenBucket::new(rate, us(period)).with_capacity(capacity);
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_fixed_window(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = FixedWindow::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_sliding_window(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = SlidingWindow::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_sliding_log(
+        limit in 1u64..50, period in period(), start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = SlidingLog::new(limit, us(period));
+        check_backward_time(&limit, start, &events, &back)?;
+    }
+
+    #[test]
+    fn a_clock_stepping_back_invents_nothing_burst_pool(
+        rate in 1u64..20, pool in 1u64..50, start in start(), events in events(),
+        back in backward_steps(),
+    ) {
+        let limit = BurstPool::new(
+            TokenBucket::new(rate, secs(1)),
+            TokenBucket::new(1, secs(1)).with_capacity(pool),
+        );
+        check_backward_time(&limit, start, &events, &back)?;
+    }
 }

@@ -11,13 +11,13 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, CalendarName, ClientIpSpec, CostSpec, File, ForwardedHeaderName,
-    KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec, ResponseSpec, RuleSpec,
-    StoreKind, StoreSpec, TiersSpec,
+    AccessSpec, AlgorithmName, CalendarName, CdnHeaderName, ClientIpSpec, CostSpec, File,
+    ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec,
+    ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
 use crate::error::ConfigError;
-use crate::key::{ForwardedHeader, Key, RequestHead};
+use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::limit::Limit;
 use crate::queue::Queue;
@@ -160,6 +160,7 @@ struct Common {
     cost: Option<Cost>,
     methods: Vec<http::Method>,
     paths: Vec<String>,
+    grpc: Vec<String>,
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
     shadow: bool,
@@ -173,6 +174,11 @@ impl Common {
                     format!("{at}.paths[{i}]"),
                     format!("{path:?} does not start with '/'"),
                 );
+            }
+        }
+        for (i, pattern) in spec.grpc.iter().enumerate() {
+            if let Err(message) = crate::rule::check_grpc_pattern(pattern) {
+                return invalid(format!("{at}.grpc[{i}]"), message);
             }
         }
         Ok(Common {
@@ -189,6 +195,7 @@ impl Common {
             }),
             methods: spec.methods.iter().map(|m| m.0.clone()).collect(),
             paths: spec.paths.clone(),
+            grpc: spec.grpc.clone(),
             missing_key: spec
                 .on_missing_key
                 .as_ref()
@@ -210,6 +217,9 @@ impl Common {
             .shadow(self.shadow);
         for path in &self.paths {
             rule = rule.path(path.clone());
+        }
+        for pattern in &self.grpc {
+            rule = rule.grpc(pattern.clone());
         }
         if let Some(cost) = &self.cost {
             rule = rule.cost(cost.clone());
@@ -569,6 +579,21 @@ fn client_ip(spec: &ClientIpSpec, at: &str) -> Result<Key, Invalid> {
             ForwardedHeaderName::Forwarded => ForwardedHeader::Forwarded,
             ForwardedHeaderName::XRealIp => ForwardedHeader::XRealIp,
         });
+    }
+    for (i, cdn) in spec.cdn.iter().enumerate() {
+        if cdn.trust.is_empty() {
+            return invalid(
+                format!("{at}.cdn[{i}].trust"),
+                "is empty: a CDN header is honoured only from the networks trusted for it",
+            );
+        }
+        let header = match cdn.header {
+            CdnHeaderName::CfConnecting => CdnHeader::CfConnectingIp,
+            CdnHeaderName::TrueClient => CdnHeader::TrueClientIp,
+            CdnHeaderName::FastlyClient => CdnHeader::FastlyClientIp,
+            CdnHeaderName::FlyClient => CdnHeader::FlyClientIp,
+        };
+        client = client.trust_cdn(header, cdn.trust.iter().map(|net| net.0));
     }
     if let Some(len) = spec.ipv6_prefix {
         if len == 0 || len > 128 {

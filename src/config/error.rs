@@ -9,14 +9,18 @@ use std::path::{Path, PathBuf};
 ///
 /// Displayed as `FILE:LINE:COLUMN: PLACE: MESSAGE`, for example
 /// `api.toml:14:10: rules[2].period: invalid duration "1 fortnight" (expected e.g. "500ms", ...)`
-/// or `api.toml: rules[2].rate: must be greater than 0`. The place is written as in the file
-/// (`rules[2]` is the third `[[rules]]` entry; `rules[0].tiers.plans.pro.rate`); values checked
-/// after parsing (every value that depends on another) carry no line. A configuration given as a
-/// string has no file: `line 14, column 10: rules[2].period: ...`.
+/// or `api.toml:12:8: rules[2].rate (rule "login"): must be greater than 0`. The place is
+/// written as in the file (`rules[2]` is the third `[[rules]]` entry;
+/// `rules[0].tiers.plans.pro.rate`). Values checked after parsing (every value that depends on
+/// another) carry the name of their rule too, once the file has been read far enough to know
+/// it; a value that is missing is located at the table that lacks it. A configuration given as
+/// a string has no file: `line 14, column 10: rules[2].period: ...`.
 #[derive(Debug)]
 pub struct ConfigFileError {
     file: Option<PathBuf>,
     path: String,
+    /// Boxed: the error stays small enough to return by value.
+    rule: Option<Box<str>>,
     location: Option<(usize, usize)>,
     message: String,
     source: Option<std::io::Error>,
@@ -27,6 +31,7 @@ impl ConfigFileError {
         ConfigFileError {
             file: None,
             path: path.into(),
+            rule: None,
             location: None,
             message: message.into(),
             source: None,
@@ -46,6 +51,11 @@ impl ConfigFileError {
         self
     }
 
+    pub(crate) fn of_rule(mut self, name: impl Into<String>) -> Self {
+        self.rule = Some(name.into().into_boxed_str());
+        self
+    }
+
     pub(crate) fn in_file(mut self, file: &Path) -> Self {
         self.file = Some(file.to_owned());
         self
@@ -60,6 +70,12 @@ impl ConfigFileError {
     /// when the error is about the whole file (unreadable, not valid TOML).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The name of the rule the bad value belongs to, when it is in a rule whose name the file
+    /// gives (`rules[2]` is easier to find by its name).
+    pub fn rule(&self) -> Option<&str> {
+        self.rule.as_deref()
     }
 
     /// The line of the error (1-based), when the parser reports it.
@@ -88,8 +104,10 @@ impl fmt::Display for ConfigFileError {
             (None, Some((line, column))) => write!(f, "line {line}, column {column}: ")?,
             (None, None) => {}
         }
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
+        match (&self.rule, self.path.is_empty()) {
+            (Some(rule), false) => write!(f, "{} (rule {rule:?}): ", self.path)?,
+            (None, false) => write!(f, "{}: ", self.path)?,
+            (_, true) => {}
         }
         f.write_str(&self.message)
     }

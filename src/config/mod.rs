@@ -3,6 +3,7 @@
 mod build;
 mod duration;
 mod error;
+mod locate;
 mod schema;
 mod watch;
 
@@ -112,7 +113,7 @@ impl RateLimitLayer {
         text: &str,
     ) -> Result<RateLimitLayer, ConfigFileError> {
         let file = parse(format, text)?;
-        build::layer(&file).map_err(invalid)
+        build::layer(&file).map_err(|error| located(format, text, &file, error))
     }
 
     /// A builder configured by `text`, for settings that code adds or overrides before building —
@@ -122,7 +123,7 @@ impl RateLimitLayer {
         text: &str,
     ) -> Result<RateLimitLayerBuilder, ConfigFileError> {
         let file = parse(format, text)?;
-        build::builder(&file).map_err(invalid)
+        build::builder(&file).map_err(|error| located(format, text, &file, error))
     }
 
     /// A layer configured by the file at `path` that decides with `store`, whatever store the
@@ -157,10 +158,11 @@ impl RateLimitLayer {
     ) -> Result<RateLimitLayer, ConfigFileError> {
         let file = parse(format, text)?;
         if let Some(spec) = &file.store {
-            build::check_store(spec).map_err(invalid)?;
+            build::check_store(spec).map_err(|error| located(format, text, &file, error))?;
         }
-        let builder = build::without_redis(&file).map_err(invalid)?;
-        build::finish(builder.store(store)).map_err(invalid)
+        let builder =
+            build::without_redis(&file).map_err(|error| located(format, text, &file, error))?;
+        build::finish(builder.store(store)).map_err(|error| located(format, text, &file, error))
     }
 
     /// A layer configured by the file at `path`, with any store, connecting to Redis when the file
@@ -171,8 +173,8 @@ impl RateLimitLayer {
         let file = parse(format, &text).map_err(|error| error.in_file(path))?;
         let builder = build::builder_connected(&file)
             .await
-            .map_err(|error| invalid(error).in_file(path))?;
-        build::finish(builder).map_err(|error| invalid(error).in_file(path))
+            .map_err(|error| located(format, &text, &file, error).in_file(path))?;
+        build::finish(builder).map_err(|error| located(format, &text, &file, error).in_file(path))
     }
 
     /// Replaces the rules and the allow and deny lists with those of the file at `path`, while
@@ -255,12 +257,13 @@ pub(crate) fn reload(
 ) -> Result<BuildOnly, ConfigFileError> {
     let file = parse(format, text)?;
     if let Some(store) = &file.store {
-        build::check_store(store).map_err(invalid)?;
+        build::check_store(store).map_err(|error| located(format, text, &file, error))?;
     }
     if let Some(response) = &file.response {
-        build::check_response(response).map_err(invalid)?;
+        build::check_response(response).map_err(|error| located(format, text, &file, error))?;
     }
-    let build::Rules { rules, allow, deny } = build::rules(&file).map_err(invalid)?;
+    let build::Rules { rules, allow, deny } =
+        build::rules(&file).map_err(|error| located(format, text, &file, error))?;
     limiter
         .reload_with_lists(rules, allow, deny)
         .map_err(|error| ConfigFileError::new("rules", error.to_string()))?;
@@ -283,8 +286,32 @@ pub(crate) fn build_only(format: ConfigFormat, text: &str) -> Option<BuildOnly> 
     })
 }
 
-fn invalid(error: build::Invalid) -> ConfigFileError {
-    ConfigFileError::new(error.path, error.message)
+/// An error found after parsing, with the line and column of its place in `text` and the name
+/// of its rule.
+fn located(
+    format: ConfigFormat,
+    text: &str,
+    file: &schema::File,
+    error: build::Invalid,
+) -> ConfigFileError {
+    let rule = error
+        .path
+        .strip_prefix("rules[")
+        .and_then(|rest| rest.split_once(']'))
+        // An error in the name itself would only repeat it.
+        .filter(|(_, field)| *field != ".name")
+        .and_then(|(index, _)| index.parse::<usize>().ok())
+        .and_then(|index| file.rules.get(index))
+        .map(|rule| rule.name.clone());
+    let location = locate::locate(format, text, &error.path);
+    let mut located = ConfigFileError::new(error.path, error.message);
+    if let Some(rule) = rule {
+        located = located.of_rule(rule);
+    }
+    match location {
+        Some((line, column)) => located.at_line(line, column),
+        None => located,
+    }
 }
 
 /// The file's shape, with the place of the first error.

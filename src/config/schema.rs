@@ -112,6 +112,9 @@ pub(crate) struct RuleSpec {
     pub(crate) methods: Vec<MethodName>,
     #[serde(default)]
     pub(crate) paths: Vec<String>,
+    /// gRPC methods and services: `/package.Service/Method`, `/package.Service/*`.
+    #[serde(default)]
+    pub(crate) grpc: Vec<String>,
     pub(crate) cost: Option<CostSpec>,
     pub(crate) queue: Option<QueueSpec>,
     #[serde(default)]
@@ -415,6 +418,30 @@ pub(crate) struct ClientIpSpec {
     pub(crate) header: Option<ForwardedHeaderName>,
     pub(crate) ipv6_prefix: Option<u32>,
     pub(crate) ipv4_prefix: Option<u32>,
+    #[serde(default)]
+    pub(crate) cdn: Vec<CdnSpec>,
+}
+
+/// `{ header = "cf-connecting-ip", trust = ["173.245.48.0/20", ...] }`: a CDN's client-IP
+/// header, honoured from its edge networks only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CdnSpec {
+    pub(crate) header: CdnHeaderName,
+    pub(crate) trust: Vec<Network>,
+}
+
+/// A CDN's client-IP header, by its HTTP name.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub(crate) enum CdnHeaderName {
+    #[serde(rename = "cf-connecting-ip")]
+    CfConnecting,
+    #[serde(rename = "true-client-ip")]
+    TrueClient,
+    #[serde(rename = "fastly-client-ip")]
+    FastlyClient,
+    #[serde(rename = "fly-client-ip")]
+    FlyClient,
 }
 
 /// The forwarding header trusted proxies set, by its HTTP name.
@@ -524,26 +551,59 @@ impl<'de> Deserialize<'de> for HeaderNameSpec {
     }
 }
 
-/// An HTTP method, case-sensitive as in HTTP (`"GET"`, not `"get"`).
+/// An HTTP method: a standard one by name, case-sensitive as in HTTP (`"GET"`, not `"get"`),
+/// or any other token asked for explicitly as `{ extension = "PURGE" }` — so a typo such as
+/// `"POTS"` is an error rather than a rule that never applies.
 #[derive(Debug)]
 pub(crate) struct MethodName(pub(crate) Method);
 
 impl<'de> Deserialize<'de> for MethodName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        let upper = name.to_ascii_uppercase();
-        if upper != name && Method::from_bytes(upper.as_bytes()).is_ok_and(is_standard) {
-            return Err(de::Error::custom(format!(
-                "methods are case-sensitive: write {upper:?}, not {name:?}"
-            )));
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MethodName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a method such as \"GET\", or { extension = NAME }")
+            }
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<MethodName, E> {
+                let upper = name.to_ascii_uppercase();
+                match Method::from_bytes(upper.as_bytes()) {
+                    Ok(method) if is_standard(&method) && upper == name => Ok(MethodName(method)),
+                    Ok(method) if is_standard(&method) => Err(E::custom(format!(
+                        "methods are case-sensitive: write {upper:?}, not {name:?}"
+                    ))),
+                    Ok(_) => Err(E::custom(format!(
+                        "unknown method {name:?} (expected one of {STANDARD}; an extension \
+                         method is written {{ extension = {name:?} }})"
+                    ))),
+                    Err(_) => Err(E::custom(format!("invalid method {name:?}"))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MethodName, A::Error> {
+                let entry = one_entry_key(&mut map, "an extension method")?;
+                if entry != "extension" {
+                    return Err(de::Error::custom(format!(
+                        "unknown method form `{entry}` (expected a method name or {{ extension = NAME }})"
+                    )));
+                }
+                let name: String = map.next_value()?;
+                no_more_entries(&mut map, "an extension method")?;
+                match Method::from_bytes(name.as_bytes()) {
+                    Ok(method) if !is_standard(&method) => Ok(MethodName(method)),
+                    Ok(_) => Err(de::Error::custom(format!(
+                        "{name:?} is a standard method: write it as a plain string"
+                    ))),
+                    Err(_) => Err(de::Error::custom(format!("invalid method {name:?}"))),
+                }
+            }
         }
-        Method::from_bytes(name.as_bytes())
-            .map(MethodName)
-            .map_err(|_| de::Error::custom(format!("invalid method {name:?}")))
+        deserializer.deserialize_any(V)
     }
 }
 
-fn is_standard(method: Method) -> bool {
+const STANDARD: &str = "GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH";
+
+fn is_standard(method: &Method) -> bool {
     [
         Method::GET,
         Method::HEAD,
@@ -555,7 +615,7 @@ fn is_standard(method: Method) -> bool {
         Method::TRACE,
         Method::PATCH,
     ]
-    .contains(&method)
+    .contains(method)
 }
 
 /// A network (`"10.0.0.0/8"`, `"2001:db8::/32"`) or one address (`"192.0.2.10"`).

@@ -7,7 +7,7 @@ use http::{Extensions, HeaderMap};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use smallvec::SmallVec;
 
-use super::forwarded::{Entries, ForwardedHeader};
+use super::forwarded::{self, CdnHeader, ForwardedHeader};
 use super::{peer_addr, KeyValue};
 
 /// A [`Key`](super::Key) for the client's IP address, read through trusted reverse proxies.
@@ -18,17 +18,27 @@ use super::{peer_addr, KeyValue};
 ///
 /// 1. The peer address is read as for [`Key::peer_ip`](super::Key::peer_ip); without one the
 ///    key is missing.
-/// 2. If the peer is **not** in a trusted network, the peer is the client. Forwarding headers
+/// 2. If the peer is in the networks trusted for a CDN header ([`ClientIp::trust_cdn`]), that
+///    header's address is the client (the peer, if it holds none).
+/// 3. Otherwise, if the peer is **not** in a trusted network, the peer is the client. Forwarding headers
 ///    sent by anyone but a trusted proxy are ignored: clients can write whatever they like in
 ///    them.
-/// 3. Otherwise the configured header ([`ClientIp::header`], `X-Forwarded-For` by default) is
+/// 4. Otherwise the configured header ([`ClientIp::header`], `X-Forwarded-For` by default) is
 ///    read, all its field lines in order as one list, and walked from the **right**, skipping
 ///    addresses in trusted networks. The first untrusted address is the client: everything to
-///    its left was written by the client itself and proves nothing. If every address is
-///    trusted, the leftmost one is the client.
-/// 4. If the header is absent, longer than 8 KiB, or an entry met during the walk is not an
-///    address (`unknown`, an obfuscated `_name`, a host name, non-UTF-8 bytes...), the peer
-///    is the client. So it is if more than 64 trusted entries would have to be walked.
+///    its left was written by the client itself and proves nothing, so it is never read —
+///    however long the header (padding it past any size changes nothing) and whatever it
+///    holds there (garbage, an unclosed quote).
+/// 5. Where the walk cannot go on before finding an untrusted address — the header is absent
+///    or ends, an entry is not an address (`unknown`, an obfuscated `_name`, a host name,
+///    non-UTF-8 bytes, an entry longer than 512 bytes), or 64 entries were examined — the
+///    client is the **last address the walk reached**: the peer, or the trusted hop that
+///    passed on what could not be read. A client outside the trusted networks cannot get
+///    there: the walk stops at its own address, which the proxy wrote. Only a trusted party
+///    can make the chain unreadable — a proxy hiding its client (which then counts as that
+///    proxy), or a host inside the trusted networks (which then counts as itself). So an
+///    unreadable chain never lands on a key shared by everyone, nor on a key of the client's
+///    choosing.
 ///
 /// # Only one header is read
 ///
@@ -63,6 +73,8 @@ use super::{peer_addr, KeyValue};
 #[derive(Clone, Debug)]
 pub struct ClientIp {
     trusted: Vec<IpNet>,
+    /// CDN headers, each with the networks it is honoured from.
+    cdns: Vec<(CdnHeader, Vec<IpNet>)>,
     header: ForwardedHeader,
     ipv6_prefix: u8,
     ipv4_prefix: u8,
@@ -72,6 +84,7 @@ impl ClientIp {
     pub(super) fn new() -> Self {
         ClientIp {
             trusted: Vec::new(),
+            cdns: Vec::new(),
             header: ForwardedHeader::XForwardedFor,
             ipv6_prefix: 64,
             ipv4_prefix: 32,
@@ -101,15 +114,66 @@ impl ClientIp {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let parsed = networks
-            .into_iter()
-            .map(|s| {
-                let s = s.as_ref().trim();
-                s.parse::<IpNet>()
-                    .or_else(|e| s.parse::<IpAddr>().map(IpNet::from).map_err(|_| e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let parsed = parse_networks(networks)?;
         Ok(self.trust(parsed))
+    }
+
+    /// Reads the client from a CDN's single-value header, such as `CF-Connecting-IP`, when the
+    /// peer is in `networks` — the CDN's edge networks, as it publishes them (they change: load
+    /// them from the CDN's list rather than copying them into code once).
+    ///
+    /// From any other peer the header is ignored, whoever wrote it; several CDNs may be
+    /// configured, each with its own networks. A CDN header that is absent or not one address
+    /// makes the edge the client (only the CDN writes it there). Requests that do not come from
+    /// a CDN's networks are read as before: the forwarding header through [`trust`](Self::trust)ed
+    /// proxies, or the peer.
+    ///
+    /// ```
+    /// use tollgate::{CdnHeader, Key};
+    ///
+    /// let key: Key = Key::client_ip()
+    ///     .try_trust_cdn(CdnHeader::CfConnectingIp, ["173.245.48.0/20", "2400:cb00::/32"])
+    ///     .unwrap()
+    ///     .into();
+    ///
+    /// let from = |peer: &str| {
+    ///     let mut req = http::Request::builder()
+    ///         .header("cf-connecting-ip", "198.51.100.7")
+    ///         .body(())
+    ///         .unwrap();
+    ///     req.extensions_mut().insert(peer.parse::<std::net::SocketAddr>().unwrap());
+    ///     key.extract(&req).unwrap()
+    /// };
+    /// assert_eq!(from("173.245.48.9:443").as_bytes(), b"198.51.100.7");
+    /// // Anyone else sending the header is counted as themselves.
+    /// assert_eq!(from("203.0.113.66:5000").as_bytes(), b"203.0.113.66");
+    /// ```
+    pub fn trust_cdn(
+        mut self,
+        header: CdnHeader,
+        networks: impl IntoIterator<Item = IpNet>,
+    ) -> Self {
+        let networks = networks.into_iter().map(normalize_net);
+        match self.cdns.iter_mut().find(|(h, _)| *h == header) {
+            Some((_, trusted)) => trusted.extend(networks),
+            None => self.cdns.push((header, networks.collect())),
+        }
+        self
+    }
+
+    /// [`trust_cdn`](Self::trust_cdn) with networks written as text, as in
+    /// [`try_trust`](Self::try_trust).
+    pub fn try_trust_cdn<I, S>(
+        self,
+        header: CdnHeader,
+        networks: I,
+    ) -> Result<Self, ipnet::AddrParseError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let parsed = parse_networks(networks)?;
+        Ok(self.trust_cdn(header, parsed))
     }
 
     /// The header the trusted proxies set; `X-Forwarded-For` by default.
@@ -136,36 +200,58 @@ impl ClientIp {
         Some(group(client, self.ipv4_prefix, self.ipv6_prefix))
     }
 
+    /// The first untrusted address from the right; where the walk cannot go on (the chain
+    /// ends, an entry is not an address, or 64 entries were examined), the last address
+    /// it reached. Every address reached so far was vouched for by a trusted hop, so that is
+    /// the best-known client: never a key shared by everyone, never one a client outside the
+    /// trusted networks can pick.
     fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if let Some((cdn, _)) = self.cdns.iter().find(|(_, nets)| contains(nets, peer)) {
+            return match forwarded::single_value(headers, cdn.name()) {
+                Some(Some(ip)) => normalize(ip),
+                // Absent or unreadable: only the edge writes it, so the edge is the client.
+                _ => peer,
+            };
+        }
         if !self.is_trusted(peer) {
             return peer;
         }
-        self.forwarded_client(headers).unwrap_or(peer)
-    }
-
-    /// The client according to the forwarding header, or `None` to fall back to the peer.
-    fn forwarded_client(&self, headers: &HeaderMap) -> Option<IpAddr> {
-        let entries = Entries::read(headers, self.header)?;
-        let mut leftmost = None;
-        for entry in entries.right_to_left() {
-            let ip = normalize(entry?);
+        let mut reached = peer;
+        for entry in forwarded::right_to_left(headers, self.header) {
+            let Some(ip) = entry.map(normalize) else {
+                break;
+            };
             if !self.is_trusted(ip) {
-                return Some(ip);
+                return ip;
             }
-            leftmost = Some(ip);
+            reached = ip;
         }
-        // All walked entries were trusted; unless the walk was cut short, the leftmost one is
-        // the client.
-        if entries.complete() {
-            leftmost
-        } else {
-            None
-        }
+        reached
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|net| net.contains(&ip))
+        contains(&self.trusted, ip)
     }
+}
+
+fn contains(networks: &[IpNet], ip: IpAddr) -> bool {
+    networks.iter().any(|net| net.contains(&ip))
+}
+
+/// Networks written as text: a CIDR network or a bare address.
+fn parse_networks<I, S>(networks: I) -> Result<Vec<IpNet>, ipnet::AddrParseError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    networks
+        .into_iter()
+        .map(|s| {
+            let s = s.as_ref().trim();
+            s.parse::<IpNet>()
+                .or_else(|e| s.parse::<IpAddr>().map(IpNet::from).map_err(|_| e))
+        })
+        .collect()
 }
 
 /// IPv4-mapped IPv6 addresses become IPv4: dual-stack sockets report IPv4 peers that way, and
@@ -359,23 +445,24 @@ mod tests {
     }
 
     #[test]
-    fn more_trusted_hops_than_the_walk_limit_fall_back_to_peer() {
-        let many = vec!["10.1.1.1"; 100].join(",");
-        let req = request(Some(PROXY), &[("x-forwarded-for", &many)]);
-        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    fn more_trusted_hops_than_the_walk_limit_give_the_last_one_reached() {
+        let mut many = vec!["10.1.1.1"; 100];
+        many[100 - 64] = "10.6.4.0";
+        let req = request(Some(PROXY), &[("x-forwarded-for", &many.join(","))]);
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.6.4.0"));
     }
 
     #[test]
-    fn malformed_entry_met_in_the_walk_falls_back_to_peer() {
-        for xff in [
-            "203.0.113.7, garbage",
-            "203.0.113.7, unknown, 10.0.0.3",
-            "203.0.113.7, _hidden",
+    fn malformed_entry_met_in_the_walk_gives_the_hop_that_passed_it_on() {
+        for (xff, hop) in [
+            ("203.0.113.7, garbage", "10.0.0.2"),
+            ("203.0.113.7, unknown, 10.0.0.3", "10.0.0.3"),
+            ("203.0.113.7, _hidden", "10.0.0.2"),
         ] {
             let req = request(Some(PROXY), &[("x-forwarded-for", xff)]);
             assert_eq!(
                 key_of(behind_proxies(), &req).as_deref(),
-                Some("10.0.0.2"),
+                Some(hop),
                 "{xff}"
             );
         }
@@ -439,7 +526,7 @@ mod tests {
             ),
             (r#"FOR="192.0.2.43:47011";by=10.0.0.1"#, "192.0.2.43"),
             ("for=unknown", "10.0.0.2"),
-            ("for=_hidden, for=10.0.0.5", "10.0.0.2"),
+            ("for=_hidden, for=10.0.0.5", "10.0.0.5"),
             ("proto=https", "10.0.0.2"),
             ("for=_hidden, for=192.0.2.1", "192.0.2.1"),
         ];
@@ -456,11 +543,12 @@ mod tests {
         assert_eq!(key_of(c(), &req).as_deref(), Some("203.0.113.7"));
         let req = request(Some(PROXY), &[("x-real-ip", "203.0.113.7, 6.6.6.6")]);
         assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        // The line a proxy adds comes last; the client's earlier one is ignored.
         let req = request(
             Some(PROXY),
-            &[("x-real-ip", "203.0.113.7"), ("x-real-ip", "6.6.6.6")],
+            &[("x-real-ip", "6.6.6.6"), ("x-real-ip", "203.0.113.7")],
         );
-        assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
+        assert_eq!(key_of(c(), &req).as_deref(), Some("203.0.113.7"));
         // The configured header only: X-Forwarded-For is not a fallback.
         let req = request(Some(PROXY), &[("x-forwarded-for", "203.0.113.7")]);
         assert_eq!(key_of(c(), &req).as_deref(), Some("10.0.0.2"));
@@ -513,10 +601,180 @@ mod tests {
     }
 
     #[test]
-    fn oversized_header_falls_back_to_peer() {
+    fn an_entry_longer_than_any_address_is_unreadable() {
+        // The proxy wrote no such entry: it is keyed by the hop that passed it on.
         let big = format!("{}203.0.113.7", " ".repeat(9000));
         let req = request(Some(PROXY), &[("x-forwarded-for", &big)]);
         assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn a_chain_padded_past_8_kib_still_gives_the_client() {
+        // The client pads its own part; the proxy appends the real address at the right.
+        for pad in [9 * 1024, 64 * 1024] {
+            let padded = format!("{}, 203.0.113.7", "6.6.6.6,".repeat(pad / 8));
+            let req = request(Some(PROXY), &[("x-forwarded-for", &padded)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+            let spaces = format!("{}1.1.1.1, 203.0.113.7", " ".repeat(pad));
+            let req = request(Some(PROXY), &[("x-forwarded-for", &spaces)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_client_parts_never_reach_the_key() {
+        // Whatever the client writes left of its address, the proxy's entry at the right decides.
+        let long = "x".repeat(100_000);
+        let commas = ",".repeat(20_000);
+        let trusted = vec!["10.1.1.1"; 5_000].join(",");
+        let hostile = [
+            long.as_str(),
+            commas.as_str(),
+            trusted.as_str(),
+            "garbage",
+            "unknown",
+            "\"",
+            "[2001:db8::1",
+        ];
+        for part in hostile {
+            let xff = format!("{part}, 203.0.113.7");
+            let req = request(Some(PROXY), &[("x-forwarded-for", &xff)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7"),
+                "{}",
+                &xff[..xff.len().min(40)]
+            );
+            // Also as a field line of its own before the proxy's.
+            let req = request(
+                Some(PROXY),
+                &[
+                    ("x-forwarded-for", part),
+                    ("x-forwarded-for", "203.0.113.7"),
+                ],
+            );
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("203.0.113.7")
+            );
+        }
+        // An unbalanced quote in the client's `Forwarded` part must not swallow the proxy's
+        // element appended on the same line.
+        let c = behind_proxies().header(ForwardedHeader::Forwarded);
+        for part in [r#"for="1.1.1.1"#, r#"for="a\"#, "for=\"\\\"", &long] {
+            let value = format!("{part}, for=203.0.113.7");
+            let req = request(Some(PROXY), &[("forwarded", &value)]);
+            assert_eq!(
+                key_of(c.clone(), &req).as_deref(),
+                Some("203.0.113.7"),
+                "{}",
+                &value[..value.len().min(40)]
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_chain_is_keyed_by_the_hop_that_passed_it_on() {
+        // A trusted proxy that hides its client (`unknown`): the client is behind that hop.
+        let req = request(
+            Some(PROXY),
+            &[("x-forwarded-for", "203.0.113.7, unknown, 10.0.0.3")],
+        );
+        assert_eq!(key_of(behind_proxies(), &req).as_deref(), Some("10.0.0.3"));
+        // A client inside the trusted networks that writes garbage gets its own address,
+        // not the proxy's key shared with everyone, nor a key it picks.
+        for garbage in ["garbage", "1.2.3.4:99999", "", "\"x", &"y".repeat(10_000)] {
+            let xff = format!("{garbage}, 10.5.5.5");
+            let req = request(Some(PROXY), &[("x-forwarded-for", &xff)]);
+            assert_eq!(
+                key_of(behind_proxies(), &req).as_deref(),
+                Some("10.5.5.5"),
+                "{garbage}"
+            );
+        }
+    }
+
+    const CLOUDFLARE: &str = "173.245.48.1:443";
+    const FASTLY: &str = "151.101.0.1:443";
+
+    fn behind_cdns() -> ClientIp {
+        behind_proxies()
+            .try_trust_cdn(CdnHeader::CfConnectingIp, ["173.245.48.0/20"])
+            .unwrap()
+            .try_trust_cdn(CdnHeader::FastlyClientIp, ["151.101.0.0/16"])
+            .unwrap()
+    }
+
+    #[test]
+    fn a_cdn_header_is_read_from_that_cdns_networks_only() {
+        let spoofed = [
+            ("cf-connecting-ip", "1.1.1.1"),
+            ("fastly-client-ip", "2.2.2.2"),
+            ("true-client-ip", "3.3.3.3"),
+            ("fly-client-ip", "4.4.4.4"),
+            ("x-forwarded-for", "5.5.5.5"),
+        ];
+        // From the CDN's edge, its own header and no other.
+        let req = request(Some(CLOUDFLARE), &spoofed);
+        assert_eq!(key_of(behind_cdns(), &req).as_deref(), Some("1.1.1.1"));
+        let req = request(Some(FASTLY), &spoofed);
+        assert_eq!(key_of(behind_cdns(), &req).as_deref(), Some("2.2.2.2"));
+        // A client sending every header directly is counted as itself.
+        let req = request(Some("203.0.113.66:5000"), &spoofed);
+        assert_eq!(key_of(behind_cdns(), &req).as_deref(), Some("203.0.113.66"));
+        // A trusted proxy of one's own is not a CDN: its forwarding header counts, not theirs.
+        let req = request(Some(PROXY), &spoofed);
+        assert_eq!(key_of(behind_cdns(), &req).as_deref(), Some("5.5.5.5"));
+        // Without a CDN configured the headers mean nothing at all.
+        let req = request(Some(CLOUDFLARE), &spoofed);
+        assert_eq!(
+            key_of(behind_proxies(), &req).as_deref(),
+            Some("173.245.48.1")
+        );
+    }
+
+    #[test]
+    fn a_cdn_header_that_is_absent_or_unreadable_makes_the_edge_the_client() {
+        for value in [None, Some("unknown"), Some("1.1.1.1, 2.2.2.2"), Some("")] {
+            let headers: Vec<_> = value.map(|v| ("cf-connecting-ip", v)).into_iter().collect();
+            let req = request(Some(CLOUDFLARE), &headers);
+            assert_eq!(
+                key_of(behind_cdns(), &req).as_deref(),
+                Some("173.245.48.1"),
+                "{value:?}"
+            );
+        }
+        // IPv6 clients are grouped, mapped addresses are IPv4, as for any client.
+        let req = request(Some(CLOUDFLARE), &[("cf-connecting-ip", "2001:db8:1:2::9")]);
+        assert_eq!(
+            key_of(behind_cdns(), &req).as_deref(),
+            Some("2001:db8:1:2::/64")
+        );
+        let req = request(
+            Some(CLOUDFLARE),
+            &[("cf-connecting-ip", "::ffff:198.51.100.7")],
+        );
+        assert_eq!(key_of(behind_cdns(), &req).as_deref(), Some("198.51.100.7"));
+    }
+
+    #[test]
+    fn try_trust_cdn_rejects_bad_networks() {
+        assert!(Key::client_ip()
+            .try_trust_cdn(CdnHeader::FlyClientIp, ["10.0.0.0/33"])
+            .is_err());
+        let fly = Key::client_ip()
+            .try_trust_cdn(CdnHeader::FlyClientIp, ["10.0.0.0/8"])
+            .unwrap()
+            .try_trust_cdn(CdnHeader::FlyClientIp, ["192.0.2.1"])
+            .unwrap();
+        let req = request(Some("192.0.2.1:1"), &[("fly-client-ip", "198.51.100.7")]);
+        assert_eq!(key_of(fly, &req).as_deref(), Some("198.51.100.7"));
     }
 
     #[test]

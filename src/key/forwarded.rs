@@ -1,22 +1,26 @@
 //! Reading the addresses a reverse proxy records in `Forwarded`, `X-Forwarded-For` or
-//! `X-Real-IP`.
+//! `X-Real-IP`, and the single address a CDN's edge puts in its own header
+//! (`CF-Connecting-IP`, ...).
 //!
-//! Everything here is attacker-controlled input: parsing never panics, anything unexpected is
-//! reported as unusable (`None`) so the caller falls back to the peer address, and the work is
-//! bounded by [`MAX_HEADER_LEN`] and [`MAX_ENTRIES`].
+//! Everything here is attacker-controlled input: parsing never panics, and an entry that is
+//! not an address is reported as such (`None`) for the caller to decide. The header is read
+//! from the **right**, where the trusted proxies write, and only as far as the caller walks:
+//! whatever a client writes further left (kilobytes of padding, an unclosed quote, garbage)
+//! is never scanned. The work is bounded by the number of entries examined ([`MAX_ENTRIES`],
+//! empty ones included) and the length of each ([`MAX_ENTRY_LEN`]), not by the header's size.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use http::header::FORWARDED;
-use http::HeaderMap;
+use http::header::{ValueIter, FORWARDED};
+use http::{HeaderMap, HeaderValue};
 use smallvec::SmallVec;
 
-/// Forwarding headers longer than this (all field lines together) are not read at all.
-pub(super) const MAX_HEADER_LEN: usize = 8 * 1024;
-
-/// At most this many entries are walked, from the right.
+/// At most this many entries are examined, from the right.
 pub(super) const MAX_ENTRIES: usize = 64;
+
+/// An entry longer than this (bytes, surrounding spaces included) is not an address: a
+/// `Forwarded` element with every parameter and a long host name stays well below it.
+pub(super) const MAX_ENTRY_LEN: usize = 512;
 
 /// The header a trusted reverse proxy uses to pass on the address of its own peer.
 ///
@@ -30,7 +34,8 @@ pub enum ForwardedHeader {
     /// `X-Forwarded-For`: a comma-separated list of addresses, the client first and each proxy
     /// appending the address it received the request from.
     XForwardedFor,
-    /// `X-Real-IP`: a single address, set by the proxy (nginx's `real_ip` convention).
+    /// `X-Real-IP`: a single address, set by the proxy (nginx's `real_ip` convention). If
+    /// the field is repeated, the last line is the one the proxy added.
     XRealIp,
 }
 
@@ -44,74 +49,145 @@ impl ForwardedHeader {
     }
 }
 
-/// The rightmost entries of a forwarding header, not parsed yet.
-#[derive(Debug)]
-pub(super) struct Entries<'h> {
-    which: ForwardedHeader,
-    tail: VecDeque<&'h [u8]>,
-    complete: bool,
+/// A single-value header in which a CDN or hosting platform passes on the address of the client
+/// that reached its edge.
+///
+/// These headers are only as good as the peer that sends them: a client can write them as
+/// easily as anyone. [`ClientIp::trust_cdn`](super::ClientIp::trust_cdn) reads one only from a
+/// peer inside the networks you trust *for that header* — the CDN's published edge networks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CdnHeader {
+    /// `CF-Connecting-IP`, set by Cloudflare.
+    CfConnectingIp,
+    /// `True-Client-IP`, set by Akamai (and Cloudflare Enterprise, when enabled).
+    TrueClientIp,
+    /// `Fastly-Client-IP`, set by Fastly.
+    FastlyClientIp,
+    /// `Fly-Client-IP`, set by Fly.io's proxy.
+    FlyClientIp,
 }
 
-impl<'h> Entries<'h> {
-    /// The entries of `which` in `headers`, all field lines read in order as one list.
-    ///
-    /// `None` if the header is absent, empty, too long, or (for `X-Real-IP`) repeated.
-    pub(super) fn read(headers: &'h HeaderMap, which: ForwardedHeader) -> Option<Self> {
-        let lines = headers.get_all(which.name());
-        let mut total = 0usize;
-        let mut count = 0usize;
-        for line in lines.iter() {
-            total = total.saturating_add(line.len());
-            count += 1;
+impl CdnHeader {
+    /// The header's name, lowercase.
+    pub fn name(self) -> &'static str {
+        match self {
+            CdnHeader::CfConnectingIp => "cf-connecting-ip",
+            CdnHeader::TrueClientIp => "true-client-ip",
+            CdnHeader::FastlyClientIp => "fastly-client-ip",
+            CdnHeader::FlyClientIp => "fly-client-ip",
         }
-        if total > MAX_HEADER_LEN {
-            return None;
-        }
-        let mut entries = Entries {
-            which,
-            tail: VecDeque::new(),
-            complete: true,
-        };
-        for line in lines.iter() {
-            let bytes = line.as_bytes();
-            match which {
-                // A single address by definition: several lines are an injected second header
-                // or a misconfiguration, and neither can be trusted.
-                ForwardedHeader::XRealIp if count > 1 => return None,
-                ForwardedHeader::XRealIp => entries.push(bytes),
-                ForwardedHeader::XForwardedFor => {
-                    bytes.split(|b| *b == b',').for_each(|e| entries.push(e));
+    }
+}
+
+/// The address in the single-value header `name`: `None` if absent or empty, `Some(None)` if it
+/// holds anything but one address. If the field is repeated, its last line counts (the one an
+/// edge that appends rather than replaces added); it is read whole, at most [`MAX_ENTRY_LEN`]
+/// bytes of it.
+pub(super) fn single_value(headers: &HeaderMap, name: &str) -> Option<Option<IpAddr>> {
+    let line = headers.get_all(name).iter().next_back()?.as_bytes();
+    let value = line.trim_ascii();
+    if value.is_empty() {
+        return None;
+    }
+    if line.len() > MAX_ENTRY_LEN {
+        return Some(None);
+    }
+    Some(parse_entry(ForwardedHeader::XRealIp, value))
+}
+
+/// The entries of a forwarding header from right to left, all its field lines read as one
+/// list: each an address, or `None` for an entry that is not one (malformed, too long, not
+/// UTF-8). Ends after the leftmost entry or after [`MAX_ENTRIES`] examined, whichever is first.
+pub(super) fn right_to_left(
+    headers: &HeaderMap,
+    which: ForwardedHeader,
+) -> impl Iterator<Item = Option<IpAddr>> + '_ {
+    let mut lines = headers.get_all(which.name()).iter();
+    // `X-Real-IP` holds one address: only its last line, the one the proxy added, counts.
+    let only_last = which == ForwardedHeader::XRealIp;
+    let first = lines.next_back();
+    RightToLeft {
+        which,
+        lines: if only_last { None } else { Some(lines) },
+        line: first.map(HeaderValue::as_bytes),
+        examined: 0,
+    }
+}
+
+struct RightToLeft<'h> {
+    which: ForwardedHeader,
+    /// The field lines left of `line`, read from the back.
+    lines: Option<ValueIter<'h, HeaderValue>>,
+    /// What is left of the current line, not read yet.
+    line: Option<&'h [u8]>,
+    examined: usize,
+}
+
+impl Iterator for RightToLeft<'_> {
+    type Item = Option<IpAddr>;
+
+    fn next(&mut self) -> Option<Option<IpAddr>> {
+        while self.examined < MAX_ENTRIES {
+            let Some(line) = self.line else {
+                self.line = self.lines.as_mut()?.next_back().map(HeaderValue::as_bytes);
+                // A line's end starts a new entry, unless there is no line left.
+                self.line?;
+                continue;
+            };
+            self.examined += 1;
+            let (entry, rest) = match split_last(line, self.which) {
+                Some(split) => split,
+                // Too long to be an address: report it, and read no further left.
+                None => {
+                    self.line = None;
+                    self.lines = None;
+                    return Some(None);
                 }
-                ForwardedHeader::Forwarded => {
-                    SplitQuoted::new(bytes, b',').for_each(|e| entries.push(e));
-                }
+            };
+            self.line = rest;
+            let entry = entry.trim_ascii();
+            // HTTP lists may contain empty elements (`a, , b`); they carry no address.
+            if !entry.is_empty() {
+                return Some(parse_entry(self.which, entry));
             }
         }
-        (!entries.tail.is_empty()).then_some(entries)
+        None
     }
+}
 
-    fn push(&mut self, entry: &'h [u8]) {
-        let entry = entry.trim_ascii();
-        // HTTP lists may contain empty elements (`a, , b`); they carry no address.
-        if entry.is_empty() {
-            return;
+/// The last entry of `line` and what is left of it (`None` if the entry was the first), or
+/// `None` if the entry is longer than [`MAX_ENTRY_LEN`].
+///
+/// `X-Real-IP` is one entry whatever it holds. In `Forwarded`, a `,` inside a quoted string
+/// does not end an element; read from the right, where the proxies write well-formed
+/// elements, an unclosed quote further left (the client's part) cannot swallow them.
+fn split_last(line: &[u8], which: ForwardedHeader) -> Option<(&[u8], Option<&[u8]>)> {
+    let window = line.len().saturating_sub(MAX_ENTRY_LEN + 1);
+    let mut in_quote = false;
+    for i in (window..line.len()).rev() {
+        match line[i] {
+            b'"' if which == ForwardedHeader::Forwarded && !(in_quote && escaped(&line[..i])) => {
+                in_quote = !in_quote;
+            }
+            b',' if which != ForwardedHeader::XRealIp && !in_quote => {
+                return Some((&line[i + 1..], Some(&line[..i])));
+            }
+            _ => {}
         }
-        self.tail.push_back(entry);
-        if self.tail.len() > MAX_ENTRIES {
-            self.tail.pop_front();
-            self.complete = false;
-        }
     }
+    (line.len() <= MAX_ENTRY_LEN).then_some((line, None))
+}
 
-    /// Whether the leftmost entry of the header is among the kept entries.
-    pub(super) fn complete(&self) -> bool {
-        self.complete
-    }
-
-    /// The entries from right to left, each an address or `None` if malformed.
-    pub(super) fn right_to_left(&self) -> impl Iterator<Item = Option<IpAddr>> + '_ {
-        self.tail.iter().rev().map(|e| parse_entry(self.which, e))
-    }
+/// Whether the byte after `before` is escaped: an odd run of backslashes precedes it. Each
+/// backslash belongs to the run of one quote at most, so the scan stays linear.
+fn escaped(before: &[u8]) -> bool {
+    let run = before
+        .iter()
+        .rev()
+        .take(MAX_ENTRY_LEN)
+        .take_while(|b| **b == b'\\')
+        .count();
+    run % 2 == 1
 }
 
 fn parse_entry(which: ForwardedHeader, entry: &[u8]) -> Option<IpAddr> {
@@ -256,7 +332,8 @@ mod tests {
 
     fn walk(which: ForwardedHeader, lines: &[&str]) -> Option<Vec<Option<IpAddr>>> {
         let map = headers(which.name(), lines);
-        Entries::read(&map, which).map(|e| e.right_to_left().collect())
+        let entries: Vec<_> = right_to_left(&map, which).collect();
+        (!entries.is_empty()).then_some(entries)
     }
 
     fn ip(s: &str) -> Option<IpAddr> {
@@ -332,9 +409,12 @@ mod tests {
     fn forwarded_unusable_elements_are_malformed() {
         let got = walk(
             ForwardedHeader::Forwarded,
-            &["for=unknown, for=_hidden, proto=https, for=1.2.3.4;for=5.6.7.8, for=\"1.2.3.4"],
+            &["for=\"1.2.3.4, for=unknown, for=_hidden, proto=https, for=1.2.3.4;for=5.6.7.8"],
         );
         assert_eq!(got, Some(vec![None; 5]));
+        // Read from the right, an unclosed quote swallows what is left of it: one entry.
+        let got = walk(ForwardedHeader::Forwarded, &["for=1.2.3.4, for=\"1.2.3.4"]);
+        assert_eq!(got, Some(vec![None]));
     }
 
     #[test]
@@ -347,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn x_real_ip_is_a_single_address() {
+    fn x_real_ip_is_a_single_address_the_last_line_wins() {
         assert_eq!(
             walk(ForwardedHeader::XRealIp, &[" 192.0.2.1 "]),
             Some(vec![ip("192.0.2.1")])
@@ -356,31 +436,70 @@ mod tests {
             walk(ForwardedHeader::XRealIp, &["192.0.2.1, 192.0.2.2"]),
             Some(vec![None])
         );
+        // A proxy that adds its own line after the client's: the last one is the proxy's.
         assert_eq!(
             walk(ForwardedHeader::XRealIp, &["192.0.2.1", "192.0.2.2"]),
-            None
+            Some(vec![ip("192.0.2.2")])
         );
     }
 
     #[test]
-    fn only_the_rightmost_entries_are_kept() {
+    fn at_most_max_entries_are_examined_empty_ones_included() {
         let line = vec!["10.0.0.1"; MAX_ENTRIES + 5].join(",");
-        let map = headers("x-forwarded-for", &[&line]);
-        let entries = Entries::read(&map, ForwardedHeader::XForwardedFor).unwrap();
-        assert_eq!(entries.right_to_left().count(), MAX_ENTRIES);
-        assert!(!entries.complete());
-
-        let line = vec!["10.0.0.1"; MAX_ENTRIES].join(",");
-        let map = headers("x-forwarded-for", &[&line]);
-        let entries = Entries::read(&map, ForwardedHeader::XForwardedFor).unwrap();
-        assert!(entries.complete());
+        let got = walk(ForwardedHeader::XForwardedFor, &[&line]).unwrap();
+        assert_eq!(got.len(), MAX_ENTRIES);
+        let line = format!("10.0.0.1{}", ",".repeat(100_000));
+        assert_eq!(walk(ForwardedHeader::XForwardedFor, &[&line]), None);
+        let lines = vec![" "; 1000];
+        assert_eq!(walk(ForwardedHeader::XForwardedFor, &lines), None);
     }
 
     #[test]
-    fn oversized_headers_are_not_read() {
-        let half = format!("192.0.2.1,{}", " ".repeat(MAX_HEADER_LEN / 2));
-        assert!(walk(ForwardedHeader::XForwardedFor, &[&half]).is_some());
-        assert_eq!(walk(ForwardedHeader::XForwardedFor, &[&half, &half]), None);
+    fn only_the_right_end_is_read_whatever_the_length() {
+        let long = format!("{}, 192.0.2.1", "9".repeat(1 << 20));
+        assert_eq!(
+            walk(ForwardedHeader::XForwardedFor, &[&long]),
+            Some(vec![ip("192.0.2.1"), None])
+        );
+        // An entry longer than an address could be is not one, and ends the walk.
+        let padded = format!("192.0.2.9, {}192.0.2.1", " ".repeat(MAX_ENTRY_LEN));
+        assert_eq!(
+            walk(ForwardedHeader::XForwardedFor, &[&padded]),
+            Some(vec![None])
+        );
+        let fits = format!("192.0.2.9, {}192.0.2.1", " ".repeat(MAX_ENTRY_LEN - 20));
+        assert_eq!(
+            walk(ForwardedHeader::XForwardedFor, &[&fits]),
+            Some(vec![ip("192.0.2.1"), ip("192.0.2.9")])
+        );
+    }
+
+    #[test]
+    fn forwarded_is_split_from_the_right_around_quotes() {
+        // An unclosed quote in the client's part cannot swallow the proxy's element.
+        let got = walk(
+            ForwardedHeader::Forwarded,
+            &[r#"for="192.0.2.1, for=192.0.2.2, for="[2001:db8::1]:80";by="a,\",b""#],
+        );
+        assert_eq!(got, Some(vec![ip("2001:db8::1"), ip("192.0.2.2"), None]));
+    }
+
+    #[test]
+    fn a_cdn_header_is_one_address_from_its_last_line() {
+        let read = |lines: &[&str]| {
+            single_value(
+                &headers("cf-connecting-ip", lines),
+                CdnHeader::CfConnectingIp.name(),
+            )
+        };
+        assert_eq!(read(&[" 192.0.2.1 "]), Some(ip("192.0.2.1")));
+        assert_eq!(read(&["2001:db8::1"]), Some(ip("2001:db8::1")));
+        assert_eq!(read(&["6.6.6.6", "192.0.2.1"]), Some(ip("192.0.2.1")));
+        assert_eq!(read(&["192.0.2.1, 6.6.6.6"]), Some(None));
+        assert_eq!(read(&["unknown"]), Some(None));
+        assert_eq!(read(&[&"9".repeat(10_000)]), Some(None));
+        assert_eq!(read(&[" "]), None);
+        assert_eq!(read(&[]), None);
     }
 
     #[test]
@@ -390,8 +509,7 @@ mod tests {
             "x-forwarded-for",
             HeaderValue::from_bytes(b"192.0.2.1, 1\xff2").unwrap(),
         );
-        let entries = Entries::read(&map, ForwardedHeader::XForwardedFor).unwrap();
-        let got: Vec<_> = entries.right_to_left().collect();
+        let got: Vec<_> = right_to_left(&map, ForwardedHeader::XForwardedFor).collect();
         assert_eq!(got, vec![None, ip("192.0.2.1")]);
     }
 }

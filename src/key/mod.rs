@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 pub use client_ip::ClientIp;
-pub use forwarded::ForwardedHeader;
+pub use forwarded::{CdnHeader, ForwardedHeader};
 
 /// The longest key kept as is, in bytes.
 ///
@@ -178,11 +178,16 @@ impl Key {
     /// The IP address of the TCP peer.
     ///
     /// The peer is read from the request extensions: axum's `ConnectInfo<SocketAddr>` (with the
-    /// `axum` feature; `MockConnectInfo` in tests works too), else a plain [`SocketAddr`], which
-    /// plain-hyper servers can insert themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
+    /// `axum` feature; `MockConnectInfo` in tests works too), tonic's `TcpConnectInfo` (with the
+    /// `tonic` feature), else a plain [`SocketAddr`], which plain-hyper servers can insert
+    /// themselves. IPv4 addresses are the key as text (`203.0.113.7`); IPv6 addresses are
     /// grouped by their /64 (`2001:db8:1:2::/64`), because a single host usually owns a whole
     /// /64 and could otherwise rotate addresses to escape its limit. IPv4-mapped IPv6 addresses
     /// count as IPv4.
+    ///
+    /// Without a peer address in the extensions (axum served without
+    /// `into_make_service_with_connect_info::<SocketAddr>()`), the middleware answers `500`
+    /// and logs one error naming that fix: the server is misconfigured, not the request.
     ///
     /// Behind a reverse proxy every request comes from the proxy; use [`Key::client_ip`].
     pub fn peer_ip() -> Key {
@@ -299,6 +304,16 @@ impl Key {
         value.filter(|v| !v.is_empty())
     }
 
+    /// Whether this key is read from the peer address (alone or among others), so that its
+    /// absence from every request is the server's misconfiguration.
+    pub(crate) fn reads_peer(&self) -> bool {
+        match &*self.0 {
+            Source::PeerIp | Source::ClientIp(_) => true,
+            Source::FirstOf(keys) => keys.iter().any(Key::reads_peer),
+            _ => false,
+        }
+    }
+
     /// A short human-readable name, for errors, logs and default rule names.
     ///
     /// For example `peer-ip`, `header:x-api-key`, `cookie:session` or
@@ -350,6 +365,15 @@ pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     if let Some(mock) = extensions.get::<axum::extract::connect_info::MockConnectInfo<SocketAddr>>()
     {
         return Some(mock.0.ip());
+    }
+    // What tonic's server leaves (its `TlsConnectInfo` wrapper is public only with tonic's TLS
+    // features; the README shows how to pass its address on as a `SocketAddr`).
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
 }
@@ -467,6 +491,28 @@ mod tests {
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(info));
         assert_eq!(bytes(&Key::peer_ip(), &req), Some(b"198.51.100.1".to_vec()));
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn peer_ip_reads_tonic_connect_info() {
+        let mut req = request(&[]);
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some("198.51.100.2:3".parse().unwrap()),
+            });
+        assert_eq!(bytes(&Key::peer_ip(), &req), Some(b"198.51.100.2".to_vec()));
+        let client = Key::client_ip().try_trust(["10.0.0.0/8"]).unwrap();
+        assert_eq!(bytes(&client.into(), &req), Some(b"198.51.100.2".to_vec()));
+        // A connection without a peer address (e.g. an in-memory stream) has no key.
+        let mut req = request(&[]);
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: None,
+            });
+        assert_eq!(bytes(&Key::peer_ip(), &req), None);
     }
 
     #[test]

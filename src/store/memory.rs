@@ -29,7 +29,7 @@ use crate::algorithm::{
     Algorithm, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, SlidingLogState,
     SlidingWindowState, TokenBucket, Verdict,
 };
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, Latest, SystemClock};
 
 /// The default bound on tracked keys per table.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -152,17 +152,23 @@ impl MemoryStore {
 
 /// The store's clock. The default system clock is called directly, so its read inlines into the
 /// decision; any other clock goes through its trait object.
+///
+/// Either way the store never reads a time earlier than one it read before: the system clock
+/// sees to that itself, and any other clock (a test's manual clock, your own) is held to the
+/// latest time read. So no algorithm is handed a `now` before a key's stored time — a clock
+/// that steps back reads as standing still — which the buckets, keeping only the moment they are
+/// full again, could not tell from a debt.
 #[derive(Clone)]
 enum StoreClock {
     System(SystemClock),
-    Custom(Arc<dyn Clock>),
+    Custom(Arc<dyn Clock>, Arc<Latest>),
 }
 
 impl StoreClock {
     fn new(clock: impl Clock) -> Self {
         match (&clock as &dyn Any).downcast_ref::<SystemClock>() {
             Some(system) => StoreClock::System(system.clone()),
-            None => StoreClock::Custom(Arc::new(clock)),
+            None => StoreClock::Custom(Arc::new(clock), Arc::default()),
         }
     }
 
@@ -170,7 +176,7 @@ impl StoreClock {
     fn now(&self) -> Micros {
         match self {
             StoreClock::System(clock) => clock.now(),
-            StoreClock::Custom(clock) => clock.now(),
+            StoreClock::Custom(clock, latest) => latest.at_least(clock.now()),
         }
     }
 }
@@ -179,7 +185,7 @@ impl fmt::Debug for StoreClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreClock::System(clock) => clock.fmt(f),
-            StoreClock::Custom(clock) => clock.fmt(f),
+            StoreClock::Custom(clock, _) => clock.fmt(f),
         }
     }
 }

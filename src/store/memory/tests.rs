@@ -342,7 +342,7 @@ mod single_charge_fast_path {
     use super::*;
     use crate::algorithm::{BurstPool, ReserveBound};
 
-    fn algorithms() -> Vec<Algorithm> {
+    pub(super) fn algorithms() -> Vec<Algorithm> {
         vec![
             bucket(3, SECOND),
             Algorithm::TokenBucket(TokenBucket::new(2, SECOND).with_capacity(5).with_initial(1)),
@@ -411,4 +411,45 @@ fn two_shards() -> MemoryStore {
         .clock(ManualClock::new(Duration::from_secs(1_000)))
         .shards(2)
         .build()
+}
+
+mod a_clock_stepping_back {
+    use proptest::prelude::*;
+
+    use super::single_charge_fast_path::algorithms;
+    use super::*;
+
+    proptest! {
+        /// A store whose clock sometimes steps back decides exactly like one whose clock stands
+        /// still instead: for every algorithm the time in between counts as none — no request
+        /// is denied early, no refill is invented, nothing panics.
+        #[test]
+        fn decides_as_if_the_clock_had_stood_still(
+            steps in proptest::collection::vec(
+                (0usize..6, 0u8..3, 0u64..6, any::<bool>(), 0u64..3_000),
+                1..120,
+            ),
+        ) {
+            let algorithms = algorithms();
+            let start = Duration::from_secs(1_000);
+            let (stepping, standing) = (ManualClock::new(start), ManualClock::new(start));
+            let (back, still) = (store_at(&stepping), store_at(&standing));
+            let (mut now, mut latest) = (start, start);
+            for (algorithm, key, cost, backwards, ms) in steps {
+                let algorithm = &algorithms[algorithm];
+                let cost = cost.min(algorithm.max_cost(Mode::Charge));
+                let key = [b'k', key];
+                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode: Mode::Charge };
+                prop_assert_eq!(
+                    apply(&back, std::slice::from_ref(&charge)),
+                    apply(&still, std::slice::from_ref(&charge))
+                );
+                let by = Duration::from_millis(ms);
+                now = if backwards { now.saturating_sub(by) } else { now + by };
+                latest = latest.max(now);
+                stepping.set(now);
+                standing.set(latest);
+            }
+        }
+    }
 }

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use smallvec::SmallVec;
 
+use super::headers;
 use crate::decision::Decision;
-use crate::headers;
 
 /// Distinct refusals kept at once (e.g. several clients refused in the same second).
 const SLOTS: usize = 8;

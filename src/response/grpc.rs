@@ -1,0 +1,339 @@
+//! gRPC-shaped answers (DESIGN §14).
+//!
+//! A gRPC client reads a call's outcome from `grpc-status`, never from the HTTP status: a `429`
+//! with a JSON body reaches a tonic client as `Internal` ("invalid compression flag"). So a
+//! request that speaks gRPC gets a *trailers-only* response instead: HTTP `200`, the gRPC content
+//! type, `grpc-status` and a percent-encoded `grpc-message` in the headers, and no body.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+
+/// `grpc-status`.
+pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// `grpc-message`.
+pub(crate) static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// `grpc-retry-pushback-ms`: how long a client should wait before retrying, as gRPC's retry
+/// design (A6) reads it.
+pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The longest `grpc-message` the layer sends, in bytes once encoded; a longer message is cut
+/// and ends with `...` (rule names are the user's, and could be long).
+pub(crate) const MAX_MESSAGE: usize = 1024;
+
+/// The protocol a request speaks, read from its `content-type`: it decides the shape of the
+/// answers the layer writes itself.
+///
+/// | request `content-type` (case-insensitive) | protocol |
+/// |---|---|
+/// | `application/grpc`, `application/grpc+proto`, `application/grpc; charset=…` | [`Grpc`](Protocol::Grpc) |
+/// | `application/grpc-web`, `application/grpc-web+proto` | [`GrpcWeb`](Protocol::GrpcWeb) |
+/// | `application/grpc-web-text`, `application/grpc-web-text+proto` | [`GrpcWebText`](Protocol::GrpcWebText) |
+/// | anything else (`application/grpcx`, none), or a method other than `POST` | [`Http`](Protocol::Http) |
+///
+/// gRPC and gRPC-Web calls are always `POST`s, so other methods are HTTP whatever their
+/// `content-type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// Plain HTTP: `429` with `Retry-After` and a problem+json body.
+    Http,
+    /// gRPC: a trailers-only response, `content-type: application/grpc`.
+    Grpc,
+    /// gRPC-Web (binary): the same trailers-only response with `content-type:
+    /// application/grpc-web`; gRPC-Web clients read `grpc-status` from the headers of a response
+    /// without a body, as its protocol allows.
+    GrpcWeb,
+    /// gRPC-Web text (base64): as [`GrpcWeb`](Protocol::GrpcWeb), with `content-type:
+    /// application/grpc-web-text`.
+    GrpcWebText,
+}
+
+impl Protocol {
+    /// The protocol of a request.
+    #[inline]
+    pub fn of<B>(request: &Request<B>) -> Protocol {
+        // Most HTTP requests are not POSTs: they are told apart without a header lookup.
+        if request.method() != Method::POST {
+            return Protocol::Http;
+        }
+        Protocol::of_headers(request.headers())
+    }
+
+    /// The protocol a `content-type` among `headers` names (the method is not checked).
+    pub fn of_headers(headers: &HeaderMap) -> Protocol {
+        headers.get(CONTENT_TYPE).map_or(Protocol::Http, |value| {
+            Protocol::of_content_type(value.as_bytes())
+        })
+    }
+
+    fn of_content_type(value: &[u8]) -> Protocol {
+        const GRPC: &[u8] = b"application/grpc";
+        let value = value.trim_ascii_start();
+        let Some(rest) = value
+            .get(..GRPC.len())
+            .filter(|head| head.eq_ignore_ascii_case(GRPC))
+            .map(|_| &value[GRPC.len()..])
+        else {
+            return Protocol::Http;
+        };
+        // What may follow a media type's name: its end, a suffix (`+proto`) or parameters.
+        let ends = |rest: &[u8]| matches!(rest.first(), None | Some(b'+' | b';' | b' ' | b'\t'));
+        if ends(rest) {
+            Protocol::Grpc
+        } else if after(rest, b"-web-text").is_some_and(ends) {
+            Protocol::GrpcWebText
+        } else if after(rest, b"-web").is_some_and(ends) {
+            Protocol::GrpcWeb
+        } else {
+            Protocol::Http
+        }
+    }
+
+    /// Whether answers take the gRPC shape (gRPC or gRPC-Web).
+    #[inline]
+    pub fn is_grpc(self) -> bool {
+        self != Protocol::Http
+    }
+
+    /// The `content-type` of this protocol's answers.
+    fn content_type(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Protocol::GrpcWeb => "application/grpc-web",
+            Protocol::GrpcWebText => "application/grpc-web-text",
+            Protocol::Grpc | Protocol::Http => "application/grpc",
+        })
+    }
+}
+
+/// The gRPC status codes the layer answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Code {
+    InvalidArgument = 3,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    Internal = 13,
+    Unavailable = 14,
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// The code for a refusal the HTTP answer would give `status`.
+    pub(crate) fn of_status(status: StatusCode) -> Code {
+        match status {
+            StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+            StatusCode::FORBIDDEN => Code::PermissionDenied,
+            StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+            StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+            s if s.is_server_error() => Code::Internal,
+            _ => Code::InvalidArgument,
+        }
+    }
+}
+
+/// A trailers-only gRPC response: `200`, the protocol's content type, `grpc-status` and
+/// `grpc-message`, no body. `code` is a gRPC status code number (e.g. 8 for
+/// `RESOURCE_EXHAUSTED`).
+pub(crate) fn trailers_only(protocol: Protocol, code: i32, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, protocol.content_type());
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from(code));
+    if !message.is_empty() {
+        headers.insert(GRPC_MESSAGE.clone(), encode_message(message));
+    }
+    response
+}
+
+/// `grpc-retry-pushback-ms` for a wait: whole milliseconds, rounded up.
+pub(crate) fn pushback_value(wait: Duration) -> HeaderValue {
+    let millis = wait.as_nanos().div_ceil(1_000_000);
+    HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX))
+}
+
+/// `message` percent-encoded as gRPC's HTTP/2 protocol asks (every byte outside printable ASCII,
+/// and `%` itself, as `%XX` of its UTF-8), at most [`MAX_MESSAGE`] bytes long.
+pub(crate) fn encode_message(message: &str) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    const CUT: &[u8] = b"...";
+    let mut out = Vec::with_capacity(message.len().min(MAX_MESSAGE));
+    for &byte in message.as_bytes() {
+        let width = if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            1
+        } else {
+            3
+        };
+        if out.len() + width > MAX_MESSAGE - CUT.len() {
+            out.extend_from_slice(CUT);
+            break;
+        }
+        if width == 1 {
+            out.push(byte);
+        } else {
+            out.extend_from_slice(&[
+                b'%',
+                HEX[usize::from(byte >> 4)],
+                HEX[usize::from(byte & 15)],
+            ]);
+        }
+    }
+    // Only visible ASCII and spaces were written, which a field value always accepts.
+    HeaderValue::from_maybe_shared(Bytes::from(out))
+        .unwrap_or_else(|_| HeaderValue::from_static("rate limited"))
+}
+
+/// What follows `word` at the start of `rest`, ASCII case ignored.
+fn after<'a>(rest: &'a [u8], word: &[u8]) -> Option<&'a [u8]> {
+    rest.get(..word.len())
+        .filter(|head| head.eq_ignore_ascii_case(word))
+        .map(|_| &rest[word.len()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn protocol(content_type: &str) -> Protocol {
+        let request = Request::post("/pkg.Service/Method")
+            .header(CONTENT_TYPE, content_type)
+            .body(())
+            .unwrap();
+        Protocol::of(&request)
+    }
+
+    #[test]
+    fn content_types_name_the_protocol() {
+        assert_eq!(protocol("application/grpc"), Protocol::Grpc);
+        assert_eq!(protocol("application/grpc+proto"), Protocol::Grpc);
+        assert_eq!(protocol("application/grpc+json"), Protocol::Grpc);
+        assert_eq!(protocol("application/grpc;charset=utf-8"), Protocol::Grpc);
+        assert_eq!(protocol("application/grpc; charset=utf-8"), Protocol::Grpc);
+        assert_eq!(protocol("Application/GRPC"), Protocol::Grpc);
+        assert_eq!(protocol("application/grpc-web"), Protocol::GrpcWeb);
+        assert_eq!(protocol("application/grpc-web+proto"), Protocol::GrpcWeb);
+        assert_eq!(protocol("application/grpc-web-text"), Protocol::GrpcWebText);
+        assert_eq!(
+            protocol("application/grpc-web-text+proto"),
+            Protocol::GrpcWebText
+        );
+        assert_eq!(protocol("application/grpcx"), Protocol::Http);
+        assert_eq!(protocol("application/grpc-webby"), Protocol::Http);
+        assert_eq!(protocol("application/json"), Protocol::Http);
+        assert_eq!(protocol("application/grp"), Protocol::Http);
+        assert_eq!(protocol(""), Protocol::Http);
+        let get = Request::get("/")
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(())
+            .unwrap();
+        assert_eq!(Protocol::of(&get), Protocol::Http);
+        let none = Request::post("/").body(()).unwrap();
+        assert_eq!(Protocol::of(&none), Protocol::Http);
+    }
+
+    #[test]
+    fn non_ascii_content_types_are_http() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_bytes(b"application/grpc\xff").unwrap(),
+        );
+        assert_eq!(Protocol::of_headers(&headers), Protocol::Http);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+        assert_eq!(Protocol::of_headers(&headers), Protocol::Http);
+    }
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(encode_message("retry in 2 s"), "retry in 2 s");
+        assert_eq!(encode_message("100% \"used\""), "100%25 \"used\"");
+        assert_eq!(encode_message("tab\there"), "tab%09here");
+        assert_eq!(encode_message("quota épuisée"), "quota %C3%A9puis%C3%A9e");
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "x".repeat(10 * MAX_MESSAGE);
+        let value = encode_message(&long);
+        assert_eq!(value.len(), MAX_MESSAGE);
+        assert!(value.as_bytes().ends_with(b"..."));
+        let wide = "é".repeat(MAX_MESSAGE);
+        let value = encode_message(&wide);
+        assert!(value.len() <= MAX_MESSAGE);
+        // Cut between escapes, never inside one.
+        let text = value.to_str().unwrap();
+        let body = text.strip_suffix("...").unwrap();
+        assert!(body.len() % 6 == 0 && body.starts_with("%C3%A9"));
+    }
+
+    /// Percent-decodes an encoded message.
+    fn decode(encoded: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < encoded.len() {
+            if encoded[i] == b'%' {
+                let hex = std::str::from_utf8(&encoded[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(encoded[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_message_encodes_to_a_bounded_prefix(message in ".{0,1500}") {
+            let value = encode_message(&message);
+            let bytes = value.as_bytes();
+            proptest::prop_assert!(bytes.len() <= MAX_MESSAGE);
+            proptest::prop_assert!(bytes.iter().all(|b| (0x20..0x7f).contains(b)));
+            let (body, cut) = match bytes.strip_suffix(b"...") {
+                Some(body) if bytes.len() + 3 > MAX_MESSAGE => (body, true),
+                _ => (bytes, false),
+            };
+            let decoded = decode(body);
+            if cut {
+                proptest::prop_assert!(message.as_bytes().starts_with(&decoded));
+            } else {
+                proptest::prop_assert_eq!(decoded, message.as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn pushback_rounds_up_to_milliseconds() {
+        assert_eq!(pushback_value(Duration::from_secs(12)), "12000");
+        assert_eq!(pushback_value(Duration::from_micros(1)), "1");
+        assert_eq!(pushback_value(Duration::from_micros(1500)), "2");
+        assert_eq!(pushback_value(Duration::ZERO), "0");
+        assert_eq!(pushback_value(Duration::MAX), u64::MAX.to_string().as_str());
+    }
+
+    #[test]
+    fn refusal_statuses_map_to_codes() {
+        assert_eq!(
+            Code::of_status(StatusCode::BAD_REQUEST),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            Code::of_status(StatusCode::UNAUTHORIZED),
+            Code::Unauthenticated
+        );
+        assert_eq!(
+            Code::of_status(StatusCode::FORBIDDEN),
+            Code::PermissionDenied
+        );
+        assert_eq!(
+            Code::of_status(StatusCode::INTERNAL_SERVER_ERROR),
+            Code::Internal
+        );
+        assert_eq!(
+            Code::of_status(StatusCode::SERVICE_UNAVAILABLE),
+            Code::Unavailable
+        );
+    }
+}
