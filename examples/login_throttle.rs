@@ -1,78 +1,64 @@
-//! Failed logins: after 5 bad passwords for a user, that user's logins are refused for a while,
-//! whatever IP they come from; on top, each IP may try 20 logins a minute, whatever the user.
+//! Failed logins, counted by the layer itself: each account may fail 5 times per 15 minutes and
+//! each IP 20 times a minute; successful logins never count. An account that fails past its
+//! limit is blocked — 15 minutes, then an hour, then a day for each further offence, forgiven a
+//! day after its last block — and so is an IP that fails past its own.
 //!
 //! ```text
 //! cargo run --example login_throttle
 //! ```
 //!
 //! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and prints `curl` lines to try.
+//!
+//! Every attempt is charged when it arrives and given back when its answer is not a `401`: so
+//! concurrent guesses can never get past the limit, and the handler knows nothing of limits.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::extract::{Json, State};
-use axum::http::{header::RETRY_AFTER, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::extract::Path;
+use axum::http::StatusCode;
 use axum::{routing::post, Router};
-use serde::Deserialize;
-use tollgate::algorithm::Verdict;
-use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, Rule};
+use tollgate::{CountIf, Key, Limit, Penalty, RateLimitLayer, Rule};
 
-const FAILED: &str = "failed-logins";
-
-#[derive(Deserialize)]
-struct Login {
-    user: String,
-    password: String,
-}
+const MINUTE: Duration = Duration::from_secs(60);
 
 pub(crate) fn app() -> Router {
-    // 5 attempts, then one more every 3 minutes (5 per 15 minutes), per user name.
-    let failures = Limiter::builder()
-        .rule(Rule::new(
-            FAILED,
-            Limit::token_bucket(5, Duration::from_secs(15 * 60)),
-        ))
+    // The account is the path's last segment: `POST /login/alice`.
+    let account = Key::from_fn(|head| {
+        let user = head.uri.path().strip_prefix("/login/")?;
+        (!user.is_empty() && !user.contains('/')).then(|| user.to_owned())
+    });
+    let failed = || CountIf::status([401]);
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("account", Limit::token_bucket(5, 15 * MINUTE))
+                .key(account)
+                .count_if(failed())
+                .block(Penalty::escalating(
+                    [15 * MINUTE, 60 * MINUTE, 24 * 60 * MINUTE],
+                    24 * 60 * MINUTE,
+                )),
+        )
+        .rule(
+            Rule::new("ip", Limit::per_minute(20))
+                .key(Key::peer_ip())
+                .count_if(failed())
+                .block_for(15 * MINUTE),
+        )
         .build()
-        .expect("the rule is valid");
-    let per_ip =
-        RateLimitLayer::new(Rule::new("login-ip", Limit::per_minute(20)).key(Key::peer_ip()));
+        .expect("the rules are valid");
     Router::new()
-        .route("/login", post(login))
-        .route_layer(per_ip)
-        .with_state(failures)
+        .route("/login/{user}", post(login))
+        .route_layer(layer)
 }
 
-async fn login(
-    State(failures): State<Limiter>,
-    Json(login): Json<Login>,
-) -> Result<Response, StatusCode> {
-    // Every attempt is charged before the password is compared, and a good one clears the count:
-    // so only failures add up, and concurrent guesses cannot all slip through one free slot.
-    let attempt = failures
-        .charge(FAILED, &login.user, 1)
-        .await
-        .map_err(unavailable)?;
-    if let Verdict::Denied { retry_after } = attempt.verdict {
-        let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        let headers = [(RETRY_AFTER, seconds.max(1).to_string())];
-        let body = "too many failed logins; try again later\n";
-        return Ok((StatusCode::TOO_MANY_REQUESTS, headers, body).into_response());
-    }
+async fn login(Path(user): Path<String>, password: String) -> (StatusCode, String) {
     // A real service verifies a password hash here.
-    if login.password != "hunter2" {
-        return Ok((StatusCode::UNAUTHORIZED, "wrong user or password\n").into_response());
+    if password.trim() == "hunter2" {
+        (StatusCode::OK, format!("welcome, {user}\n"))
+    } else {
+        (StatusCode::UNAUTHORIZED, "wrong user or password\n".into())
     }
-    failures
-        .reset(FAILED, &login.user)
-        .await
-        .map_err(unavailable)?;
-    Ok(format!("welcome, {}\n", login.user).into_response())
-}
-
-fn unavailable(error: LimitError) -> StatusCode {
-    eprintln!("login throttle unavailable: {error}");
-    StatusCode::SERVICE_UNAVAILABLE
 }
 
 #[tokio::main]
@@ -80,11 +66,13 @@ async fn main() -> std::io::Result<()> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    let login = format!("curl http://{addr}/login -H 'content-type: application/json'");
+    let login = format!("curl http://{addr}/login/alice");
     println!("listening on http://{addr}; try:");
-    println!("  {login} -i -d '{{\"user\":\"alice\",\"password\":\"hunter2\"}}'");
-    println!("  for i in $(seq 5); do {login} -s -o /dev/null -w '%{{http_code}} ' -d '{{\"user\":\"alice\",\"password\":\"guess\"}}'; done; echo");
-    println!("  {login} -i -d '{{\"user\":\"alice\",\"password\":\"hunter2\"}}'   # 429 now, even with the right password");
+    println!("  {login} -i -d hunter2                  # 200, and it never counts");
+    println!(
+        "  for i in $(seq 5); do {login} -s -o /dev/null -w '%{{http_code}} ' -d guess; done; echo"
+    );
+    println!("  {login} -i -d hunter2                  # 429: blocked 15 minutes, even with the right password");
     let app = app().into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await
 }

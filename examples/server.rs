@@ -13,12 +13,31 @@
 //! text format. Any valid file loads, a Redis store's included (with the `redis` feature; the
 //! file's `store.url` names the server). The file is watched: save a change and the new rules
 //! apply within two seconds (an invalid file is reported and the rules in force stay).
+//!
+//! The answer is shaped by query parameters, so rules that look at the response (`count_if`,
+//! `settle`) and penalties (`block`) can be tried too:
+//!
+//! | parameter | effect | example |
+//! |---|---|---|
+//! | `status=N` | answers with status `N` (default 200) | `?status=401` |
+//! | `delay=DURATION` | answers after that long (`ms`, `s` or `m`; at most a minute) | `?delay=500ms` |
+//! | `header=NAME:VALUE` | adds a response header (repeatable) | `?header=x-tokens-used:1200` |
+//!
+//! ```text
+//! curl -i -X POST 'http://127.0.0.1:3000/login?status=401'
+//! curl -i 'http://127.0.0.1:3000/v1/chat?header=x-tokens-used:1200&delay=200ms'
+//! ```
+//!
+//! A parameter that cannot be read (a status outside 100–999, an unknown unit) is answered with
+//! `400` and says why.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -32,7 +51,11 @@ pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
         .merge(limited)
 }
 
-async fn answer(request: Request) -> String {
+async fn answer(request: Request) -> Response {
+    let shape = match Shape::of(request.uri().query().unwrap_or("")) {
+        Ok(shape) => shape,
+        Err(why) => return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
+    };
     let mut text = format!("{} {}\n", request.method(), request.uri().path());
     match request.extensions().get::<Decision>() {
         Some(decision) if !decision.rules().is_empty() => {
@@ -42,7 +65,70 @@ async fn answer(request: Request) -> String {
         }
         _ => text += "  no rule applied\n",
     }
-    text
+    if !shape.delay.is_zero() {
+        tokio::time::sleep(shape.delay).await;
+    }
+    let mut response = (shape.status, text).into_response();
+    for (name, value) in shape.headers {
+        response.headers_mut().append(name, value);
+    }
+    response
+}
+
+/// How the query asks the answer to look.
+struct Shape {
+    status: StatusCode,
+    delay: Duration,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Shape {
+    fn of(query: &str) -> Result<Shape, String> {
+        let mut shape = Shape {
+            status: StatusCode::OK,
+            delay: Duration::ZERO,
+            headers: Vec::new(),
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "status" => {
+                    shape.status = value
+                        .parse::<u16>()
+                        .ok()
+                        .and_then(|code| StatusCode::from_u16(code).ok())
+                        .ok_or_else(|| format!("status={value}: not a status (100-999)"))?
+                }
+                "delay" => shape.delay = delay(value)?,
+                "header" => {
+                    let bad = || format!("header={value}: expected NAME:VALUE");
+                    let (name, value) = value.split_once(':').ok_or_else(bad)?;
+                    let name = HeaderName::try_from(name).map_err(|_| bad())?;
+                    let value = HeaderValue::try_from(value).map_err(|_| bad())?;
+                    shape.headers.push((name, value));
+                }
+                _ => {}
+            }
+        }
+        Ok(shape)
+    }
+}
+
+/// `500ms`, `2s`, `1m`: a whole number and a unit, at most a minute.
+fn delay(text: &str) -> Result<Duration, String> {
+    let bad = || format!("delay={text}: expected e.g. 500ms, 2s or 1m (at most a minute)");
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = text[..digits].parse().map_err(|_| bad())?;
+    let d = match &text[digits..] {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(bad()),
+    };
+    if d > Duration::from_secs(60) {
+        return Err(bad());
+    }
+    Ok(d)
 }
 
 /// The layer the file describes, watched for changes. `load_config` is the loader that takes any
@@ -98,7 +184,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("listening on http://{addr}; any method and path answers, for example:");
     println!("  curl -i http://{addr}/v1/items -H 'x-api-key: demo-free'");
-    println!("  curl -i -X POST http://{addr}/login");
+    println!("  curl -i -X POST 'http://{addr}/login?status=401'      # answer with 401");
+    println!("  curl -i 'http://{addr}/v1/chat?header=x-tokens-used:1200&delay=200ms'");
     println!("  curl http://{addr}/metrics");
     let app = app(limits, metrics).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await?;

@@ -4,8 +4,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::settle::Settlement;
 
 pin_project! {
     /// The body of a [`RateLimit`](crate::RateLimit) response.
@@ -19,6 +22,13 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
+        // A gRPC response whose rules settle on the status its trailers bring.
+        Settling {
+            #[pin]
+            body: B,
+            status: StatusCode,
+            settlement: Option<Box<Settlement>>,
+        },
         Own { data: Option<Bytes> },
     }
 }
@@ -27,6 +37,16 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn settling(body: B, status: StatusCode, settlement: Box<Settlement>) -> Self {
+        ResponseBody {
+            kind: Kind::Settling {
+                body,
+                status,
+                settlement: Some(settlement),
+            },
         }
     }
 
@@ -52,20 +72,40 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Settling {
+                body,
+                status,
+                settlement,
+            } => {
+                let polled = body.poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(trailers) = frame.trailers_ref() {
+                            if let Some(settlement) = settlement.take() {
+                                settlement.on_trailers(*status, trailers);
+                            }
+                        }
+                    }
+                    // Ended (or failed) without trailers: nothing to settle on, the charge stays.
+                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => drop(settlement.take()),
+                    Poll::Pending => {}
+                }
+                polled
+            }
             KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Settling { body, .. } => body.is_end_stream(),
             Kind::Own { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body } | Kind::Settling { body, .. } => body.size_hint(),
             Kind::Own { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
@@ -74,7 +114,7 @@ where
 impl<B> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.kind {
-            Kind::Inner { .. } => "inner",
+            Kind::Inner { .. } | Kind::Settling { .. } => "inner",
             Kind::Own { .. } => "rate-limit response",
         };
         f.debug_tuple("ResponseBody").field(&kind).finish()

@@ -32,6 +32,7 @@ const PENDING: Outcome = Outcome {
     balance: 0,
     next_unit_in: Duration::ZERO,
     full_in: Duration::ZERO,
+    offence: false,
 };
 
 /// One rule's part of a [`Decision`].

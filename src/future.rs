@@ -17,6 +17,7 @@ use crate::layer::Shared;
 use crate::response::AllowedHeaders;
 use crate::ruleset::RuleSet;
 use crate::service::{decide, Hold};
+use crate::settle::Settlement;
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
@@ -53,6 +54,7 @@ pin_project! {
             future: S::Future,
             headers: Option<AllowedHeaders>,
             delayed: Option<Duration>,
+            settlement: Option<Box<Settlement>>,
         },
         // The layer answers itself.
         Respond {
@@ -68,6 +70,7 @@ pub(crate) struct Queued<S, B> {
     headers: Option<AllowedHeaders>,
     hold: Box<Hold>,
     wait: Duration,
+    settlement: Option<Box<Settlement>>,
 }
 
 /// What a request waiting for the store keeps.
@@ -105,11 +108,16 @@ where
         }
     }
 
-    pub(crate) fn calling(future: S::Future, headers: Option<AllowedHeaders>) -> Self {
+    pub(crate) fn calling(
+        future: S::Future,
+        headers: Option<AllowedHeaders>,
+        settlement: Option<Box<Settlement>>,
+    ) -> Self {
         State::Calling {
             future,
             headers,
             delayed: None,
+            settlement,
         }
     }
 
@@ -119,6 +127,7 @@ where
         request: Request<B>,
         headers: Option<AllowedHeaders>,
         hold: Box<Hold>,
+        settlement: Option<Box<Settlement>>,
     ) -> Self {
         State::Waiting {
             sleep: Box::pin(tokio::time::sleep(wait)),
@@ -128,6 +137,7 @@ where
                 headers,
                 hold,
                 wait,
+                settlement,
             })),
         }
     }
@@ -188,27 +198,41 @@ where
                         headers,
                         hold,
                         wait,
+                        settlement,
                     } = *queued;
                     hold.release();
                     State::Calling {
                         future: inner.call(request),
                         headers,
                         delayed: Some(wait),
+                        settlement,
                     }
                 }
                 StateProj::Calling {
                     future,
                     headers,
                     delayed,
+                    settlement,
                 } => {
                     let mut response = ready!(future.poll(cx))?;
+                    // Settled on the head now; a gRPC status still to come is read from the
+                    // trailers by the body.
+                    let status = response.status();
+                    let waiting = settlement
+                        .take()
+                        .and_then(|settlement| settlement.on_head(status, response.headers()));
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }
                     if let Some(wait) = delayed.take() {
                         crate::response::headers::insert_delay(response.headers_mut(), wait);
                     }
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(match waiting {
+                        None => response.map(ResponseBody::inner),
+                        Some(waiting) => {
+                            response.map(|body| ResponseBody::settling(body, status, waiting))
+                        }
+                    }));
                 }
                 StateProj::Respond { response } => {
                     return match response.take() {

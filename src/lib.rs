@@ -1,60 +1,7 @@
-//! Rate limiting for Tower services: axum, hyper, tonic, anything that is a
-//! `tower::Service<http::Request<B>>`.
-//!
-//! One [`RateLimitLayer`] wraps a service. For every request it finds the [`Rule`]s that apply,
-//! derives each rule's [`Key`] (user id, API key, client IP, session, or one global key), charges
-//! all of them in one atomic step in a [`Store`], and then forwards the request with
-//! `RateLimit` / `RateLimit-Policy` fields on the response, or answers `429 Too Many Requests` with
-//! `Retry-After` and a problem+json body.
-//!
-//! ```no_run
-//! use std::net::SocketAddr;
-//! use axum::{routing::get, Router};
-//! use tollgate::{Key, Limit, RateLimitLayer};
-//!
-//! #[tokio::main]
-//! async fn main() -> std::io::Result<()> {
-//!     let app = Router::new()
-//!         .route("/", get(|| async { "hello" }))
-//!         .layer(RateLimitLayer::new(Limit::per_minute(60).key(Key::peer_ip())));
-//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
-//!     // Peer-IP and client-IP keys need the connection's address: serve with connect info.
-//!     // Without it, requests under such a rule get a 500 and the error is logged once.
-//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
-//! }
-//! ```
-//!
-//! A gRPC call (`content-type: application/grpc…`) gets the same decisions in gRPC's shape: a
-//! trailers-only response with `grpc-status: 8` (`RESOURCE_EXHAUSTED`), a `grpc-message` naming the
-//! rules and the wait, and `grpc-retry-pushback-ms`; refusals map to their codes (see
-//! [`Protocol`]). So one layer can sit on a `tonic::transport::Server`, in front of tonic services
-//! and axum routes alike:
-//!
-//! ```
-//! use tollgate::{Key, Limit, RateLimitLayer, Rule};
-//!
-//! let limits = RateLimitLayer::new(
-//!     Rule::new("greeter", Limit::per_minute(5))
-//!         .key(Key::peer_ip())
-//!         .grpc("/helloworld.Greeter/*"),
-//! );
-//! let server = tonic::transport::Server::builder().layer(limits);
-//! ```
-//!
-//! Cargo features: `axum` (default: axum's `ConnectInfo` as the peer address, the [`Decision`]
-//! extractor), `tonic` (tonic's `TcpConnectInfo` as the peer address), `config` (rules from a TOML
-//! or YAML file), `redis` (`RedisStore`).
-//!
-//! The way a request travels, one module per step:
-//!
-//! | step | module |
-//! |---|---|
-//! | which rules apply, with which key and cost | [`rule`](Rule), [`key`](Key), [`Cost`] |
-//! | one atomic charge of every rule | [`store`] ([`MemoryStore`]) using the pure [`algorithm`]s |
-//! | forward with headers, or answer 429 (HTTP) or `RESOURCE_EXHAUSTED` (gRPC) | [`RateLimit`] service, `response` |
-//!
-//! The README describes how to pick an algorithm, keys behind proxies, and the headers.
-
+// The crate's front page on docs.rs is its guide: how to pick an algorithm, keys behind proxies,
+// the headers, queue mode, gRPC, Redis and the configuration file, with examples that run as doc
+// tests.
+#![doc = include_str!("lib.md")]
 #![forbid(unsafe_code)]
 // On docs.rs, every item that needs a feature carries a badge naming it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -78,9 +25,10 @@ mod response;
 mod rule;
 mod ruleset;
 mod service;
+mod settle;
 pub mod store;
 
-pub use algorithm::{Outcome, Verdict};
+pub use algorithm::{Outcome, Penalty, Verdict};
 pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
@@ -103,6 +51,7 @@ pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
+pub use settle::{CountIf, ResponseHead, Settle};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};

@@ -128,6 +128,8 @@ pub enum LimitError {
     CannotReserve(String),
     /// One batch names the same rule and key twice.
     Repeated(String),
+    /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
+    NoPenalty(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -151,6 +153,10 @@ impl fmt::Display for LimitError {
                 f,
                 "rate-limit rule {name:?} is charged twice for the same key in one batch"
             ),
+            LimitError::NoPenalty(name) => write!(
+                f,
+                "rate-limit rule {name:?} has no penalty (block): its keys cannot be blocked"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -164,7 +170,8 @@ impl std::error::Error for LimitError {
             LimitError::UnknownRule(_)
             | LimitError::NotQueued(_)
             | LimitError::CannotReserve(_)
-            | LimitError::Repeated(_) => None,
+            | LimitError::Repeated(_)
+            | LimitError::NoPenalty(_) => None,
         }
     }
 }
@@ -556,6 +563,46 @@ impl Limiter {
         Ok(Ruling::Decided { enforced, shadow })
     }
 
+    /// Blocks `key` under `rule` for `d` from now, e.g. an admin action or an IP caught stuffing
+    /// credentials: every request of the key under the rule is denied until then, with
+    /// `Retry-After` = what is left of the block. A block already in force is replaced; the
+    /// key's offence count is kept. The rule must have a penalty ([`Rule::block_for`] or
+    /// [`Rule::block`]): only such rules read blocks, so the others pay nothing for them.
+    pub async fn block(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        d: Duration,
+    ) -> Result<(), LimitError> {
+        self.set_block(rule, key.as_ref(), Some(d)).await
+    }
+
+    /// Lifts the block of `key` under `rule`, if any, and forgets its offences (the next denial
+    /// blocks for the first duration again). The counters are left as they are.
+    pub async fn unblock(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), LimitError> {
+        self.set_block(rule, key.as_ref(), None).await
+    }
+
+    async fn set_block(
+        &self,
+        rule: &str,
+        key: &[u8],
+        block: Option<Duration>,
+    ) -> Result<(), LimitError> {
+        let key = KeyValue::new(key);
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let penalty = compiled
+                .penalty
+                .as_ref()
+                .ok_or_else(|| LimitError::NoPenalty(rule.to_owned()))?;
+            self.store()
+                .set_block(&compiled.name, penalty, key.as_bytes(), block)
+        };
+        Ok(pending.await?)
+    }
+
     /// Decides one charge; a `mode` of `None` uses the rule's own.
     async fn one(
         &self,
@@ -608,6 +655,34 @@ impl Limiter {
                     }
                     Err(_) => tracing::warn!("no runtime to refund a cancelled queued request"),
                 }
+            }
+        }
+    }
+}
+
+impl Limiter {
+    /// Charges `units` more to `key` under a settled rule, into debt if need be, without
+    /// waiting: a settlement after the response has left. A store that needs I/O finishes on
+    /// the current tokio runtime.
+    pub(crate) fn owe_now(&self, rules: &RuleSet, index: usize, key: &KeyValue, units: u64) {
+        if index >= rules.rules.len() {
+            return;
+        }
+        let charge = Charge {
+            mode: Mode::Reserve(crate::algorithm::ReserveBound::default()),
+            penalty: None,
+            ..rules.charge(index, key, units)
+        };
+        if let Err(pending) = self.store_ref().apply_one(&charge).into_ready() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        if let Err(error) = pending.await {
+                            tracing::warn!(%error, "rate limit: settlement charge failed");
+                        }
+                    });
+                }
+                Err(_) => tracing::warn!("rate limit: no runtime to settle a charge"),
             }
         }
     }

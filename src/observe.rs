@@ -1,5 +1,5 @@
 //! What the limiter tells operators: `metrics` counters per rule, a store-latency histogram, and
-//! `tracing` events for denials, delays, store errors and reloads.
+//! `tracing` events for denials, delays, blocks, store errors and reloads.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
@@ -7,6 +7,7 @@
 //! | `tollgate_denied_total` | counter | `rule` |
 //! | `tollgate_delayed_total` | counter | `rule` |
 //! | `tollgate_shadow_denied_total` | counter | `rule` |
+//! | `tollgate_blocked_total` | counter | `rule` (keys blocked by a rule's penalty) |
 //! | `tollgate_store_errors_total` | counter | `rule` |
 //! | `tollgate_store_latency_seconds` | histogram | — (stores that answer asynchronously) |
 //!
@@ -18,7 +19,7 @@ use std::fmt;
 use metrics::{Counter, Histogram};
 
 use crate::algorithm::stable_key_hash;
-use crate::algorithm::Verdict;
+use crate::algorithm::{Outcome, Verdict};
 use crate::decision::RuleDecision;
 use crate::key::KeyValue;
 
@@ -28,6 +29,7 @@ pub(crate) struct RuleMetrics {
     denied: Counter,
     delayed: Counter,
     shadow_denied: Counter,
+    blocked: Counter,
     store_errors: Counter,
 }
 
@@ -40,13 +42,17 @@ impl RuleMetrics {
             denied: metrics::counter!("tollgate_denied_total", "rule" => rule.clone()),
             delayed: metrics::counter!("tollgate_delayed_total", "rule" => rule.clone()),
             shadow_denied: metrics::counter!("tollgate_shadow_denied_total", "rule" => rule.clone()),
+            blocked: metrics::counter!("tollgate_blocked_total", "rule" => rule.clone()),
             store_errors: metrics::counter!("tollgate_store_errors_total", "rule" => rule),
         }
     }
 
     /// Counts an enforced rule's answer.
-    pub(crate) fn record(&self, verdict: Verdict) {
-        match verdict {
+    pub(crate) fn record(&self, outcome: &Outcome) {
+        if outcome.offence {
+            self.blocked.increment(1);
+        }
+        match outcome.verdict {
             Verdict::Allowed => self.allowed.increment(1),
             Verdict::Reserved { .. } => {
                 self.allowed.increment(1);
@@ -83,6 +89,10 @@ fn describe() {
         metrics::describe_counter!(
             "tollgate_shadow_denied_total",
             "Requests a shadow rule would have refused."
+        );
+        metrics::describe_counter!(
+            "tollgate_blocked_total",
+            "Keys a rule blocked under its penalty (one per block, not per denied request)."
         );
         metrics::describe_counter!(
             "tollgate_store_errors_total",
@@ -133,6 +143,10 @@ pub(crate) fn event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: boo
         Verdict::Denied { retry_after } if shadow => tracing::info!(
             rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,
             grpc_method, "rate limit: shadow rule would deny"
+        ),
+        Verdict::Denied { retry_after } if entry.outcome.offence => tracing::info!(
+            rule = %entry.rule, key = %key, blocked_ms = retry_after.as_millis() as u64,
+            "rate limit: key blocked"
         ),
         Verdict::Denied { retry_after } => tracing::debug!(
             rule = %entry.rule, key = %key, retry_after_ms = retry_after.as_millis() as u64,

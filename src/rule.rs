@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use http::{Method, StatusCode, Uri};
 
-use crate::algorithm::{Algorithm, Mode};
+use crate::algorithm::{Algorithm, Mode, Penalty};
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
 use crate::limit::Limit;
 use crate::queue::Queue;
+use crate::settle::{CountIf, Settle};
 
 /// A named limit applied per key to the requests in its scope.
 ///
@@ -34,6 +35,9 @@ pub struct Rule {
     missing_key: MissingKey,
     queue: Option<Queue>,
     shadow: bool,
+    penalty: Option<Penalty>,
+    count_if: Option<CountIf>,
+    settle: Option<Settle>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -143,6 +147,51 @@ impl Rule {
         self
     }
 
+    /// Blocks a key for `d` each time this rule denies it (DESIGN §10): while blocked, every
+    /// request of the key under this rule is denied with `Retry-After` = what is left of the
+    /// block, its counters untouched; denials during a block do not extend it. Blocks live in
+    /// the store, so every instance sees them. Shorthand for
+    /// [`block`](Self::block)`(Penalty::fixed(d))`.
+    ///
+    /// A zero duration is an error when the layer is built.
+    pub fn block_for(self, d: std::time::Duration) -> Rule {
+        self.block(Penalty::fixed(d))
+    }
+
+    /// Blocks keys this rule denies as `penalty` says, e.g. escalating: 1 minute, then 10, then
+    /// an hour, forgiven a day after the last block ([`Penalty::escalating`]). Also lets
+    /// [`Limiter::block`](crate::Limiter::block) block keys of this rule by hand.
+    pub fn block(mut self, penalty: Penalty) -> Rule {
+        self.penalty = Some(penalty);
+        self
+    }
+
+    /// Counts only the requests whose response matches (DESIGN §11), e.g. failed logins:
+    /// `.count_if(CountIf::status([401, 403]))`. Every request is charged when it arrives — so
+    /// concurrent attempts can never get past the limit — and given its charge back when its
+    /// response does not match. A request whose response never comes (the client went away
+    /// first) keeps its charge. For gRPC the predicate sees `grpc-status`, from the response
+    /// head or, when the body ends, its trailers.
+    pub fn count_if(mut self, count_if: CountIf) -> Rule {
+        self.count_if = Some(count_if);
+        self
+    }
+
+    /// Charges the rule's [`cost`](Self::cost) as an estimate when the request arrives and
+    /// settles it to the real cost read from the response (DESIGN §11), e.g. the tokens an LLM
+    /// call used: `.settle(Settle::header(HeaderName::from_static("x-tokens-used")))`. The
+    /// difference is charged — possibly into debt, which later requests of the key wait for or
+    /// are denied until it is repaid, `Retry-After` counting it — or given back, after the
+    /// response has left: settling never delays it. See [`Settle`] for missing or bad values; a
+    /// request whose response never comes keeps its estimate.
+    ///
+    /// Token buckets and fixed windows only (debt is a negative balance, which only they can
+    /// hold): any other algorithm is an error when the layer is built.
+    pub fn settle(mut self, settle: Settle) -> Rule {
+        self.settle = Some(settle);
+        self
+    }
+
     /// What to do when the request has no key (default: [`MissingKey::Reject`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Rule {
         self.missing_key = missing;
@@ -239,6 +288,17 @@ impl Rule {
                 .validate(self.limit.algorithm(), self.cost.as_fixed())
                 .or_else(|(field, message)| err(field, message))?;
         }
+        if let Some((field, message)) = self.penalty.as_ref().and_then(Penalty::problem) {
+            return err(field, message);
+        }
+        if self.settle.is_some() && !self.limit.algorithm().reserves() {
+            return err(
+                "settle",
+                "needs a token bucket or a fixed window: a settlement may leave a debt, which \
+                 only they can hold"
+                    .into(),
+            );
+        }
         if let MissingKey::RejectWith(status) = self.missing_key {
             if !status.is_client_error() && !status.is_server_error() {
                 return err(
@@ -269,6 +329,9 @@ impl Rule {
             missing_key: self.missing_key,
             mode,
             shadow: self.shadow,
+            penalty: self.penalty,
+            count_if: self.count_if,
+            settle: self.settle,
         })
     }
 }
@@ -309,6 +372,9 @@ impl From<Limit> for Rule {
             missing_key: MissingKey::default(),
             queue: None,
             shadow: false,
+            penalty: None,
+            count_if: None,
+            settle: None,
         }
     }
 }
@@ -387,12 +453,20 @@ pub(crate) struct CompiledRule {
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
+    pub(crate) penalty: Option<Penalty>,
+    pub(crate) count_if: Option<CountIf>,
+    pub(crate) settle: Option<Settle>,
 }
 
 impl CompiledRule {
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
         self.scope.matches(head.method, head.uri)
             && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))
+    }
+
+    /// Whether the rule's charge is corrected once the response is known.
+    pub(crate) fn settles(&self) -> bool {
+        self.count_if.is_some() || self.settle.is_some()
     }
 
     #[inline]

@@ -31,6 +31,8 @@ pub(crate) struct RuleSet {
     pub(crate) all_rules_policy: Option<HeaderValue>,
     /// The last default 429s, for floods of identical refusals.
     pub(crate) prepared: Prepared,
+    /// Whether any rule is corrected once the response is known (the others pay nothing).
+    pub(crate) settles: bool,
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
@@ -166,6 +168,7 @@ impl RuleSet {
             .iter()
             .map(|rule| RuleMetrics::new(&rule.name))
             .collect();
+        let settles = compiled.iter().any(CompiledRule::settles);
         Ok(RuleSet {
             rules: compiled.into_boxed_slice(),
             items: items.into_boxed_slice(),
@@ -173,6 +176,7 @@ impl RuleSet {
             store_latency: crate::observe::store_latency(),
             all_rules_policy,
             prepared: Prepared::new(),
+            settles,
             allow,
             deny,
         })
@@ -269,9 +273,13 @@ impl RuleSet {
     /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
     /// arithmetic).
     pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
-        self.rules
-            .iter()
-            .try_for_each(|rule| store.validate(&rule.name, rule.algorithm()))
+        self.rules.iter().try_for_each(|rule| {
+            store.validate(&rule.name, rule.algorithm())?;
+            match &rule.penalty {
+                Some(penalty) => store.validate_penalty(&rule.name, penalty),
+                None => Ok(()),
+            }
+        })
     }
 
     /// Asks `store` for the outcomes of a planned decision: filled in now, or the future of a
@@ -312,6 +320,7 @@ impl RuleSet {
             key: key.as_bytes(),
             cost,
             mode: rule.mode,
+            penalty: rule.penalty.as_ref(),
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Refusal, Route, RuleSet};
+use crate::settle::Settlement;
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -102,7 +103,7 @@ where
         match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
             Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
-                return ResponseFuture::new(State::calling(self.inner.call(request), None))
+                return ResponseFuture::new(State::calling(self.inner.call(request), None, None))
             }
             Err(refusal) => {
                 match &refusal {
@@ -118,7 +119,7 @@ where
             record_shadow(shared, &rules, shadow);
         }
         if enforced.rules().is_empty() {
-            return ResponseFuture::new(State::calling(self.inner.call(request), None));
+            return ResponseFuture::new(State::calling(self.inner.call(request), None, None));
         }
         match rules.ask(shared.limiter.store_ref(), &mut enforced) {
             Answer::Now(result) => {
@@ -126,9 +127,11 @@ where
                     // The usual path, spelled out: built here, the inner future goes straight
                     // into the returned one; through `into_state` it is built, then copied
                     // whole (measured: ~130 instructions per request, `#[inline(always)]` or not).
-                    Next::Forward(headers) => {
-                        ResponseFuture::new(State::calling(self.inner.call(request), headers))
-                    }
+                    Next::Forward(headers, settlement) => ResponseFuture::new(State::calling(
+                        self.inner.call(request),
+                        headers,
+                        settlement,
+                    )),
                     next => ResponseFuture::new(next.into_state(&mut self.inner, request)),
                 }
             }
@@ -202,14 +205,16 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
 
 /// What happens to a request once the store has answered.
 pub(crate) enum Next {
-    /// Forward it now, adding these fields to the response.
-    Forward(Option<AllowedHeaders>),
+    /// Forward it now, adding these fields to the response (and settling its rules' charges
+    /// once it is known).
+    Forward(Option<AllowedHeaders>, Option<Box<Settlement>>),
     /// Queue mode: hold it until its slot. (The hold is boxed: queued requests are rare next to
     /// forwarded ones, and an inline hold would double the size of every `Next`.)
     Wait {
         wait: Duration,
         headers: Option<AllowedHeaders>,
         hold: Box<Hold>,
+        settlement: Option<Box<Settlement>>,
     },
     /// Answer it with this response.
     Respond(Response<Bytes>),
@@ -224,18 +229,21 @@ impl Next {
         S: Service<Request<B>> + Clone,
     {
         match self {
-            Next::Forward(headers) => State::calling(inner.call(request), headers),
+            Next::Forward(headers, settlement) => {
+                State::calling(inner.call(request), headers, settlement)
+            }
             Next::Respond(response) => State::respond(response),
             Next::Wait {
                 wait,
                 headers,
                 hold,
+                settlement,
             } => {
                 // The ready service goes with the request (a clone takes its place): the contract
                 // of `poll_ready` is per instance.
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);
-                State::waiting(wait, ready, request, headers, hold)
+                State::waiting(wait, ready, request, headers, hold, settlement)
             }
         }
     }
@@ -259,7 +267,7 @@ pub(crate) fn decide<B>(
             return match shared.failure {
                 FailurePolicy::Open => {
                     tracing::warn!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
-                    Next::Forward(None)
+                    Next::Forward(None, None)
                 }
                 FailurePolicy::Closed => {
                     tracing::warn!(%error, "rate limit: store failed; request refused (fail closed)");
@@ -273,7 +281,7 @@ pub(crate) fn decide<B>(
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(entry.outcome.verdict);
+            rules.metrics[entry.index].record(&entry.outcome);
         }
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
@@ -282,10 +290,15 @@ pub(crate) fn decide<B>(
         return Next::Respond(shared.responder.denied(rules, decision, protocol));
     }
     let headers = shared.responder.allowed(rules, decision);
+    let settlement = if rules.settles {
+        Settlement::of(&shared.limiter, rules, decision)
+    } else {
+        None
+    };
     let wait = decision.wait();
     if wait.is_zero() {
         request.extensions_mut().insert(std::mem::take(decision));
-        return Next::Forward(headers);
+        return Next::Forward(headers, settlement);
     }
     // Queue mode: the units go back to the store if the request is dropped while it waits.
     let hold = Box::new(Hold::new(shared.limiter.clone(), rules.clone(), decision));
@@ -294,6 +307,7 @@ pub(crate) fn decide<B>(
         wait,
         headers,
         hold,
+        settlement,
     }
 }
 

@@ -20,8 +20,8 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tollgate::config::Plan;
 use tollgate::{
-    AccessList, ConfigFormat, Cost, FailurePolicy, ForwardedHeader, Key, Limit, ManualClock,
-    MemoryStore, MissingKey, Queue, RateLimitLayer, Rule, TokioClock,
+    AccessList, ConfigFormat, Cost, CountIf, FailurePolicy, ForwardedHeader, Key, Limit,
+    ManualClock, MemoryStore, MissingKey, Penalty, Queue, RateLimitLayer, Rule, Settle, TokioClock,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -188,7 +188,12 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .methods([Method::POST])
             .path("/login")
             .path("/users/*/password")
-            .on_missing_key(MissingKey::Reject),
+            .on_missing_key(MissingKey::Reject)
+            .block(Penalty::escalating(
+                [minute, 10 * minute, 60 * minute],
+                24 * 60 * minute,
+            ))
+            .count_if(CountIf::status([401, 403])),
         )
         .rule(
             Rule::new("greeter", Limit::token_bucket(5, minute))
@@ -205,6 +210,13 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .path("/v1/chat")
             .cost(Cost::header(header_name("x-llm-tokens")).or(500))
             .shadow(true),
+        )
+        .rule(
+            Rule::new("llm-spend", Limit::token_bucket(100_000, 60 * minute))
+                .key(Key::bearer())
+                .path("/v1/chat")
+                .cost(Cost::header(header_name("x-llm-estimate")).or(1_000))
+                .settle(Settle::header(header_name("x-tokens-used"))),
         )
         .rule(
             Rule::new("upstream", Limit::per_second(5).capacity(1))
@@ -633,7 +645,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -662,6 +674,14 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key: unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 200 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 1000 is not a 4xx or 5xx status"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = \"0s\"", "line 5, column 9: rules[0].block (rule \"a\"): duration 1 is zero: a block must last at least 1 µs"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [], forget_after = \"1h\" }", "line 5, column 22: rules[0].block.escalate (rule \"a\"): must list at least one duration"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [\"1m\", \"-10m\"], forget_after = \"1h\" }", "line 5, column 29: rules[0].block.escalate[1]: invalid duration \"-10m\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = \"errors\"", "line 5, column 12: rules[0].count_if: unknown response class \"errors\" (expected failures, server_errors, successes or { status = [CODES] })"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [] }", "line 5, column 23: rules[0].count_if.status (rule \"a\"): lists no status: nothing would count"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [401, 1000] }", "line 5, column 29: rules[0].count_if.status[1] (rule \"a\"): 1000 is not an HTTP status"),
+        (Toml, "[[rules]]\nname = \"a\"\nlimit = 1\nalgorithm = \"sliding_window\"\nperiod = \"1s\"\nsettle = { header = \"x-used\" }", "line 6, column 10: rules[0].settle (rule \"a\"): needs a token bucket or a fixed window: a settlement may leave a debt, which only they can hold"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block: expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback: unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost: must not be negative (got -1)"),
@@ -1469,11 +1489,25 @@ async fn the_login_protection_sample_slows_down_guessing() {
         ]
     );
     let app = server::app(limits, recorder.handle());
+    // Successful logins never count against the address; failed ones (the sample server
+    // answers `?status=401` with 401) do, and the sixth failure blocks it for a minute.
     let login = || app_request(Method::POST, "/login", &[]);
-    for _ in 0..5 {
+    let failed = || app_request(Method::POST, "/login?status=401", &[]);
+    for _ in 0..3 {
         assert_eq!(call(&app, login()).await.0, StatusCode::OK);
     }
-    assert_eq!(call(&app, login()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    for _ in 0..5 {
+        assert_eq!(call(&app, failed()).await.0, StatusCode::UNAUTHORIZED);
+    }
+    let blocked = app.clone().oneshot(login()).await.unwrap();
+    assert_eq!(blocked.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The block's minute, plus the sample's jitter of up to two seconds.
+    let retry: u64 = blocked.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((60..=62).contains(&retry), "Retry-After: {retry}");
     // Reading the login page is not limited.
     assert_eq!(
         call(&app, app_request(Method::GET, "/login", &[])).await.0,
@@ -1494,6 +1528,37 @@ async fn the_login_protection_sample_slows_down_guessing() {
             1,
         ))));
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sample_server_answers_as_its_query_says() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let limits = RateLimitLayer::from_config_str(
+        ConfigFormat::Toml,
+        "[[rules]]\nname = \"all\"\nrate = 100\nperiod = \"1s\"",
+    )
+    .unwrap();
+    let app = server::app(limits, recorder.handle());
+    let path = "/x?status=418&header=x-tokens-used:1200&header=x-b:2&delay=250ms";
+    let started = tokio::time::Instant::now();
+    let response = app
+        .clone()
+        .oneshot(app_request(Method::GET, path, &[]))
+        .await
+        .unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(250));
+    assert_eq!(response.status(), StatusCode::IM_A_TEAPOT);
+    assert_eq!(response.headers()["x-tokens-used"], "1200");
+    assert_eq!(response.headers()["x-b"], "2");
+    for bad in [
+        "/x?status=99",
+        "/x?delay=5h",
+        "/x?delay=fast",
+        "/x?header=nocolon",
+    ] {
+        let (status, why) = call(&app, app_request(Method::GET, bad, &[])).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {why}");
+    }
 }
 
 /// The `server` example loads a file that names a Redis store (the async loader connects it) and

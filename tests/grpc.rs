@@ -593,3 +593,42 @@ async fn the_decision_names_the_grpc_method() {
     let http = service.oneshot(call("application/json")).await.unwrap();
     assert_eq!(body(http).await, "");
 }
+
+/// Counting by outcome reads the gRPC status: from the trailers of a unary or streaming call
+/// that succeeded (given back when the body ends), from the head of a trailers-only refusal.
+#[tokio::test]
+async fn count_if_failures_reads_grpc_statuses_from_trailers_and_heads() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("failures", Limit::per_hour(3)).count_if(tollgate::CountIf::failures()))
+        .store(frozen())
+        .build()
+        .unwrap();
+    let limiter = layer.limiter().clone();
+    let running = Running::start(layer).await;
+    let left = || async { limiter.check("failures", "", 0).await.unwrap().remaining };
+    for _ in 0..5 {
+        let reply = running.say_hello(&[]).await.expect("OK calls never count");
+        // Charged on arrival, so the call's own fields say 2 left.
+        assert!(reply.ends_with("[\"failures\";r=2;t=1200]"), "{reply}");
+        assert_eq!(left().await, 3);
+    }
+    let (_, messages) = running.count().await.expect("a streaming call");
+    assert_eq!(messages.len(), 3);
+    assert_eq!(left().await, 3);
+    // An unknown method: UNIMPLEMENTED, in the head of a trailers-only answer. It counts.
+    let unknown = || async {
+        let mut client = tonic::client::Grpc::new(running.channel.clone());
+        bounded("ready", client.ready()).await.unwrap();
+        let codec = ProstCodec::<HelloRequest, HelloReply>::default();
+        let request = tonic::Request::new(HelloRequest { name: "x".into() });
+        let path = PathAndQuery::from_static("/helloworld.Greeter/Nope");
+        bounded("a call", client.unary(request, path, codec)).await
+    };
+    for expected in [2, 1, 0] {
+        let status = unknown().await.expect_err("no such method");
+        assert_eq!(status.code(), Code::Unimplemented);
+        assert_eq!(left().await, expected);
+    }
+    let refused = unknown().await.expect_err("over the limit");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+}

@@ -152,3 +152,90 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
     );
     assert!(errors[0].contains("per-ip"), "{text}");
 }
+
+async fn block_log(redact: bool) -> String {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = paused::builder()
+        .rule(
+            Rule::new("login", Limit::per_minute(1))
+                .key(Key::peer_ip())
+                .block_for(std::time::Duration::from_secs(90)),
+        )
+        .redact_keys(redact)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }));
+    for _ in 0..3 {
+        send(&service, from("198.51.100.7", "/", false)).await;
+    }
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    text
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_block_is_logged_once_at_info_with_a_redactable_key() {
+    let plain = block_log(false).await;
+    assert_eq!(
+        plain.matches("rate limit: key blocked").count(),
+        1,
+        "{plain}"
+    );
+    assert!(plain.contains("rule=login"), "{plain}");
+    assert!(plain.contains("key=198.51.100.7"), "{plain}");
+    assert!(plain.contains("blocked_ms=90000"), "{plain}");
+    let redacted = block_log(true).await;
+    assert!(redacted.contains("rate limit: key blocked"), "{redacted}");
+    assert!(!redacted.contains("198.51.100.7"), "{redacted}");
+    assert!(redacted.contains("key=#"), "{redacted}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_settlement_value_is_logged_once_per_rule() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = paused::builder()
+        .rule(
+            Rule::new("tokens", Limit::per_minute(1_000))
+                .cost(10)
+                .settle(tollgate::Settle::header(http::HeaderName::from_static(
+                    "x-tokens-used",
+                ))),
+        )
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Body>| async {
+        let mut response = Response::new(Body::default());
+        response
+            .headers_mut()
+            .insert("x-tokens-used", http::HeaderValue::from_static("-5"));
+        Ok::<_, Infallible>(response)
+    }));
+    for _ in 0..3 {
+        send(&service, from("198.51.100.7", "/", false)).await;
+    }
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches("rate limit: settlement").count(), 1, "{text}");
+    assert!(
+        text.contains("x-tokens-used: \"-5\" is not a whole number"),
+        "{text}"
+    );
+    assert!(text.contains("the estimate stays charged"), "{text}");
+    // The estimate stayed charged three times.
+    let left = layer.limiter().check("tokens", "", 0).await.unwrap();
+    assert_eq!(left.remaining, 970);
+}

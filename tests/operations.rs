@@ -342,3 +342,47 @@ async fn store_errors_and_store_latency_are_measured() {
         "the slow store answers after 5 ms of paused time"
     );
 }
+
+/// A penalty through the layer: the offence and the requests during the block get `429` with
+/// `Retry-After` = what is left of the block; one block is one count of `tollgate_blocked_total`.
+#[tokio::test(start_paused = true)]
+async fn a_blocked_key_gets_the_rest_of_its_block_as_retry_after_and_is_counted_once() {
+    let (layer, metrics) = with_recorder(|| {
+        paused::builder()
+            .rule(
+                Rule::new("login", Limit::per_minute(2))
+                    .key(Key::peer_ip())
+                    .block_for(std::time::Duration::from_secs(600)),
+            )
+            .build()
+            .unwrap()
+    });
+    let service = layer.layer(ok_service());
+    let retry_after = |response: &Response<tollgate::ResponseBody<Body>>| {
+        response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let send = |ip: &str| service.clone().oneshot(from(ip, "/login"));
+    for _ in 0..2 {
+        assert_eq!(send("192.0.2.1").await.unwrap().status(), StatusCode::OK);
+    }
+    let offence = send("192.0.2.1").await.unwrap();
+    assert_eq!(offence.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&offence).as_deref(), Some("600"));
+    tokio::time::advance(std::time::Duration::from_millis(250_500)).await;
+    let during = send("192.0.2.1").await.unwrap();
+    assert_eq!(during.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 349.5 s left, rounded up.
+    assert_eq!(retry_after(&during).as_deref(), Some("350"));
+    assert_eq!(
+        during.headers().get("ratelimit").unwrap(),
+        "\"login\";r=0;t=350"
+    );
+    assert_eq!(send("192.0.2.2").await.unwrap().status(), StatusCode::OK);
+    tokio::time::advance(std::time::Duration::from_millis(349_500)).await;
+    assert_eq!(send("192.0.2.1").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(counter(&metrics, "tollgate_blocked_total", "login"), 1);
+    assert_eq!(counter(&metrics, "tollgate_denied_total", "login"), 2);
+}

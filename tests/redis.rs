@@ -76,6 +76,28 @@ fn same_answers_as_the_memory_store() {
     });
 }
 
+/// With the deny cache on, the same scenarios (blocks, refunds, settlements into debt included)
+/// reach the same decisions: answering locally never admits or denies what Redis would not.
+#[test]
+fn the_deny_cache_never_changes_a_decision() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(scenario in differential::scenario())| {
+        rt.block_on(async {
+            let redis = RedisStore::builder()
+                .url(server.url())
+                .prefix(format!("cached{}", case.fetch_add(1, Ordering::Relaxed)));
+            differential::run_cached(redis, &scenario, true).await;
+        });
+    });
+}
+
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
 /// test might take long to find (a sliding log at the edge of its window, a burst pool split).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,6 +126,7 @@ async fn hand_picked_edges_match() {
                 key: b"k",
                 cost,
                 mode: Mode::Charge,
+                penalty: None,
             }];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();
@@ -296,6 +319,7 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
                 balance: 0,
                 next_unit_in: Duration::from_secs(1200),
                 full_in: Duration::from_secs(3000),
+                offence: false,
             }
         );
     }

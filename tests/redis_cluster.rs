@@ -129,6 +129,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             key: user.as_bytes(),
             cost: 1,
             mode: Mode::Charge,
+            penalty: None,
         },
         Charge {
             rule: "global",
@@ -136,6 +137,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             key: b"",
             cost: 1,
             mode: Mode::Charge,
+            penalty: None,
         },
     ];
     store.apply(&batch).await.expect("the cluster answers")
@@ -149,6 +151,7 @@ async fn global_left(store: &RedisStore, global: u64) -> u64 {
         key: b"",
         cost: 0,
         mode: Mode::Check,
+        penalty: None,
     }];
     store.apply(&peek).await.unwrap()[0].remaining
 }

@@ -71,6 +71,7 @@ fn tollgate(n: u64) -> (u64, u64) {
             key: &bytes,
             cost: 1,
             mode: Mode::Charge,
+            penalty: None,
         };
         let outcomes = match store.apply(std::slice::from_ref(&charge)).into_ready() {
             Ok(Ok(outcomes)) => outcomes,

@@ -127,6 +127,7 @@ impl BurstPool {
             balance: i64::try_from(remaining).unwrap_or(i64::MAX),
             next_unit_in: reset,
             full_in: duration(left.steady.max(left.pool).saturating_sub(now)),
+            offence: false,
         }
     }
 

@@ -233,6 +233,7 @@ impl FixedWindow {
             balance: left.balance,
             next_unit_in: reset,
             full_in: duration(self.wait_for(left, now, self.capacity)),
+            offence: false,
         }
     }
 

@@ -24,6 +24,7 @@
 mod burst_pool;
 mod calendar;
 mod fixed_window;
+mod penalty;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -32,6 +33,7 @@ use std::time::Duration;
 
 pub use burst_pool::{BurstPool, BurstPoolState};
 pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use penalty::{Block, Penalty};
 pub use sliding_log::{SlidingLog, SlidingLogState};
 pub use sliding_window::{SlidingWindow, SlidingWindowState};
 pub use token_bucket::TokenBucket;
@@ -106,6 +108,9 @@ pub struct Outcome {
     /// Time until the quota is full again (`remaining == limit`), debt and reservations
     /// included; zero when it is full.
     pub full_in: Duration,
+    /// Whether this denial was an offence that blocked the key under the rule's penalty
+    /// ([`Penalty`]); false for every other outcome, denials during a block included.
+    pub offence: bool,
 }
 
 impl Outcome {

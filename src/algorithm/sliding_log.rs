@@ -125,6 +125,7 @@ impl SlidingLog {
             balance: i64::try_from(remaining).unwrap_or(i64::MAX),
             next_unit_in: reset,
             full_in: duration(self.wait_for(state, now, charged, self.limit)),
+            offence: false,
         }
     }
 

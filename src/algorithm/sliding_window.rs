@@ -162,6 +162,7 @@ impl SlidingWindow {
             balance: i64::try_from(remaining).unwrap_or(i64::MAX),
             next_unit_in: reset,
             full_in: duration(self.wait_for(left, now, self.limit)),
+            offence: false,
         }
     }
 

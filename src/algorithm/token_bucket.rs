@@ -187,6 +187,7 @@ impl TokenBucket {
             balance: self.balance(left, remaining),
             next_unit_in: self.reset(left, remaining),
             full_in: duration(left),
+            offence: false,
         }
     }
 

@@ -11,11 +11,12 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::schema::{
-    AccessSpec, AlgorithmName, CalendarName, CdnHeaderName, ClientIpSpec, CostSpec, File,
-    ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure, PlanSource, QueueSpec,
-    ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
+    AccessSpec, AlgorithmName, BlockSpec, CalendarName, CdnHeaderName, ClientIpSpec, CostSpec,
+    CountIfSpec, File, ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure,
+    PlanSource, QueueSpec, ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
+use crate::algorithm::Penalty;
 use crate::error::ConfigError;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
@@ -23,6 +24,7 @@ use crate::limit::Limit;
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};
 use crate::ruleset::AccessList;
+use crate::settle::{CountIf, Settle};
 use crate::store::MemoryStore;
 use crate::Cost;
 
@@ -163,6 +165,9 @@ struct Common {
     grpc: Vec<String>,
     missing_key: Option<MissingKey>,
     queue: Option<Queue>,
+    penalty: Option<Penalty>,
+    count_if: Option<CountIf>,
+    settle: Option<Settle>,
     shadow: bool,
 }
 
@@ -206,6 +211,21 @@ impl Common {
                 .as_ref()
                 .map(|queue| self::queue(queue, &format!("{at}.queue")))
                 .transpose()?,
+            penalty: spec.block.as_ref().map(|block| match block {
+                BlockSpec::Fixed(d) => Penalty::fixed(d.0),
+                BlockSpec::Escalate(e) => {
+                    Penalty::escalating(e.escalate.iter().map(|d| d.0), e.forget_after.0)
+                }
+            }),
+            count_if: spec
+                .count_if
+                .as_ref()
+                .map(|count_if| self::count_if(count_if, &format!("{at}.count_if")))
+                .transpose()?,
+            settle: spec
+                .settle
+                .as_ref()
+                .map(|settle| Settle::header(settle.header.0.clone())),
             shadow: spec.shadow,
         })
     }
@@ -229,6 +249,15 @@ impl Common {
         }
         if let Some(queue) = self.queue {
             rule = rule.queue(queue);
+        }
+        if let Some(penalty) = &self.penalty {
+            rule = rule.block(penalty.clone());
+        }
+        if let Some(count_if) = &self.count_if {
+            rule = rule.count_if(count_if.clone());
+        }
+        if let Some(settle) = &self.settle {
+            rule = rule.settle(settle.clone());
         }
         rule
     }
@@ -539,6 +568,33 @@ fn from_rule_error(error: &ConfigError, place: &dyn Fn(&str) -> String) -> Inval
         path: format!("{}.{field}", place(field)),
         message: error.message().to_owned(),
     }
+}
+
+fn count_if(spec: &CountIfSpec, at: &str) -> Result<CountIf, Invalid> {
+    Ok(match spec {
+        CountIfSpec::Failures => CountIf::failures(),
+        CountIfSpec::ServerErrors => CountIf::server_errors(),
+        CountIfSpec::Successes => CountIf::successes(),
+        CountIfSpec::Status(statuses) => {
+            if statuses.is_empty() {
+                return invalid(
+                    format!("{at}.status"),
+                    "lists no status: nothing would count",
+                );
+            }
+            if let Some((i, bad)) = statuses
+                .iter()
+                .enumerate()
+                .find(|(_, s)| StatusCode::from_u16(**s).is_err())
+            {
+                return invalid(
+                    format!("{at}.status[{i}]"),
+                    format!("{bad} is not an HTTP status"),
+                );
+            }
+            CountIf::status(statuses.iter().copied())
+        }
+    })
 }
 
 fn key(spec: &KeySpec, at: &str) -> Result<Key, Invalid> {

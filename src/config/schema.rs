@@ -117,6 +117,9 @@ pub(crate) struct RuleSpec {
     pub(crate) grpc: Vec<String>,
     pub(crate) cost: Option<CostSpec>,
     pub(crate) queue: Option<QueueSpec>,
+    pub(crate) block: Option<BlockSpec>,
+    pub(crate) count_if: Option<CountIfSpec>,
+    pub(crate) settle: Option<SettleSpec>,
     #[serde(default)]
     pub(crate) shadow: bool,
     pub(crate) tiers: Option<TiersSpec>,
@@ -240,6 +243,95 @@ pub(crate) struct QueueSpec {
     #[serde(default)]
     pub(crate) nodelay: bool,
     pub(crate) max_delay: Option<HumanDuration>,
+}
+
+/// A penalty: `block = "10m"` or `block = { escalate = ["1m", "10m", "1h"], forget_after = "24h" }`.
+#[derive(Debug)]
+pub(crate) enum BlockSpec {
+    Fixed(HumanDuration),
+    Escalate(EscalateSpec),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EscalateSpec {
+    pub(crate) escalate: Vec<HumanDuration>,
+    pub(crate) forget_after: HumanDuration,
+}
+
+impl<'de> Deserialize<'de> for BlockSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct BlockVisitor;
+        impl<'de> Visitor<'de> for BlockVisitor {
+            type Value = BlockSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BlockSpec, E> {
+                super::duration::parse(v)
+                    .map(|d| BlockSpec::Fixed(HumanDuration(d)))
+                    .map_err(E::custom)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BlockSpec, A::Error> {
+                EscalateSpec::deserialize(MapAccessDeserializer::new(map)).map(BlockSpec::Escalate)
+            }
+        }
+        deserializer.deserialize_any(BlockVisitor)
+    }
+}
+
+/// Which responses count: `"failures"`, `"server_errors"`, `"successes"` or
+/// `{ status = [401, 403] }`.
+#[derive(Debug)]
+pub(crate) enum CountIfSpec {
+    Failures,
+    ServerErrors,
+    Successes,
+    Status(Vec<u16>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusListSpec {
+    status: Vec<u16>,
+}
+
+impl<'de> Deserialize<'de> for CountIfSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountIfVisitor;
+        impl<'de> Visitor<'de> for CountIfVisitor {
+            type Value = CountIfSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "\"failures\", \"server_errors\", \"successes\" or a table { status = [CODES] }",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<CountIfSpec, E> {
+                match v {
+                    "failures" => Ok(CountIfSpec::Failures),
+                    "server_errors" => Ok(CountIfSpec::ServerErrors),
+                    "successes" => Ok(CountIfSpec::Successes),
+                    other => Err(E::custom(format!(
+                        "unknown response class {other:?} (expected failures, server_errors, successes or {{ status = [CODES] }})"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<CountIfSpec, A::Error> {
+                StatusListSpec::deserialize(MapAccessDeserializer::new(map))
+                    .map(|list| CountIfSpec::Status(list.status))
+            }
+        }
+        deserializer.deserialize_any(CountIfVisitor)
+    }
+}
+
+/// Where the real cost is read: `{ header = "x-tokens-used" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettleSpec {
+    pub(crate) header: HeaderNameSpec,
 }
 
 /// `[rules.tiers]`.

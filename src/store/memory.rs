@@ -26,8 +26,8 @@ use smallvec::SmallVec;
 
 use super::{Charge, Outcomes, Store, StoreFuture};
 use crate::algorithm::{
-    Algorithm, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, SlidingLogState,
-    SlidingWindowState, TokenBucket, Verdict,
+    Algorithm, Block, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, Penalty,
+    SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, Latest, SystemClock};
 
@@ -59,6 +59,8 @@ struct Inner {
     hasher: foldhash::fast::RandomState,
     buckets: Table<Micros>,
     others: Table<Timed>,
+    /// The blocks of rules with a penalty, beside the counters (only those rules look here).
+    blocks: Table<Blocked>,
 }
 
 /// Builds a [`MemoryStore`].
@@ -97,6 +99,7 @@ impl MemoryStoreBuilder {
                 hasher: foldhash::fast::RandomState::default(),
                 buckets: Table::new(self.shards, per_shard),
                 others: Table::new(self.shards, per_shard),
+                blocks: Table::new(self.shards, per_shard),
             }),
         }
     }
@@ -126,7 +129,7 @@ impl MemoryStore {
 
     /// The number of keys currently tracked.
     pub fn len(&self) -> usize {
-        self.inner.buckets.len() + self.inner.others.len()
+        self.inner.buckets.len() + self.inner.others.len() + self.inner.blocks.len()
     }
 
     /// Whether no key is tracked.
@@ -229,7 +232,36 @@ impl Store for MemoryStore {
         match table_of(algorithm) {
             Which::Buckets => self.inner.buckets.shard(hash).map.remove(&hash).map(drop),
             Which::Others => self.inner.others.shard(hash).map.remove(&hash).map(drop),
+            Which::Blocks => None,
         };
+        self.inner.blocks.shard(hash).map.remove(&hash);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn set_block(
+        &self,
+        rule: &str,
+        penalty: &Penalty,
+        key: &[u8],
+        block: Option<std::time::Duration>,
+    ) -> StoreFuture<()> {
+        let hash = self.hash(rule, key);
+        let mut shard = self.inner.blocks.shard(hash);
+        match block {
+            None => {
+                shard.map.remove(&hash);
+            }
+            Some(d) => {
+                let now = self.now();
+                let offences = shard.map.get(&hash).map_or(0, |b| b.block.offences);
+                let block = Block {
+                    until: now.saturating_add(crate::algorithm::micros(d)),
+                    offences,
+                };
+                let expires = penalty.forgotten_at(&block);
+                shard.put(hash, Blocked { block, expires }, now);
+            }
+        }
         StoreFuture::ready(Ok(()))
     }
 }
@@ -250,10 +282,32 @@ impl MemoryStore {
             .iter()
             .map(|charge| Cell::new(charge, self.hash(charge.rule, charge.key), now))
             .collect();
-        let mut locked = Locked::lock(&self.inner, cells.iter().map(|c| (c.table, c.hash)));
+        let blocks = cells
+            .iter()
+            .filter(|c| c.charge.penalty.is_some())
+            .map(|c| (Which::Blocks, c.hash));
+        let mut locked = Locked::lock(
+            &self.inner,
+            cells.iter().map(|c| (c.table, c.hash)).chain(blocks),
+        );
+        // A blocked key is denied without looking at its counters.
+        let blocked: SmallVec<[Option<Block>; 2]> = cells
+            .iter()
+            .map(|c| {
+                c.charge.penalty?;
+                let block = locked.blocks(c.hash).map.get(&c.hash)?.block;
+                Some(block)
+            })
+            .collect();
         let mut outcomes: Outcomes = cells
             .iter()
-            .map(|c| c.evaluate(&mut locked, c.charge.cost))
+            .zip(&blocked)
+            .map(|(c, block)| match block {
+                Some(block) if block.until > now => {
+                    Penalty::blocked(block.until, now, c.charge.algorithm.capacity())
+                }
+                _ => c.evaluate(&mut locked, c.charge.cost),
+            })
             .collect();
         if outcomes.iter().all(|o| o.verdict.is_admitted()) {
             for cell in cells.iter().filter(|c| c.charge.mode != Mode::Check) {
@@ -261,13 +315,22 @@ impl MemoryStore {
             }
         } else {
             // All or nothing: report what the admitted rules have left, uncharged.
-            for (cell, outcome) in cells.iter().zip(outcomes.iter_mut()) {
+            for ((cell, outcome), block) in cells.iter().zip(outcomes.iter_mut()).zip(&blocked) {
                 if outcome.verdict.is_admitted() {
                     let peek = cell.evaluate(&mut locked, 0);
                     *outcome = Outcome {
                         verdict: Verdict::Allowed,
                         ..peek
                     };
+                } else if let Some(penalty) = cell.charge.penalty {
+                    if offends(cell.charge) && block.is_none_or(|b| b.until <= now) {
+                        let block = penalty.offend(*block, now);
+                        let expires = penalty.forgotten_at(&block);
+                        locked
+                            .blocks(cell.hash)
+                            .put(cell.hash, Blocked { block, expires }, now);
+                        *outcome = Penalty::punish(*outcome, block.until, now);
+                    }
                 }
             }
         }
@@ -278,6 +341,9 @@ impl MemoryStore {
     /// decision, without collecting cells, sorting shards or searching the held guards.
     #[inline]
     fn decide_one(&self, charge: &Charge<'_>) -> Outcome {
+        if charge.penalty.is_some() {
+            return penalised_one(self, charge);
+        }
         let now = self.now();
         let hash = self.hash(charge.rule, charge.key);
         if let Algorithm::TokenBucket(tb) = charge.algorithm {
@@ -331,11 +397,38 @@ impl MemoryStore {
     }
 }
 
+/// A charge under a rule with a penalty: the batch path, which also holds the key's block.
+#[cold]
+fn penalised_one(store: &MemoryStore, charge: &Charge<'_>) -> Outcome {
+    store
+        .apply_batch(std::slice::from_ref(charge))
+        .pop()
+        .unwrap_or_else(|| unreachable_outcome(charge.algorithm))
+}
+
+/// Whether a denial of this charge is an offence: a real charge, not a look.
+fn offends(charge: &Charge<'_>) -> bool {
+    charge.mode != Mode::Check && charge.cost > 0
+}
+
 /// Which table a state lives in.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Which {
     Buckets,
     Others,
+    Blocks,
+}
+
+/// A key's block, with the moment it is forgotten.
+struct Blocked {
+    block: Block,
+    expires: Micros,
+}
+
+impl Expiring for Blocked {
+    fn expires(&self) -> Micros {
+        self.expires
+    }
 }
 
 fn table_of(algorithm: &Algorithm) -> Which {
@@ -563,6 +656,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
         balance: 0,
         next_unit_in: algorithm.window(),
         full_in: algorithm.window(),
+        offence: false,
     }
 }
 
@@ -571,6 +665,7 @@ struct Locked<'s> {
     shift: u32,
     buckets: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Micros>>); 2]>,
     others: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Timed>>); 2]>,
+    blocks: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Blocked>>); 1]>,
 }
 
 impl<'s> Locked<'s> {
@@ -586,12 +681,10 @@ impl<'s> Locked<'s> {
             shift,
             buckets: SmallVec::new(),
             others: SmallVec::new(),
+            blocks: SmallVec::new(),
         };
         for (which, index) in order {
-            match which {
-                Which::Buckets => locked.buckets.push((index, inner.buckets.lock(index))),
-                Which::Others => locked.others.push((index, inner.others.lock(index))),
-            }
+            locked.hold(inner, which, index);
         }
         locked
     }
@@ -604,12 +697,23 @@ impl<'s> Locked<'s> {
             shift,
             buckets: SmallVec::new(),
             others: SmallVec::new(),
+            blocks: SmallVec::new(),
         };
-        match which {
-            Which::Buckets => locked.buckets.push((index, inner.buckets.lock(index))),
-            Which::Others => locked.others.push((index, inner.others.lock(index))),
-        }
+        locked.hold(inner, which, index);
         locked
+    }
+
+    fn hold(&mut self, inner: &'s Inner, which: Which, index: usize) {
+        match which {
+            Which::Buckets => self.buckets.push((index, inner.buckets.lock(index))),
+            Which::Others => self.others.push((index, inner.others.lock(index))),
+            Which::Blocks => self.blocks.push((index, inner.blocks.lock(index))),
+        }
+    }
+
+    fn blocks(&mut self, hash: u64) -> &mut ShardMap<Blocked> {
+        let index = shard_index(hash, self.shift);
+        find(&mut self.blocks, index)
     }
 
     fn buckets(&mut self, hash: u64) -> &mut ShardMap<Micros> {

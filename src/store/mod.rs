@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{Algorithm, Mode, Outcome};
+use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
 use crate::error::ConfigError;
 
 #[cfg(feature = "redis")]
@@ -35,6 +35,9 @@ pub struct Charge<'a> {
     pub cost: u64,
     /// Charge, check, or reserve.
     pub mode: Mode,
+    /// The rule's penalty, if it blocks keys it denies (DESIGN §10): a blocked key is denied
+    /// without touching its counters, and a charge the rule denies starts a block.
+    pub penalty: Option<&'a Penalty>,
 }
 
 /// The outcomes of a batch, in the order of its charges.
@@ -76,12 +79,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Forgets the key: its next request is treated like a new key's.
     fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()>;
 
+    /// Blocks `key` under `rule` for `block` from now (its offences are kept), or, with `None`,
+    /// lifts its block and forgets its offences. Only rules with a `penalty` read blocks. The
+    /// default answers that the store keeps no blocks.
+    fn set_block(
+        &self,
+        rule: &str,
+        penalty: &Penalty,
+        key: &[u8],
+        block: Option<std::time::Duration>,
+    ) -> StoreFuture<()> {
+        let _ = (rule, penalty, key, block);
+        StoreFuture::ready(Err(StoreError::new(
+            StoreErrorKind::Config,
+            "this store keeps no blocks",
+        )))
+    }
+
     /// Checks, when a limiter is built, that this store can decide `rule` exactly (the default
     /// accepts every rule). A store with narrower arithmetic than the algorithms' — the Redis
     /// store's Lua counts in doubles — rejects the parameters it cannot handle here, so that the
     /// error names the rule and the field instead of a request meeting it.
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
         let _ = (rule, algorithm);
+        Ok(())
+    }
+
+    /// Checks, when a limiter is built, that this store can keep the blocks of `rule` (the
+    /// default accepts every rule).
+    fn validate_penalty(&self, rule: &str, penalty: &Penalty) -> Result<(), ConfigError> {
+        let _ = (rule, penalty);
         Ok(())
     }
 }

@@ -68,13 +68,14 @@ pub(crate) async fn scenario(limiter: &Limiter, clock: &ManualClock) {
     assert_eq!(utc.remaining, 0);
     assert_eq!(utc.next_unit_in, Duration::from_secs(7200));
 
-    // February 2023 has 28 days: from the 10th, 19 days (one fewer than in 2024).
-    clock.set(Duration::from_secs(1_675_987_200));
+    // February 2025 has 28 days: from the 10th, 19 days (one fewer than in 2024). (Forward in
+    // time: a store never lets its clock go back.)
+    clock.set(Duration::from_secs(1_739_145_600));
     assert!(limiter
-        .charge("monthly", "2023", 3)
+        .charge("monthly", "2025", 3)
         .await
         .unwrap()
         .is_allowed());
-    let denied = limiter.charge("monthly", "2023", 1).await.unwrap();
+    let denied = limiter.charge("monthly", "2025", 1).await.unwrap();
     assert_eq!(denied.retry_after(), Some(days(19)));
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::algorithm::{
-    Algorithm, BurstPool, FixedWindow, Mode, ReserveBound, SlidingLog, SlidingWindow, TokenBucket,
-    WindowStart,
+    Algorithm, BurstPool, FixedWindow, Mode, Penalty, ReserveBound, SlidingLog, SlidingWindow,
+    TokenBucket, WindowStart,
 };
 use tollgate::store::RedisStoreBuilder;
 use tollgate::store::{Charge, Outcomes, Store};
@@ -22,6 +22,31 @@ pub enum Step {
     Refund(usize, usize, u64),
     Reset(usize, usize),
     Advance(u64),
+    /// `Limiter::block` (µs) or `unblock` (`None`), for a rule with a penalty.
+    Block(usize, usize, Option<u64>),
+    /// A settlement's extra charge: units owed, into debt if need be (token buckets; others
+    /// skip it).
+    Owe(usize, usize, u64),
+}
+
+/// A rule of a scenario: its algorithm and, for some, a penalty.
+pub type ScenarioRule = (Algorithm, Option<Penalty>);
+
+fn penalty() -> impl Strategy<Value = Penalty> {
+    (
+        prop::collection::vec(1u64..5_000_000, 1..4),
+        prop_oneof![Just(0u64), 1u64..10_000_000],
+    )
+        .prop_map(|(durations, forget)| {
+            Penalty::escalating(
+                durations.into_iter().map(Duration::from_micros),
+                Duration::from_micros(forget),
+            )
+        })
+}
+
+fn rule() -> impl Strategy<Value = ScenarioRule> {
+    (algorithm(), prop::option::weighted(0.4, penalty()))
 }
 
 /// Key values: the global (empty) key, and two others.
@@ -115,6 +140,7 @@ fn charge(rules: &[Algorithm], rule: usize) -> BoxedStrategy<(usize, usize, u64,
 
 fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
     let n = rules.len();
+    let block = prop_oneof![Just(None), (1u64..3_000_000).prop_map(Some),];
     let apply = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
         .prop_flat_map(move |chosen| {
             chosen
@@ -135,19 +161,22 @@ fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
         .prop_map(Step::Advance),
         1 => (0..n, 0..KEYS.len(), 0u64..5).prop_map(|(r, k, u)| Step::Refund(r, k, u)),
         1 => (0..n, 0..KEYS.len()).prop_map(|(r, k)| Step::Reset(r, k)),
+        1 => (0..n, 0..KEYS.len(), block).prop_map(|(r, k, b)| Step::Block(r, k, b)),
+        1 => (0..n, 0..KEYS.len(), 1u64..30).prop_map(|(r, k, u)| Step::Owe(r, k, u)),
     ]
     .boxed()
 }
 
 /// A scenario: a start time (near today's, so the script's numbers are as large as in
 /// production), rules, and steps.
-pub fn scenario() -> impl Strategy<Value = (u64, Vec<Algorithm>, Vec<Step>)> {
+pub fn scenario() -> impl Strategy<Value = (u64, Vec<ScenarioRule>, Vec<Step>)> {
     (
         1_700_000_000_000_000u64..1_800_000_000_000_000,
-        prop::collection::vec(algorithm(), 1..=3),
+        prop::collection::vec(rule(), 1..=3),
     )
         .prop_flat_map(|(start, rules)| {
-            let steps = prop::collection::vec(step(rules.clone()), 1..40);
+            let algorithms = rules.iter().map(|(a, _)| a.clone()).collect();
+            let steps = prop::collection::vec(step(algorithms), 1..40);
             (Just(start), Just(rules), steps)
         })
 }
@@ -162,18 +191,29 @@ async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
 
 /// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
 /// clock (and no deny cache, so every answer comes from Redis); panics on the first difference.
-pub async fn run(
+pub async fn run(redis: RedisStoreBuilder, scenario: &(u64, Vec<ScenarioRule>, Vec<Step>)) {
+    run_cached(redis, scenario, false).await
+}
+
+/// [`run`], with the Redis store's deny cache on or off. With it on, a cached denial reports
+/// what Redis said when it was cached (the other rules' `remaining` then, the wait for one unit),
+/// so only each request's decision is compared: the cache must never change one.
+pub async fn run_cached(
     redis: RedisStoreBuilder,
-    (start, rules, steps): &(u64, Vec<Algorithm>, Vec<Step>),
+    (start, rules, steps): &(u64, Vec<ScenarioRule>, Vec<Step>),
+    cache: bool,
 ) {
     let clock = ManualClock::new(Duration::from_micros(*start));
     let redis = redis
         .clock(clock.clone())
-        .deny_cache(false)
+        .deny_cache(cache)
         .timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
+    let penalties: Vec<Option<Penalty>> = rules.iter().map(|(_, p)| p.clone()).collect();
+    let rules: Vec<Algorithm> = rules.iter().map(|(a, _)| a.clone()).collect();
+    let rules = &rules;
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let (redis, memory, clock) = (&redis, &memory, &clock);
     let names: Vec<String> = (0..rules.len()).map(name).collect();
@@ -188,14 +228,28 @@ pub async fn run(
                         key: KEYS[key],
                         cost,
                         mode,
+                        penalty: penalties[rule].as_ref(),
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
                 let got = apply(redis, &batch).await;
-                assert_eq!(
-                    got, expected,
-                    "step {i} {step:?} differs (left: Redis, right: memory)"
-                );
+                if cache {
+                    // (A cached denial reports the other rules as last seen: compare the
+                    // request's decision.)
+                    let verdicts =
+                        |outcomes: &Outcomes| outcomes.iter().all(|o| o.verdict.is_admitted());
+                    assert_eq!(
+                        verdicts(&got),
+                        verdicts(&expected),
+                        "step {i} {step:?} decided differently (left: Redis with its cache, \
+                         right: memory): {got:?} / {expected:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        got, expected,
+                        "step {i} {step:?} differs (left: Redis, right: memory)"
+                    );
+                }
             }
             Step::Refund(rule, key, units) => {
                 let charge = Charge {
@@ -204,6 +258,7 @@ pub async fn run(
                     key: KEYS[*key],
                     cost: *units,
                     mode: Mode::Charge,
+                    penalty: penalties[*rule].as_ref(),
                 };
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
@@ -219,6 +274,31 @@ pub async fn run(
                     .unwrap();
             }
             Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
+            Step::Owe(rule, key, units) if rules[*rule].reserves() => {
+                let charge = Charge {
+                    rule: &names[*rule],
+                    algorithm: &rules[*rule],
+                    key: KEYS[*key],
+                    cost: *units,
+                    mode: Mode::Reserve(ReserveBound::default()),
+                    penalty: None,
+                };
+                let expected = apply(memory, &[charge]).await;
+                let got = apply(redis, &[charge]).await;
+                assert_eq!(
+                    got, expected,
+                    "step {i} {step:?} (left: Redis, right: memory)"
+                );
+            }
+            Step::Owe(..) => {}
+            Step::Block(rule, key, block) => {
+                if let Some(penalty) = &penalties[*rule] {
+                    let block = block.map(Duration::from_micros);
+                    let (name, key) = (&names[*rule], KEYS[*key]);
+                    memory.set_block(name, penalty, key, block).await.unwrap();
+                    redis.set_block(name, penalty, key, block).await.unwrap();
+                }
+            }
         }
     }
 }

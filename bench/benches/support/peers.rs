@@ -48,6 +48,7 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
             key: &bytes,
             cost: 1,
             mode: Mode::Charge,
+            penalty: None,
         };
         // The single-charge path the middleware takes for a request under one rule.
         match self.store.apply_one(&charge).into_ready() {

@@ -22,6 +22,7 @@ fn charge<'a>(rule: &'a str, algorithm: &'a Algorithm, key: &'a [u8], cost: u64)
         key,
         cost,
         mode: Mode::Charge,
+        penalty: None,
     }
 }
 
@@ -96,6 +97,7 @@ fn check_mode_charges_nothing() {
     let limit = bucket(3, SECOND);
     let peek = Charge {
         mode: Mode::Check,
+        penalty: None,
         ..charge("r", &limit, b"k", 2)
     };
     for _ in 0..5 {
@@ -386,7 +388,7 @@ mod single_charge_fast_path {
                 let mode = mode(pick);
                 let cost = cost.min(algorithm.max_cost(mode));
                 let key = [b'k', key];
-                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode };
+                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode, penalty: None };
                 let one = apply(&fast, std::slice::from_ref(&charge));
                 let all = general.apply_batch(std::slice::from_ref(&charge));
                 prop_assert_eq!(one, all);
@@ -439,7 +441,7 @@ mod a_clock_stepping_back {
                 let algorithm = &algorithms[algorithm];
                 let cost = cost.min(algorithm.max_cost(Mode::Charge));
                 let key = [b'k', key];
-                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode: Mode::Charge };
+                let charge = Charge { rule: "r", algorithm, key: &key, cost, mode: Mode::Charge, penalty: None };
                 prop_assert_eq!(
                     apply(&back, std::slice::from_ref(&charge)),
                     apply(&still, std::slice::from_ref(&charge))

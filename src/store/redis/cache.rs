@@ -9,8 +9,13 @@
 //! A local answer must still carry an outcome for every rule of the request, so the other keys of
 //! a cached denial are kept too, as "last seen" entries valid as long as the denial: their
 //! `remaining` is the value Redis reported then. A request is answered locally only when at least
-//! one of its charges is denied by an entry and every other charge has an entry; otherwise it goes
-//! to Redis.
+//! one of its charges is denied by an entry and every other charge has an entry (and is not under
+//! a rule with a penalty, whose denial by Redis would be an offence); otherwise it goes to Redis.
+//!
+//! A key blocked by its rule's penalty is answered the same way until its block ends (a blocked
+//! answer says exactly that). The answer to the offence that started a block is not cached: it
+//! may report the counters' longer wait, and a denial after the block but before that wait is a
+//! new offence, which only the store can count.
 //!
 //! Bounded: at most `capacity` entries; when full, expired entries are dropped, and if that is not
 //! enough, nothing new is cached until entries expire.
@@ -98,6 +103,10 @@ impl DenyCache {
             let left = |at: Micros| duration(at.saturating_sub(now));
             let denies =
                 entry.denied && charge.cost > 0 && !matches!(charge.mode, Mode::Reserve(_));
+            if !denies && charge.penalty.is_some() {
+                // A last-seen value cannot say whether this charge would be an offence.
+                return None;
+            }
             denied |= denies;
             outcomes.push(if denies {
                 Outcome {
@@ -109,6 +118,7 @@ impl DenyCache {
                     balance: entry.balance,
                     next_unit_in: left(entry.until),
                     full_in: left(entry.full_at),
+                    offence: false,
                 }
             } else {
                 Outcome {
@@ -118,6 +128,7 @@ impl DenyCache {
                     balance: entry.balance,
                     next_unit_in: left(entry.reset_at),
                     full_in: left(entry.full_at),
+                    offence: false,
                 }
             });
         }
@@ -137,13 +148,17 @@ impl DenyCache {
             }
             _ => None,
         };
+        // An offence blocked a key: what its rule answers next is the store's to say.
+        let offence = outcomes.iter().any(|o| o.offence);
         let until = batch
             .iter()
             .zip(outcomes)
             .filter_map(|(view, outcome)| empty_until(view, outcome))
-            .max();
+            .max()
+            .filter(|_| !offence);
         let Some(until) = until else {
-            // Admitted (or denied with units left): whatever was cached for these keys is stale.
+            // Admitted (or denied with units left, or an offence): whatever was cached for these
+            // keys is stale.
             if !self.is_empty() {
                 for view in batch {
                     if self.shard(view.hash).remove(&view.hash).is_some() {
@@ -235,6 +250,7 @@ mod tests {
             balance: 0,
             next_unit_in: reset,
             full_in: reset,
+            offence: false,
         }
     }
 
@@ -246,6 +262,7 @@ mod tests {
             balance: remaining as i64,
             next_unit_in: SECOND,
             full_in: SECOND,
+            offence: false,
         }
     }
 
@@ -259,6 +276,7 @@ mod tests {
             key: b"k",
             cost,
             mode: Mode::Charge,
+            penalty: None,
         };
         let batch = [charge("tight", 1), charge("roomy", 1)];
         let hashes = [cache.hash("tight", b"k"), cache.hash("roomy", b"k")];

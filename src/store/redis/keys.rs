@@ -31,6 +31,12 @@ pub(super) fn key_name(prefix: &str, rule: &str, key: &[u8], shard: Option<u32>)
     name
 }
 
+/// The name of the Redis key holding the block of `(rule, key)`: `<prefix>:block:{<tag>}:<rule>`,
+/// in the same cluster slot as the key's counters.
+pub(super) fn block_name(prefix: &str, rule: &str, key: &[u8]) -> Vec<u8> {
+    key_name(&format!("{prefix}:block"), rule, key, None)
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn is_plain(key: &[u8]) -> bool {

@@ -19,7 +19,7 @@ use self::cache::{CacheView, DenyCache};
 use self::conn::{Conn, Target};
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
-use crate::algorithm::{duration, Algorithm, Micros, Mode, Outcome, Verdict};
+use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, Verdict};
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
 
@@ -56,6 +56,10 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// the rules of a request that count by the same value (per IP and per IP on `/login`) share a
 /// slot and are decided in one script call. Values that are empty or contain `{`, `}`, `|` (or
 /// start with `=`) are written as `=` and their hex digits.
+///
+/// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
+/// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
+/// same script call; a sharded rule cannot have one.
 ///
 /// # Redis Cluster
 /// [`cluster`](RedisStoreBuilder::cluster) connects to a cluster. A request whose keys share a
@@ -355,7 +359,12 @@ impl RedisStore {
                 .map(|charge| CacheView {
                     hash: cache.hash(charge.rule, charge.key),
                     mode: charge.mode,
-                    cacheable: !inner.shards.contains_key(charge.rule),
+                    // A penalised rule's denials are cached only once the key is blocked (a
+                    // charge denied then is a blocked answer, exact until the block ends): the
+                    // offence itself may outlast its block, and a later denial is an offence.
+                    cacheable: !inner.shards.contains_key(charge.rule)
+                        && (charge.penalty.is_none()
+                            || (charge.mode == Mode::Charge && charge.cost > 0)),
                 })
                 .collect(),
             None => SmallVec::new(),
@@ -422,7 +431,8 @@ impl Store for RedisStore {
         if let Some(cache) = &inner.cache {
             cache.forget(cache.hash(rule, key));
         }
-        let names = inner.names(rule, key);
+        let mut names = inner.names(rule, key);
+        names.push(keys::block_name(&inner.prefix, rule, key));
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
             inner
@@ -446,6 +456,69 @@ impl Store for RedisStore {
         })
     }
 
+    fn set_block(
+        &self,
+        rule: &str,
+        penalty: &Penalty,
+        key: &[u8],
+        block: Option<Duration>,
+    ) -> StoreFuture<()> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.cache {
+            cache.forget(cache.hash(rule, key));
+        }
+        let now = match inner.injected_now() {
+            Ok(now) => now,
+            Err(error) => return StoreFuture::ready(Err(error)),
+        };
+        let name = keys::block_name(&inner.prefix, rule, key);
+        let forget = micros(penalty.forget_after());
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            inner
+                .timed(async {
+                    let mut conn = inner.conn.clone();
+                    match block {
+                        None => {
+                            let mut cmd = ::redis::cmd("DEL");
+                            cmd.arg(&name);
+                            conn.query::<i64>(&cmd).await.map_err(conn::error)?;
+                        }
+                        Some(d) => {
+                            // The script reads the key's offences and the time in one step.
+                            let mut cmd = Cmd::new();
+                            cmd.arg("EVALSHA").arg(inner.script.get_hash()).arg(1);
+                            cmd.arg(&name);
+                            let mut packed = Packed(Vec::with_capacity(8 * Packed::MIN));
+                            packed.push(5);
+                            push_now(&mut packed, now);
+                            packed.push(0);
+                            let span = |d: u64| d.min(params::MAX_SPAN);
+                            packed.push(span(micros(d)));
+                            packed.push(span(forget));
+                            packed.pad();
+                            cmd.arg(packed.0.as_slice());
+                            let _: Vec<u8> =
+                                conn.eval(&inner.script, &cmd).await.map_err(conn::error)?;
+                        }
+                    }
+                    Ok(())
+                })
+                .await
+        })
+    }
+
+    fn validate_penalty(&self, rule: &str, penalty: &Penalty) -> Result<(), ConfigError> {
+        if self.inner.shards.contains_key(rule) {
+            return Err(ConfigError::new(
+                rule,
+                "block",
+                "a rule sharded over several Redis keys cannot block keys",
+            ));
+        }
+        params::validate_penalty(rule, penalty)
+    }
+
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
         params::validate(rule, algorithm)?;
         match self.inner.shards.get(rule) {
@@ -462,6 +535,8 @@ struct Record {
     limit: u64,
     candidates: SmallVec<[Candidate; 2]>,
     sharding: Option<Arc<Sharding>>,
+    /// A rule with a penalty: its block's key, and the script's numbers (see `params`).
+    penalty: Option<(Vec<u8>, params::Args)>,
 }
 
 struct Candidate {
@@ -601,6 +676,12 @@ impl Inner {
             limit: charge.algorithm.capacity(),
             candidates,
             sharding,
+            penalty: charge.penalty.map(|penalty| {
+                (
+                    keys::block_name(&self.prefix, charge.rule, charge.key),
+                    params::penalty(penalty),
+                )
+            }),
         }
     }
 
@@ -713,6 +794,7 @@ impl Inner {
                     balance: 0,
                     next_unit_in: Duration::ZERO,
                     full_in: Duration::ZERO,
+                    offence: false,
                 })
             })
             .collect())
@@ -731,16 +813,29 @@ impl Inner {
         decode(&reply, items)
     }
 
-    fn command(&self, op: Op, now: Option<Micros>, items: &[Item<'_>]) -> Cmd {
+    fn command<'r>(&self, op: Op, now: Option<Micros>, items: &[Item<'r>]) -> Cmd {
         let candidates = || items.iter().flat_map(|item| item.candidates());
-        let keys = candidates().count();
-        let names: usize = candidates().map(|c| c.name.len()).sum();
-        let numbers = 4 + 5 * items.len() + candidates().map(|c| c.args.len()).sum::<usize>();
+        // Blocks are read when deciding, never by refunds and undos.
+        let deciding = matches!(op, Op::Apply | Op::Check);
+        let penalty = |item: &Item<'r>| item.record.penalty.as_ref().filter(|_| deciding);
+        let blocks = || items.iter().filter_map(penalty);
+        let keys = candidates().count() + blocks().count();
+        let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
+            + blocks().map(|(name, _)| name.len()).sum::<usize>();
+        let numbers = 4
+            + 5 * items.len()
+            + candidates().map(|c| c.args.len()).sum::<usize>()
+            + blocks().map(|(_, args)| args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
         let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers.max(Packed::MIN));
         cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
-        for candidate in candidates() {
-            cmd.arg(&candidate.name);
+        for item in items {
+            for candidate in item.candidates() {
+                cmd.arg(&candidate.name);
+            }
+            if let Some((name, _)) = penalty(item) {
+                cmd.arg(name);
+            }
         }
         // Every number as one string of little-endian doubles, exact below 2^53 (the script
         // reads them with one `struct.unpack` instead of one `tonumber` each).
@@ -751,22 +846,31 @@ impl Inner {
             Op::Refund => 3,
             Op::Undo => 4,
         });
-        match now {
-            Some(now) => packed.push(now),
-            // The server's time.
-            None => packed.0.extend_from_slice(&(-1f64).to_le_bytes()),
-        }
-        packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
+        push_now(&mut packed, now);
         packed.push(items.len() as u64);
         for item in items {
             let candidates = item.candidates();
             packed.push(candidates.len() as u64);
             packed.push(params::mode_code(item.mode));
             packed.push(params::units_arg(item.cost));
-            packed.push(item.undo.steady);
-            packed.push(item.undo.at);
+            // Deciding, the two undo numbers give way to the penalty's count (0: none).
+            match (deciding, penalty(item)) {
+                (true, found) => {
+                    packed.push(found.map_or(0, |(_, args)| args.len() as u64));
+                    packed.push(0);
+                }
+                (false, _) => {
+                    packed.push(item.undo.steady);
+                    packed.push(item.undo.at);
+                }
+            }
             for candidate in candidates {
                 for &value in &candidate.args {
+                    packed.push(value);
+                }
+            }
+            if let Some((_, args)) = penalty(item) {
+                for &value in args {
                     packed.push(value);
                 }
             }
@@ -775,6 +879,16 @@ impl Inner {
         cmd.arg(packed.0.as_slice());
         cmd
     }
+}
+
+/// The time for the script, and the milliseconds its expiries get on top: an injected time, or
+/// the server's.
+fn push_now(packed: &mut Packed, now: Option<Micros>) {
+    match now {
+        Some(now) => packed.push(now),
+        None => packed.0.extend_from_slice(&(-1f64).to_le_bytes()),
+    }
+    packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
 }
 
 /// Numbers for the script, as it reads them: little-endian doubles.
@@ -838,7 +952,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
             let verdict = match number(values[0])? {
                 0 => Verdict::Allowed,
                 1 => Verdict::Reserved { wait },
-                2 => Verdict::Denied { retry_after: wait },
+                2 | 3 => Verdict::Denied { retry_after: wait },
                 other => return Err(protocol(format!("unknown verdict {other}"))),
             };
             let candidates = item.candidates();
@@ -853,6 +967,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 balance: signed(values[7])?,
                 next_unit_in: duration(number(values[4])?),
                 full_in: duration(number(values[8])?),
+                offence: values[0] == 3.0,
             };
             if let Some(sharding) = &item.record.sharding {
                 sharding.saw(candidates[index].shard, outcome.remaining);

@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{micros, Algorithm, Micros, Mode, TokenBucket};
+use crate::algorithm::{micros, Algorithm, Micros, Mode, Penalty, TokenBucket};
 use crate::error::ConfigError;
 
 /// One candidate's parameters (seven numbers at most).
@@ -113,6 +113,45 @@ pub(super) fn validate(rule: &str, algorithm: &Algorithm) -> Result<(), ConfigEr
             span("period", "the period", u128::from(micros(w.period())))
         }
     }
+}
+
+/// Rejects block durations the script could not add to a time exactly.
+pub(super) fn validate_penalty(rule: &str, penalty: &Penalty) -> Result<(), ConfigError> {
+    let too_long = |field: &'static str, d: std::time::Duration| {
+        (micros(d) > MAX_SPAN).then(|| {
+            ConfigError::new(
+                rule,
+                field,
+                format!(
+                    "{} µs is more than the Redis store's bound of 2^50 µs (35 years)",
+                    micros(d)
+                ),
+            )
+        })
+    };
+    let field = if penalty.durations().len() == 1 {
+        "block"
+    } else {
+        "block.escalate"
+    };
+    match penalty
+        .durations()
+        .iter()
+        .find_map(|&d| too_long(field, d))
+        .or_else(|| too_long("block.forget_after", penalty.forget_after()))
+    {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// The script's numbers for a penalty: how long after a block its offences are forgotten, then
+/// the durations in order of offence (µs).
+pub(super) fn penalty(penalty: &Penalty) -> Args {
+    let mut args = Args::new();
+    args.push(micros(penalty.forget_after()).min(MAX_SPAN));
+    args.extend(penalty.durations().iter().map(|&d| micros(d).min(MAX_SPAN)));
+    args
 }
 
 /// The script's arguments for one candidate key: algorithm code and parameters.

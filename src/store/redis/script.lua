@@ -9,22 +9,29 @@
 -- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53), at
 --          least 16 of them (zeros pad the end): one string is cheaper for Redis to pass than
 --          many arguments, and one `struct.unpack` reads it for less than one `tonumber` costs.
---            op: 1 applies the batch (all or nothing); 2 checks it (no change; admitted records
---              report what they have left, uncharged); 3 refunds each record; 4 undoes each
+--            op: 1 applies the batch (all or nothing); 2 checks it (nothing charged; admitted
+--              records report what they have left; a record its own rule denies still offends
+--              under a penalty, as in op 1); 3 refunds each record; 4 undoes each
 --              record's earlier charge exactly (a cross-slot batch that was denied in another
---              slot);
+--              slot); 5 blocks KEYS[1] (a block key) for the fifth number (µs), its offences
+--              forgotten the sixth number after the block (see "Blocks" below);
 --            now in microseconds since the Unix epoch, or -1 to read the server's TIME;
 --            milliseconds added to every expiry (0 unless a test clock injects the time);
 --            the number of records, then for each record: n (1, or 2 for a sharded rule's two
 --              candidate shards), mode (0 charge, 1 check, 2 reserve), cost, aux (undo: the
---              units a burst pool took from its steady bucket), at (undo: the time of the
---              charge), then n times: algorithm code and parameters (see `read`).
--- KEYS     one per candidate, in order.
+--              units a burst pool took from its steady bucket; apply and check: how many
+--              penalty numbers follow the candidates, 0 for a rule without a penalty), at
+--              (undo: the time of the charge), then n times: algorithm code and parameters (see
+--              `read`), then the penalty's numbers: forget_after, then the block durations in
+--              order of offence (µs).
+-- KEYS     one per candidate, in order, each record's block key after its candidates (apply
+--          and check, rules with a penalty).
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
 --          an array reply): nine integers per record: verdict (0 allowed, 1 reserved, 2
---          denied), wait or retry-after (µs), limit, remaining, time to the next unit (µs),
---          chosen candidate (0 or 1), aux (the units a burst pool charge took from its steady
---          bucket), the signed balance, time until full (µs); then the time used.
+--          denied, 3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
+--          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
+--          burst pool charge took from its steady bucket), the signed balance, time until full
+--          (µs); then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (below) therefore comes first and creates almost
@@ -45,11 +52,38 @@ end
 
 -- The call's first numbers: enough for a whole record of the fast path below.
 local packed = ARGV[1]
-local op, now, grace, count, n, mode, cost, _, _, code, p1, p2, p3, p4, p5, p6 =
+local op, now, grace, count, n, mode, cost, penalised, _, code, p1, p2, p3, p4, p5, p6 =
   struct.unpack('<dddddddddddddddd', packed)
 if now < 0 then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
+end
+
+------------------------------------------------------------------------------------------------
+-- Blocks (src/algorithm/penalty.rs): a rule with a penalty keeps, beside the counters, a key
+-- 'until,offences'. While `until` is ahead, the rule denies the key without reading its
+-- counters; a charge the rule denies otherwise is an offence and starts a block. The key
+-- expires when its offences are forgotten (forget_after after `until`).
+
+local function set_block(key, untl, offences, forget)
+  local px = div(untl + forget - now + 999, 1000)
+  if px < 1 then px = 1 end
+  redis.call('SET', key, string.format('%d,%d', untl, offences), 'PX', string.format('%d', px + grace))
+end
+
+local function get_block(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  local untl, offences = string.match(raw, '^(%d+),(%d+)$')
+  if untl == nil then return nil end
+  return tonumber(untl), tonumber(offences)
+end
+
+if op == 5 then
+  -- `Limiter::block`: n is the duration, mode the forget_after; offences are kept.
+  local _, offences = get_block(KEYS[1])
+  set_block(KEYS[1], now + n, offences or 0, mode)
+  return struct.pack('<d', now)
 end
 
 ------------------------------------------------------------------------------------------------
@@ -59,8 +93,9 @@ end
 -- here and larger ones through the general code.
 
 -- (A fixed window's reservation goes to the general code: rare enough not to slow this part.)
--- (Neither does a calendar-month window, sent with period 0.)
-if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 and p2 > 0)) then
+-- (Neither does a calendar-month window, sent with period 0, nor a rule with a penalty.)
+if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 and p2 > 0))
+  and penalised == 0 then
   local key = KEYS[1]
   local raw = redis.call('GET', key)
   local kind, wait, limit, remaining, reset, balance, full = 0, 0, 0, 0, 0, 0, 0
@@ -933,6 +968,13 @@ for r = 1, count do
   }
   a = a + 5
   for j = 1, n do rec.c[j] = read() end
+  if (op == 1 or op == 2) and rec.aux > 0 then
+    local ds = {}
+    for i = 1, rec.aux - 1 do ds[i] = argv[a + i] end
+    rec.pen = { key = keys[k], forget = argv[a], ds = ds }
+    k = k + 1
+    a = a + rec.aux
+  end
   records[r] = rec
 end
 
@@ -987,10 +1029,21 @@ if op == 1 or op == 2 then
         rec.chosen = j
       end
     end
+    local pen = rec.pen
+    if pen then
+      pen.untl, pen.offences = get_block(pen.key)
+      if pen.untl and pen.untl > now then
+        -- Blocked: denied until the block ends, the counters untouched.
+        local left = pen.untl - now
+        rec.res = { 2, left, rec.res[3], 0, left, 0, left }
+        rec.blocked = true
+      end
+    end
     if rec.res[1] == 2 then all = false end
   end
   for _, rec in ipairs(records) do
     local p = rec.c[rec.chosen]
+    local pen = rec.pen
     if all and op == 1 then
       if rec.mode ~= 1 then
         local s, aux = p.alg.commit(p, p.state, now, rec.cost)
@@ -1002,6 +1055,17 @@ if op == 1 or op == 2 then
       local res = { p.alg.eval(p, p.state, now, 0, 1) }
       res[1], res[2] = 0, 0
       rec.res = res
+    elseif pen and not rec.blocked and rec.mode ~= 1 and rec.cost > 0 then
+      -- An offence: `Penalty::offend`, then `Penalty::punish`. (Also in op 2: a cross-slot
+      -- batch checks its later slots after a denial, and a rule denied there offends as it
+      -- would in one step.)
+      local offences = 1
+      if pen.untl and now < pen.untl + pen.forget then offences = pen.offences + 1 end
+      local untl = now + pen.ds[min(offences, #pen.ds)]
+      set_block(pen.key, untl, offences, pen.forget)
+      local left = untl - now
+      local res = rec.res
+      rec.res = { 3, max(res[2], left), res[3], 0, max(res[5], left), res[6], max(res[7], left) }
     end
     answer(rec, rec.res)
   end

@@ -1,0 +1,370 @@
+//! Once the response is known: counting by outcome and settling the real cost (DESIGN §11).
+//!
+//! A rule with [`count_if`](crate::Rule::count_if) or [`settle`](crate::Rule::settle) is charged
+//! when the request arrives, like any rule — so concurrent requests can never get past the limit
+//! — and corrected when the response head (or, for gRPC, the trailers) is seen: a response the
+//! predicate does not count gets its charge back; a settled rule is charged the difference
+//! between the real cost and the estimate, or given it back. The correction goes to the store
+//! without the response waiting for it.
+//!
+//! Owns: the predicates, reading a real cost, and [`Settlement`], what a forwarded request
+//! carries until its response is known. Knows nothing of the stores' arithmetic.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, StatusCode};
+use smallvec::SmallVec;
+
+use crate::decision::Decision;
+use crate::key::KeyValue;
+use crate::limiter::Limiter;
+use crate::ruleset::RuleSet;
+
+/// What the predicates and settlements of a rule see of a response.
+#[derive(Debug)]
+pub struct ResponseHead<'a> {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The response's header fields; for a gRPC status that came in the trailers, the trailers.
+    pub headers: &'a HeaderMap,
+    /// The gRPC status code (`grpc-status`), when the response carries one.
+    pub grpc_status: Option<u32>,
+}
+
+/// Which responses a rule counts: the others get their charge back (see
+/// [`Rule::count_if`](crate::Rule::count_if)).
+///
+/// The classes read the gRPC status when the response has one, the HTTP status otherwise.
+#[derive(Clone)]
+pub struct CountIf(Matcher);
+
+#[derive(Clone)]
+enum Matcher {
+    Statuses(Box<[u16]>),
+    Failures,
+    ServerErrors,
+    Successes,
+    Custom(Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>),
+}
+
+/// gRPC codes that mean the server, not the caller, failed: UNKNOWN, DEADLINE_EXCEEDED,
+/// UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+const GRPC_SERVER_ERRORS: [u32; 6] = [2, 4, 12, 13, 14, 15];
+
+impl CountIf {
+    /// Counts responses with one of these HTTP statuses (e.g. `[401, 403]`: failed logins).
+    pub fn status(statuses: impl IntoIterator<Item = u16>) -> CountIf {
+        CountIf(Matcher::Statuses(statuses.into_iter().collect()))
+    }
+
+    /// Counts failures: HTTP status 400 or above, or a gRPC status other than OK.
+    pub fn failures() -> CountIf {
+        CountIf(Matcher::Failures)
+    }
+
+    /// Counts server errors: HTTP 5xx, or the gRPC codes a server failure gives (UNKNOWN,
+    /// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS).
+    pub fn server_errors() -> CountIf {
+        CountIf(Matcher::ServerErrors)
+    }
+
+    /// Counts successes: HTTP status below 400 with no gRPC status other than OK.
+    pub fn successes() -> CountIf {
+        CountIf(Matcher::Successes)
+    }
+
+    /// Counts the responses for which `predicate` holds.
+    pub fn when<F>(predicate: F) -> CountIf
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        CountIf(Matcher::Custom(Arc::new(predicate)))
+    }
+
+    /// Whether the response counts.
+    pub fn matches(&self, head: &ResponseHead<'_>) -> bool {
+        let failed = match head.grpc_status {
+            Some(code) => code != 0,
+            None => head.status.as_u16() >= 400,
+        };
+        match &self.0 {
+            Matcher::Statuses(statuses) => statuses.contains(&head.status.as_u16()),
+            Matcher::Failures => failed,
+            Matcher::ServerErrors => match head.grpc_status {
+                Some(code) => GRPC_SERVER_ERRORS.contains(&code),
+                None => head.status.is_server_error(),
+            },
+            Matcher::Successes => !failed,
+            Matcher::Custom(predicate) => predicate(head),
+        }
+    }
+}
+
+impl fmt::Debug for CountIf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Matcher::Statuses(statuses) => f.debug_tuple("status").field(statuses).finish(),
+            Matcher::Failures => f.write_str("failures"),
+            Matcher::ServerErrors => f.write_str("server_errors"),
+            Matcher::Successes => f.write_str("successes"),
+            Matcher::Custom(_) => f.write_str("when(..)"),
+        }
+    }
+}
+
+/// Where a rule reads what a request really cost (see [`Rule::settle`](crate::Rule::settle)).
+///
+/// # Bad values
+/// A header that is missing, not a whole number, or negative settles nothing: the estimate
+/// stays charged, and the rule logs a warning the first time. A value above the rule's capacity
+/// (e.g. a runaway `x-tokens-used: 99999999999999999999`) is capped at the capacity, logged the
+/// same way. Never a panic.
+#[derive(Clone)]
+pub struct Settle {
+    from: Source,
+    warned: Arc<AtomicBool>,
+}
+
+/// A closure reading the real cost.
+type ReadCost = Arc<dyn Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync>;
+
+#[derive(Clone)]
+enum Source {
+    Header(HeaderName),
+    Custom(ReadCost),
+}
+
+impl Settle {
+    /// The real cost is the whole number in the response header `name` (e.g. `x-tokens-used`).
+    pub fn header(name: HeaderName) -> Settle {
+        Settle {
+            from: Source::Header(name),
+            warned: Arc::default(),
+        }
+    }
+
+    /// The real cost is what `read` finds in the response (`None`: keep the estimate).
+    pub fn with<F>(read: F) -> Settle
+    where
+        F: Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync + 'static,
+    {
+        Settle {
+            from: Source::Custom(Arc::new(read)),
+            warned: Arc::default(),
+        }
+    }
+
+    /// The real cost, capped at `capacity`; `None` keeps the estimate.
+    pub(crate) fn real_cost(
+        &self,
+        rule: &str,
+        head: &ResponseHead<'_>,
+        capacity: u64,
+    ) -> Option<u64> {
+        let read = match &self.from {
+            Source::Header(name) => match head.headers.get(name) {
+                None => Err(format!("no {name} header")),
+                Some(value) => parse_units(value.as_bytes())
+                    .ok_or_else(|| format!("{name}: {value:?} is not a whole number")),
+            },
+            Source::Custom(read) => read(head).ok_or_else(|| "no real cost".to_owned()),
+        };
+        match read {
+            Ok(units) if units > capacity => {
+                self.warn_once(
+                    rule,
+                    &format!("real cost {units} capped at the capacity {capacity}"),
+                );
+                Some(capacity)
+            }
+            Ok(units) => Some(units),
+            Err(why) => {
+                self.warn_once(rule, &format!("{why}; the estimate stays charged"));
+                None
+            }
+        }
+    }
+
+    fn warn_once(&self, rule: &str, what: &str) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                rule,
+                "rate limit: settlement: {what} (logged once per rule)"
+            );
+        }
+    }
+}
+
+/// Digits only (surrounding spaces allowed); a number past `u64` reads as `u64::MAX`, which the
+/// cap then brings down.
+fn parse_units(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(text.parse().unwrap_or(u64::MAX))
+}
+
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.from {
+            Source::Header(name) => f.debug_tuple("header").field(name).finish(),
+            Source::Custom(_) => f.write_str("with(..)"),
+        }
+    }
+}
+
+/// What a forwarded request whose rules count by outcome or settle carries until its response
+/// is known. Dropped unused (the client went away before the response), it changes nothing:
+/// the charge on arrival stays.
+pub(crate) struct Settlement {
+    limiter: Limiter,
+    rules: Arc<RuleSet>,
+    charged: SmallVec<[(usize, KeyValue, u64); 1]>,
+}
+
+impl Settlement {
+    /// The settlement of an admitted decision, if any of its rules needs one.
+    pub(crate) fn of(
+        limiter: &Limiter,
+        rules: &Arc<RuleSet>,
+        decision: &Decision,
+    ) -> Option<Box<Settlement>> {
+        let charged: SmallVec<[(usize, KeyValue, u64); 1]> = decision
+            .rules()
+            .iter()
+            .filter(|r| rules.rules[r.index].settles())
+            .map(|r| (r.index, r.key.clone(), r.cost))
+            .collect();
+        (!charged.is_empty()).then(|| {
+            Box::new(Settlement {
+                limiter: limiter.clone(),
+                rules: rules.clone(),
+                charged,
+            })
+        })
+    }
+
+    /// Settles on the response head, or, for a gRPC response whose status is still to come in
+    /// the trailers, gives itself back to wait for them.
+    pub(crate) fn on_head(
+        self: Box<Self>,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Option<Box<Self>> {
+        let grpc_status = grpc_status(headers);
+        if grpc_status.is_none() && is_grpc(headers) {
+            return Some(self);
+        }
+        self.settle(&ResponseHead {
+            status,
+            headers,
+            grpc_status,
+        });
+        None
+    }
+
+    /// Settles on a gRPC response's trailers.
+    pub(crate) fn on_trailers(&self, status: StatusCode, trailers: &HeaderMap) {
+        self.settle(&ResponseHead {
+            status,
+            headers: trailers,
+            grpc_status: grpc_status(trailers),
+        });
+    }
+
+    fn settle(&self, head: &ResponseHead<'_>) {
+        for (index, key, cost) in &self.charged {
+            let Some(rule) = self.rules.rules.get(*index) else {
+                continue;
+            };
+            if let Some(count_if) = &rule.count_if {
+                if !count_if.matches(head) {
+                    self.limiter
+                        .refund_now(&self.rules, &[(*index, key.clone(), *cost)]);
+                    continue;
+                }
+            }
+            let Some(settle) = &rule.settle else { continue };
+            let capacity = rule.algorithm().capacity();
+            let Some(real) = settle.real_cost(&rule.name, head, capacity) else {
+                continue;
+            };
+            if real < *cost {
+                self.limiter
+                    .refund_now(&self.rules, &[(*index, key.clone(), cost - real)]);
+            } else if real > *cost {
+                self.limiter.owe_now(&self.rules, *index, key, real - cost);
+            }
+        }
+    }
+}
+
+fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(status: u16, grpc: Option<u32>, headers: &HeaderMap) -> ResponseHead<'_> {
+        ResponseHead {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers,
+            grpc_status: grpc,
+        }
+    }
+
+    #[test]
+    fn classes_read_the_grpc_status_when_there_is_one() {
+        let none = HeaderMap::new();
+        let failures = CountIf::failures();
+        assert!(failures.matches(&head(401, None, &none)));
+        assert!(!failures.matches(&head(302, None, &none)));
+        assert!(failures.matches(&head(200, Some(16), &none)));
+        assert!(!failures.matches(&head(200, Some(0), &none)));
+        let server = CountIf::server_errors();
+        assert!(server.matches(&head(503, None, &none)));
+        assert!(!server.matches(&head(404, None, &none)));
+        assert!(server.matches(&head(200, Some(14), &none)));
+        assert!(!server.matches(&head(200, Some(16), &none)));
+        assert!(CountIf::successes().matches(&head(204, None, &none)));
+        assert!(!CountIf::successes().matches(&head(200, Some(7), &none)));
+        let logins = CountIf::status([401, 403]);
+        assert!(logins.matches(&head(403, None, &none)));
+        assert!(!logins.matches(&head(400, None, &none)));
+    }
+
+    #[test]
+    fn real_costs_read_whole_numbers_cap_huge_ones_and_keep_the_estimate_otherwise() {
+        let settle = Settle::header(HeaderName::from_static("x-tokens-used"));
+        let cost = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert("x-tokens-used", value.parse().unwrap());
+            }
+            settle.real_cost("llm", &head(200, None, &headers), 10_000)
+        };
+        assert_eq!(cost(Some("1234")), Some(1234));
+        assert_eq!(cost(Some(" 7 ")), Some(7));
+        assert_eq!(cost(Some("99999999999999999999999")), Some(10_000));
+        assert_eq!(cost(Some("10001")), Some(10_000));
+        assert_eq!(cost(Some("-5")), None);
+        assert_eq!(cost(Some("12.5")), None);
+        assert_eq!(cost(Some("lots")), None);
+        assert_eq!(cost(Some("")), None);
+        assert_eq!(cost(None), None);
+    }
+}
