@@ -34,12 +34,13 @@ cargo clippy -p tollgate --lib --no-default-features -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features tonic -- -D warnings
 
+# --workspace: the library, the benchmarks (bench/) and the `tollgate` command (cli/).
 # The integration tests include the fuzz corpora's replay and the quick soak.
 step "tests (lib, integration, examples; the bench member's benches once each)"
 cargo test --workspace --all-targets --all-features
 
 step "doc tests"
-cargo test -p tollgate --doc --all-features
+cargo test --workspace --doc --all-features
 
 # Built as docs.rs builds them (Cargo.toml's [package.metadata.docs.rs]: all features, `--cfg
 # docsrs`, which turns on the feature badges; RUSTC_BOOTSTRAP lets a stable toolchain do what
@@ -48,3 +49,4 @@ cargo test -p tollgate --doc --all-features
 step "docs build as docs.rs builds them, without warnings (broken links, missing docs)"
 RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" CARGO_TARGET_DIR=target/docsrs \
     cargo doc -p tollgate --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate-cli --no-deps

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use http::StatusCode;
+
 use crate::algorithm::{Outcome, Verdict};
 use crate::key::KeyValue;
 use crate::per_request::Applied;
@@ -187,6 +189,36 @@ impl RuleDecision {
     pub fn limit(&self) -> Option<&crate::Limit> {
         self.applied.as_ref().and_then(|cell| cell.get()?.as_ref())
     }
+}
+
+/// What the rules make of one request: the answer of [`Limiter::decide`](crate::Limiter::decide).
+// `Decided` is the usual answer: boxing it would allocate for every request to spare the rare
+// list and refusal answers a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Ruling {
+    /// On an allow list: forwarded without being counted.
+    Allowed,
+    /// Counted: what the enforced rules decided (empty when none applied), and what the shadow
+    /// rules would have (recorded, never blocking).
+    Decided {
+        /// The rules that block.
+        enforced: Decision,
+        /// The rules in shadow mode.
+        shadow: Decision,
+    },
+    /// Answered before anything was counted: a deny list, a missing key, a cost that cannot be
+    /// read or could never pass.
+    Refused {
+        /// The status the layer answers with (`403` for a deny list, `400` or the rule's status
+        /// for a missing key, `400` for a bad cost).
+        status: StatusCode,
+        /// The rule that refused it (`None` for a deny list).
+        rule: Option<Arc<str>>,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 #[cfg(feature = "axum")]

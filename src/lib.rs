@@ -35,7 +35,7 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};
-pub use decision::{Decision, RuleDecision};
+pub use decision::{Decision, RuleDecision, Ruling};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
@@ -50,7 +50,7 @@ pub use response::headers::{
     X_RATELIMIT_RESET,
 };
 pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
-pub use rule::{MissingKey, Rule};
+pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
 pub use settle::{CountIf, ResponseHead, Settle};

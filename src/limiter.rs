@@ -10,11 +10,11 @@ use http::Request;
 use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
-use crate::decision::{Decision, RuleDecision};
+use crate::decision::{Decision, RuleDecision, Ruling};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
-use crate::rule::{MissingKey, Rule};
-use crate::ruleset::{AccessList, RuleSet, StoreRef};
+use crate::rule::{MissingKey, Rule, RuleSummary};
+use crate::ruleset::{AccessList, Answer, Route, RuleSet, StoreRef};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };
@@ -227,6 +227,11 @@ impl Limiter {
             .iter()
             .map(|r| r.name.to_string())
             .collect()
+    }
+
+    /// The rules in force, in order, as validated: their algorithms, keys, costs and scopes.
+    pub fn rules_in_force(&self) -> Vec<RuleSummary> {
+        self.rules().rules.iter().map(|r| r.summary()).collect()
     }
 
     /// The rules in force; a guard, cheap to take, not to be held across an await.
@@ -540,6 +545,57 @@ impl Limiter {
                 .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
         };
         Ok(pending.await?)
+    }
+
+    /// Runs one request through the rules as the middleware does — deny and allow lists, the rules
+    /// whose scope it is in, their keys and costs, one atomic charge of the store — and returns
+    /// what they decided, without a Tower service, a response or a queue-mode wait. For tools that
+    /// replay traffic through a configuration (the `tollgate` command) and for tests.
+    ///
+    /// Shadow rules are charged apart from the enforced ones, as in the middleware; the layer's
+    /// own `shadow` switch (every rule in shadow mode) is a layer setting and is not applied.
+    /// Nothing is recorded in metrics or logs.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Key, Limit, Limiter, Ruling};
+    ///
+    /// let limiter = Limiter::builder().rule(Limit::per_minute(1).key(Key::peer_ip())).build()?;
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert("192.0.2.1:5000".parse::<std::net::SocketAddr>()?);
+    /// let Ruling::Decided { enforced, .. } = limiter.decide(&request).await? else { panic!() };
+    /// assert!(enforced.is_allowed());
+    /// let Ruling::Decided { enforced, .. } = limiter.decide(&request).await? else { panic!() };
+    /// assert!(!enforced.is_allowed());
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn decide<B>(&self, request: &Request<B>) -> Result<Ruling, LimitError> {
+        let (mut enforced, mut shadow) = (Decision::default(), Decision::default());
+        let answers = {
+            let rules = self.rules();
+            match rules.route(request, false, &mut enforced, &mut shadow) {
+                Ok(Route::Planned) => {}
+                Ok(Route::Allowed) => return Ok(Ruling::Allowed),
+                Err(refusal) => return Ok(refusal.into()),
+            }
+            let ask = |plan: &mut Decision| {
+                if plan.rules().is_empty() {
+                    Answer::Now(Ok(()))
+                } else {
+                    rules.ask(self, plan)
+                }
+            };
+            [ask(&mut enforced), ask(&mut shadow)]
+        };
+        let [for_enforced, for_shadow] = answers;
+        for (answer, plan) in [(for_enforced, &mut enforced), (for_shadow, &mut shadow)] {
+            match answer {
+                Answer::Now(result) => result?,
+                Answer::Later(pending) => plan.answer(pending.await?)?,
+            }
+        }
+        Ok(Ruling::Decided { enforced, shadow })
     }
 
     /// Blocks `key` under `rule` for `d` from now, e.g. an admin action or an IP caught stuffing

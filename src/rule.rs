@@ -482,6 +482,34 @@ impl Scope {
     }
 }
 
+/// A rule in force, as the limiter holds it after validation: for tools that describe a
+/// configuration (the `tollgate check` command prints these in plain words). See
+/// [`Limiter::rules_in_force`](crate::Limiter::rules_in_force).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RuleSummary {
+    /// The rule's name.
+    pub name: String,
+    /// The algorithm and its numbers (in queue mode, with the queue's allowance folded in).
+    pub algorithm: Algorithm,
+    /// What the rule counts by.
+    pub key: Key,
+    /// What one request costs.
+    pub cost: Cost,
+    /// The methods the rule applies to; empty for every method.
+    pub methods: Vec<Method>,
+    /// The path patterns the rule applies to; empty for every path.
+    pub paths: Vec<String>,
+    /// Whether a predicate of the caller's (`Rule::when`) narrows the scope further.
+    pub conditional: bool,
+    /// What happens to a request without the key.
+    pub missing_key: MissingKey,
+    /// Whether the rule queues (delays) requests instead of denying them at once.
+    pub queued: bool,
+    /// Whether the rule is in shadow mode (recorded, never blocking).
+    pub shadow: bool,
+}
+
 /// A validated rule, ready to serve requests.
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
@@ -513,6 +541,26 @@ impl CompiledRule {
     #[inline]
     pub(crate) fn algorithm(&self) -> &Algorithm {
         self.limit.algorithm()
+    }
+
+    pub(crate) fn summary(&self) -> RuleSummary {
+        RuleSummary {
+            name: self.name.to_string(),
+            algorithm: self.algorithm().clone(),
+            key: self.key.clone(),
+            cost: self.cost.clone(),
+            methods: self.scope.methods.clone(),
+            paths: self
+                .scope
+                .paths
+                .iter()
+                .map(|segments| format!("/{}", segments.join("/")))
+                .collect(),
+            conditional: self.scope.when.is_some(),
+            missing_key: self.missing_key.clone(),
+            queued: matches!(self.mode, Mode::Reserve(_)),
+            shadow: self.shadow,
+        }
     }
 }
 

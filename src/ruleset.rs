@@ -69,6 +69,39 @@ pub(crate) enum Refusal {
     },
 }
 
+impl From<Refusal> for crate::decision::Ruling {
+    fn from(refusal: Refusal) -> Self {
+        let (status, rule, reason) = match refusal {
+            Refusal::MissingKey { rule, key, status } => (
+                status,
+                Some(rule),
+                format!("no key: the rule counts by {key}"),
+            ),
+            Refusal::BadCost { rule, error } => {
+                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
+            }
+            Refusal::CostTooLarge { rule, error } => {
+                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
+            }
+            Refusal::NoPeer { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(rule),
+                format!("no peer address: the rule counts by {key}"),
+            ),
+            Refusal::Denied { list } => (
+                StatusCode::FORBIDDEN,
+                None,
+                format!("on a deny list ({list})"),
+            ),
+        };
+        crate::decision::Ruling::Refused {
+            status,
+            rule,
+            reason,
+        }
+    }
+}
+
 /// The store a plan goes to: the memory store by its type (its decision can then be compiled
 /// into the request path), any other through its trait object.
 #[derive(Clone, Copy)]

@@ -94,7 +94,7 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
 }
 
 /// The builder with everything but a Redis store.
-fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
+pub(crate) fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
     let Rules { rules, allow, deny } = rules(file)?;
     let mut builder = RateLimitLayer::builder()
         .shadow(file.shadow)

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::limiter::Limiter;
+use crate::store::Store;
 
 pub use error::ConfigFileError;
 pub use watch::ConfigWatch;
@@ -123,6 +124,45 @@ impl RateLimitLayer {
     ) -> Result<RateLimitLayerBuilder, ConfigFileError> {
         let file = parse(format, text)?;
         build::builder(&file).map_err(|error| located(format, text, &file, error))
+    }
+
+    /// A layer configured by the file at `path` that decides with `store`, whatever store the
+    /// file names (the file's store settings are still checked, and a Redis store is not
+    /// connected to). For running a configuration offline, e.g. over an access log with a
+    /// [`ManualClock`](crate::ManualClock), as the `tollgate` command does; errors as
+    /// [`from_config_file`](Self::from_config_file).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
+    ///
+    /// let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let limits = RateLimitLayer::from_config_file_with_store("ratelimits.toml", store)?;
+    /// # Ok::<(), tollgate::config::ConfigFileError>(())
+    /// ```
+    pub fn from_config_file_with_store(
+        path: impl AsRef<Path>,
+        store: impl Store,
+    ) -> Result<RateLimitLayer, ConfigFileError> {
+        let path = path.as_ref();
+        let (format, text) = read(path)?;
+        Self::from_config_str_with_store(format, &text, store).map_err(|error| error.in_file(path))
+    }
+
+    /// Like [`from_config_file_with_store`](Self::from_config_file_with_store), from `text`.
+    pub fn from_config_str_with_store(
+        format: ConfigFormat,
+        text: &str,
+        store: impl Store,
+    ) -> Result<RateLimitLayer, ConfigFileError> {
+        let file = parse(format, text)?;
+        if let Some(spec) = &file.store {
+            build::check_store(spec).map_err(|error| located(format, text, &file, error))?;
+        }
+        let builder =
+            build::without_redis(&file).map_err(|error| located(format, text, &file, error))?;
+        build::finish(builder.store(store)).map_err(|error| located(format, text, &file, error))
     }
 
     /// A layer configured by the file at `path`, with any store, connecting to Redis when the file

@@ -1,0 +1,167 @@
+//! Runs entries through a configuration's rules, with a manual clock set to each entry's time.
+//!
+//! **Requests that share a one-second timestamp** (the resolution of `combined` logs, or of any
+//! field without a fraction) are spread evenly over that second, in the log's order: the i-th of n
+//! lines stamped `S` runs at `S + i/n s`. A limit of 10 per second then sees 10 requests logged in
+//! one second as 10 requests in that second, neither as one instant burst nor as crossing into the
+//! next second. To stay streaming, at most [`GROUP`] lines of one second are held; when a second
+//! holds more, each full group takes the first half of what remains of the second. Timestamps
+//! with a fraction are used as they are.
+//!
+//! A line earlier than the line before it (logs of several workers interleaved out of order, a
+//! clock stepped back) is skipped and counted: the engine's state cannot be rewound.
+
+use std::net::SocketAddr;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::Request;
+use tollgate::{Limiter, ManualClock, Ruling};
+
+use crate::log::{Entry, Skip};
+use crate::stats::Tally;
+use crate::time::Micros;
+
+/// The most lines of one second held before they are run.
+pub const GROUP: usize = 1 << 16;
+
+const SECOND: Micros = 1_000_000;
+
+/// One configuration's engine and its tally.
+pub struct Runner {
+    limiter: Limiter,
+    clock: ManualClock,
+    /// One request, reused: its header map and extensions keep their allocations.
+    request: Request<()>,
+    /// What happened.
+    pub tally: Tally,
+}
+
+impl Runner {
+    /// Runs requests through `limiter`, whose store reads `clock`.
+    pub fn new(limiter: Limiter, clock: ManualClock) -> Runner {
+        let tally = Tally::new(&limiter.rule_names());
+        Runner {
+            limiter,
+            clock,
+            request: Request::new(()),
+            tally,
+        }
+    }
+
+    /// Runs one request at `at`. (The entry is moved in: a clone of its URI or headers would
+    /// allocate, as their first clone makes their bytes shared.)
+    pub fn run(&mut self, at: Micros, entry: Entry) {
+        self.clock.set(Duration::from_micros(at));
+        let request = &mut self.request;
+        *request.method_mut() = entry.method;
+        *request.uri_mut() = entry.uri;
+        let headers = request.headers_mut();
+        headers.clear();
+        for (name, value) in entry.headers {
+            headers.append(name, value);
+        }
+        let extensions = request.extensions_mut();
+        match (entry.peer, extensions.get_mut::<SocketAddr>()) {
+            // Overwritten in place: no allocation per request.
+            (Some(ip), Some(peer)) => *peer = SocketAddr::new(ip, 0),
+            (Some(ip), None) => {
+                extensions.insert(SocketAddr::new(ip, 0));
+            }
+            (None, _) => {
+                extensions.remove::<SocketAddr>();
+            }
+        }
+        match now(self.limiter.decide(request)) {
+            Some(Ok(ruling)) => self.tally.record(at, &ruling),
+            // The memory store decides at once and does not fail; were it ever to, the request
+            // is counted as refused rather than guessed at.
+            Some(Err(_)) | None => self.tally.record(
+                at,
+                &Ruling::Refused {
+                    status: http::StatusCode::SERVICE_UNAVAILABLE,
+                    rule: None,
+                    reason: "store error".into(),
+                },
+            ),
+        }
+    }
+}
+
+/// The value of a future that is ready at once (the memory store's decisions).
+fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(value) => Some(value),
+        Poll::Pending => None,
+    }
+}
+
+/// Orders entries in time (spreading shared seconds) and hands them to every runner.
+#[derive(Default)]
+pub struct Spreader {
+    group: Vec<Entry>,
+    /// The second of the group, and where in it the group's first line goes.
+    second: Micros,
+    start: Micros,
+    /// The latest timestamp seen (as logged).
+    latest: Option<Micros>,
+}
+
+impl Spreader {
+    /// Takes one entry; runs the ones whose time is now known.
+    pub fn push(&mut self, entry: Entry, runners: &mut [Runner]) -> Result<(), Skip> {
+        let at = entry.stamp.at;
+        if self.latest.is_some_and(|latest| at < latest) {
+            return Err(Skip::Backwards);
+        }
+        self.latest = Some(at);
+        if !entry.stamp.whole_second {
+            self.flush(runners);
+            run_all(runners, at, entry);
+            return Ok(());
+        }
+        let second = at - at % SECOND;
+        if self.group.is_empty() || second != self.second {
+            self.flush(runners);
+            self.second = second;
+            self.start = second;
+        } else if self.group.len() >= GROUP {
+            let end = self.start + (self.second + SECOND - self.start) / 2;
+            self.run_group(end, runners);
+        }
+        self.group.push(entry);
+        Ok(())
+    }
+
+    /// Runs what is held (at the end of the log).
+    pub fn flush(&mut self, runners: &mut [Runner]) {
+        if !self.group.is_empty() {
+            self.run_group(self.second + SECOND, runners);
+        }
+    }
+
+    /// Runs the group evenly over `[start, end)`.
+    fn run_group(&mut self, end: Micros, runners: &mut [Runner]) {
+        let n = self.group.len() as u64;
+        let span = end.saturating_sub(self.start);
+        for (i, entry) in self.group.drain(..).enumerate() {
+            let at = self.start + span * i as u64 / n;
+            run_all(runners, at, entry);
+        }
+        self.start = end;
+    }
+}
+
+/// Runs `entry` through every runner: copies for all but the last, which takes it.
+pub fn run_all(runners: &mut [Runner], at: Micros, entry: Entry) {
+    if let Some((last, others)) = runners.split_last_mut() {
+        for runner in others {
+            runner.run(at, entry.clone());
+        }
+        last.run(at, entry);
+    }
+}

@@ -1,0 +1,628 @@
+//! The `tollgate` binary, run as an operator runs it: arguments in, exit status, text and JSON
+//! out. Logs and configurations are written to a temporary directory by each test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn data(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+/// A file in a fresh temporary directory (kept alive by the returned handle).
+fn file(name: &str, content: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).unwrap();
+    (dir, path)
+}
+
+/// A `combined` line from `ip` at second `s` of 22:00 on 14 Nov 2023.
+fn line(ip: &str, s: u32, request: &str) -> String {
+    format!(
+        "{ip} - - [14/Nov/2023:22:{:02}:{:02} +0000] \"{request} HTTP/1.1\" 200 12 \"-\" \"curl/8.0\"\n",
+        s / 60,
+        s % 60
+    )
+}
+
+fn replay_json(config: &str, log: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "replay",
+        "--config",
+        config,
+        "--log",
+        log.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let output = tollgate(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+fn rule<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no rule {name} in {json}"))
+}
+
+const PACED: &str =
+    "[[rules]]\nname = \"per-ip\"\nrate = 2\nperiod = \"1s\"\nburst = 1\nkey = \"peer_ip\"\n";
+
+#[test]
+fn check_prints_the_rules_and_exits_zero() {
+    let output = tollgate(&["check", "--config", &data("api.toml")]);
+    assert!(output.status.success());
+    let text = stdout(&output);
+    assert!(text.contains("OK, 2 rule(s)"), "{text}");
+    assert!(
+        text.contains("\"per-ip\": token bucket, 10 per 1s, bursts up to 20, per peer IP address"),
+        "{text}"
+    );
+    assert!(text.contains("for POST requests, on /login"), "{text}");
+}
+
+#[test]
+fn check_names_the_file_place_rule_and_field_and_exits_one() {
+    let output = tollgate(&["check", "--config", &data("bad.toml")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output)
+            .contains("bad.toml:3:8: rules[0].rate (rule \"per-ip\"): must be greater than 0"),
+        "{}",
+        stderr(&output)
+    );
+    let (_dir, path) = file("limits.toml", "[[rules]]\nname = \"x\"\nrate = \"ten\"\n");
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("limits.toml:3:8: rules[0].rate: expected a whole number"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn replay_spreads_a_shared_second_and_counts_per_rule() {
+    // Two per second, one at a time: lines logged in the same second run at 0, 1/3 and 2/3 s,
+    // so the second is denied (a third of a unit back) and the third allowed (a unit back).
+    let log: String = ["/a", "/b", "/c"]
+        .iter()
+        .map(|p| line("192.0.2.1", 0, &format!("GET {p}")))
+        .chain([line("192.0.2.2", 0, "GET /")])
+        .collect();
+    let (_dir, log) = file("access.log", log);
+    let (_c, config) = file("paced.toml", PACED);
+    let json = replay_json(config.to_str().unwrap(), &log, &[]);
+    let rule = rule(&json, "per-ip");
+    assert_eq!(json["lines"], 4);
+    assert_eq!(
+        (
+            &rule["requests"],
+            &rule["allowed"],
+            &rule["denied"],
+            &rule["delayed"]
+        ),
+        (&4.into(), &3.into(), &1.into(), &0.into())
+    );
+    assert_eq!(
+        (&rule["keys"], &rule["keys_limited"]),
+        (&2.into(), &1.into())
+    );
+    assert_eq!(rule["top_keys"][0]["key"], "192.0.2.1");
+    assert_eq!(rule["top_keys"][0]["denied"], 1);
+}
+
+#[test]
+fn json_has_exactly_the_documented_fields() {
+    let log: String = (0..30)
+        .map(|i| line("198.51.100.7", i / 10, "GET /"))
+        .collect();
+    let (_dir, log) = file("access.log", log);
+    let json = replay_json(&data("api.toml"), &log, &[]);
+    let mut top: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    top.sort_unstable();
+    assert_eq!(
+        top,
+        ["allow_listed", "deny_listed", "lines", "rules", "skipped"]
+    );
+    let mut fields: Vec<&str> = json["rules"][0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "allowed",
+            "delayed",
+            "denied",
+            "keys",
+            "keys_limited",
+            "name",
+            "refused",
+            "requests",
+            "top_keys"
+        ]
+    );
+    // 30 lines in 3 seconds from one address: 10 per second, within the rule's 10 per second.
+    let per_ip = rule(&json, "per-ip");
+    assert_eq!(per_ip["requests"], 30);
+    assert_eq!(per_ip["denied"], 0, "{per_ip}");
+    let top_key = per_ip["top_keys"].as_array().unwrap();
+    assert!(top_key.is_empty());
+}
+
+#[test]
+fn bad_lines_are_counted_by_reason_never_a_crash() {
+    let mut log = Vec::new();
+    log.extend_from_slice(line("192.0.2.1", 5, "GET /").as_bytes());
+    // Truncated (cut inside the request line), binary garbage, a timestamp going backwards,
+    // a bad timestamp, a line far too long, and a last line without its newline.
+    log.extend_from_slice(b"192.0.2.1 - - [14/Nov/2023:22:00:06 +0000] \"GET /trunc\n");
+    log.extend_from_slice(b"\x00\x9f\x92\x96\xff binary \x01\x02\n");
+    log.extend_from_slice(line("192.0.2.1", 1, "GET /earlier").as_bytes());
+    log.extend_from_slice(b"192.0.2.1 - - [99/Xyz/2023:22:00:06 +0000] \"GET / HTTP/1.1\" 200 1\n");
+    log.extend(std::iter::repeat_n(b'x', 200_000));
+    log.push(b'\n');
+    log.extend_from_slice(line("192.0.2.1", 7, "GET /last").trim_end().as_bytes());
+    let (_dir, log) = file("access.log", log);
+    let json = replay_json(&data("api.toml"), &log, &[]);
+    assert_eq!(json["lines"], 7);
+    let skipped = &json["skipped"];
+    assert_eq!(skipped["truncated"], 1, "{skipped}");
+    assert_eq!(skipped["not_text"], 1, "{skipped}");
+    assert_eq!(skipped["time_went_backwards"], 1, "{skipped}");
+    assert_eq!(skipped["bad_timestamp"], 1, "{skipped}");
+    assert_eq!(skipped["too_long"], 1, "{skipped}");
+    assert_eq!(rule(&json, "per-ip")["requests"], 2);
+}
+
+#[test]
+fn an_empty_log_says_so() {
+    let (_dir, log) = file("empty.log", "");
+    let output = tollgate(&[
+        "replay",
+        "--config",
+        &data("api.toml"),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    assert!(
+        stderr(&output).contains("has no lines"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        stdout(&output).starts_with("0 lines, 0 skipped"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
+fn a_config_the_layer_rejects_stops_the_replay_with_its_error() {
+    let (_dir, log) = file("access.log", line("192.0.2.1", 0, "GET /"));
+    let output = tollgate(&[
+        "replay",
+        "--config",
+        &data("bad.toml"),
+        "--log",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("rules[0].rate (rule \"per-ip\"): must be greater than 0"));
+    let output = tollgate(&[
+        "replay",
+        "--config",
+        &data("api.toml"),
+        "--log",
+        "/nonexistent/access.log",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("access.log"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn json_lines_with_a_field_map() {
+    let config = "[[rules]]\nname = \"per-key\"\nrate = 1\nperiod = \"1m\"\nkey = { header = \"x-api-key\" }\non_missing_key = \"skip\"\n";
+    let (_c, config) = file("keys.toml", config);
+    let log = [
+        r#"{"ts": "2023-11-14T22:13:20.100Z", "request": "GET /v1 HTTP/1.1", "client": "192.0.2.1", "api_key": "alice"}"#,
+        r#"{"ts": "2023-11-14T22:13:20.200Z", "request": "GET /v1 HTTP/1.1", "client": "192.0.2.1", "api_key": "alice"}"#,
+        r#"{"ts": "2023-11-14T22:13:20.300Z", "request": "GET /v1 HTTP/1.1", "client": "192.0.2.2", "api_key": "bob"}"#,
+        r#"{"ts": "2023-11-14T22:13:20.400Z", "request": "GET /v1 HTTP/1.1", "client": "192.0.2.2"}"#,
+        r#"{"ts": "2023-11-14T22:13:20.500Z", "request": "GET /v1 HT"#,
+    ]
+    .join("\n");
+    let (_dir, log) = file("access.jsonl", log);
+    let json = replay_json(
+        config.to_str().unwrap(),
+        &log,
+        &[
+            "--format",
+            "json",
+            "--field",
+            "time=ts",
+            "--field",
+            "peer=client",
+            "--field",
+            "header:x-api-key=api_key",
+        ],
+    );
+    let rule = rule(&json, "per-key");
+    assert_eq!(
+        (&rule["requests"], &rule["allowed"], &rule["denied"]),
+        (&3.into(), &2.into(), &1.into())
+    );
+    assert_eq!(rule["top_keys"][0]["key"], "alice");
+    assert_eq!(json["skipped"]["truncated"], 1);
+}
+
+#[test]
+fn csv_with_named_columns() {
+    let log = "when,verb,url,ip\n1700000000,GET,/a,192.0.2.1\n1700000000,GET,\"/b\",192.0.2.1\n1700000000,GET,/c,192.0.2.1\nbroken\n";
+    let (_dir, log) = file("access.csv", log);
+    let (_c, config) = file("paced.toml", PACED);
+    let json = replay_json(
+        config.to_str().unwrap(),
+        &log,
+        &[
+            "--format",
+            "csv",
+            "--field",
+            "time=when",
+            "--field",
+            "method=verb",
+            "--field",
+            "path=url",
+            "--field",
+            "peer=ip",
+        ],
+    );
+    // The same second spread as in the combined test: allowed, denied, allowed.
+    let per_ip = rule(&json, "per-ip");
+    assert_eq!(
+        (&per_ip["allowed"], &per_ip["denied"]),
+        (&2.into(), &1.into())
+    );
+    assert_eq!(json["skipped"]["truncated"], 1);
+}
+
+#[test]
+fn compare_shows_keys_limited_by_one_configuration_only() {
+    // 12 requests in one second from one address (the stricter configuration's burst of 5 and
+    // refill of 5 per second run out; the other's burst of 20 does not), 2 from another
+    // (limited by neither).
+    let log: String = (0..12)
+        .map(|_| line("203.0.113.9", 0, "GET /"))
+        .chain((0..2).map(|_| line("192.0.2.2", 0, "GET /")))
+        .collect();
+    let (_dir, log) = file("access.log", log);
+    let json = replay_json(
+        &data("api.toml"),
+        &log,
+        &["--compare", &data("strict.toml")],
+    );
+    assert_eq!(json["limited_only_by_b"]["count"], 1);
+    assert_eq!(json["limited_only_by_b"]["keys"][0], "203.0.113.9");
+    assert_eq!(json["limited_only_by_a"]["count"], 0);
+    assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
+    assert!(rule(&json["b"], "per-ip")["denied"].as_u64().unwrap() > 0);
+    let text = stdout(&tollgate(&[
+        "replay",
+        "--config",
+        &data("api.toml"),
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        &data("strict.toml"),
+    ]));
+    assert!(
+        text.contains("keys limited only by strict.toml: 1\n  203.0.113.9"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_window_edge_scenario_shows_the_double_burst() {
+    let output = tollgate(&["simulate", "--scenario", "window-edge", "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // Bursts of 10 at 9.5 s and 10.5 s, a limit of 10 per 10 s: the fixed window lets both
+    // through (they fall in two windows); the sliding log admits 10 in any 10 s.
+    assert_eq!(rule(&json, "fixed-window")["allowed"], 20);
+    assert_eq!(rule(&json, "sliding-log")["allowed"], 10);
+    let sliding = rule(&json, "sliding-window")["allowed"].as_u64().unwrap();
+    assert!(
+        sliding < 20,
+        "the sliding window weighs the previous window: {sliding}"
+    );
+}
+
+#[test]
+fn the_queue_scenario_delays_instead_of_denying() {
+    let output = tollgate(&["simulate", "--scenario", "queue-pacing", "--json"]);
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (plain, queued) = (rule(&json, "no-queue"), rule(&json, "queued"));
+    assert_eq!(plain["delayed"], 0);
+    assert!(plain["denied"].as_u64().unwrap() > 0);
+    assert!(queued["delayed"].as_u64().unwrap() > 0);
+    assert_eq!(queued["denied"], 0);
+}
+
+#[test]
+fn simulate_rules_from_the_command_line() {
+    let output = tollgate(&[
+        "simulate",
+        "--rule",
+        "name=tb,rate=5,period=1s,burst=5",
+        "--traffic",
+        "steady:10",
+        "--clients",
+        "3",
+        "--duration",
+        "10s",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let tb = rule(&json, "tb");
+    assert_eq!(tb["requests"], 300);
+    assert_eq!(tb["keys"], 3);
+    // Half of a steady 10/s passes a 5/s bucket, plus (at most) its burst.
+    let allowed = tb["allowed"].as_u64().unwrap();
+    assert!((150..=165).contains(&allowed), "{allowed}");
+    let bad = tollgate(&["simulate", "--rule", "name=tb,rate=0,period=1s"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("rules[0].rate (rule \"tb\"): must be greater than 0"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+/// The numbers the page and the charts show are those of the JSON.
+#[test]
+fn the_report_matches_the_json() {
+    let log: String = (0..600)
+        .map(|i| {
+            let ip = if i % 3 == 0 {
+                "203.0.113.9"
+            } else {
+                "192.0.2.2"
+            };
+            line(
+                ip,
+                i / 12,
+                if i % 40 == 0 { "POST /login" } else { "GET /" },
+            )
+        })
+        .collect();
+    let (dir, log) = file("access.log", log);
+    let report = dir.path().join("report");
+    let json = replay_json(
+        &data("strict.toml"),
+        &log,
+        &["--report", report.to_str().unwrap()],
+    );
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    assert!(
+        !page.contains("<script") && !page.contains("https://"),
+        "self-contained"
+    );
+    assert_eq!(
+        json,
+        serde_json::from_str::<Value>(
+            &std::fs::read_to_string(report.join("report.json")).unwrap()
+        )
+        .unwrap()
+    );
+    for rule in json["rules"].as_array().unwrap() {
+        let name = rule["name"].as_str().unwrap();
+        // The table row.
+        let row = page
+            .split(&format!("<tr data-rule=\"{name}\">"))
+            .nth(1)
+            .unwrap()
+            .split("</tr>")
+            .next()
+            .unwrap();
+        for field in [
+            "requests",
+            "allowed",
+            "denied",
+            "delayed",
+            "refused",
+            "keys",
+            "keys_limited",
+        ] {
+            let cell = row
+                .split(&format!("data-field=\"{field}\">"))
+                .nth(1)
+                .unwrap()
+                .split('<')
+                .next()
+                .unwrap();
+            assert_eq!(cell, rule[field].to_string(), "{name} {field}");
+        }
+        // The chart: its series sum to the totals.
+        let svg = std::fs::read_to_string(report.join(format!("strict_toml-{name}.svg"))).unwrap();
+        assert!(page.contains(&svg), "the page shows the same chart");
+        let total = |series: &str| -> u64 {
+            svg.split(&format!("data-series=\"{series}\" data-values=\""))
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .split(' ')
+                .map(|v| v.parse::<u64>().unwrap())
+                .sum()
+        };
+        assert_eq!(
+            total("offered"),
+            rule["requests"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            total("admitted"),
+            rule["allowed"].as_u64().unwrap() + rule["delayed"].as_u64().unwrap()
+        );
+        assert_eq!(total("denied"), rule["denied"].as_u64().unwrap());
+        // The top keys, in order.
+        let section = page
+            .split(&format!("<section><h3>{name}</h3>"))
+            .nth(1)
+            .unwrap()
+            .split("</section>")
+            .next()
+            .unwrap();
+        let shown: Vec<(String, u64)> = section
+            .split("<tr class=\"top-key\"><td>")
+            .skip(1)
+            .map(|row| {
+                let (key, rest) = row.split_once("</td><td data-field=\"denied\">").unwrap();
+                (
+                    key.to_owned(),
+                    rest.split('<').next().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        let expected: Vec<(String, u64)> = rule["top_keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                (
+                    k["key"].as_str().unwrap().to_owned(),
+                    k["denied"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(shown, expected, "{name}");
+    }
+    assert!(
+        rule(&json, "per-ip")["denied"].as_u64().unwrap() > 0,
+        "the log is limited"
+    );
+}
+
+#[test]
+fn the_bucket_scenario_takes_the_burst_the_window_does_not() {
+    let output = tollgate(&["simulate", "--scenario", "bucket-burst", "--json"]);
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 40 steady requests and a burst of 30 at 10 s: the bucket's 20 tokens take 20 of the burst;
+    // a window of 2 per second takes at most 2 of it.
+    let (bucket, window) = (rule(&json, "token-bucket"), rule(&json, "fixed-window"));
+    assert_eq!(bucket["requests"], 70);
+    assert!(bucket["denied"].as_u64().unwrap() <= 11, "{bucket}");
+    assert!(window["denied"].as_u64().unwrap() >= 28, "{window}");
+}
+
+/// The admitted requests per second of the scenario's chart of `rule`.
+fn admitted_per_second(dir: &Path, rule: &str) -> Vec<u64> {
+    let svg = std::fs::read_to_string(dir.join(format!("simulation-{rule}.svg"))).unwrap();
+    svg.split("data-series=\"admitted\" data-values=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_smoothing_scenario_shows_the_sliding_window_spreading_admissions() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let output = tollgate(&[
+        "simulate",
+        "--scenario",
+        "smoothing",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(output.status.success());
+    // One point per second over 60 s. After the first window, the fixed window admits its 30 in
+    // a surge at each window's start and nothing after; the sliding window admits every second.
+    let fixed = admitted_per_second(&report, "fixed-window");
+    let sliding = admitted_per_second(&report, "sliding-window");
+    assert_eq!((fixed.len(), sliding.len()), (60, 60));
+    let idle = |series: &[u64]| series[10..].iter().filter(|&&n| n == 0).count();
+    assert!(idle(&fixed) >= 10, "{fixed:?}");
+    assert_eq!(idle(&sliding), 0, "{sliding:?}");
+    assert!(sliding[10..].iter().max() < fixed[10..].iter().max());
+}
+
+#[test]
+fn simulate_refuses_traffic_too_large_to_hold() {
+    let output = tollgate(&[
+        "simulate",
+        "--rule",
+        "name=a,rate=1,period=1s",
+        "--traffic",
+        "steady:1000000",
+        "--clients",
+        "1000",
+        "--duration",
+        "1h",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("at most 20000000 are simulated"),
+        "{}",
+        stderr(&output)
+    );
+    let output = tollgate(&[
+        "simulate",
+        "--rule",
+        "name=a,rate=1,period=1s",
+        "--traffic",
+        "steady:fast",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("expected steady:RATE"),
+        "{}",
+        stderr(&output)
+    );
+}
