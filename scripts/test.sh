@@ -47,6 +47,6 @@ cargo test --workspace --doc --all-features
 # docs.rs's nightly does; build scripts that probe for nightly see it, so it gets a target
 # directory of its own and leaves the test build's cache alone).
 step "docs build as docs.rs builds them, without warnings (broken links, missing docs)"
-RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" CARGO_TARGET_DIR=target/docsrs \
+RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="--cfg docsrs -D warnings" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/docsrs" \
     cargo doc -p tollgate --no-deps --all-features
 RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate-cli --no-deps
