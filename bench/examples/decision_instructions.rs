@@ -11,8 +11,8 @@
 //! Arguments: the limiter (`tollgate`, `governor`, `governor_foldhash`), the keys (`hot` or `100k`),
 //! the path (`allowed` or `denied`) and the number of decisions. With `--toggle-collect` callgrind
 //! counts only the instructions of the measured loop (the keys are tracked before it, as in the
-//! bench); divide its total by the decisions. The loop's own few instructions per decision are the
-//! same for every limiter.
+//! bench); divide its total by the decisions. The count includes the loop's own few instructions per
+//! decision, and whatever part of the decision the compiler inlined into it.
 
 use std::hint::black_box;
 
