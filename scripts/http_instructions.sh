@@ -4,10 +4,11 @@
 #   ./scripts/http_instructions.sh                      # every variant of bench/benches/http.rs
 #   ./scripts/http_instructions.sh bare tollgate-allowed-headers
 #
-# Requests per second on a shared virtual machine move with its speed; instructions per request do
-# not, so this is the steady counterpart of `cargo bench -p tollgate-bench --bench http` (it leaves out the kernel's
-# share, which is about the same for every variant). Each server runs under valgrind while wrk
-# sends it requests for a few seconds; the count covers that load only (startup is zeroed away).
+# Requests per second and CPU time on a shared virtual machine move with its speed; instructions
+# per request do not, so these counts are the primary HTTP figure, and the CPU time of
+# `cargo bench -p tollgate-bench --bench http` gives the direction only. The count leaves out the
+# kernel's share, which is about the same for every variant. Each server runs under valgrind while
+# wrk sends it requests for a few seconds; the count covers that load only (startup is zeroed away).
 # Installs valgrind and wrk from Debian's packages when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,9 +10,15 @@
 //! tokio runtime, so `wrk` (one thread, 32 connections) has the other core. Besides requests per
 //! second and latency, the table reports the server's CPU time per request, read from
 //! `/proc/PID/stat` before and after each run: with client and server sharing two cores, that is
-//! the sharper measure of what the middleware costs. All servers start together and each round
-//! runs every variant once, so the machine's changing state hits them alike. Each cell is the
-//! median of the rounds, with the min–max range.
+//! a sharper measure than requests per second. All servers start together and each round runs
+//! every variant once, in an order rotated by one place per round (a run of 5 s per variant puts
+//! the first and last of a round 40 s apart), so no variant always runs first or last and the
+//! machine's changing state hits them alike. Each cell is the median of the rounds, with the
+//! min–max range.
+//!
+//! On a shared virtual machine whose speed changes under it, even CPU time only gives the
+//! direction: the primary figure for what a layer costs is instructions per request, counted by
+//! `./scripts/http_instructions.sh` (the same servers under callgrind).
 //!
 //! The limiters are added with `Router::layer`, as their READMEs show, except in the two
 //! "around the Router" rows, where they wrap the whole router: a refusal then skips routing.
@@ -409,7 +415,14 @@ fn main() {
     let seconds = env("HTTP_BENCH_SECS", 5);
     let runs = env("HTTP_BENCH_RUNS", 3) as usize;
     let ticks = clock_ticks_per_second();
-    println!("wrk -t1 -c32 -d{seconds}s, {runs} runs each, server on one tokio worker thread\n");
+    println!(
+        "wrk -t1 -c32 -d{seconds}s, {runs} runs each, server on one tokio worker thread, \
+         the order of the variants rotated each round"
+    );
+    println!(
+        "CPU time and requests/s give the direction only on a machine whose speed changes; \
+         instructions per request (./scripts/http_instructions.sh) are the primary figure\n"
+    );
     println!(
         "| server | requests/s | vs bare, same round | p50 ms | p99 ms | server CPU µs/request \
          | added CPU µs, same round | non-2xx |"
@@ -429,8 +442,12 @@ fn main() {
         let _ = wrk(*addr, 1, child.id(), ticks);
     }
     let mut results: Vec<Vec<Run>> = vec![Vec::new(); servers.len()];
-    for _ in 0..runs {
-        for (i, (_, child, addr)) in servers.iter().enumerate() {
+    for round in 0..runs {
+        // Round r starts with variant r (modulo their number): the order rotates, so the
+        // distance in time between bare axum and each variant changes from round to round.
+        for k in 0..servers.len() {
+            let i = (round + k) % servers.len();
+            let (_, child, addr) = &servers[i];
             results[i].push(wrk(*addr, seconds, child.id(), ticks));
         }
     }

@@ -1,6 +1,9 @@
-//! `MemoryStore` against governor's keyed limiter (`RateLimiter::dashmap`), side by side.
+//! `MemoryStore` against governor's keyed limiter, side by side, in the same run: governor as
+//! `RateLimiter::dashmap` builds it (std's SipHash, row `governor`) and with the hasher tollgate's
+//! memory store uses (`dashmap_with_hasher` with foldhash, row `governor_foldhash`), so the hasher
+//! is not what the comparison measures.
 //!
-//! Both limit `u64` keys with a token bucket (GCRA), read their default clocks, and decide one
+//! All three limit `u64` keys with a token bucket (GCRA), read their default clocks, and decide one
 //! unit per call. Tollgate's key bytes are the key's eight little-endian bytes under rule `bench`;
 //! governor's key is the `u64` itself.
 //!
@@ -21,12 +24,13 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use tollgate::store::MemoryStore;
 
 #[path = "support/peers.rs"]
 mod peers;
-use peers::{keys, Governor, Limiter, Tollgate};
+use peers::{keys, Governor, GovernorFoldhash, Limiter, Tollgate};
 
 const KEYS: usize = 100_000;
 
@@ -95,35 +99,39 @@ fn two_threads(limiter: &impl Limiter, keys: &[u64], iters: u64) -> Duration {
     .elapsed()
 }
 
+/// One implementation's row in a one-thread group.
+fn one_thread(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    limiter: &impl Limiter,
+    keys: &[u64],
+) {
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            let allowed = limiter.decide(keys[i]);
+            i += 1;
+            if i == keys.len() {
+                i = 0;
+            }
+            allowed
+        })
+    });
+}
+
 fn scenario(c: &mut Criterion, keyset: &str, keys: &[u64], path: Path) {
-    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), path == Path::Denied);
-    let governor = Governor::new(path == Path::Denied);
+    let denied = path == Path::Denied;
+    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), denied);
+    let governor = Governor::new(denied);
+    let governor_foldhash = GovernorFoldhash::with_foldhash(denied);
     prepare(&tollgate, keys, path);
     prepare(&governor, keys, path);
+    prepare(&governor_foldhash, keys, path);
 
     let mut group = c.benchmark_group(format!("store/{keyset}/{}/1_thread", path.name()));
-    group.bench_function(BenchmarkId::from_parameter("tollgate"), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            let allowed = tollgate.decide(keys[i]);
-            i += 1;
-            if i == keys.len() {
-                i = 0;
-            }
-            allowed
-        })
-    });
-    group.bench_function(BenchmarkId::from_parameter("governor"), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            let allowed = governor.decide(keys[i]);
-            i += 1;
-            if i == keys.len() {
-                i = 0;
-            }
-            allowed
-        })
-    });
+    one_thread(&mut group, "tollgate", &tollgate, keys);
+    one_thread(&mut group, "governor", &governor, keys);
+    one_thread(&mut group, "governor_foldhash", &governor_foldhash, keys);
     group.finish();
 
     let mut group = c.benchmark_group(format!(
@@ -136,12 +144,16 @@ fn scenario(c: &mut Criterion, keyset: &str, keys: &[u64], path: Path) {
     group.bench_function(BenchmarkId::from_parameter("governor"), |b| {
         b.iter_custom(|iters| two_threads(&governor, keys, iters))
     });
+    group.bench_function(BenchmarkId::from_parameter("governor_foldhash"), |b| {
+        b.iter_custom(|iters| two_threads(&governor_foldhash, keys, iters))
+    });
     group.finish();
 
     // Still on the same path after all the decisions (buckets only drain here, so an allowed
     // decision now means every earlier one was allowed too).
     assert_eq!(tollgate.decide(keys[0]), path == Path::Allowed);
     assert_eq!(governor.decide(keys[0]), path == Path::Allowed);
+    assert_eq!(governor_foldhash.decide(keys[0]), path == Path::Allowed);
 }
 
 fn hot_key(c: &mut Criterion) {

@@ -8,6 +8,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::hash::BuildHasher;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
 use tollgate::store::{Charge, Store};
 
@@ -58,22 +59,47 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
     }
 }
 
-/// governor's keyed limiter (DashMap), deciding with `check_key`.
-pub(crate) struct Governor(DefaultKeyedRateLimiter<u64>);
+/// governor's keyed limiter (DashMap), deciding with `check_key`. `S` is the map's hasher: std's
+/// SipHash by default (what `RateLimiter::dashmap` builds), or foldhash's, the hasher tollgate's
+/// memory store uses, so that the comparison measures the limiters rather than their hashers.
+pub(crate) struct Governor<S = governor::state::keyed::DefaultHasher>(
+    DefaultKeyedRateLimiter<u64, governor::middleware::NoOpMiddleware, S>,
+)
+where
+    S: BuildHasher + Clone;
 
-impl Governor {
-    /// The same limits as [`Tollgate::new`]: a burst that never runs out, or one per hour.
-    pub(crate) fn new(denied: bool) -> Self {
-        let quota = if denied {
-            Quota::per_hour(NonZeroU32::MIN)
-        } else {
-            Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX)
-        };
-        Governor(RateLimiter::dashmap(quota))
+/// governor's keyed limiter with foldhash's seeded hasher (`dashmap_with_hasher`), the hasher of
+/// tollgate's memory store.
+pub(crate) type GovernorFoldhash = Governor<foldhash::fast::RandomState>;
+
+/// The same limits as [`Tollgate::new`]: a burst that never runs out, or one per hour.
+fn quota(denied: bool) -> Quota {
+    if denied {
+        Quota::per_hour(NonZeroU32::MIN)
+    } else {
+        Quota::per_second(NonZeroU32::MIN).allow_burst(NonZeroU32::MAX)
     }
 }
 
-impl Limiter for Governor {
+impl Governor {
+    /// governor as `RateLimiter::dashmap` builds it (SipHash), with the limits of the `denied` or
+    /// allowed path.
+    pub(crate) fn new(denied: bool) -> Self {
+        Governor(RateLimiter::dashmap(quota(denied)))
+    }
+}
+
+impl GovernorFoldhash {
+    /// governor keyed through foldhash, with the limits of the `denied` or allowed path.
+    pub(crate) fn with_foldhash(denied: bool) -> Self {
+        Governor(RateLimiter::dashmap_with_hasher(
+            quota(denied),
+            foldhash::fast::RandomState::default(),
+        ))
+    }
+}
+
+impl<S: BuildHasher + Clone + Sync + Send> Limiter for Governor<S> {
     #[inline]
     fn decide(&self, key: u64) -> bool {
         black_box(self.0.check_key(&key)).is_ok()
