@@ -2,9 +2,12 @@
 //! whether anyone listens, and a test on another thread hitting the same call site while this
 //! one installs its subscriber can cache "nobody" and swallow the events it checks.
 
+#[path = "support/log_lines.rs"]
+mod log_lines;
+use log_lines::Lines;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -33,28 +36,9 @@ fn from(ip: &str, path: &str, grpc: bool) -> Request<Body> {
     req
 }
 
-/// Collects formatted log lines.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     let _guard = tracing::subscriber::set_default(subscriber);
     let layer = paused::builder()
         .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
@@ -66,7 +50,7 @@ async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     }));
     send(&service, from("198.51.100.7", path, grpc)).await;
     send(&service, from("198.51.100.7", path, grpc)).await;
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     text
 }
 
@@ -111,12 +95,7 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
     use tollgate::{MissingKey, RateLimitLayer};
 
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     // The current-thread runtime serves on this thread, where the subscriber is installed.
     let _guard = tracing::subscriber::set_default(subscriber);
     let layer = RateLimitLayer::builder()
@@ -143,7 +122,7 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
         assert!(!body.contains("this request has none"), "{body}");
     }
     server.abort();
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{text}");
     assert!(
@@ -155,12 +134,7 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
 
 async fn block_log(redact: bool) -> String {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::INFO);
     let _guard = tracing::subscriber::set_default(subscriber);
     let layer = paused::builder()
         .rule(
@@ -177,7 +151,7 @@ async fn block_log(redact: bool) -> String {
     for _ in 0..3 {
         send(&service, from("198.51.100.7", "/", false)).await;
     }
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     text
 }
 
@@ -201,12 +175,7 @@ async fn a_block_is_logged_once_at_info_with_a_redactable_key() {
 #[tokio::test(start_paused = true)]
 async fn a_bad_settlement_value_is_logged_once_per_rule() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::WARN);
     let _guard = tracing::subscriber::set_default(subscriber);
     let layer = paused::builder()
         .rule(
@@ -228,7 +197,7 @@ async fn a_bad_settlement_value_is_logged_once_per_rule() {
     for _ in 0..3 {
         send(&service, from("198.51.100.7", "/", false)).await;
     }
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     assert_eq!(text.matches("rate limit: settlement").count(), 1, "{text}");
     assert!(
         text.contains("x-tokens-used: \"-5\" is not a whole number"),

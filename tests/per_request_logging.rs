@@ -2,8 +2,11 @@
 //! since the last. Alone in this test binary, like `logging.rs`: `tracing` caches per call site
 //! whether anyone listens.
 
+#[path = "support/log_lines.rs"]
+mod log_lines;
+use log_lines::Lines;
+
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,38 +24,10 @@ use oneshot::send;
 
 type Body = Full<Bytes>;
 
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn warnings(&self) -> Vec<String> {
-        String::from_utf8(self.0.lock().unwrap().clone())
-            .unwrap()
-            .lines()
-            .filter(|line| line.contains("WARN"))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_failing_resolver_is_logged_once_per_interval() {
     let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = lines.subscriber(tracing::Level::INFO);
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let resolver = LimitResolver::new(|_key| async { Err::<Option<Limit>, _>("database down") });

@@ -12,9 +12,12 @@
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
+#[path = "support/log_lines.rs"]
+mod log_lines;
+use log_lines::Lines;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,33 +33,6 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 use redis_server::RedisServer;
 
 type Body = Full<Bytes>;
-
-/// Collects formatted log lines.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// The warning lines since the last call.
-    fn take_warnings(&self) -> Vec<String> {
-        let bytes = std::mem::take(&mut *self.0.lock().unwrap());
-        String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("WARN"))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 fn request() -> Request<Body> {
     let mut req = Request::get("/").body(Body::default()).unwrap();
@@ -148,15 +124,7 @@ fn healthy(snapshotter: &Snapshotter) -> f64 {
 fn outages_paused_killed_restarted_5_failures_open_the_breaker_then_100_requests_wait_for_nothing()
 {
     let lines = Lines::default();
-    let writer = lines.clone();
-    tracing::subscriber::set_global_default(
-        tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    )
-    .unwrap();
+    tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::set_global_recorder(recorder).unwrap();
