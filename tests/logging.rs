@@ -50,8 +50,7 @@ async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     }));
     send(&service, from("198.51.100.7", path, grpc)).await;
     send(&service, from("198.51.100.7", path, grpc)).await;
-    let text = lines.text();
-    text
+    lines.text()
 }
 
 #[tokio::test(start_paused = true)]
@@ -151,8 +150,7 @@ async fn block_log(redact: bool) -> String {
     for _ in 0..3 {
         send(&service, from("198.51.100.7", "/", false)).await;
     }
-    let text = lines.text();
-    text
+    lines.text()
 }
 
 #[tokio::test(start_paused = true)]
