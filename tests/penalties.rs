@@ -263,7 +263,7 @@ fn a_zero_block_or_an_empty_escalation_is_a_configuration_error() {
     let error = |rule: Rule| RateLimitLayer::builder().rule(rule).build().unwrap_err();
     assert_eq!(
         error(Rule::new("login", Limit::per_minute(3)).block_for(Duration::ZERO)).to_string(),
-        "rule \"login\": block: duration 1 is zero: a block must last at least 1 µs"
+        "rule \"login\": block: must be greater than zero (a block lasts at least 1 µs)"
     );
     assert_eq!(
         error(Rule::new("login", Limit::per_minute(3)).block(Penalty::escalating([], HOUR)))
@@ -276,7 +276,7 @@ fn a_zero_block_or_an_empty_escalation_is_a_configuration_error() {
                 .block(Penalty::escalating([MINUTE, Duration::ZERO], HOUR))
         )
         .to_string(),
-        "rule \"login\": block.escalate: duration 2 is zero: a block must last at least 1 µs"
+        "rule \"login\": block.escalate: duration 2 of the list is zero: each block lasts at least 1 µs"
     );
 }
 

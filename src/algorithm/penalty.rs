@@ -76,18 +76,19 @@ impl Penalty {
             ));
         }
         if let Some(i) = self.durations.iter().position(|d| micros(*d) == 0) {
-            let field = if self.durations.len() == 1 {
-                "block"
-            } else {
-                "block.escalate"
-            };
-            return Some((
-                field,
-                format!(
-                    "duration {} is zero: a block must last at least 1 µs",
-                    i + 1
+            return Some(match self.durations.len() {
+                1 => (
+                    "block",
+                    "must be greater than zero (a block lasts at least 1 µs)".to_owned(),
                 ),
-            ));
+                _ => (
+                    "block.escalate",
+                    format!(
+                        "duration {} of the list is zero: each block lasts at least 1 µs",
+                        i + 1
+                    ),
+                ),
+            });
         }
         None
     }
