@@ -29,6 +29,13 @@ fn stderr(output: &Output) -> String {
     String::from_utf8(output.stderr.clone()).unwrap()
 }
 
+/// Runs the binary, which must exit with status 1 and say `message` on standard error.
+fn fails_saying(args: &[&str], message: &str) {
+    let output = tollgate(args);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).contains(message), "{}", stderr(&output));
+}
+
 /// A file in a fresh temporary directory (kept alive by the returned handle).
 fn file(name: &str, content: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -88,21 +95,14 @@ fn check_prints_the_rules_and_exits_zero() {
 
 #[test]
 fn check_names_the_file_place_rule_and_field_and_exits_one() {
-    let output = tollgate(&["check", "--config", &data("bad.toml")]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output)
-            .contains("bad.toml:3:8: rules[0].rate (rule \"per-ip\"): must be greater than 0"),
-        "{}",
-        stderr(&output)
+    fails_saying(
+        &["check", "--config", &data("bad.toml")],
+        "bad.toml:3:8: rules[0].rate (rule \"per-ip\"): must be greater than 0",
     );
     let (_dir, path) = file("limits.toml", "[[rules]]\nname = \"x\"\nrate = \"ten\"\n");
-    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output).contains("limits.toml:3:8: rules[0].rate: expected a whole number"),
-        "{}",
-        stderr(&output)
+    fails_saying(
+        &["check", "--config", path.to_str().unwrap()],
+        "limits.toml:3:8: rules[0].rate: expected a whole number",
     );
 }
 
@@ -244,18 +244,15 @@ fn a_config_the_layer_rejects_stops_the_replay_with_its_error() {
     ]);
     assert_eq!(output.status.code(), Some(1));
     assert!(stderr(&output).contains("rules[0].rate (rule \"per-ip\"): must be greater than 0"));
-    let output = tollgate(&[
-        "replay",
-        "--config",
-        &data("api.toml"),
-        "--log",
-        "/nonexistent/access.log",
-    ]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output).contains("access.log"),
-        "{}",
-        stderr(&output)
+    fails_saying(
+        &[
+            "replay",
+            "--config",
+            &data("api.toml"),
+            "--log",
+            "/nonexistent/access.log",
+        ],
+        "access.log",
     );
 }
 
@@ -595,34 +592,28 @@ fn the_smoothing_scenario_shows_the_sliding_window_spreading_admissions() {
 
 #[test]
 fn simulate_refuses_traffic_too_large_to_hold() {
-    let output = tollgate(&[
-        "simulate",
-        "--rule",
-        "name=a,rate=1,period=1s",
-        "--traffic",
-        "steady:1000000",
-        "--clients",
-        "1000",
-        "--duration",
-        "1h",
-    ]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output).contains("at most 20000000 are simulated"),
-        "{}",
-        stderr(&output)
+    fails_saying(
+        &[
+            "simulate",
+            "--rule",
+            "name=a,rate=1,period=1s",
+            "--traffic",
+            "steady:1000000",
+            "--clients",
+            "1000",
+            "--duration",
+            "1h",
+        ],
+        "at most 20000000 are simulated",
     );
-    let output = tollgate(&[
-        "simulate",
-        "--rule",
-        "name=a,rate=1,period=1s",
-        "--traffic",
-        "steady:fast",
-    ]);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        stderr(&output).contains("expected steady:RATE"),
-        "{}",
-        stderr(&output)
+    fails_saying(
+        &[
+            "simulate",
+            "--rule",
+            "name=a,rate=1,period=1s",
+            "--traffic",
+            "steady:fast",
+        ],
+        "expected steady:RATE",
     );
 }
