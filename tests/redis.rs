@@ -630,24 +630,30 @@ async fn a_paused_redis_times_out_and_recovers() {
     }
 }
 
-/// Refunds and resets go through Redis, and a refund never exceeds the capacity.
-/// DESIGN §2's fixed-window reservations with their exact waits, on Redis (the same scenario as
-/// tests/queue.rs runs on the memory store).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new(reservations::W);
+/// A limiter of `rules` over a Redis store (its defaults, deny cache included) on `clock`.
+async fn on_clock(server: &RedisServer, clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
     let store = RedisStore::builder()
         .url(server.url())
         .clock(clock.clone())
         .build()
         .await
         .unwrap();
-    let mut builder = Limiter::builder().store(store);
-    for rule in reservations::rules() {
-        builder = builder.rule(rule);
-    }
-    let limiter = builder.build().unwrap();
+    rules
+        .into_iter()
+        .fold(Limiter::builder().store(store), |builder, rule| {
+            builder.rule(rule)
+        })
+        .build()
+        .unwrap()
+}
+
+/// DESIGN §2's fixed-window reservations with their exact waits, on Redis (the same scenario as
+/// tests/queue.rs runs on the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(reservations::W);
+    let limiter = on_clock(&server, &clock, reservations::rules()).await;
     reservations::example(&limiter, &clock).await;
     reservations::several_rules(&limiter).await;
 }
@@ -658,19 +664,11 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
 async fn calendar_windows_follow_the_calendar() {
     let server = RedisServer::start();
     let clock = ManualClock::new(calendar::START);
-    let store = RedisStore::builder()
-        .url(server.url())
-        .clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
-    let mut builder = Limiter::builder().store(store);
-    for rule in calendar::rules() {
-        builder = builder.rule(rule);
-    }
-    calendar::scenario(&builder.build().unwrap(), &clock).await;
+    let limiter = on_clock(&server, &clock, calendar::rules()).await;
+    calendar::scenario(&limiter, &clock).await;
 }
 
+/// Refunds and resets go through Redis, and a refund never exceeds the capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_resets() {
     let server = RedisServer::start();
