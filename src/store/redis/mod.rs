@@ -3,6 +3,7 @@
 
 mod cache;
 mod conn;
+mod fast;
 mod keys;
 mod params;
 mod shard;
@@ -12,11 +13,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::{Cmd, Script};
+use ::redis::{Cmd, Script, Value};
 use smallvec::SmallVec;
 
 use self::cache::{CacheView, DenyCache};
 use self::conn::{Conn, Target};
+use self::fast::Fast;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, Verdict};
@@ -389,6 +391,21 @@ impl RedisStore {
             Ok(now) => now,
             Err(error) => return StoreFuture::ready(Err(error)),
         };
+        if let [charge] = batch {
+            let sharded = inner.shards.contains_key(charge.rule);
+            if let Some(fast) = Fast::new(&inner.prefix, charge, sharded) {
+                let packed = fast.packed(charge, now);
+                let inner = self.inner.clone();
+                return StoreFuture::pending(async move {
+                    let (outcome, missing) = inner.timed(inner.fast(&fast, packed)).await?;
+                    let outcomes: Outcomes = smallvec::smallvec![outcome];
+                    if let Some(cache) = &inner.cache {
+                        cache.learn(&views, &outcomes, &[missing], inner.local.now());
+                    }
+                    finish(outcomes)
+                });
+            }
+        }
         let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
@@ -836,6 +853,17 @@ impl Inner {
             })
             .collect();
         Ok((outcomes, missing))
+    }
+
+    /// One call of a fast path (see `fast`): the outcome, and whether the key held no state
+    /// before the call.
+    async fn fast(&self, fast: &Fast, packed: Packed) -> Result<(Outcome, bool), StoreError> {
+        let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
+        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(1);
+        cmd.arg(&fast.name).arg(packed.0.as_slice());
+        let mut conn = self.conn.clone();
+        let reply: Value = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        fast.outcome(&reply)
     }
 
     /// One script call; the outcome of each item, with the candidate it chose.

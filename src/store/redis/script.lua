@@ -6,9 +6,10 @@
 -- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions
 -- go through `div`, which corrects the float quotient to the exact floor.
 --
--- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53), at
---          least 16 of them (zeros pad the end): one string is cheaper for Redis to pass than
---          many arguments, and one `struct.unpack` reads it for less than one `tonumber` costs.
+-- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53): one
+--          string is cheaper for Redis to pass than many arguments, and one `struct.unpack` reads
+--          it for less than one `tonumber` costs. A fast path's call (below) has 5, 6 or 7
+--          numbers; the general code's, at least 17 (zeros pad the end):
 --            op: 1 applies the batch (all or nothing); 2 checks it (nothing charged; admitted
 --              records report what they have left; a record its own rule denies still offends
 --              under a penalty, as in op 1); 3 refunds each record; 4 undoes each
@@ -27,7 +28,8 @@
 --              offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (apply
 --          and check, rules with a penalty).
--- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
+-- Reply    (the general code; each fast path says its own) one string of little-endian doubles, like
+--          ARGV[1] (cheaper to build and to read than
 --          an array reply): ten integers per record: verdict (0 allowed, 1 reserved, 2 denied,
 --          3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
 --          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
@@ -37,8 +39,158 @@
 --          call, so that the answer does not move with the clock); then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
--- it creates there costs time. The common case (below) therefore comes first and creates almost
--- nothing; the general code is only defined when a call needs it.
+-- it creates there costs time. The common case (the fast paths below) therefore comes first and
+-- creates almost nothing; the general code is only defined when a call needs it.
+
+local packed = ARGV[1]
+local size = #packed
+
+------------------------------------------------------------------------------------------------
+-- Fast paths: one charge (mode 0) of one key under one rule without a penalty, for a token
+-- bucket, a sliding window or a fixed window with a period in µs: what nearly every request is.
+-- The Rust side chooses them (src/store/redis/fast.rs) and sends only the numbers they need; the
+-- call's length says which. The script decides and commits; it answers only the state it
+-- decided on (rolled to now, before the charge), from which the Rust side builds the outcome with
+-- the memory store's own functions. Each is the same math as the general code below (the
+-- functions named in it), without a function, a table or a decimal number made per call: states
+-- are a tag byte and binary doubles (one `struct.unpack` reads them, one `struct.pack` writes
+-- them), and divisions by a rule's period use `%`, exact below 2^53 for these operands.
+
+if size == 40 then
+  -- Token bucket (`make_bucket`): now (-1: the server's), grace, a fresh key's debt (µs), the
+  -- cost's span (cost × interval), the capacity's span. State: 'T', tat.
+  -- Reply (an integer): the debt before the charge × 4, + 2 when denied, + 1 when the key was
+  -- missing.
+  local now, grace, init, cost_span, span = struct.unpack('<ddddd', packed)
+  if now < 0 then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
+  end
+  local key = KEYS[1]
+  local raw = redis.call('GET', key)
+  local tag, tat, flags = 0, 0, 0
+  if not raw then
+    flags = 1
+  elseif #raw == 9 then
+    tag, tat = struct.unpack('<Bd', raw)
+  end
+  if tag ~= 84 then tat = now + init end -- 'T': otherwise new, or another algorithm's state
+  local debt = tat - now
+  if debt < 0 then debt, tat = 0, now end
+  if debt + cost_span > span then return debt * 4 + 2 + flags end
+  tat = tat + cost_span
+  -- The key expires when the bucket is full again (never sooner than 1 ms).
+  local px = tat - now + 999
+  px = (px - px % 1000) / 1000
+  if px < 1 then px = 1 end
+  redis.call('SET', key, struct.pack('<Bd', 84, tat), 'PX', string.format('%d', px + grace))
+  return debt * 4 + flags
+end
+
+if size == 48 then
+  -- Sliding window counter (`make_sliding`): now, grace, limit, period, offset, cost. State:
+  -- 'S', window start, units in it, units in the previous window.
+  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the two counts.
+  local now, grace, limit, period, offset, cost = struct.unpack('<dddddd', packed)
+  if now < 0 then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  local key = KEYS[1]
+  local raw = redis.call('GET', key)
+  local tag, ws, cur, prev, flags = 0, 0, 0, 0, 0
+  if not raw then
+    flags = 1
+  elseif #raw == 25 then
+    tag, ws, cur, prev = struct.unpack('<Bddd', raw)
+  end
+  if tag ~= 83 then -- 'S'
+    -- A fresh key: `window_containing` (windows at offset + k × period).
+    ws, cur, prev = now - (now + period - offset) % period, 0, 0
+    if ws < 0 then ws = 0 end
+  else
+    -- Counts never exceed the limit, unless it was lowered since: keep the products in bound.
+    if cur > limit then cur = limit end
+    if prev > limit then prev = limit end
+    if now - ws >= period then
+      local into = (now - ws) % period
+      if now - ws - into == period then prev = cur else prev = 0 end
+      ws, cur = now - into, 0
+    end
+  end
+  local into = now - ws
+  -- The part of the previous window still inside the sliding period.
+  local left = period - into
+  if left > period then left = period end
+  local room = limit - cur - cost
+  if room < 0 or prev * left > room * period then
+    return struct.pack('<dddd', 2 + flags, into, cur, prev)
+  end
+  -- The key expires when both counts have left the sliding period.
+  local expires = ws + 2 * period
+  if cur + cost == 0 then
+    expires = ws
+    if prev > 0 then expires = ws + period end
+  end
+  local px = expires - now + 999
+  px = (px - px % 1000) / 1000
+  if px < 1 then px = 1 end
+  redis.call(
+    'SET', key, struct.pack('<Bddd', 83, ws, cur + cost, prev), 'PX', string.format('%d', px + grace)
+  )
+  return struct.pack('<dddd', flags, into, cur, prev)
+end
+
+if size == 56 then
+  -- Fixed window (`make_fixed`): now, grace, rate, period, capacity, offset, cost. State: 'W',
+  -- window start, units left (negative while reservations are owed).
+  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the units left.
+  local now, grace, rate, period, cap, offset, cost = struct.unpack('<ddddddd', packed)
+  if now < 0 then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  local key = KEYS[1]
+  local raw = redis.call('GET', key)
+  local tag, ws, rem, flags = 0, 0, 0, 0
+  if not raw then
+    flags = 1
+  elseif #raw == 17 then
+    tag, ws, rem = struct.unpack('<Bdd', raw)
+  end
+  if tag ~= 87 then -- 'W'
+    ws, rem = now - (now + period - offset) % period, cap
+    if ws < 0 then ws = 0 end
+  else
+    -- `fw_roll`: min(rem + rate × windows, cap).
+    local windows = 0
+    if now - ws >= period then
+      local into = (now - ws) % period
+      windows = (now - ws - into) / period
+      ws = now - into
+    end
+    -- (A product past 2^53 is inexact, but then far above cap - rem: the comparison holds.)
+    if rem >= cap or windows * rate >= cap - rem then
+      rem = cap
+    else
+      rem = rem + windows * rate
+    end
+  end
+  local into = now - ws
+  if rem < cost then return struct.pack('<ddd', 2 + flags, into, rem) end
+  -- The key expires when the window that fills it again starts.
+  local owed = cap - rem + cost + rate - 1
+  local px = ws + (owed - owed % rate) / rate * period - now + 999
+  px = (px - px % 1000) / 1000
+  if px < 1 then px = 1 end
+  redis.call(
+    'SET', key, struct.pack('<Bdd', 87, ws, rem - cost), 'PX', string.format('%d', px + grace)
+  )
+  return struct.pack('<ddd', flags, into, rem)
+end
+
+------------------------------------------------------------------------------------------------
+-- The general code: any number of records and candidates, every algorithm and operation.
 
 local floor = math.floor
 
@@ -53,13 +205,10 @@ local function div(a, b)
   return q
 end
 
--- The call's first numbers: enough for a whole record of the fast path below.
-local packed = ARGV[1]
-local op, now, grace, count, n, mode, cost, penalised, _, _, code, p1, p2, p3, p4, p5, p6 =
-  struct.unpack('<ddddddddddddddddd', packed)
+local op, now, grace, count = struct.unpack('<dddd', packed)
 if now < 0 then
   local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
+  now = t[1] * 1000000 + t[2]
 end
 
 ------------------------------------------------------------------------------------------------
@@ -84,202 +233,12 @@ end
 
 if op == 5 then
   -- `Limiter::block`: n is the duration, mode the forget_after; offences are kept.
+  local _, _, _, _, d, forget = struct.unpack('<dddddd', packed)
   local _, offences = get_block(KEYS[1])
-  set_block(KEYS[1], now + n, offences or 0, mode)
+  set_block(KEYS[1], now + d, offences or 0, forget)
   return struct.pack('<d', now)
 end
 
-------------------------------------------------------------------------------------------------
--- Fast path: one record with one candidate key, applied, for a token bucket, a fixed window or a
--- sliding window — what nearly every request is. The same math as the general code below (the
--- functions named in each part), inlined; the differential tests send single-rule batches through
--- here and larger ones through the general code.
-
--- (A fixed window's reservation goes to the general code: rare enough not to slow this part.)
--- (Neither does a calendar-month window, sent with period 0, nor a rule with a penalty.)
-if op == 1 and count == 1 and n == 1 and code <= 3 and (code ~= 2 or (mode ~= 2 and p2 > 0))
-  and penalised == 0 then
-  local key = KEYS[1]
-  local raw = redis.call('GET', key)
-  local kind, wait, limit, remaining, reset, balance, full = 0, 0, 0, 0, 0, 0, 0
-  -- Set when the charge is committed: the new state, and when it equals a fresh key's.
-  local value, expires
-
-  if code == 1 then
-    -- Token bucket (GCRA): `make_bucket`.
-    local T, cap, cost_span, max_after, max_wait = p1, p2, p4, p5, p6
-    local span = cap * T
-    local tat = tonumber(raw) -- nil for a missing key (false) or another algorithm's state
-    if tat == nil then tat = now + p3 end
-    local debt = tat - now
-    if debt < 0 then debt = 0 end
-    if cost == 0 then cost_span = 0 end
-    local after = debt + cost_span
-    local left = after
-    if after > span then
-      if mode == 2 and after <= max_after and after - span <= max_wait then
-        kind, wait = 1, after - span
-      else
-        -- `tb_wait_for(debt, cost)`: when the cost fits outright.
-        kind, left, wait = 2, debt, debt
-        if cost < cap then wait = debt - (cap - cost) * T end
-        if wait < 0 then wait = 0 end
-        if mode == 2 then
-          -- Past the queue's bound: when it could queue, if that is sooner.
-          local could_queue = after - max_after
-          if after - span - max_wait > could_queue then could_queue = after - span - max_wait end
-          if could_queue < 0 then could_queue = 0 end
-          if could_queue < wait then wait = could_queue end
-        end
-      end
-    end
-    limit = cap
-    if left < span then remaining = div(span - left, T) end
-    -- `TokenBucket::balance`: minus the whole units owed beyond the capacity.
-    balance, full = remaining, left
-    if left > span then balance = -div(left - span + T - 1, T) end
-    if remaining < cap then
-      -- `tb_reset`: until one more unit is available.
-      reset = left
-      if remaining + 1 < cap then reset = left - (cap - remaining - 1) * T end
-      if reset < 0 then reset = 0 end
-    end
-    if kind ~= 2 and mode ~= 1 then
-      if tat < now then tat = now end
-      expires = tat + cost_span
-      value = string.format('%d', expires)
-    end
-  else
-    -- Windows: both keep the start of the current window first. Parameters: the limit, the
-    -- period, then the fixed window's capacity and offset, or the sliding window's offset.
-    local period = p2
-    local ws, a, b
-    if raw and string.byte(raw, 1) == (code == 2 and 119 or 115) then -- 'w' or 's'
-      ws, a, b = string.match(raw, '(%d+),(-?%d+),?(%d*)') -- a fixed window's may owe units
-      ws, a, b = tonumber(ws), tonumber(a), tonumber(b)
-    end
-    local windows = 0
-    if ws == nil then
-      -- A fresh key: `window_containing` (windows at offset + k * period).
-      local offset = p3
-      if code == 2 then offset = p4 end
-      local into = now + period - offset
-      into = into - div(into, period) * period
-      ws = now - into
-      if ws < 0 then ws = 0 end
-    elseif now > ws then
-      windows = div(now - ws, period)
-      ws = ws + windows * period
-    end
-
-    if code == 2 then
-      -- Fixed window: `make_fixed`; `a` units left, negative while reservations are owed.
-      local rate, cap = p1, p3
-      local rem = a or cap
-      if rem >= cap or windows >= div(cap - rem + rate - 1, rate) then
-        rem = cap
-      else
-        rem = rem + windows * rate
-      end
-      if rem >= cost then
-        rem = rem - cost
-        if mode ~= 1 then
-          value = string.format('w%d,%d', ws, rem)
-          expires = ws + div(cap - rem + rate - 1, rate) * period
-        end
-      else
-        kind, wait = 2, ws + div(cost - rem + rate - 1, rate) * period - now
-        if wait < 0 then wait = 0 end
-      end
-      limit, remaining, balance = cap, rem, rem
-      if rem < 0 then remaining = 0 end
-      if rem < cap then full = ws + div(cap - rem + rate - 1, rate) * period - now end
-      if rem < cap then
-        -- Until one more whole unit: the next window, or the one that pays the debt back.
-        reset = ws + div(remaining - rem + rate, rate) * period - now
-        if reset < 0 then reset = 0 end
-      end
-    else
-      -- Sliding window counter: `make_sliding`; `a` units in the current window, `b` in the
-      -- previous one (never above the limit, which may have been lowered since).
-      limit = p1
-      local cur, prev = 0, 0
-      if a then
-        if a > limit then a = limit end
-        if b > limit then b = limit end
-        if windows == 0 then
-          cur, prev = a, b
-        elseif windows == 1 then
-          prev = a
-        end
-      end
-      -- The part of the previous window still inside the sliding period.
-      local left = period - (now - ws)
-      if left > period then left = period end
-      local function fits(c, units)
-        local room = limit - c - units
-        return room >= 0 and prev * left <= room * period
-      end
-      -- `sw_wait_for`
-      local function wait_for(c, units)
-        if fits(c, units) then return 0 end
-        if prev > 0 then
-          local room = limit - (c + units)
-          if room >= 0 then
-            local keep = div(room * period, prev)
-            if keep > period then keep = period end
-            if keep > 0 then return ws + (period - keep) - now end
-          end
-        end
-        local into = 0
-        if c > 0 then
-          into = div((limit - units) * period, c)
-          if into > period then into = period end
-          into = period - into
-        end
-        return ws + period + into - now
-      end
-      if fits(cur, cost) then
-        cur = cur + cost
-        if mode ~= 1 then
-          value = string.format('s%d,%d,%d', ws, cur, prev)
-          expires = ws
-          if cur > 0 then
-            expires = ws + 2 * period
-          elseif prev > 0 then
-            expires = ws + period
-          end
-        end
-      else
-        kind, wait = 2, wait_for(cur, cost)
-      end
-      remaining = limit - cur - div(prev * left + period - 1, period)
-      if remaining < 0 then remaining = 0 end
-      balance = remaining
-      if cur > 0 then
-        full = ws + 2 * period - now
-      elseif prev > 0 then
-        full = ws + period - now
-      end
-      if remaining < limit then reset = wait_for(cur, remaining + 1) end
-    end
-  end
-
-  if value then
-    -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
-    local px = 1
-    if expires > now then px = div(expires - now + 999, 1000) end
-    redis.call('SET', key, value, 'PX', string.format('%d', px + grace))
-  end
-  local created = 0
-  if not raw then created = 1 end
-  return struct.pack(
-    '<ddddddddddd', kind, wait, limit, remaining, reset, 0, 0, balance, full, created, now
-  )
-end
-
-------------------------------------------------------------------------------------------------
--- The general code: any number of records and candidates, every algorithm and operation.
 
 local function cdiv(a, b)
   return div(a + b - 1, b)
@@ -305,8 +264,10 @@ local function max(a, b)
   return b
 end
 
--- Encoding: a tag letter, then decimal integers separated by commas; except a token bucket's
--- state, the most common, which is its one number alone (no other state reads as a number).
+-- Encoding: a token bucket's, a fixed window's and a sliding window's state (the fast paths'
+-- algorithms) is a tag byte ('T', 'W', 'S') and its numbers as little-endian doubles (9, 17 and
+-- 25 bytes); a sliding log's and a burst pool's, a tag letter ('l', 'p') and decimal integers
+-- separated by commas. A value of another algorithm or format reads as a new key.
 
 local function numbers(raw)
   local out = {}
@@ -392,11 +353,14 @@ local function make_bucket()
   end
 
   function bucket.decode(p, raw)
-    return tonumber(raw)
+    if #raw ~= 9 then return nil end
+    local tag, tat = struct.unpack('<Bd', raw)
+    if tag ~= 84 then return nil end -- 'T'
+    return tat
   end
 
   function bucket.encode(tat)
-    return int(tat)
+    return struct.pack('<Bd', 84, tat)
   end
 
   bucket.undo = bucket.refund
@@ -552,13 +516,14 @@ local function make_fixed()
   end
 
   function fixed.decode(p, raw)
-    local ws, rem = string.match(raw, '^w(%d+),(-?%d+)')
-    if ws == nil then return nil end
-    return { ws = tonumber(ws), rem = tonumber(rem) }
+    if #raw ~= 17 then return nil end
+    local tag, ws, rem = struct.unpack('<Bdd', raw)
+    if tag ~= 87 then return nil end -- 'W'
+    return { ws = ws, rem = rem }
   end
 
   function fixed.encode(s)
-    return 'w' .. int(s.ws) .. ',' .. int(s.rem)
+    return struct.pack('<Bdd', 87, s.ws, s.rem)
   end
 
   fixed.undo = fixed.refund
@@ -649,15 +614,16 @@ local function make_sliding()
   end
 
   function sliding.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 's' then return nil end
-    local n = numbers(raw)
+    if #raw ~= 25 then return nil end
+    local tag, ws, cur, prev = struct.unpack('<Bddd', raw)
+    if tag ~= 83 then return nil end -- 'S'
     -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
     -- within their bound then too.
-    return { ws = n[1], cur = min(n[2], p.limit), prev = min(n[3], p.limit) }
+    return { ws = ws, cur = min(cur, p.limit), prev = min(prev, p.limit) }
   end
 
   function sliding.encode(s)
-    return 's' .. int(s.ws) .. ',' .. int(s.cur) .. ',' .. int(s.prev)
+    return struct.pack('<Bddd', 83, s.ws, s.cur, s.prev)
   end
 
   sliding.undo = sliding.refund

@@ -1,0 +1,160 @@
+//! The script's fast paths: one charge of one key under one rule without a penalty, for a token
+//! bucket, a sliding window or a fixed window with a period in µs — what nearly every request
+//! is. The call carries only the numbers its algorithm needs (its length tells the script which
+//! path); the script decides, commits, and answers the key's state rolled to its time, before
+//! the charge. The outcome's fields are computed here from that state, by the algorithm's own
+//! `evaluate` (the memory store's code), so Redis spends its time on the decision alone.
+//!
+//! Everything else (batches, sharded rules, penalties, checks, reservations, calendar months,
+//! other algorithms) goes through the script's general code.
+
+use ::redis::Value;
+
+use super::{keys, params, push_now, Packed};
+use crate::algorithm::{
+    Algorithm, FixedWindow, FixedWindowState, Micros, Mode, Outcome, SlidingWindow,
+    SlidingWindowState, TokenBucket,
+};
+use crate::store::{Charge, StoreError, StoreErrorKind};
+
+/// The window start the outcome is computed against: the script answers times relative to the
+/// window's start (the windows' math depends on nothing else), and this keeps them positive.
+const BASE: Micros = 1 << 53;
+
+/// One charge for a fast path: the key, and the algorithm that reads the script's answer.
+pub(super) struct Fast {
+    pub(super) name: Vec<u8>,
+    cost: u64,
+    kind: Kind,
+}
+
+enum Kind {
+    Bucket(TokenBucket),
+    Sliding(SlidingWindow),
+    Fixed(FixedWindow),
+}
+
+impl Fast {
+    /// The fast path for `charge`, when one applies (`sharded`: the rule is split over keys).
+    pub(super) fn new(prefix: &str, charge: &Charge<'_>, sharded: bool) -> Option<Fast> {
+        if sharded || charge.penalty.is_some() || charge.mode != Mode::Charge {
+            return None;
+        }
+        let kind = match charge.algorithm {
+            Algorithm::TokenBucket(tb) => Kind::Bucket(tb.clone()),
+            Algorithm::SlidingWindow(w) => Kind::Sliding(w.clone()),
+            Algorithm::FixedWindow(w) if w.months().is_none() => Kind::Fixed(w.clone()),
+            _ => return None,
+        };
+        Some(Fast {
+            name: keys::key_name(prefix, charge.rule, charge.key, None),
+            cost: charge.cost,
+            kind,
+        })
+    }
+
+    /// The script's numbers: the time and the expiries' grace (as in every call), then the
+    /// algorithm's (see the fast paths at the top of `script.lua`).
+    pub(super) fn packed(&self, charge: &Charge<'_>, now: Option<Micros>) -> Packed {
+        let mut packed = Packed(Vec::with_capacity(8 * 7));
+        push_now(&mut packed, now);
+        let cost = params::units_arg(self.cost);
+        match &self.kind {
+            Kind::Bucket(tb) => {
+                let span = |units: u64| u128::from(units) * u128::from(tb.interval());
+                packed.push(tb.fresh(0));
+                // Beyond the capacity's span a cost never fits: clamping keeps the sum exact.
+                packed.push(span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64);
+                packed.push(span(tb.capacity()) as u64);
+            }
+            Kind::Sliding(w) => {
+                let period = w.period_micros();
+                packed.push(w.limit());
+                packed.push(period);
+                packed.push(w.start().offset(period, charge.rule, charge.key));
+                packed.push(cost);
+            }
+            Kind::Fixed(w) => {
+                let period = w.period_micros();
+                packed.push(w.limit());
+                packed.push(period);
+                packed.push(w.capacity());
+                packed.push(w.start().offset(period, charge.rule, charge.key));
+                packed.push(cost);
+            }
+        }
+        packed
+    }
+
+    /// The outcome from the script's answer, and whether the key held no state before the call.
+    pub(super) fn outcome(&self, reply: &Value) -> Result<(Outcome, bool), StoreError> {
+        let (flags, outcome) = match (&self.kind, reply) {
+            // The debt before the charge × 4, + 2 when denied, + 1 when the key was missing.
+            (Kind::Bucket(tb), &Value::Int(v)) if v >= 0 => {
+                let debt = (v >> 2) as u64;
+                (v & 3, tb.evaluate(debt, 0, self.cost, Mode::Charge))
+            }
+            (Kind::Sliding(w), Value::BulkString(bytes)) => {
+                let [flags, into, current, previous] = numbers(bytes)?;
+                let state = SlidingWindowState {
+                    window_start: BASE,
+                    current: count(current)?,
+                    previous: count(previous)?,
+                };
+                (flags, w.evaluate(state, at(into)?, self.cost))
+            }
+            (Kind::Fixed(w), Value::BulkString(bytes)) => {
+                let [flags, into, balance] = numbers(bytes)?;
+                let state = FixedWindowState {
+                    window_start: BASE,
+                    balance,
+                };
+                (flags, w.evaluate(state, at(into)?, self.cost, Mode::Charge))
+            }
+            _ => return Err(protocol(format!("unexpected answer {reply:?}"))),
+        };
+        // The script committed what it decided: the outcome must say the same.
+        if !(0..4).contains(&flags) || outcome.verdict.is_admitted() != (flags & 2 == 0) {
+            return Err(protocol(format!(
+                "the script's verdict ({flags}) disagrees with {outcome:?}"
+            )));
+        }
+        Ok((outcome, flags & 1 == 1))
+    }
+}
+
+/// The script's little-endian doubles, each an integer of at most 2^53 in magnitude.
+fn numbers<const N: usize>(bytes: &[u8]) -> Result<[i64; N], StoreError> {
+    if bytes.len() != 8 * N {
+        return Err(protocol(format!(
+            "the script answered {} bytes instead of {}",
+            bytes.len(),
+            8 * N
+        )));
+    }
+    let mut out = [0; N];
+    for (slot, chunk) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+        let value = f64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        if !(value.abs() <= BASE as f64 && value.fract() == 0.0) {
+            return Err(protocol(format!(
+                "{value} in the script's answer is not a count"
+            )));
+        }
+        *slot = value as i64;
+    }
+    Ok(out)
+}
+
+fn count(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| protocol(format!("negative count {value}")))
+}
+
+/// The script's time, `into` µs after the window's start.
+fn at(into: i64) -> Result<Micros, StoreError> {
+    BASE.checked_add_signed(into)
+        .ok_or_else(|| protocol(format!("time {into} is out of range")))
+}
+
+fn protocol(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}
