@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tollgate::{Limit, Limiter, RedisStore, Rule};
+use tollgate::{Limit, Limiter, RedisStore, Rule, SystemClock};
 
 const CALLERS: usize = 64;
 
@@ -32,6 +32,35 @@ const CALLERS: usize = 64;
 /// writing it back with its expiry.
 const FLOOR_SCRIPT: &str = "local t = redis.call('TIME') redis.call('GET', KEYS[1]) \
     redis.call('SET', KEYS[1], t[1], 'PX', 60000) return 1";
+
+/// A fixed window without the design's guarantees, the way the usual Redis rate-limit scripts
+/// count (Upstash's among them): the key names the window, taken from the client's clock, with
+/// every key's windows starting together; the counter grows in place and gets its expiry when
+/// the window's first unit creates it; a denied request is counted too. ARGV: the cost, the
+/// window (ms), the limit.
+const IN_PLACE_FIXED: &str = "local n = redis.call('INCRBY', KEYS[1], ARGV[1]) \
+    if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+    if n > tonumber(ARGV[3]) then return -1 end return n";
+
+/// The same counter with the server's clock: the window from `TIME` (its start is in the key's
+/// value, so a key lives across windows), the counter still grown in place. What a fixed window
+/// that keeps server time could cost at best, without all-or-nothing or exact expiries.
+const IN_PLACE_FIXED_SERVER_TIME: &str = "local t = redis.call('TIME') \
+    local n = redis.call('INCRBY', KEYS[1], ARGV[1]) \
+    if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+    local now = t[1] * 1000000 + t[2] \
+    if n > tonumber(ARGV[3]) then return -1 end return n";
+
+/// A sliding window counter the same way (two counters in keys named by the client's window:
+/// this one and the previous one, weighted by the client's clock; in place, counted when
+/// admitted). ARGV: the cost, the window (ms), the limit, the elapsed part of the window (ms).
+const IN_PLACE_SLIDING: &str = "local window, limit = tonumber(ARGV[2]), tonumber(ARGV[3]) \
+    local cur = tonumber(redis.call('GET', KEYS[1]) or '0') \
+    local prev = tonumber(redis.call('GET', KEYS[2]) or '0') \
+    local cost = tonumber(ARGV[1]) \
+    if prev * (window - tonumber(ARGV[4])) / window + cur + cost > limit then return -1 end \
+    local n = redis.call('INCRBY', KEYS[1], cost) \
+    if n == cost then redis.call('PEXPIRE', KEYS[1], window * 2) end return n";
 
 struct Run {
     decisions: u64,
@@ -123,6 +152,19 @@ async fn hammer(
 /// store's client side costs on top; with only the commands a decision cannot do without, the
 /// most any one-call-per-decision store could reach on this server.
 async fn client_alone(server: &RedisServer, script: &str, duration: Duration) -> Run {
+    client_calls(server, script, duration, |caller| {
+        (vec![format!("alone-{caller}")], Vec::new())
+    })
+    .await
+}
+
+/// Like [`client_alone`], with the keys and arguments of each call from `call(caller)`.
+async fn client_calls(
+    server: &RedisServer,
+    script: &str,
+    duration: Duration,
+    call: fn(usize) -> (Vec<String>, Vec<String>),
+) -> Run {
     server.run("CONFIG RESETSTAT");
     let client = ::redis::Client::open(server.url()).unwrap();
     let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
@@ -133,9 +175,16 @@ async fn client_alone(server: &RedisServer, script: &str, duration: Duration) ->
         .map(|caller| {
             let (mut conn, script, calls) = (conn.clone(), script.clone(), calls.clone());
             tokio::spawn(async move {
-                let key = format!("alone-{caller}");
                 while started.elapsed() < duration {
-                    let _: i64 = script.key(&key).invoke_async(&mut conn).await.unwrap();
+                    let (keys, args) = call(caller);
+                    let mut invocation = script.prepare_invoke();
+                    for key in &keys {
+                        invocation.key(key);
+                    }
+                    for arg in &args {
+                        invocation.arg(arg);
+                    }
+                    let _: i64 = invocation.invoke_async(&mut conn).await.unwrap();
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -172,6 +221,13 @@ fn redis_benchmark(server: &RedisServer, requests: u64) -> f64 {
             rest.split_whitespace().next()?.parse().ok()
         })
         .unwrap_or_else(|| panic!("cannot read redis-benchmark's output: {text:?}"))
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
 }
 
 fn main() {
@@ -242,6 +298,74 @@ fn main() {
         let fixed = hammer(&server, windows.clone(), "fixed", false, duration / 2).await;
         let sliding = hammer(&server, windows, "sliding", false, duration / 2).await;
 
+        // What the guarantees cost. The same store with the time sent from this process (its
+        // test mode) instead of read from the server: the cost of `TIME`.
+        let client_time = Limiter::builder()
+            .rule(Rule::new("roomy", Limit::per_second(1_000_000_000)))
+            .rule(Rule::new(
+                "fixed",
+                Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
+            ))
+            .rule(Rule::new(
+                "sliding",
+                Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
+            ))
+            .store(
+                RedisStore::builder()
+                    .url(server.url())
+                    .timeout(Duration::from_secs(2))
+                    .clock(SystemClock::new())
+                    .build()
+                    .await
+                    .expect("connect"),
+            )
+            .build()
+            .unwrap();
+        let bucket_client_time =
+            hammer(&server, client_time.clone(), "roomy", false, duration / 2).await;
+        let fixed_client_time =
+            hammer(&server, client_time.clone(), "fixed", false, duration / 2).await;
+        let sliding_client_time =
+            hammer(&server, client_time, "sliding", false, duration / 2).await;
+        // Counters grown in place, without the design's guarantees (see the scripts).
+        let fixed_in_place = client_calls(&server, IN_PLACE_FIXED, duration / 2, |caller| {
+            let window = unix_millis() / 60_000;
+            (
+                vec![format!("in-place-fixed-{caller}:{window}")],
+                vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+            )
+        })
+        .await;
+        let fixed_in_place_server_time = client_calls(
+            &server,
+            IN_PLACE_FIXED_SERVER_TIME,
+            duration / 2,
+            |caller| {
+                (
+                    vec![format!("in-place-fixed-server-time-{caller}")],
+                    vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                )
+            },
+        )
+        .await;
+        let sliding_in_place = client_calls(&server, IN_PLACE_SLIDING, duration / 2, |caller| {
+            let now = unix_millis();
+            let window = now / 1_000;
+            (
+                vec![
+                    format!("in-place-sliding-{caller}:{window}"),
+                    format!("in-place-sliding-{caller}:{}", window - 1),
+                ],
+                vec![
+                    "1".to_owned(),
+                    "1000".to_owned(),
+                    "1000000000".to_owned(),
+                    (now % 1_000).to_string(),
+                ],
+            )
+        })
+        .await;
+
         // Redis time per decision: every algorithm's script beside the floor, all through the
         // same client and the same callers, in this run.
         println!(
@@ -259,6 +383,30 @@ fn main() {
             ("RedisStore, sliding window", &sliding),
             ("floor: TIME + GET + SET … PX (redis crate alone)", &floor),
             ("`return 1` (redis crate alone)", &alone),
+            (
+                "RedisStore, token bucket, the client's time",
+                &bucket_client_time,
+            ),
+            (
+                "RedisStore, fixed window, the client's time",
+                &fixed_client_time,
+            ),
+            (
+                "RedisStore, sliding window, the client's time",
+                &sliding_client_time,
+            ),
+            (
+                "in place: INCRBY + PEXPIRE, client's window",
+                &fixed_in_place,
+            ),
+            (
+                "in place: TIME + INCRBY + PEXPIRE",
+                &fixed_in_place_server_time,
+            ),
+            (
+                "in place, sliding: 2 GET + INCRBY + PEXPIRE, client's window",
+                &sliding_in_place,
+            ),
         ] {
             println!(
                 "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs |",
