@@ -1,12 +1,12 @@
 //! The script's fast paths: one charge of one key under one rule without a penalty, for a token
-//! bucket, a sliding window or a fixed window with a period in µs — what nearly every request
-//! is. The call carries only the numbers its algorithm needs (its length tells the script which
+//! bucket, a sliding window or a fixed window with a period in µs and no roll-over — what nearly
+//! every request is. The call carries only the numbers its algorithm needs (its length tells the script which
 //! path); the script decides, commits, and answers the key's state rolled to its time, before
 //! the charge. The outcome's fields are computed here from that state, by the algorithm's own
 //! `evaluate` (the memory store's code), so Redis spends its time on the decision alone.
 //!
 //! Everything else (batches, sharded rules, penalties, checks, reservations, calendar months,
-//! other algorithms) goes through the script's general code.
+//! roll-over, other algorithms) goes through the script's general code.
 
 use ::redis::Value;
 
@@ -43,7 +43,11 @@ impl Fast {
         let kind = match charge.algorithm {
             Algorithm::TokenBucket(tb) => Kind::Bucket(tb.clone()),
             Algorithm::SlidingWindow(w) => Kind::Sliding(w.clone()),
-            Algorithm::FixedWindow(w) if w.months().is_none() => Kind::Fixed(w.clone()),
+            // A window that rolls units over (capacity above the limit) grows its key's expiry
+            // with every charge: the general code writes it whole.
+            Algorithm::FixedWindow(w) if w.months().is_none() && w.capacity() == w.limit() => {
+                Kind::Fixed(w.clone())
+            }
             _ => return None,
         };
         Some(Fast {

@@ -67,7 +67,7 @@ if size == 40 then
     now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
   end
   local key = KEYS[1]
-  local raw = redis.call('GET', key)
+  local raw = redis.pcall('GET', key) -- an error (another type of value) reads as a new key
   local tag, tat, flags = 0, 0, 0
   if not raw then
     flags = 1
@@ -83,7 +83,8 @@ if size == 40 then
   local px = tat - now + 999
   px = (px - px % 1000) / 1000
   if px < 1 then px = 1 end
-  redis.call('SET', key, struct.pack('<Bd', 84, tat), 'PX', string.format('%d', px + grace))
+  -- (`PSETEX` is `SET … PX` with less to parse.)
+  redis.call('PSETEX', key, string.format('%d', px + grace), struct.pack('<Bd', 84, tat))
   return debt * 4 + flags
 end
 
@@ -97,7 +98,7 @@ if size == 48 then
     now = t[1] * 1000000 + t[2]
   end
   local key = KEYS[1]
-  local raw = redis.call('GET', key)
+  local raw = redis.pcall('GET', key)
   local tag, ws, cur, prev, flags = 0, 0, 0, 0, 0
   if not raw then
     flags = 1
@@ -136,57 +137,90 @@ if size == 48 then
   px = (px - px % 1000) / 1000
   if px < 1 then px = 1 end
   redis.call(
-    'SET', key, struct.pack('<Bddd', 83, ws, cur + cost, prev), 'PX', string.format('%d', px + grace)
+    'PSETEX', key, string.format('%d', px + grace), struct.pack('<Bddd', 83, ws, cur + cost, prev)
   )
   return struct.pack('<dddd', flags, into, cur, prev)
 end
 
 if size == 56 then
-  -- Fixed window (`make_fixed`): now, grace, rate, period, capacity, offset, cost. State: 'W',
-  -- window start, units left (negative while reservations are owed).
-  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the units left.
+  -- Fixed window whose capacity is its limit (`make_fixed`): now, grace, rate, period, capacity,
+  -- offset, cost. A fixed window's key is a hash: one field, the window's start (a binary
+  -- double), holding the units used in that window (more than the capacity while reservations
+  -- are owed). The window's count grows in place (`HINCRBY`): the key keeps the expiry its
+  -- window's first charge gave it (the end of the window, when a key of a window's units is
+  -- a new key's again), so a charge inside a window writes nothing else.
+  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the units left
+  -- before the charge.
   local now, grace, rate, period, cap, offset, cost = struct.unpack('<ddddddd', packed)
   if now < 0 then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
   end
   local key = KEYS[1]
-  local raw = redis.call('GET', key)
-  local tag, ws, rem, flags = 0, 0, 0, 0
-  if not raw then
-    flags = 1
-  elseif #raw == 17 then
-    tag, ws, rem = struct.unpack('<Bdd', raw)
+  -- `window_containing` (windows at offset + k × period).
+  local ws = now - (now + period - offset) % period
+  if ws < 0 then ws = 0 end
+  local field = struct.pack('<d', ws)
+  -- An error (a value of another algorithm or format) reads as a new key.
+  local used = redis.pcall('HINCRBY', key, field, cost)
+  local counted = type(used) == 'number'
+  if counted and used ~= cost then
+    if used > cap then
+      -- Denied: nothing charged. (A cost of 0 changed nothing; "-0" is not an integer to Redis.)
+      if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
+      return struct.pack('<ddd', 2, now - ws, cap - used + cost)
+    end
+    return struct.pack('<ddd', 0, now - ws, cap - used + cost)
   end
-  if tag ~= 87 then -- 'W'
-    ws, rem = now - (now + period - offset) % period, cap
-    if ws < 0 then ws = 0 end
+
+  -- The window's first charge, a charge of 0, or a key this path cannot count in: the state is
+  -- what the key held before (`fw_roll` of its newest other window), and the key is written
+  -- whole, as the general code does.
+  local flags, sws, rem = 1, ws, cap
+  if counted then
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f ~= field and #f == 8 then
+        local ows = struct.unpack('<d', f)
+        if flags == 1 or ows > sws then
+          flags, sws, rem = 0, ows, cap - all[i + 1]
+        end
+      end
+    end
+    if flags == 0 then
+      -- `fw_roll` from the stored window to the one containing now.
+      local windows = 0
+      if now - sws >= period then
+        local into = (now - sws) % period
+        windows = (now - sws - into) / period
+        sws = now - into
+      end
+      -- (A product past 2^53 is inexact, but then far above cap - rem: the comparison holds.)
+      if rem >= cap or windows * rate >= cap - rem then
+        rem = cap
+      else
+        rem = rem + windows * rate
+      end
+    end
   else
-    -- `fw_roll`: min(rem + rate × windows, cap).
-    local windows = 0
-    if now - ws >= period then
-      local into = (now - ws) % period
-      windows = (now - ws - into) / period
-      ws = now - into
-    end
-    -- (A product past 2^53 is inexact, but then far above cap - rem: the comparison holds.)
-    if rem >= cap or windows * rate >= cap - rem then
-      rem = cap
-    else
-      rem = rem + windows * rate
-    end
+    flags = 0
   end
-  local into = now - ws
-  if rem < cost then return struct.pack('<ddd', 2 + flags, into, rem) end
-  -- The key expires when the window that fills it again starts.
+  if rem < cost then
+    -- Denied: the key as it was. This call's field held nothing before it (or it would have
+    -- been counted above): remove it again.
+    if counted then redis.call('HDEL', key, field) end
+    return struct.pack('<ddd', 2 + flags, now - sws, rem)
+  end
+  -- The key expires when the window that fills it again starts (never sooner than 1 ms).
   local owed = cap - rem + cost + rate - 1
-  local px = ws + (owed - owed % rate) / rate * period - now + 999
+  local px = sws + (owed - owed % rate) / rate * period - now + 999
   px = (px - px % 1000) / 1000
   if px < 1 then px = 1 end
-  redis.call(
-    'SET', key, struct.pack('<Bdd', 87, ws, rem - cost), 'PX', string.format('%d', px + grace)
-  )
-  return struct.pack('<ddd', flags, into, rem)
+  redis.call('DEL', key)
+  redis.call('HSET', key, struct.pack('<d', sws), cap - rem + cost)
+  redis.call('PEXPIRE', key, string.format('%d', px + grace))
+  return struct.pack('<ddd', flags, now - sws, rem)
 end
 
 ------------------------------------------------------------------------------------------------
@@ -264,10 +298,10 @@ local function max(a, b)
   return b
 end
 
--- Encoding: a token bucket's, a fixed window's and a sliding window's state (the fast paths'
--- algorithms) is a tag byte ('T', 'W', 'S') and its numbers as little-endian doubles (9, 17 and
--- 25 bytes); a sliding log's and a burst pool's, a tag letter ('l', 'p') and decimal integers
--- separated by commas. A value of another algorithm or format reads as a new key.
+-- Encoding: a token bucket's and a sliding window's state is a tag byte ('T', 'S') and its
+-- numbers as little-endian doubles (9 and 25 bytes); a fixed window's, a hash (see its fast
+-- path); a sliding log's and a burst pool's, a tag letter ('l', 'p') and decimal integers
+-- separated by commas. A value of another algorithm, format or type reads as a new key.
 
 local function numbers(raw)
   local out = {}
@@ -515,15 +549,34 @@ local function make_fixed()
     return fw_boundary(p, s.ws, cdiv(pos(p.cap - s.rem), p.limit))
   end
 
-  function fixed.decode(p, raw)
-    if #raw ~= 17 then return nil end
-    local tag, ws, rem = struct.unpack('<Bdd', raw)
-    if tag ~= 87 then return nil end -- 'W'
-    return { ws = ws, rem = rem }
+  -- The key is a hash (see the fast path): its newest window's field, read as the units left.
+  function fixed.load(p)
+    local all = redis.pcall('HGETALL', p.key)
+    if all.err then
+      p.missing = false -- another type of value: a new key
+      return nil
+    end
+    p.missing = #all == 0
+    local s
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if #f == 8 then
+        local ws = struct.unpack('<d', f)
+        if s == nil or ws > s.ws then s = { ws = ws, rem = p.cap - all[i + 1] } end
+      end
+    end
+    return s
   end
 
+  function fixed.save(p, s, px)
+    redis.call('DEL', p.key)
+    redis.call('HSET', p.key, struct.pack('<d', s.ws), p.cap - s.rem)
+    redis.call('PEXPIRE', p.key, px)
+  end
+
+  -- A state as a string, to compare (see the undo).
   function fixed.encode(s)
-    return struct.pack('<Bdd', 87, s.ws, s.rem)
+    return struct.pack('<dd', s.ws, s.rem)
   end
 
   fixed.undo = fixed.refund
@@ -951,9 +1004,10 @@ end
 
 -- The candidate's state, or nil when the key is missing or holds another algorithm's state.
 local function load(p)
-  local raw = redis.call('GET', p.key)
+  if p.alg.load then return p.alg.load(p) end
+  local raw = redis.pcall('GET', p.key) -- an error (another type of value) reads as a new key
   p.missing = not raw
-  if raw then return p.alg.decode(p, raw) end
+  if type(raw) == 'string' then return p.alg.decode(p, raw) end
   return nil
 end
 
@@ -968,7 +1022,11 @@ local function save(p, s)
   local ttl = p.alg.expires(p, s) - now
   local px = 1
   if ttl > 0 then px = cdiv(ttl, 1000) end
-  redis.call('SET', p.key, p.alg.encode(s), 'PX', int(px + grace))
+  if p.alg.save then
+    p.alg.save(p, s, int(px + grace))
+  else
+    redis.call('SET', p.key, p.alg.encode(s), 'PX', int(px + grace))
+  end
 end
 
 local reply = {}
