@@ -241,6 +241,58 @@ async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
     assert_eq!(server.command_calls("evalsha") - calls_before, 7);
 }
 
+/// A value the store cannot read — written by an earlier version in its text format, or by a
+/// rule of another algorithm under the same name (a hash where a string is expected, or the
+/// reverse) — is a new key: the charge is decided as for a key never seen, never an error, and
+/// the key is written again in its own format, with its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_of_another_format_or_type_are_new_keys() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limiter = Limiter::builder()
+        .rule(Rule::new("bucket", Limit::per_minute(10)))
+        .rule(Rule::new(
+            "window",
+            Limit::fixed_window(5, Duration::from_secs(60)),
+        ))
+        .rule(Rule::new(
+            "sliding",
+            Limit::sliding_window(5, Duration::from_secs(60)),
+        ))
+        .store(redis.clone())
+        .build()
+        .unwrap();
+    let name = |rule: &str, key: &str| {
+        String::from_utf8(redis.key_names(rule, key.as_bytes()).remove(0)).unwrap()
+    };
+    // The earlier text formats, each an exhausted key there.
+    let far = 4_000_000_000_000_000u64;
+    server.run(&format!("SET {} {far}", name("bucket", "old")));
+    server.run(&format!("SET {} w{far},0", name("window", "old")));
+    server.run(&format!("SET {} s{far},5,5", name("sliding", "old")));
+    // Another algorithm's type of value.
+    server.run(&format!("HSET {} field 7", name("bucket", "other")));
+    server.run(&format!("SET {} 12345", name("window", "other")));
+    server.run(&format!("HSET {} field 7", name("sliding", "other")));
+    for key in ["old", "other"] {
+        for (rule, limit) in [("bucket", 10), ("window", 5), ("sliding", 5)] {
+            // A check goes through the script's general code; a charge, through its fast path.
+            let checked = limiter.check(rule, key, limit).await.unwrap();
+            assert!(checked.is_allowed(), "{rule} {key}: {checked:?}");
+            let outcome = limiter.charge(rule, key, 1).await.unwrap();
+            assert!(outcome.is_allowed(), "{rule} {key}: {outcome:?}");
+            assert_eq!(outcome.remaining, limit - 1, "{rule} {key}");
+            let ttl: i64 = server.run(&format!("PTTL {}", name(rule, key)))[1..]
+                .trim()
+                .parse()
+                .unwrap();
+            assert!((1..=120_000).contains(&ttl), "{rule} {key} expires: {ttl}");
+            let again = limiter.charge(rule, key, 1).await.unwrap();
+            assert_eq!(again.remaining, limit - 2, "{rule} {key}: counted on");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_when_their_state_equals_a_new_keys() {
     let server = RedisServer::start();
