@@ -89,63 +89,116 @@ if size == 40 then
 end
 
 if size == 48 then
-  -- Sliding window counter (`make_sliding`): now, grace, limit, period, offset, cost. State:
-  -- 'S', window start, units in it, units in the previous window.
-  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the two counts.
+  -- Sliding window counter (`make_sliding`): now, grace, limit, period, offset, cost. The key
+  -- is a hash: the current window's count under its start ('S' and a binary double), and the
+  -- previous window's under 'p'. The count grows in place (`HINCRBY`), the key keeping the
+  -- expiry the window's first charge gave it (two periods after the window's start, when both
+  -- counts have left the sliding period).
+  -- Reply: 2 when denied + 1 when the key was missing, now − window start, the two counts
+  -- before the charge.
   local now, grace, limit, period, offset, cost = struct.unpack('<dddddd', packed)
   if now < 0 then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2]
   end
   local key = KEYS[1]
-  local raw = redis.pcall('GET', key)
-  local tag, ws, cur, prev, flags = 0, 0, 0, 0, 0
-  if not raw then
-    flags = 1
-  elseif #raw == 25 then
-    tag, ws, cur, prev = struct.unpack('<Bddd', raw)
-  end
-  if tag ~= 83 then -- 'S'
-    -- A fresh key: `window_containing` (windows at offset + k × period).
-    ws, cur, prev = now - (now + period - offset) % period, 0, 0
-    if ws < 0 then ws = 0 end
-  else
-    -- Counts never exceed the limit, unless it was lowered since: keep the products in bound.
-    if cur > limit then cur = limit end
-    if prev > limit then prev = limit end
-    if now - ws >= period then
-      local into = (now - ws) % period
-      if now - ws - into == period then prev = cur else prev = 0 end
-      ws, cur = now - into, 0
+  -- `window_containing` (windows at offset + k × period).
+  local ws = now - (now + period - offset) % period
+  if ws < 0 then ws = 0 end
+  local field = struct.pack('<Bd', 83, ws)
+  -- An error (a value of another algorithm or format) reads as a new key.
+  local cur = redis.pcall('HINCRBY', key, field, cost)
+  local counted = type(cur) == 'number'
+  if counted and cur ~= cost then
+    -- The key holds one window's count at a time (the newest): this window's, counted in place.
+    local prev = redis.call('HGET', key, 'p')
+    if prev then
+      cur = cur - cost
+      -- Counts never exceed the limit, unless it was lowered since: keep the products in bound.
+      if cur > limit then cur = limit end
+      prev = prev + 0
+      if prev > limit then prev = limit end
+      local into = now - ws
+      local room = limit - cur - cost
+      -- The previous window's part still inside the sliding period weighs prev × left / period.
+      if room < 0 or prev * (period - into) > room * period then
+        if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
+        return struct.pack('<dddd', 2, into, cur, prev)
+      end
+      return struct.pack('<dddd', 0, into, cur, prev)
     end
   end
-  local into = now - ws
-  -- The part of the previous window still inside the sliding period.
+
+  -- The window's first charge, a charge of 0, or a key this path cannot count in: the state is
+  -- what the key held before this call (its newest window, rolled over to now: `sw_roll`), and
+  -- the key is written whole, as the general code does.
+  local flags, sws, prev, other = 0, ws, 0, false
+  cur = 0
+  if counted then
+    local all = redis.call('HGETALL', key)
+    local stored = false
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f == 'p' then
+        prev, stored = all[i + 1] + 0, true
+      elseif f ~= field and #f == 9 then
+        local tag, ows = struct.unpack('<Bd', f)
+        if tag == 83 and (not other or ows > sws) then
+          sws, cur, other = ows, all[i + 1] + 0, true
+        end
+      end
+    end
+    if not stored then
+      -- Nothing this rule wrote: a new key (missing when this call created it).
+      sws, cur, prev, other = ws, 0, 0, false
+      if #all == 2 and all[2] + 0 == cost then flags = 1 end
+    elseif not other then
+      -- This window's count was stored (at zero) before this call.
+      cur = 0
+    end
+    if cur > limit then cur = limit end
+    if prev > limit then prev = limit end
+    if now - sws >= period then
+      local into = (now - sws) % period
+      if now - sws - into == period then prev = cur else prev = 0 end
+      sws, cur = now - into, 0
+    end
+  end
+  local into = now - sws
   local left = period - into
   if left > period then left = period end
   local room = limit - cur - cost
   if room < 0 or prev * left > room * period then
+    -- Denied: the key as it was.
+    if counted then
+      if other or sws ~= ws then
+        redis.call('HDEL', key, field)
+      elseif cost > 0 then
+        redis.call('HINCRBY', key, field, -cost)
+      end
+      if flags == 1 then redis.call('DEL', key) end
+    end
     return struct.pack('<dddd', 2 + flags, into, cur, prev)
   end
-  -- The key expires when both counts have left the sliding period.
-  local expires = ws + 2 * period
+  -- The key expires when both counts have left the sliding period (never sooner than 1 ms).
+  local expires = sws + 2 * period
   if cur + cost == 0 then
-    expires = ws
-    if prev > 0 then expires = ws + period end
+    expires = sws
+    if prev > 0 then expires = sws + period end
   end
   local px = expires - now + 999
   px = (px - px % 1000) / 1000
   if px < 1 then px = 1 end
-  redis.call(
-    'PSETEX', key, string.format('%d', px + grace), struct.pack('<Bddd', 83, ws, cur + cost, prev)
-  )
+  redis.call('DEL', key)
+  redis.call('HSET', key, struct.pack('<Bd', 83, sws), cur + cost, 'p', prev)
+  redis.call('PEXPIRE', key, string.format('%d', px + grace))
   return struct.pack('<dddd', flags, into, cur, prev)
 end
 
 if size == 56 then
   -- Fixed window whose capacity is its limit (`make_fixed`): now, grace, rate, period, capacity,
-  -- offset, cost. A fixed window's key is a hash: one field, the window's start (a binary
-  -- double), holding the units used in that window (more than the capacity while reservations
+  -- offset, cost. A fixed window's key is a hash: one field, the window's start ('W' and a
+  -- binary double), holding the units used in that window (more than the capacity while reservations
   -- are owed). The window's count grows in place (`HINCRBY`): the key keeps the expiry its
   -- window's first charge gave it (the end of the window, when a key of a window's units is
   -- a new key's again), so a charge inside a window writes nothing else.
@@ -160,7 +213,7 @@ if size == 56 then
   -- `window_containing` (windows at offset + k × period).
   local ws = now - (now + period - offset) % period
   if ws < 0 then ws = 0 end
-  local field = struct.pack('<d', ws)
+  local field = struct.pack('<Bd', 87, ws)
   -- An error (a value of another algorithm or format) reads as a new key.
   local used = redis.pcall('HINCRBY', key, field, cost)
   local counted = type(used) == 'number'
@@ -181,9 +234,9 @@ if size == 56 then
     local all = redis.call('HGETALL', key)
     for i = 1, #all, 2 do
       local f = all[i]
-      if f ~= field and #f == 8 then
-        local ows = struct.unpack('<d', f)
-        if flags == 1 or ows > sws then
+      if f ~= field and #f == 9 then
+        local tag, ows = struct.unpack('<Bd', f)
+        if tag == 87 and (flags == 1 or ows > sws) then
           flags, sws, rem = 0, ows, cap - all[i + 1]
         end
       end
@@ -218,7 +271,7 @@ if size == 56 then
   px = (px - px % 1000) / 1000
   if px < 1 then px = 1 end
   redis.call('DEL', key)
-  redis.call('HSET', key, struct.pack('<d', sws), cap - rem + cost)
+  redis.call('HSET', key, struct.pack('<Bd', 87, sws), cap - rem + cost)
   redis.call('PEXPIRE', key, string.format('%d', px + grace))
   return struct.pack('<ddd', flags, now - sws, rem)
 end
@@ -298,10 +351,10 @@ local function max(a, b)
   return b
 end
 
--- Encoding: a token bucket's and a sliding window's state is a tag byte ('T', 'S') and its
--- numbers as little-endian doubles (9 and 25 bytes); a fixed window's, a hash (see its fast
--- path); a sliding log's and a burst pool's, a tag letter ('l', 'p') and decimal integers
--- separated by commas. A value of another algorithm, format or type reads as a new key.
+-- Encoding: a token bucket's state is a tag byte ('T') and its number as a little-endian double;
+-- a fixed window's and a sliding window's, a hash (see their fast paths); a sliding log's and a
+-- burst pool's, a tag letter ('l', 'p') and decimal integers separated by commas. A value of
+-- another algorithm, format or type reads as a new key.
 
 local function numbers(raw)
   local out = {}
@@ -560,9 +613,9 @@ local function make_fixed()
     local s
     for i = 1, #all, 2 do
       local f = all[i]
-      if #f == 8 then
-        local ws = struct.unpack('<d', f)
-        if s == nil or ws > s.ws then s = { ws = ws, rem = p.cap - all[i + 1] } end
+      if #f == 9 then
+        local tag, ws = struct.unpack('<Bd', f)
+        if tag == 87 and (s == nil or ws > s.ws) then s = { ws = ws, rem = p.cap - all[i + 1] } end
       end
     end
     return s
@@ -570,7 +623,7 @@ local function make_fixed()
 
   function fixed.save(p, s, px)
     redis.call('DEL', p.key)
-    redis.call('HSET', p.key, struct.pack('<d', s.ws), p.cap - s.rem)
+    redis.call('HSET', p.key, struct.pack('<Bd', 87, s.ws), p.cap - s.rem)
     redis.call('PEXPIRE', p.key, px)
   end
 
@@ -666,17 +719,39 @@ local function make_sliding()
     return s.ws + windows * p.period
   end
 
-  function sliding.decode(p, raw)
-    if #raw ~= 25 then return nil end
-    local tag, ws, cur, prev = struct.unpack('<Bddd', raw)
-    if tag ~= 83 then return nil end -- 'S'
+  -- The key is a hash (see the fast path): its newest window's count, and 'p'.
+  function sliding.load(p)
+    local all = redis.pcall('HGETALL', p.key)
+    if all.err then
+      p.missing = false -- another type of value: a new key
+      return nil
+    end
+    p.missing = #all == 0
+    local s, prev
+    for i = 1, #all, 2 do
+      local f = all[i]
+      if f == 'p' then
+        prev = all[i + 1] + 0
+      elseif #f == 9 then
+        local tag, ws = struct.unpack('<Bd', f)
+        if tag == 83 and (s == nil or ws > s.ws) then s = { ws = ws, cur = all[i + 1] + 0 } end
+      end
+    end
+    if s == nil or prev == nil then return nil end
     -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
     -- within their bound then too.
-    return { ws = ws, cur = min(cur, p.limit), prev = min(prev, p.limit) }
+    return { ws = s.ws, cur = min(s.cur, p.limit), prev = min(prev, p.limit) }
   end
 
+  function sliding.save(p, s, px)
+    redis.call('DEL', p.key)
+    redis.call('HSET', p.key, struct.pack('<Bd', 83, s.ws), s.cur, 'p', s.prev)
+    redis.call('PEXPIRE', p.key, px)
+  end
+
+  -- A state as a string, to compare (see the undo).
   function sliding.encode(s)
-    return struct.pack('<Bddd', 83, s.ws, s.cur, s.prev)
+    return struct.pack('<ddd', s.ws, s.cur, s.prev)
   end
 
   sliding.undo = sliding.refund
