@@ -1,7 +1,10 @@
 //! Decisions per second through `RedisStore` with 64 concurrent callers, and Redis commands and
 //! server time per decision read from `INFO commandstats` (`usec_per_call`) for every algorithm,
-//! beside the floor measured in the same run through the same client: a script with only the
-//! three commands a decision cannot do without (`TIME`, `GET`, `SET … PX`).
+//! beside the floor measured in the same rounds through the same client: a script with only the
+//! three commands a decision cannot do without (`TIME`, `GET`, `SET … PX`). Beside them, what
+//! the guarantees cost: the store with the time sent by this process instead of the server's,
+//! and counters grown in place without the design's guarantees (the usual Redis rate-limit
+//! scripts' way).
 //!
 //! It also runs `redis-benchmark` with `EVALSHA` of a trivial script at the same concurrency.
 //! That compares clients (64 unpipelined sockets against one multiplexed connection), not the
@@ -42,9 +45,9 @@ const IN_PLACE_FIXED: &str = "local n = redis.call('INCRBY', KEYS[1], ARGV[1]) \
     if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
     if n > tonumber(ARGV[3]) then return -1 end return n";
 
-/// The same counter with the server's clock: the window from `TIME` (its start is in the key's
-/// value, so a key lives across windows), the counter still grown in place. What a fixed window
-/// that keeps server time could cost at best, without all-or-nothing or exact expiries.
+/// The same counter after reading the server's clock (`TIME`, converted to µs, then unused): a
+/// lower bound for a counter grown in place on the server's time, without a window of its own per
+/// key, all-or-nothing or exact expiries.
 const IN_PLACE_FIXED_SERVER_TIME: &str = "local t = redis.call('TIME') \
     local n = redis.call('INCRBY', KEYS[1], ARGV[1]) \
     if n == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
@@ -243,32 +246,46 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = |cache: bool| {
+        let store = |cache: bool, clock: bool| {
             let url = server.url();
             async move {
-                RedisStore::builder()
+                let builder = RedisStore::builder()
                     .url(url)
                     .deny_cache(cache)
-                    .timeout(Duration::from_secs(2))
-                    .build()
-                    .await
-                    .expect("connect")
+                    .timeout(Duration::from_secs(2));
+                // The store's test mode: the time sent from this process instead of `TIME`.
+                let builder = if clock {
+                    builder.clock(SystemClock::new())
+                } else {
+                    builder
+                };
+                builder.build().await.expect("connect")
             }
         };
-        // Allowed decisions: a limit far above what the run can use.
-        let roomy = Limiter::builder()
-            .rule(Rule::new("roomy", Limit::per_second(1_000_000_000)))
-            .store(store(true).await)
-            .build()
-            .unwrap();
+        // Allowed decisions: limits far above what the run can use. The windows' keys live for
+        // a period, so each call reads a state.
+        let roomy = |store: RedisStore| {
+            Limiter::builder()
+                .rule(Rule::new("bucket", Limit::per_second(1_000_000_000)))
+                .rule(Rule::new(
+                    "fixed",
+                    Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
+                ))
+                .rule(Rule::new(
+                    "sliding",
+                    Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
+                ))
+                .store(store)
+                .build()
+                .unwrap()
+        };
+        let server_time = roomy(store(true, false).await);
+        let client_time = roomy(store(true, true).await);
         // Warm up connections and the script.
-        hammer(&server, roomy.clone(), "roomy", false, duration / 5).await;
-        let allowed = hammer(&server, roomy, "roomy", false, duration).await;
+        hammer(&server, server_time.clone(), "bucket", false, duration / 5).await;
+
         let baseline = redis_benchmark(&server, requests);
         let alone = client_alone(&server, "return 1", duration).await;
-        // What every decision must do: read the server's clock, read the key, write it back with
-        // its expiry. No arithmetic, no encoding.
-        let floor = client_alone(&server, FLOOR_SCRIPT, duration).await;
 
         // Denied decisions on one hot key, with and without the deny cache.
         let tight = |store: RedisStore| {
@@ -278,151 +295,113 @@ fn main() {
                 .build()
                 .unwrap()
         };
-        let cached = hammer(&server, tight(store(true).await), "tight", true, duration).await;
+        let cached = hammer(&server, tight(store(true, false).await), "tight", true, duration).await;
         server.run("FLUSHALL");
-        let uncached = hammer(&server, tight(store(false).await), "tight", true, duration).await;
+        let uncached =
+            hammer(&server, tight(store(false, false).await), "tight", true, duration).await;
 
-        // The windows, all allowed: their keys live for a period, so each call reads a state.
-        let windows = Limiter::builder()
-            .rule(Rule::new(
-                "fixed",
-                Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
-            ))
-            .rule(Rule::new(
-                "sliding",
-                Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
-            ))
-            .store(store(true).await)
-            .build()
-            .unwrap();
-        let fixed = hammer(&server, windows.clone(), "fixed", false, duration / 2).await;
-        let sliding = hammer(&server, windows, "sliding", false, duration / 2).await;
+        // Redis time per decision: every algorithm beside the floor, through the same client and
+        // the same callers, in rounds (the machine's speed changes; medians of the rounds).
+        let names = [
+            "RedisStore, token bucket",
+            "RedisStore, fixed window",
+            "RedisStore, sliding window",
+            "floor: TIME + GET + SET … PX (redis crate alone)",
+            "`return 1` (redis crate alone)",
+            "RedisStore, token bucket, the client's time",
+            "RedisStore, fixed window, the client's time",
+            "RedisStore, sliding window, the client's time",
+            "fixed, in place, no guarantees: INCRBY + PEXPIRE, client's window",
+            "fixed, in place: TIME + INCRBY + PEXPIRE",
+            "sliding, in place, no guarantees: 2 GET + INCRBY + PEXPIRE, client's window",
+        ];
+        let phase = duration / 2;
+        let mut rounds: Vec<Vec<Run>> = Vec::new();
+        for _ in 0..ROUNDS {
+            let round = vec![
+                hammer(&server, server_time.clone(), "bucket", false, phase).await,
+                hammer(&server, server_time.clone(), "fixed", false, phase).await,
+                hammer(&server, server_time.clone(), "sliding", false, phase).await,
+                // What every decision must do: read the server's clock, read the key, write it
+                // back with its expiry. No arithmetic, no encoding.
+                client_alone(&server, FLOOR_SCRIPT, phase).await,
+                client_alone(&server, "return 1", phase).await,
+                hammer(&server, client_time.clone(), "bucket", false, phase).await,
+                hammer(&server, client_time.clone(), "fixed", false, phase).await,
+                hammer(&server, client_time.clone(), "sliding", false, phase).await,
+                client_calls(&server, IN_PLACE_FIXED, phase, |caller| {
+                    let window = unix_millis() / 60_000;
+                    (
+                        vec![format!("in-place-fixed-{caller}:{window}")],
+                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                    )
+                })
+                .await,
+                client_calls(&server, IN_PLACE_FIXED_SERVER_TIME, phase, |caller| {
+                    (
+                        vec![format!("in-place-fixed-server-time-{caller}")],
+                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                    )
+                })
+                .await,
+                client_calls(&server, IN_PLACE_SLIDING, phase, |caller| {
+                    let now = unix_millis();
+                    let window = now / 1_000;
+                    (
+                        vec![
+                            format!("in-place-sliding-{caller}:{window}"),
+                            format!("in-place-sliding-{caller}:{}", window - 1),
+                        ],
+                        vec![
+                            "1".to_owned(),
+                            "1000".to_owned(),
+                            "1000000000".to_owned(),
+                            (now % 1_000).to_string(),
+                        ],
+                    )
+                })
+                .await,
+            ];
+            for run in &round[..3] {
+                assert_eq!(run.evalsha, run.decisions, "one call per decision");
+            }
+            rounds.push(round);
+        }
 
-        // What the guarantees cost. The same store with the time sent from this process (its
-        // test mode) instead of read from the server: the cost of `TIME`.
-        let client_time = Limiter::builder()
-            .rule(Rule::new("roomy", Limit::per_second(1_000_000_000)))
-            .rule(Rule::new(
-                "fixed",
-                Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
-            ))
-            .rule(Rule::new(
-                "sliding",
-                Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
-            ))
-            .store(
-                RedisStore::builder()
-                    .url(server.url())
-                    .timeout(Duration::from_secs(2))
-                    .clock(SystemClock::new())
-                    .build()
-                    .await
-                    .expect("connect"),
-            )
-            .build()
-            .unwrap();
-        let bucket_client_time =
-            hammer(&server, client_time.clone(), "roomy", false, duration / 2).await;
-        let fixed_client_time =
-            hammer(&server, client_time.clone(), "fixed", false, duration / 2).await;
-        let sliding_client_time =
-            hammer(&server, client_time, "sliding", false, duration / 2).await;
-        // Counters grown in place, without the design's guarantees (see the scripts).
-        let fixed_in_place = client_calls(&server, IN_PLACE_FIXED, duration / 2, |caller| {
-            let window = unix_millis() / 60_000;
-            (
-                vec![format!("in-place-fixed-{caller}:{window}")],
-                vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-            )
-        })
-        .await;
-        let fixed_in_place_server_time = client_calls(
-            &server,
-            IN_PLACE_FIXED_SERVER_TIME,
-            duration / 2,
-            |caller| {
-                (
-                    vec![format!("in-place-fixed-server-time-{caller}")],
-                    vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-                )
-            },
-        )
-        .await;
-        let sliding_in_place = client_calls(&server, IN_PLACE_SLIDING, duration / 2, |caller| {
-            let now = unix_millis();
-            let window = now / 1_000;
-            (
-                vec![
-                    format!("in-place-sliding-{caller}:{window}"),
-                    format!("in-place-sliding-{caller}:{}", window - 1),
-                ],
-                vec![
-                    "1".to_owned(),
-                    "1000".to_owned(),
-                    "1000000000".to_owned(),
-                    (now % 1_000).to_string(),
-                ],
-            )
-        })
-        .await;
-
-        // Redis time per decision: every algorithm's script beside the floor, all through the
-        // same client and the same callers, in this run.
         println!(
             "Redis time per call (INFO commandstats usec_per_call of EVALSHA), {CALLERS} callers \
-             on one multiplexed connection, one rule, all allowed:"
+             on one multiplexed connection, one rule, all allowed; medians of {ROUNDS} rounds \
+             (each row's distance to the floor taken within its round):"
         );
         println!(
-            "| script | decisions/s | EVALSHA per decision | usec_per_call | above the floor |"
+            "| script | decisions/s | EVALSHA per decision | usec_per_call | above the floor | rounds |"
         );
-        println!("|---|---:|---:|---:|---:|");
-        let floor_usec = floor.server_micros_per_call();
-        for (name, run) in [
-            ("RedisStore, token bucket", &allowed),
-            ("RedisStore, fixed window", &fixed),
-            ("RedisStore, sliding window", &sliding),
-            ("floor: TIME + GET + SET … PX (redis crate alone)", &floor),
-            ("`return 1` (redis crate alone)", &alone),
-            (
-                "RedisStore, token bucket, the client's time",
-                &bucket_client_time,
-            ),
-            (
-                "RedisStore, fixed window, the client's time",
-                &fixed_client_time,
-            ),
-            (
-                "RedisStore, sliding window, the client's time",
-                &sliding_client_time,
-            ),
-            (
-                "in place: INCRBY + PEXPIRE, client's window",
-                &fixed_in_place,
-            ),
-            (
-                "in place: TIME + INCRBY + PEXPIRE",
-                &fixed_in_place_server_time,
-            ),
-            (
-                "in place, sliding: 2 GET + INCRBY + PEXPIRE, client's window",
-                &sliding_in_place,
-            ),
-        ] {
+        println!("|---|---:|---:|---:|---:|---|");
+        for (row, name) in names.iter().enumerate() {
+            let runs: Vec<&Run> = rounds.iter().map(|round| &round[row]).collect();
+            let usec: Vec<f64> = runs.iter().map(|r| r.server_micros_per_call()).collect();
+            let above: Vec<f64> = rounds
+                .iter()
+                .map(|round| round[row].server_micros_per_call() - round[3].server_micros_per_call())
+                .collect();
+            let each: Vec<String> = usec.iter().map(|u| format!("{u:.2}")).collect();
             println!(
-                "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs |",
-                run.per_second(),
-                run.calls_per_decision(),
-                run.server_micros_per_call(),
-                run.server_micros_per_call() - floor_usec
+                "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs | {} |",
+                median(runs.iter().map(|r| r.per_second()).collect()),
+                median(runs.iter().map(|r| r.calls_per_decision()).collect()),
+                median(usec),
+                median(above),
+                each.join(" / ")
             );
         }
+        let bucket = &rounds[ROUNDS / 2][0];
         println!(
-            "token bucket: {} decisions in {:.2?}, Redis busy in the script {:.0}% of the run \
-             (floor: {:.0}%)",
-            allowed.decisions,
-            allowed.elapsed,
-            allowed.busy_percent(),
-            floor.busy_percent()
+            "token bucket (middle round): {} decisions in {:.2?}, Redis busy in the script {:.0}% \
+             of the run (floor: {:.0}%)",
+            bucket.decisions,
+            bucket.elapsed,
+            bucket.busy_percent(),
+            rounds[ROUNDS / 2][3].busy_percent()
         );
         // redis-benchmark opens 64 sockets and sends one request at a time on each; the store
         // and the rows above share one multiplexed connection. Their ratio says how the two
@@ -444,7 +423,6 @@ fn main() {
                 run.decisions
             );
         }
-        assert_eq!(allowed.evalsha, allowed.decisions, "one call per decision");
         assert_eq!(
             uncached.evalsha, uncached.decisions,
             "one call per decision"
@@ -455,4 +433,12 @@ fn main() {
         );
         assert!(cached.admitted <= 100 && uncached.admitted <= 100);
     });
+}
+
+/// Rounds of the per-algorithm table.
+const ROUNDS: usize = 3;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
