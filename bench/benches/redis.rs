@@ -65,6 +65,26 @@ const IN_PLACE_SLIDING: &str = "local window, limit = tonumber(ARGV[2]), tonumbe
     local n = redis.call('INCRBY', KEYS[1], cost) \
     if n == cost then redis.call('PEXPIRE', KEYS[1], window * 2) end return n";
 
+/// The store's script, as `RedisStore` loads it.
+const STORE_SCRIPT: &str = include_str!("../../src/store/redis/script.lua");
+
+/// The store's script with one line of a fast path replaced (`from` must occur once): the same
+/// call without one of its guarantees.
+fn without(from: &str, to: &str) -> String {
+    assert_eq!(STORE_SCRIPT.matches(from).count(), 1, "{from}");
+    STORE_SCRIPT.replace(from, to)
+}
+
+/// A fast path's numbers as the store sends them (see `src/store/redis/fast.rs`): the server's
+/// time (-1), no grace, then the algorithm's.
+fn fast_args(numbers: &[f64]) -> Vec<Vec<u8>> {
+    vec![[-1.0, 0.0]
+        .iter()
+        .chain(numbers)
+        .flat_map(|n| n.to_le_bytes())
+        .collect()]
+}
+
 struct Run {
     decisions: u64,
     admitted: u64,
@@ -72,18 +92,58 @@ struct Run {
     evalsha: u64,
     /// Server time spent running the script.
     script: Duration,
+    /// CPU time of the server's main thread over the run (s): unlike `script`, not inflated when
+    /// the server is preempted during a call, but counting its network work too.
+    cpu: f64,
+}
+
+/// CPU seconds of the server's main thread so far, from `INFO cpu`.
+fn server_cpu(server: &RedisServer) -> f64 {
+    server
+        .run("INFO cpu")
+        .lines()
+        .filter(|l| {
+            l.starts_with("used_cpu_user_main_thread:")
+                || l.starts_with("used_cpu_sys_main_thread:")
+        })
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
 }
 
 impl Run {
-    /// A run that began at `started` (after `CONFIG RESETSTAT`), with the server's script counts.
-    fn finished(server: &RedisServer, decisions: u64, admitted: u64, started: Instant) -> Run {
+    /// A run that began at `started` (after `CONFIG RESETSTAT`, the server's main thread having
+    /// used `cpu` seconds then), with the server's script counts.
+    fn finished(
+        server: &RedisServer,
+        decisions: u64,
+        admitted: u64,
+        started: Instant,
+        cpu: f64,
+    ) -> Run {
         Run {
             decisions,
             admitted,
             elapsed: started.elapsed(),
             evalsha: server.command_calls("evalsha"),
             script: Duration::from_micros(server.command_usec("evalsha")),
+            cpu: server_cpu(server) - cpu,
         }
+    }
+
+    /// Two runs' counts together, as one.
+    fn plus(self, other: Run) -> Run {
+        Run {
+            decisions: self.decisions + other.decisions,
+            admitted: self.admitted + other.admitted,
+            elapsed: self.elapsed + other.elapsed,
+            evalsha: self.evalsha + other.evalsha,
+            script: self.script + other.script,
+            cpu: self.cpu + other.cpu,
+        }
+    }
+
+    fn cpu_micros_per_call(&self) -> f64 {
+        self.cpu * 1e6 / self.evalsha as f64
     }
 
     fn per_second(&self) -> f64 {
@@ -112,6 +172,7 @@ async fn hammer(
     duration: Duration,
 ) -> Run {
     server.run("CONFIG RESETSTAT");
+    let cpu = server_cpu(server);
     let decisions = Arc::new(AtomicU64::new(0));
     let admitted = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -147,6 +208,7 @@ async fn hammer(
         decisions.load(Ordering::Relaxed),
         admitted.load(Ordering::Relaxed),
         started,
+        cpu,
     )
 }
 
@@ -161,14 +223,38 @@ async fn client_alone(server: &RedisServer, script: &str, duration: Duration) ->
     .await
 }
 
-/// Like [`client_alone`], with the keys and arguments of each call from `call(caller)`.
-async fn client_calls(
+/// Like [`client_alone`], with string arguments.
+async fn client_strings(
     server: &RedisServer,
     script: &str,
     duration: Duration,
     call: fn(usize) -> (Vec<String>, Vec<String>),
 ) -> Run {
+    client_with(server, script, duration, move |caller| {
+        let (keys, args) = call(caller);
+        (keys, args.into_iter().map(String::into_bytes).collect())
+    })
+    .await
+}
+
+/// Like [`client_alone`], with the keys and arguments of each call from `call(caller)`.
+async fn client_calls(
+    server: &RedisServer,
+    script: &str,
+    duration: Duration,
+    call: fn(usize) -> (Vec<String>, Vec<Vec<u8>>),
+) -> Run {
+    client_with(server, script, duration, call).await
+}
+
+async fn client_with(
+    server: &RedisServer,
+    script: &str,
+    duration: Duration,
+    call: impl Fn(usize) -> (Vec<String>, Vec<Vec<u8>>) + Copy + Send + 'static,
+) -> Run {
     server.run("CONFIG RESETSTAT");
+    let cpu = server_cpu(server);
     let client = ::redis::Client::open(server.url()).unwrap();
     let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
     let script = ::redis::Script::new(script);
@@ -185,9 +271,9 @@ async fn client_calls(
                         invocation.key(key);
                     }
                     for arg in &args {
-                        invocation.arg(arg);
+                        invocation.arg(arg.as_slice());
                     }
-                    let _: i64 = invocation.invoke_async(&mut conn).await.unwrap();
+                    let _: ::redis::Value = invocation.invoke_async(&mut conn).await.unwrap();
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -197,7 +283,7 @@ async fn client_calls(
         task.await.unwrap();
     }
     let calls = calls.load(Ordering::Relaxed);
-    Run::finished(server, calls, calls, started)
+    Run::finished(server, calls, calls, started, cpu)
 }
 
 /// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
@@ -314,54 +400,145 @@ fn main() {
             "fixed, in place, no guarantees: INCRBY + PEXPIRE, client's window",
             "fixed, in place: TIME + INCRBY + PEXPIRE",
             "sliding, in place, no guarantees: 2 GET + INCRBY + PEXPIRE, client's window",
+            "token bucket, the store's script (redis crate alone)",
+            "token bucket, no expiry (SET without PX)",
+            "fixed window, the store's script (redis crate alone)",
+            "fixed window, answering a count instead of the state",
+            "sliding window, the store's script (redis crate alone)",
+            "sliding window, answering a count instead of the state",
         ];
-        let phase = duration / 2;
+        // The store's fast paths sent directly, as is and without one guarantee each.
+        let bucket_no_expiry = without(
+            "redis.call('PSETEX', key, string.format('%d', px + grace), struct.pack('<Bd', 84, tat))",
+            "redis.call('SET', key, struct.pack('<Bd', 84, tat))",
+        );
+        let fixed_count = without(
+            "    return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
+            "    return used",
+        );
+        let sliding_count = without(
+            "      return struct.pack('<dddd', 0, into, cur, prev)",
+            "      return cur",
+        );
+        // Per second, 10^9 per bucket (1 µs apart); windows of 10^9 per minute and per second.
+        let bucket_call = |caller: usize| {
+            (vec![format!("direct-bucket-{caller}")], fast_args(&[0.0, 1.0, 1e9]))
+        };
+        let fixed_call = |caller: usize| {
+            let offset = (caller as f64 * 7919.0) % 60e6;
+            (
+                vec![format!("direct-fixed-{caller}")],
+                fast_args(&[1e9, 60e6, 1e9, offset, 1.0]),
+            )
+        };
+        let sliding_call = |caller: usize| {
+            let offset = (caller as f64 * 7919.0) % 1e6;
+            (
+                vec![format!("direct-sliding-{caller}")],
+                fast_args(&[1e9, 1e6, offset, 1.0]),
+            )
+        };
+        // Each round cycles through every row in short slices, so that the machine's changes of
+        // speed (other work on its two cores) fall on every row alike.
+        let slice = duration / 25;
         let mut rounds: Vec<Vec<Run>> = Vec::new();
         for _ in 0..ROUNDS {
-            let round = vec![
-                hammer(&server, server_time.clone(), "bucket", false, phase).await,
-                hammer(&server, server_time.clone(), "fixed", false, phase).await,
-                hammer(&server, server_time.clone(), "sliding", false, phase).await,
-                // What every decision must do: read the server's clock, read the key, write it
-                // back with its expiry. No arithmetic, no encoding.
-                client_alone(&server, FLOOR_SCRIPT, phase).await,
-                client_alone(&server, "return 1", phase).await,
-                hammer(&server, client_time.clone(), "bucket", false, phase).await,
-                hammer(&server, client_time.clone(), "fixed", false, phase).await,
-                hammer(&server, client_time.clone(), "sliding", false, phase).await,
-                client_calls(&server, IN_PLACE_FIXED, phase, |caller| {
-                    let window = unix_millis() / 60_000;
-                    (
-                        vec![format!("in-place-fixed-{caller}:{window}")],
-                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-                    )
-                })
-                .await,
-                client_calls(&server, IN_PLACE_FIXED_SERVER_TIME, phase, |caller| {
-                    (
-                        vec![format!("in-place-fixed-server-time-{caller}")],
-                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-                    )
-                })
-                .await,
-                client_calls(&server, IN_PLACE_SLIDING, phase, |caller| {
-                    let now = unix_millis();
-                    let window = now / 1_000;
-                    (
-                        vec![
-                            format!("in-place-sliding-{caller}:{window}"),
-                            format!("in-place-sliding-{caller}:{}", window - 1),
-                        ],
-                        vec![
-                            "1".to_owned(),
-                            "1000".to_owned(),
-                            "1000000000".to_owned(),
-                            (now % 1_000).to_string(),
-                        ],
-                    )
-                })
-                .await,
-            ];
+            let mut totals: Vec<Option<Run>> = names.iter().map(|_| None).collect();
+            for _ in 0..SLICES {
+                for (row, total) in totals.iter_mut().enumerate() {
+                    let phase = slice;
+                    let run = match row {
+                    0 => {
+                    hammer(&server, server_time.clone(), "bucket", false, phase).await
+                    }
+                    1 => {
+                    hammer(&server, server_time.clone(), "fixed", false, phase).await
+                    }
+                    2 => {
+                    hammer(&server, server_time.clone(), "sliding", false, phase).await
+                    }
+                    3 => {
+                    // What every decision must do: read the server's clock, read the key, write it
+                    // back with its expiry. No arithmetic, no encoding.
+                    client_alone(&server, FLOOR_SCRIPT, phase).await
+                    }
+                    4 => {
+                    client_alone(&server, "return 1", phase).await
+                    }
+                    5 => {
+                    hammer(&server, client_time.clone(), "bucket", false, phase).await
+                    }
+                    6 => {
+                    hammer(&server, client_time.clone(), "fixed", false, phase).await
+                    }
+                    7 => {
+                    hammer(&server, client_time.clone(), "sliding", false, phase).await
+                    }
+                    8 => {
+                    client_strings(&server, IN_PLACE_FIXED, phase, |caller| {
+                        let window = unix_millis() / 60_000;
+                        (
+                            vec![format!("in-place-fixed-{caller}:{window}")],
+                            vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                        )
+                    })
+                    .await
+                    }
+                    9 => {
+                    client_strings(&server, IN_PLACE_FIXED_SERVER_TIME, phase, |caller| {
+                        (
+                            vec![format!("in-place-fixed-server-time-{caller}")],
+                            vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                        )
+                    })
+                    .await
+                    }
+                    10 => {
+                    client_strings(&server, IN_PLACE_SLIDING, phase, |caller| {
+                        let now = unix_millis();
+                        let window = now / 1_000;
+                        (
+                            vec![
+                                format!("in-place-sliding-{caller}:{window}"),
+                                format!("in-place-sliding-{caller}:{}", window - 1),
+                            ],
+                            vec![
+                                "1".to_owned(),
+                                "1000".to_owned(),
+                                "1000000000".to_owned(),
+                                (now % 1_000).to_string(),
+                            ],
+                        )
+                    })
+                    .await
+                    }
+                    11 => {
+                    client_calls(&server, STORE_SCRIPT, phase, bucket_call).await
+                    }
+                    12 => {
+                    client_calls(&server, &bucket_no_expiry, phase, bucket_call).await
+                    }
+                    13 => {
+                    client_calls(&server, STORE_SCRIPT, phase, fixed_call).await
+                    }
+                    14 => {
+                    client_calls(&server, &fixed_count, phase, fixed_call).await
+                    }
+                    15 => {
+                    client_calls(&server, STORE_SCRIPT, phase, sliding_call).await
+                    }
+                    16 => {
+                    client_calls(&server, &sliding_count, phase, sliding_call).await
+                    }
+                        _ => unreachable!("one arm per row"),
+                    };
+                    *total = Some(match total.take() {
+                        Some(sum) => sum.plus(run),
+                        None => run,
+                    });
+                }
+            }
+            let round: Vec<Run> = totals.into_iter().map(|t| t.expect("every row ran")).collect();
             for run in &round[..3] {
                 assert_eq!(run.evalsha, run.decisions, "one call per decision");
             }
@@ -370,13 +547,15 @@ fn main() {
 
         println!(
             "Redis time per call (INFO commandstats usec_per_call of EVALSHA), {CALLERS} callers \
-             on one multiplexed connection, one rule, all allowed; medians of {ROUNDS} rounds \
-             (each row's distance to the floor taken within its round):"
+             on one multiplexed connection, one rule, all allowed; medians of {ROUNDS} rounds, each \
+             cycling {SLICES} times through the rows (each row's distance to the floor taken \
+             within its round):"
         );
         println!(
-            "| script | decisions/s | EVALSHA per decision | usec_per_call | above the floor | rounds |"
+            "| script | decisions/s | EVALSHA per decision | usec_per_call | above the floor | \
+             rounds | server CPU per call | above the floor |"
         );
-        println!("|---|---:|---:|---:|---:|---|");
+        println!("|---|---:|---:|---:|---:|---|---:|---:|");
         for (row, name) in names.iter().enumerate() {
             let runs: Vec<&Run> = rounds.iter().map(|round| &round[row]).collect();
             let usec: Vec<f64> = runs.iter().map(|r| r.server_micros_per_call()).collect();
@@ -385,13 +564,19 @@ fn main() {
                 .map(|round| round[row].server_micros_per_call() - round[3].server_micros_per_call())
                 .collect();
             let each: Vec<String> = usec.iter().map(|u| format!("{u:.2}")).collect();
+            let cpu_above: Vec<f64> = rounds
+                .iter()
+                .map(|round| round[row].cpu_micros_per_call() - round[3].cpu_micros_per_call())
+                .collect();
             println!(
-                "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs | {} |",
+                "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs | {} | {:.2} µs | {:+.2} µs |",
                 median(runs.iter().map(|r| r.per_second()).collect()),
                 median(runs.iter().map(|r| r.calls_per_decision()).collect()),
                 median(usec),
                 median(above),
-                each.join(" / ")
+                each.join(" / "),
+                median(runs.iter().map(|r| r.cpu_micros_per_call()).collect()),
+                median(cpu_above),
             );
         }
         let bucket = &rounds[ROUNDS / 2][0];
@@ -437,6 +622,8 @@ fn main() {
 
 /// Rounds of the per-algorithm table.
 const ROUNDS: usize = 3;
+/// Slices of every row in a round.
+const SLICES: usize = 10;
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
