@@ -85,6 +85,9 @@ fn fast_args(numbers: &[f64]) -> Vec<Vec<u8>> {
         .collect()]
 }
 
+/// One call's keys and arguments.
+type Call = (Vec<String>, Vec<Vec<u8>>);
+
 struct Run {
     decisions: u64,
     admitted: u64,
@@ -242,7 +245,7 @@ async fn client_calls(
     server: &RedisServer,
     script: &str,
     duration: Duration,
-    call: fn(usize) -> (Vec<String>, Vec<Vec<u8>>),
+    call: fn(usize) -> Call,
 ) -> Run {
     client_with(server, script, duration, call).await
 }
@@ -251,7 +254,7 @@ async fn client_with(
     server: &RedisServer,
     script: &str,
     duration: Duration,
-    call: impl Fn(usize) -> (Vec<String>, Vec<Vec<u8>>) + Copy + Send + 'static,
+    call: impl Fn(usize) -> Call + Copy + Send + 'static,
 ) -> Run {
     server.run("CONFIG RESETSTAT");
     let cpu = server_cpu(server);

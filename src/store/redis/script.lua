@@ -28,9 +28,9 @@
 --              offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (apply
 --          and check, rules with a penalty).
--- Reply    (the general code; each fast path says its own) one string of little-endian doubles, like
---          ARGV[1] (cheaper to build and to read than
---          an array reply): ten integers per record: verdict (0 allowed, 1 reserved, 2 denied,
+-- Reply    (the general code's; each fast path says its own) one string of little-endian
+--          doubles, like ARGV[1] (cheaper to build and to read than an array reply): ten
+--          integers per record: verdict (0 allowed, 1 reserved, 2 denied,
 --          3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
 --          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
 --          burst pool charge took from its steady bucket), the signed balance, time until full
@@ -47,14 +47,15 @@ local size = #packed
 
 ------------------------------------------------------------------------------------------------
 -- Fast paths: one charge (mode 0) of one key under one rule without a penalty, for a token
--- bucket, a sliding window or a fixed window with a period in µs: what nearly every request is.
--- The Rust side chooses them (src/store/redis/fast.rs) and sends only the numbers they need; the
--- call's length says which. The script decides and commits; it answers only the state it
--- decided on (rolled to now, before the charge), from which the Rust side builds the outcome with
--- the memory store's own functions. Each is the same math as the general code below (the
--- functions named in it), without a function, a table or a decimal number made per call: states
--- are a tag byte and binary doubles (one `struct.unpack` reads them, one `struct.pack` writes
--- them), and divisions by a rule's period use `%`, exact below 2^53 for these operands.
+-- bucket, a sliding window or a fixed window with a period in µs and no roll-over: what nearly
+-- every request is. The Rust side chooses them (src/store/redis/fast.rs) and sends only the
+-- numbers they need; the call's length says which. The script decides and commits; it answers
+-- only the state it decided on (rolled to now, before the charge), from which the Rust side
+-- builds the outcome with the memory store's own functions. Each is the same math as the general
+-- code below (the functions named in it), without a function or a table made per call: a
+-- bucket's state is a tag byte and a binary double, a window's count grows in place in a hash,
+-- and divisions by a rule's period use `%`, exact below 2^53 for these operands (the float
+-- quotient inside it cannot round up to the next integer while the dividend is below 2^53).
 
 if size == 40 then
   -- Token bucket (`make_bucket`): now (-1: the server's), grace, a fresh key's debt (µs), the
