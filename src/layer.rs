@@ -206,6 +206,8 @@ impl RateLimitLayerBuilder {
     }
 
     /// Shadow mode for every rule: decide and record, never block (see [`Rule::shadow`]).
+    /// Concurrency rules ([`Limit::concurrent`](crate::Limit::concurrent)) are left out: a
+    /// shadow decision is made apart from the response, so nothing would give a slot back.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow_all = on;
         self

@@ -27,6 +27,7 @@ mod rule;
 mod ruleset;
 mod service;
 mod settle;
+mod slot;
 pub mod store;
 
 pub use algorithm::{Outcome, Penalty, Verdict};
@@ -54,6 +55,7 @@ pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
 pub use settle::{CountIf, ResponseHead, Settle};
+pub use slot::SlotGuard;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};

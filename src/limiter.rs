@@ -15,6 +15,7 @@ use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::rule::{MissingKey, Rule, RuleSummary};
 use crate::ruleset::{AccessList, Answer, Route, RuleSet, StoreRef};
+use crate::slot::{Lines, SlotGuard, Slots};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };
@@ -53,6 +54,8 @@ struct Inner {
     /// decision without a virtual call, and the compiler can build it into the request path.
     memory: Option<MemoryStore>,
     failure: FailurePolicy,
+    /// Requests waiting for a concurrency slot, on this instance.
+    lines: Lines,
 }
 
 /// Builds a [`Limiter`].
@@ -134,6 +137,7 @@ impl LimiterBuilder {
                 store,
                 memory,
                 failure: self.failure,
+                lines: Lines::default(),
             }),
         })
     }
@@ -160,6 +164,8 @@ pub enum LimitError {
     Repeated(String),
     /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
     NoPenalty(String),
+    /// The rule is not a concurrency limit, so it has no slots to acquire.
+    NotConcurrent(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -187,6 +193,10 @@ impl fmt::Display for LimitError {
                 f,
                 "rate-limit rule {name:?} has no penalty (block): its keys cannot be blocked"
             ),
+            LimitError::NotConcurrent(name) => write!(
+                f,
+                "rate-limit rule {name:?} is not a concurrency limit: it has no slots to acquire"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -201,7 +211,8 @@ impl std::error::Error for LimitError {
             | LimitError::NotQueued(_)
             | LimitError::CannotReserve(_)
             | LimitError::Repeated(_)
-            | LimitError::NoPenalty(_) => None,
+            | LimitError::NoPenalty(_)
+            | LimitError::NotConcurrent(_) => None,
         }
     }
 }
@@ -515,7 +526,9 @@ impl Limiter {
     }
 
     /// Gives `units` back to `key` under `rule` (never above the capacity), e.g. when work that was
-    /// charged for did not happen.
+    /// charged for did not happen. Under a concurrency rule, gives back `units` slots taken with
+    /// [`charge`](Self::charge) (a slot taken with [`acquire`](Self::acquire) is given back by
+    /// its guard).
     pub async fn refund(
         &self,
         rule: &str,
@@ -523,16 +536,25 @@ impl Limiter {
         units: u64,
     ) -> Result<(), LimitError> {
         let key = KeyValue::new(key.as_ref());
-        let pending = {
+        let (pending, slots) = {
             let rules = self.rules();
-            let (index, _) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
             let charge = Charge {
                 mode: Mode::Charge,
                 ..rules.charge(index, &key, units)
             };
-            self.store().refund(&charge)
+            let slots = compiled.algorithm().is_concurrency();
+            (
+                self.store().refund(&charge),
+                slots.then(|| compiled.name.clone()),
+            )
         };
-        Ok(pending.await?)
+        pending.await?;
+        if let Some(name) = slots {
+            // A slot given back by hand lets the first waiter of the key in, as any other.
+            self.lines().wake(&name, &key);
+        }
+        Ok(())
     }
 
     /// Forgets `key` under `rule`: its next request is treated as a new key's.
@@ -550,7 +572,8 @@ impl Limiter {
     /// Runs one request through the rules as the middleware does — deny and allow lists, the rules
     /// whose scope it is in, their keys and costs, one atomic charge of the store — and returns
     /// what they decided, without a Tower service, a response or a queue-mode wait. For tools that
-    /// replay traffic through a configuration (the `tollgate` command) and for tests.
+    /// replay traffic through a configuration (the `tollgate` command) and for tests. With no
+    /// response to hold it, a concurrency rule's slot is given back as soon as it is decided.
     ///
     /// Shadow rules are charged apart from the enforced ones, as in the middleware; the layer's
     /// own `shadow` switch (every rule in shadow mode) is a layer setting and is not applied.
@@ -595,6 +618,11 @@ impl Limiter {
                 Answer::Later(pending) => plan.answer(pending.await?)?,
             }
         }
+        if enforced.is_allowed() {
+            // No response holds a concurrency slot here: it is given back at once.
+            let rules = arc_swap::Guard::into_inner(self.rules());
+            drop(Slots::of(self, &rules, &enforced));
+        }
         Ok(Ruling::Decided { enforced, shadow })
     }
 
@@ -636,6 +664,49 @@ impl Limiter {
                 .set_block(&compiled.name, penalty, key.as_bytes(), block)
         };
         Ok(pending.await?)
+    }
+
+    /// Takes a slot of `key` under the concurrency rule `rule` ([`Limit::concurrent`]) if one is
+    /// free, in the same store as the middleware's: the slot is held until the guard is dropped.
+    /// `Ok(None)` when every slot is taken. For work outside a request — a background job that
+    /// must not run more than `n` at once per customer.
+    ///
+    /// [`Limit::concurrent`]: crate::Limit::concurrent
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder().rule(Rule::new("exports", Limit::concurrent(1))).build()?;
+    /// let slot = limiter.acquire("exports", "customer-42").await?.expect("a free slot");
+    /// assert!(limiter.acquire("exports", "customer-42").await?.is_none());
+    /// drop(slot);
+    /// assert!(limiter.acquire("exports", "customer-42").await?.is_some());
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn acquire(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<SlotGuard>, LimitError> {
+        let key = KeyValue::new(key.as_ref());
+        let (rules, index) = {
+            let rules = arc_swap::Guard::into_inner(self.rules());
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            if !compiled.algorithm().is_concurrency() {
+                return Err(LimitError::NotConcurrent(rule.to_owned()));
+            }
+            (rules, index)
+        };
+        let pending = self.store().apply_one(&Charge {
+            mode: Mode::Charge,
+            ..rules.charge(index, &key, 1)
+        });
+        let outcome = pending.await?;
+        Ok(outcome
+            .is_allowed()
+            .then(|| SlotGuard::new(Slots::one(self, rules, index, key))))
     }
 
     /// Decides one charge; a `mode` of `None` uses the rule's own.
@@ -686,6 +757,49 @@ impl Limiter {
                 self.refund_charge_now(&rules.charge_of(entry));
             }
         }
+    }
+
+    /// Gives back the slot one request held under concurrency rule `index`, without waiting,
+    /// and then wakes the first request waiting for a slot of the key on this instance.
+    pub(crate) fn release_slot_now(&self, rules: &RuleSet, index: usize, key: &KeyValue) {
+        let Some(rule) = rules.rules.get(index) else {
+            return;
+        };
+        let charge = Charge {
+            mode: Mode::Charge,
+            ..rules.charge(index, key, 1)
+        };
+        match self.store().refund(&charge).into_ready() {
+            Ok(result) => {
+                if let Err(error) = result {
+                    tracing::warn!(%error, rule = %rule.name, "rate limit: giving a slot back failed");
+                }
+                self.lines().wake(&rule.name, key);
+            }
+            Err(pending) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let (limiter, name, key) = (self.clone(), rule.name.clone(), key.clone());
+                    runtime.spawn(async move {
+                        if let Err(error) = pending.await {
+                            tracing::warn!(%error, rule = %name, "rate limit: giving a slot back failed");
+                        }
+                        limiter.lines().wake(&name, &key);
+                    });
+                }
+                // The store's lease (Redis) gives the slot back when it expires.
+                Err(_) => tracing::warn!("rate limit: no runtime to give a slot back"),
+            },
+        }
+    }
+
+    /// The requests waiting for a concurrency slot on this instance.
+    pub(crate) fn lines(&self) -> &Lines {
+        &self.inner.lines
+    }
+
+    /// Whether the store is this process's memory store (every slot given back is seen here).
+    pub(crate) fn is_memory(&self) -> bool {
+        self.inner.memory.is_some()
     }
 
     fn refund_charge_now(&self, charge: &Charge<'_>) {

@@ -19,8 +19,8 @@ use smallvec::SmallVec;
 
 use super::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::{
-    duration, micros, Algorithm, BurstPool, FixedWindow, Micros, Mode, Penalty, SlidingLog,
-    SlidingWindow, TokenBucket,
+    duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Micros, Mode, Penalty,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
@@ -566,6 +566,7 @@ fn scale(algorithm: &Algorithm, share: f64) -> Algorithm {
         Algorithm::SlidingLog(w) => {
             Algorithm::SlidingLog(SlidingLog::new(part(w.limit()), w.period()))
         }
+        Algorithm::Concurrency(c) => Algorithm::Concurrency(Concurrency::new(part(c.max()))),
     }
 }
 
