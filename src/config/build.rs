@@ -453,6 +453,30 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
         },
         Ok,
     );
+    if let Some(n) = fields.concurrent {
+        // A concurrency limit counts requests in flight, not units over time.
+        const OVER_TIME: [&str; 11] = [
+            "algorithm",
+            "rate",
+            "limit",
+            "period",
+            "capacity",
+            "initial",
+            "pool",
+            "aligned",
+            "aligned_at",
+            "calendar",
+            "utc_offset",
+        ];
+        for field in OVER_TIME {
+            unused(
+                field,
+                "a concurrency rule (`concurrent`) counts requests in flight, not units over \
+                 time: it takes no rate, limit, period or algorithm",
+            )?;
+        }
+        return Ok(Limit::concurrent(n));
+    }
     let not_used = format!("is not used by a {algorithm}");
     if algorithm != AlgorithmName::FixedWindow {
         unused("calendar", "only a fixed_window follows the calendar")?;

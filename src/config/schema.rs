@@ -111,6 +111,8 @@ pub(crate) struct RuleSpec {
     pub(crate) aligned_at: Option<HumanDuration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    /// A concurrency limit, in place of `rate`/`limit`: at most this many in flight per key.
+    pub(crate) concurrent: Option<u64>,
     pub(crate) key: Option<KeySpec>,
     pub(crate) on_missing_key: Option<MissingKeySpec>,
     #[serde(default)]
@@ -145,6 +147,7 @@ impl RuleSpec {
             aligned_at: self.aligned_at.map(|d| d.0),
             calendar: self.calendar,
             utc_offset: self.utc_offset.clone(),
+            concurrent: self.concurrent,
         }
     }
 }
@@ -163,6 +166,7 @@ pub(crate) struct LimitFields {
     pub(crate) aligned_at: Option<std::time::Duration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    pub(crate) concurrent: Option<u64>,
 }
 
 impl LimitFields {
@@ -180,6 +184,7 @@ impl LimitFields {
             aligned_at: self.aligned_at.or(base.aligned_at),
             calendar: self.calendar.or(base.calendar),
             utc_offset: self.utc_offset.clone().or_else(|| base.utc_offset.clone()),
+            concurrent: self.concurrent.or(base.concurrent),
         }
     }
 
@@ -196,6 +201,7 @@ impl LimitFields {
             "aligned_at" => self.aligned_at.is_some(),
             "calendar" => self.calendar.is_some(),
             "utc_offset" => self.utc_offset.is_some(),
+            "concurrent" => self.concurrent.is_some(),
             _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
             _ => false,
         }
@@ -366,6 +372,7 @@ pub(crate) struct PlanSpec {
     pub(crate) aligned_at: Option<HumanDuration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    pub(crate) concurrent: Option<u64>,
     #[serde(default)]
     pub(crate) unlimited: bool,
 }
@@ -385,6 +392,7 @@ impl PlanSpec {
             aligned_at: self.aligned_at.map(|d| d.0),
             calendar: self.calendar,
             utc_offset: self.utc_offset.clone(),
+            concurrent: self.concurrent,
         }
     }
 }
