@@ -426,3 +426,62 @@ fn rules_that_cannot_work_are_errors_naming_the_rule_and_the_field() {
         "rule \"llm\": shadow: not available on a concurrency rule"
     );
 }
+
+#[cfg(feature = "config")]
+#[tokio::test]
+async fn concurrent_in_a_config_file() {
+    use tollgate::ConfigFormat;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    let write = |text: &str| std::fs::write(&path, text).unwrap();
+    let error = |path: &std::path::Path| RateLimitLayer::from_config_file(path).unwrap_err();
+
+    write("[[rules]]\nname = \"llm\"\nconcurrent = 0\nkey = { header = \"x-api-key\" }\n");
+    assert_eq!(
+        error(&path).to_string(),
+        format!(
+            "{}:3:14: rules[0].concurrent (rule \"llm\"): must be greater than 0",
+            path.display()
+        )
+    );
+    write("[[rules]]\nname = \"llm\"\nconcurrent = 8\nrate = 5\nperiod = \"1s\"\n");
+    assert_eq!(
+        error(&path).to_string(),
+        format!(
+            "{}:4:8: rules[0].rate (rule \"llm\"): a concurrency rule (`concurrent`) counts \
+             requests in flight, not units over time: it takes no rate, limit, period or algorithm",
+            path.display()
+        )
+    );
+    write("[[rules]]\nname = \"llm\"\nalgorithm = \"fixed_window\"\nconcurrent = 8\n");
+    assert_eq!(error(&path).path(), "rules[0].algorithm");
+    write("[[rules]]\nname = \"llm\"\nconcurrent = 8\ncost = 2\n");
+    assert_eq!(
+        error(&path).to_string(),
+        format!(
+            "{}:4:8: rules[0].cost (rule \"llm\"): a concurrency rule takes one slot per request: \
+             it has no cost",
+            path.display()
+        )
+    );
+
+    // The file's rule is the rule built in code.
+    let yaml = "rules:\n  - name: llm\n    concurrent: 2\n    key: { header: x-api-key }\n    \
+                queue: { burst: 4, max_delay: 30s }\n";
+    let layer = RateLimitLayer::from_config_str(ConfigFormat::Yaml, yaml).unwrap();
+    let rules = layer.limiter().rules_in_force();
+    assert_eq!(
+        rules[0].algorithm,
+        *llm(2).limit().algorithm(),
+        "{:?}",
+        rules[0]
+    );
+    assert!(rules[0].queued);
+    let (open, app) = streaming(&layer);
+    for id in 1..=2 {
+        let response = app.clone().oneshot(request("alice", id)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(called(&open), [1, 2]);
+}
