@@ -466,6 +466,18 @@ async fn concurrent_in_a_config_file() {
         )
     );
 
+    // The lease of a slot is the Redis store's.
+    write(
+        "[store]\nkind = \"memory\"\nlease = \"30s\"\n[[rules]]\nname = \"llm\"\nconcurrent = 8\n",
+    );
+    assert_eq!(
+        error(&path).to_string(),
+        format!(
+            "{}:3:9: store.lease: is only used by the redis store",
+            path.display()
+        )
+    );
+
     // The file's rule is the rule built in code.
     let yaml = "rules:\n  - name: llm\n    concurrent: 2\n    key: { header: x-api-key }\n    \
                 queue: { burst: 4, max_delay: 30s }\n";

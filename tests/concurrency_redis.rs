@@ -95,7 +95,10 @@ async fn free_slots(limiter: &Limiter) -> u64 {
 
 /// Waits (bounded) for something Redis does by itself or a background task finishes: a lease's
 /// expiry, a slot given back. Not a measure of speed: only that it happens.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !check().await {
         assert!(Instant::now() < deadline, "{what} did not happen");
@@ -165,8 +168,13 @@ async fn a_streaming_body_keeps_its_lease_renewed_past_the_expiry() {
     // The stream outlives its lease three times over; renewed, the slot stays taken.
     for chunk in ["a", "b", "c"] {
         tokio::time::sleep(lease).await;
-        sender.unbounded_send(Ok(Frame::data(Bytes::from(chunk)))).unwrap();
-        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), chunk);
+        sender
+            .unbounded_send(Ok(Frame::data(Bytes::from(chunk))))
+            .unwrap();
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            chunk
+        );
         let refused = app_second.clone().oneshot(request(2)).await.unwrap();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     }
@@ -175,7 +183,13 @@ async fn a_streaming_body_keeps_its_lease_renewed_past_the_expiry() {
     open.lock().unwrap().clear();
     assert!(body.frame().await.is_none());
     eventually("the slot given back", || async {
-        app_second.clone().oneshot(request(3)).await.unwrap().status() == StatusCode::OK
+        app_second
+            .clone()
+            .oneshot(request(3))
+            .await
+            .unwrap()
+            .status()
+            == StatusCode::OK
     })
     .await;
 }
@@ -201,7 +215,11 @@ async fn a_killed_instance_s_leases_come_back_after_their_expiry() {
                 .build()
                 .await
                 .unwrap();
-            let limiter = Limiter::builder().rule(llm(2)).store(store).build().unwrap();
+            let limiter = Limiter::builder()
+                .rule(llm(2))
+                .store(store)
+                .build()
+                .unwrap();
             let a = limiter.acquire("llm", "alice").await.unwrap().unwrap();
             let b = limiter.acquire("llm", "alice").await.unwrap().unwrap();
             (a, b)
@@ -247,11 +265,17 @@ async fn a_slot_is_taken_all_or_nothing_with_the_other_rules() {
     assert_eq!(b.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(remaining("daily").await, 1);
     drop(a);
-    eventually("the slot given back", || async { remaining("llm").await == 1 }).await;
+    eventually("the slot given back", || async {
+        remaining("llm").await == 1
+    })
+    .await;
     let c = app.clone().oneshot(request(3)).await.unwrap();
     assert_eq!(c.status(), StatusCode::OK);
     drop(c);
-    eventually("the slot given back", || async { remaining("llm").await == 1 }).await;
+    eventually("the slot given back", || async {
+        remaining("llm").await == 1
+    })
+    .await;
     // Denied by the daily quota: no lease is added.
     let d = app.clone().oneshot(request(4)).await.unwrap();
     assert_eq!(d.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -293,10 +317,48 @@ async fn a_sharded_concurrency_rule_is_an_error() {
         .build()
         .await
         .unwrap();
-    let error = Limiter::builder().rule(llm(8)).store(store).build().unwrap_err();
+    let error = Limiter::builder()
+        .rule(llm(8))
+        .store(store)
+        .build()
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         "rule \"llm\": concurrent: a concurrency rule cannot be sharded over several Redis keys: \
          its leases live in one"
     );
+}
+
+#[cfg(feature = "config")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_from_a_config_file() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\nlease = \"2s\"\n\n[[rules]]\nname = \"llm\"\n\
+             concurrent = 1\nkey = {{ header = \"x-api-key\" }}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let layer = RateLimitLayer::load_config(&path).await.unwrap();
+    let slot = layer.limiter().acquire("llm", "alice").await.unwrap();
+    assert!(slot.is_some());
+    // The lease expires two seconds after it was taken (or last renewed), by the server's clock.
+    let ttl: u64 = server
+        .run("PTTL tollgate:{alice}:llm")
+        .trim()
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!((1..=2_000).contains(&ttl), "{ttl}");
+    assert!(layer
+        .limiter()
+        .acquire("llm", "alice")
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -645,7 +645,7 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
@@ -702,7 +702,7 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `unlimited`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),

@@ -81,7 +81,7 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
     match file.store.as_ref() {
         Some(spec) if spec.kind == StoreKind::Redis => {
             let url = spec.url.as_deref().unwrap_or_default();
-            let store = redis_store(url, spec.timeout.map(|t| t.0))
+            let store = redis_store(url, spec.timeout.map(|t| t.0), spec.lease.map(|l| l.0))
                 .await
                 .map_err(|message| Invalid {
                     path: "store.url".into(),
@@ -818,6 +818,7 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
         StoreKind::Memory => {
             only("url", spec.url.is_some(), "redis")?;
             only("timeout", spec.timeout.is_some(), "redis")?;
+            only("lease", spec.lease.is_some(), "redis")?;
             if spec.max_keys == Some(0) {
                 return invalid("store.max_keys", "must be greater than 0");
             }
@@ -830,6 +831,9 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             check_redis_url(url).or_else(|message| invalid("store.url", message))?;
             if spec.timeout.is_some_and(|t| t.0.is_zero()) {
                 return invalid("store.timeout", "must be greater than 0");
+            }
+            if spec.lease.is_some_and(|l| l.0.is_zero()) {
+                return invalid("store.lease", "must be greater than 0");
             }
             if let Some(OnFailure::Local { share }) = spec.on_failure {
                 if !(share > 0.0 && share <= 1.0) {
@@ -889,18 +893,26 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 async fn redis_store(
     url: &str,
     timeout: Option<Duration>,
+    lease: Option<Duration>,
 ) -> Result<crate::store::RedisStore, String> {
     let mut builder = crate::store::RedisStore::builder().url(url);
     if let Some(timeout) = timeout {
         builder = builder.timeout(timeout);
+    }
+    if let Some(lease) = lease {
+        builder = builder.lease(lease);
     }
     builder.build().await.map_err(|error| error.to_string())
 }
 
 /// Without the `redis` feature, a file naming a Redis store cannot be served.
 #[cfg(not(feature = "redis"))]
-async fn redis_store(url: &str, timeout: Option<Duration>) -> Result<MemoryStore, String> {
-    let _ = (url, timeout);
+async fn redis_store(
+    url: &str,
+    timeout: Option<Duration>,
+    lease: Option<Duration>,
+) -> Result<MemoryStore, String> {
+    let _ = (url, timeout, lease);
     Err("tollgate was built without the `redis` feature".to_owned())
 }
 

@@ -50,6 +50,8 @@ pub(crate) struct StoreSpec {
     pub(crate) max_keys: Option<usize>,
     pub(crate) url: Option<String>,
     pub(crate) timeout: Option<HumanDuration>,
+    /// Redis: how long a concurrency slot's lease lives unless renewed.
+    pub(crate) lease: Option<HumanDuration>,
     pub(crate) on_failure: Option<OnFailure>,
 }
 

@@ -66,7 +66,9 @@ pub(super) fn new_id() -> u64 {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Leases {
@@ -92,7 +94,9 @@ impl Leases {
         let Some(ids) = held.get_mut(name) else {
             return Vec::new();
         };
-        let keep = ids.len().saturating_sub(usize::try_from(count).unwrap_or(usize::MAX));
+        let keep = ids
+            .len()
+            .saturating_sub(usize::try_from(count).unwrap_or(usize::MAX));
         let released = ids.split_off(keep);
         if ids.is_empty() {
             held.remove(name);
