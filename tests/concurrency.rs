@@ -425,6 +425,53 @@ fn rules_that_cannot_work_are_errors_naming_the_rule_and_the_field() {
         error(Rule::new("llm", Limit::concurrent(4)).shadow(true)),
         "rule \"llm\": shadow: not available on a concurrency rule"
     );
+    assert_eq!(
+        error(Rule::new("llm", Limit::concurrent(4)).block_for(Duration::from_secs(60))),
+        "rule \"llm\": block: not available on a concurrency rule"
+    );
+    assert_eq!(
+        error(
+            Rule::new("llm", Limit::concurrent(4))
+                .limit_from_extension(|n: &u64| Some(Limit::concurrent(*n)))
+        ),
+        "rule \"llm\": limit_from: not available on a concurrency rule"
+    );
+}
+
+#[tokio::test]
+async fn the_layer_s_shadow_switch_leaves_concurrency_rules_out() {
+    let layer = RateLimitLayer::builder()
+        .rule(llm(1))
+        .shadow(true)
+        .build()
+        .unwrap();
+    let (open, app) = streaming(&layer);
+    let first = app.clone().oneshot(request("alice", 1)).await.unwrap();
+    let second = app.clone().oneshot(request("alice", 2)).await.unwrap();
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!(called(&open), [1, 2]);
+    // Nothing was counted: no slot was ever taken.
+    assert_eq!(free_slots(layer.limiter(), "llm", "alice").await, 1);
+}
+
+#[cfg(feature = "config")]
+#[tokio::test]
+async fn the_documented_concurrency_rule_loads() {
+    use tollgate::ConfigFormat;
+
+    let docs = include_str!("../src/config/CONFIG.md");
+    let start = docs
+        .find("```toml\n[[rules]]\nname = \"in-flight\"")
+        .expect("the example")
+        + 8;
+    let text = &docs[start..start + docs[start..].find("```").unwrap()];
+    let layer = RateLimitLayer::from_config_str(ConfigFormat::Toml, text).unwrap();
+    let rule = &layer.limiter().rules_in_force()[0];
+    assert_eq!(rule.algorithm, *Limit::concurrent(8).algorithm());
+    assert!(rule.queued);
 }
 
 #[cfg(feature = "config")]
