@@ -92,10 +92,13 @@ impl std::fmt::Debug for Slots {
     }
 }
 
+/// A line's name: the rule's and the key.
+type LineOf = (Arc<str>, KeyValue);
+
 /// The lines of requests waiting for a slot, per (rule, key), on this instance.
 #[derive(Default)]
 pub(crate) struct Lines {
-    lines: Mutex<HashMap<(Arc<str>, KeyValue), VecDeque<Arc<Waiter>>>>,
+    lines: Mutex<HashMap<LineOf, VecDeque<Arc<Waiter>>>>,
 }
 
 /// One waiting request: woken when a slot may be free for it.
@@ -160,7 +163,7 @@ impl Lines {
     /// whether it is first.
     fn join(
         &self,
-        line: &(Arc<str>, KeyValue),
+        line: &LineOf,
         waiter: &Arc<Waiter>,
         max: Option<u64>,
     ) -> Option<bool> {
@@ -176,7 +179,7 @@ impl Lines {
         Some(queue.len() == 1)
     }
 
-    fn is_first(&self, line: &(Arc<str>, KeyValue), waiter: &Arc<Waiter>) -> bool {
+    fn is_first(&self, line: &LineOf, waiter: &Arc<Waiter>) -> bool {
         let lines = lock(&self.lines);
         lines
             .get(line)
@@ -186,7 +189,7 @@ impl Lines {
 
     /// Takes `waiter` out of the line; if it was first, the next one is woken (a slot may be
     /// free, and the one leaving will not take it).
-    fn leave(&self, line: &(Arc<str>, KeyValue), waiter: &Arc<Waiter>) {
+    fn leave(&self, line: &LineOf, waiter: &Arc<Waiter>) {
         let mut lines = lock(&self.lines);
         let Some(queue) = lines.get_mut(line) else {
             return;
@@ -207,7 +210,7 @@ impl Lines {
 /// line when dropped (admitted, refused or cancelled).
 pub(crate) struct Ticket {
     limiter: Limiter,
-    line: (Arc<str>, KeyValue),
+    line: LineOf,
     waiter: Arc<Waiter>,
     since: tokio::time::Instant,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
