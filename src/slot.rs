@@ -161,12 +161,7 @@ impl Lines {
 
     /// Puts `waiter` at the end of the line, unless `max` already wait; whether it went in, and
     /// whether it is first.
-    fn join(
-        &self,
-        line: &LineOf,
-        waiter: &Arc<Waiter>,
-        max: Option<u64>,
-    ) -> Option<bool> {
+    fn join(&self, line: &LineOf, waiter: &Arc<Waiter>, max: Option<u64>) -> Option<bool> {
         let mut lines = lock(&self.lines);
         let queue = lines.entry(line.clone()).or_default();
         if max.is_some_and(|max| queue.len() as u64 >= max) {
