@@ -156,7 +156,8 @@ async fn exactly_n_in_flight_across_two_instances_under_1000_concurrent_requests
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_body_keeps_its_lease_renewed_past_the_expiry() {
     let server = RedisServer::start();
-    let lease = Duration::from_secs(1);
+    // Renewed every 2/3 s: a loaded machine would have to stall a renewal for 4/3 s to lose it.
+    let lease = Duration::from_secs(2);
     let first = layer(&server, vec![llm(1)], lease).await;
     let second = layer(&server, vec![llm(1)], lease).await;
     let (open, app_first) = streaming(&first);
