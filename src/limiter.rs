@@ -557,16 +557,25 @@ impl Limiter {
         Ok(())
     }
 
-    /// Forgets `key` under `rule`: its next request is treated as a new key's.
+    /// Forgets `key` under `rule`: its next request is treated as a new key's. Under a
+    /// concurrency rule, the slots taken are forgotten: requests still in flight no longer count
+    /// (every slot is free at once).
     pub async fn reset(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), LimitError> {
         let key = KeyValue::new(key.as_ref());
-        let pending = {
+        let (pending, slots) = {
             let rules = self.rules();
             let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
-            self.store()
-                .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
+            let slots = compiled.algorithm().is_concurrency();
+            let pending = self
+                .store()
+                .reset(&compiled.name, compiled.algorithm(), key.as_bytes());
+            (pending, slots.then(|| compiled.name.clone()))
         };
-        Ok(pending.await?)
+        pending.await?;
+        if let Some(name) = slots {
+            self.lines().wake(&name, &key);
+        }
+        Ok(())
     }
 
     /// Runs one request through the rules as the middleware does — deny and allow lists, the rules

@@ -396,6 +396,14 @@ async fn the_limiter_acquires_a_slot_as_a_guard() {
     assert!(third.is_some());
     drop((second, third));
     assert_eq!(free_slots(&limiter, "exports", "acme").await, 2);
+    // A reset forgets the slots taken; giving them back afterwards frees nothing twice.
+    let held = limiter.acquire("exports", "acme").await.unwrap();
+    let other = limiter.acquire("exports", "acme").await.unwrap();
+    assert!(held.is_some() && other.is_some());
+    limiter.reset("exports", "acme").await.unwrap();
+    assert_eq!(free_slots(&limiter, "exports", "acme").await, 2);
+    drop((held, other));
+    assert_eq!(free_slots(&limiter, "exports", "acme").await, 2);
     assert!(matches!(
         limiter.acquire("rpm", "acme").await,
         Err(LimitError::NotConcurrent(rule)) if rule == "rpm"
