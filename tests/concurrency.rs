@@ -552,3 +552,84 @@ async fn concurrent_in_a_config_file() {
     }
     assert_eq!(called(&open), [1, 2]);
 }
+
+/// One HTTP/1.1 connection to `addr`: the request sender (the connection runs in a task that
+/// ends when the sender is dropped).
+async fn connect(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_real_connection_a_stream_holds_its_slot_to_its_last_chunk() {
+    use axum::routing::get;
+
+    let layer = RateLimitLayer::new(llm(1));
+    let open = Open::default();
+    let seen = open.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat",
+            get(move |headers: http::HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let id = headers["x-id"].to_str().unwrap().parse().unwrap();
+                    let (tx, rx) = mpsc::unbounded();
+                    seen.lock().unwrap().push((id, tx));
+                    axum::body::Body::new(StreamBody::new(rx))
+                }
+            }),
+        )
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    // A streams: one chunk arrives; the slot is still taken.
+    let mut a = connect(addr).await;
+    let response = a.send_request(request("alice", 1)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    open.lock().unwrap()[0]
+        .1
+        .unbounded_send(Ok(Frame::data(Bytes::from("Once"))))
+        .unwrap();
+    let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(chunk, "Once");
+    let mut b = connect(addr).await;
+    let refused = b.send_request(request("alice", 2)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // A's stream ends: by the time its client has read the end, the slot is back.
+    end(&open, 1);
+    assert!(body.collect().await.is_ok());
+    let mut c = connect(addr).await;
+    let response = c.send_request(request("alice", 3)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    // C's client hangs up mid-stream: the server drops the body, and the slot comes back.
+    drop((c, response));
+    let sender = open.lock().unwrap()[0].1.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        // (The server learns of the closed connection when it next writes.)
+        let _ = sender.unbounded_send(Ok(Frame::data(Bytes::from("…"))));
+        let mut d = connect(addr).await;
+        let response = d.send_request(request("alice", 4)).await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
