@@ -250,6 +250,30 @@ async fn a_denial_names_the_rule_says_one_second_and_sends_no_ratelimit_items_fo
     assert!(header(&refused, "ratelimit").is_none());
     assert!(header(&refused, "ratelimit-policy").is_none());
 
+    // Nor legacy `X-RateLimit-*` fields: a slot has no reset to report.
+    let legacy = RateLimitLayer::builder()
+        .rule(llm(1))
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let (_legacy_open, legacy_app) = streaming(&legacy);
+    let first = legacy_app
+        .clone()
+        .oneshot(request("alice", 1))
+        .await
+        .unwrap();
+    let second = legacy_app
+        .clone()
+        .oneshot(request("alice", 2))
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    for response in [&first, &second] {
+        assert!(header(response, "x-ratelimit-limit").is_none());
+        assert!(header(response, "x-ratelimit-reset").is_none());
+    }
+    drop(first);
+
     // A gRPC call is told in gRPC's words.
     let grpc = Request::post("/llm.Chat/Complete")
         .header("x-api-key", "alice")

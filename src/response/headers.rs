@@ -205,12 +205,21 @@ pub(crate) struct Legacy {
 }
 
 impl Legacy {
-    pub(crate) fn of(decision: &Decision) -> Option<Legacy> {
-        decision.most_restrictive().map(|entry| Legacy {
-            limit: entry.outcome.limit,
-            remaining: entry.outcome.remaining,
-            reset: entry.outcome.next_unit_in,
-        })
+    /// The figures of the rule that binds hardest among the quotas over time (a concurrency
+    /// limit has no reset to report).
+    pub(crate) fn of(items: &[PolicyItem], decision: &Decision) -> Option<Legacy> {
+        let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
+        let entries = || decision.rules().iter().filter(timed);
+        let denied = entries().filter_map(|entry| entry.outcome.retry_after().map(|w| (w, entry)));
+        denied
+            .max_by_key(|(wait, _)| *wait)
+            .map(|(_, entry)| entry)
+            .or_else(|| entries().min_by_key(|entry| entry.outcome.remaining))
+            .map(|entry| Legacy {
+                limit: entry.outcome.limit,
+                remaining: entry.outcome.remaining,
+                reset: entry.outcome.next_unit_in,
+            })
     }
 
     /// Adds the fields; the reset moment is reckoned from the wall clock when they are written.

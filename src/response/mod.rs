@@ -196,7 +196,7 @@ impl Responder {
             add(&RATELIMIT, value);
         }
         if self.legacy {
-            if let Some(legacy) = Legacy::of(decision) {
+            if let Some(legacy) = Legacy::of(&rules.items, decision) {
                 legacy.insert(headers);
             }
         }
@@ -210,7 +210,10 @@ impl Responder {
         Some(AllowedHeaders {
             policy: Self::policy(rules, decision)?,
             ratelimit: headers::ratelimit_value(&rules.items, decision)?,
-            legacy: self.legacy.then(|| Legacy::of(decision)).flatten(),
+            legacy: self
+                .legacy
+                .then(|| Legacy::of(&rules.items, decision))
+                .flatten(),
         })
     }
 
