@@ -59,6 +59,11 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// slot and are decided in one script call. Values that are empty or contain `{`, `}`, `|` (or
 /// start with `=`) are written as `=` and their hex digits.
 ///
+/// A [concurrency rule](crate::Limit::concurrent)'s key is a sorted set of leases, one per slot
+/// taken (lease id → expiry by the server's clock), changed in the same script call as the
+/// request's other rules; see [`lease`](RedisStoreBuilder::lease) for how leases are renewed and
+/// what happens when an instance dies. A concurrency rule cannot be sharded.
+///
 /// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
 /// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
 /// same script call; a sharded rule cannot have one.
