@@ -363,3 +363,52 @@ async fn the_lease_from_a_config_file() {
         .unwrap()
         .is_none());
 }
+
+/// On a Redis Cluster a concurrency rule and a rule of another key value live in different
+/// slots: the request is applied slot by slot, and a slot taken in the first is given back
+/// (its lease removed) when the second denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_lease_is_undone_when_a_later_slot_denies() {
+    let cluster = redis_server::RedisCluster::start();
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let slot = |name: &[u8]| -> u16 {
+        let name = String::from_utf8(name.to_vec()).unwrap();
+        cluster.nodes[0].run(&format!("CLUSTER KEYSLOT {name}"))[1..]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let daily_slot = slot(&store.key_names("daily", b"")[0]);
+    // A key whose slot comes first: its group (the slot) is applied before the daily one's.
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|key| slot(&store.key_names("llm", key.as_bytes())[0]) < daily_slot)
+        .expect("a key in a lower slot");
+    let name = String::from_utf8(store.key_names("llm", key.as_bytes())[0].clone()).unwrap();
+    let node = &cluster.nodes[cluster.node_of_slot(slot(name.as_bytes()))];
+    let limiter = Limiter::builder()
+        .rule(Rule::new("llm", Limit::concurrent(1)))
+        .rule(Rule::new("daily", Limit::per_day(1)))
+        .store(store)
+        .build()
+        .unwrap();
+    let both = || [("llm", key.clone()), ("daily", String::new())].map(|(r, k)| (r, k, 1));
+
+    let first = limiter.charge_all(both()).await.unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(node.run(&format!("ZCARD {name}")).trim(), ":1");
+    limiter.refund("llm", &key, 1).await.unwrap();
+    assert_eq!(node.run(&format!("EXISTS {name}")).trim(), ":0");
+
+    // The daily quota is spent: the slot taken in the first group is undone.
+    let second = limiter.charge_all(both()).await.unwrap();
+    assert!(!second.is_allowed());
+    assert!(!second.rule("daily").unwrap().outcome.is_allowed());
+    assert_eq!(node.run(&format!("EXISTS {name}")).trim(), ":0");
+    assert_eq!(limiter.check("llm", &key, 0).await.unwrap().remaining, 1);
+}
