@@ -177,7 +177,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
                   result: Result<(), StoreError>| match result {
         Ok(()) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
+                rules.metrics[entry.index].record_shadow(entry.outcome.verdict, &entry.key);
                 observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
@@ -284,7 +284,7 @@ pub(crate) fn decide<B>(
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(&entry.outcome);
+            rules.metrics[entry.index].record(&entry.outcome, &entry.key);
         }
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
