@@ -1473,6 +1473,75 @@ async fn the_public_api_sample_serves_its_plans_and_metrics() {
         text.contains("tollgate_allowed_total{rule=\"api:pro\"} 1"),
         "{text}"
     );
+    // The sample redacts keys: the free key denied once is listed by its hash.
+    let (status, text) = call(&app, app_request(Method::GET, "/_tollgate/top", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!text.contains("demo-free"), "{text}");
+    let top: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let free = top["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|rule| rule["rule"] == "api:free")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(free["denials"], 1, "{text}");
+    let key = free["offenders"][0]["key"].as_str().unwrap();
+    assert!(key.starts_with('#') && key.len() == 17, "{text}");
+}
+
+/// `/_tollgate/top` lists each rule's most denied keys with their counts, and `/metrics` the
+/// utilisation gauge it reads.
+#[tokio::test(start_paused = true)]
+async fn the_sample_server_serves_the_keys_each_rule_denied_most() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let limits = toml_paused(
+        "[[rules]]\nname = \"per-key\"\nrate = 2\nperiod = \"1m\"\nkey = { header = \"x-api-key\" }\n\
+         [[rules]]\nname = \"roomy\"\nrate = 100\nperiod = \"1m\"",
+    );
+    let app = server::app(limits, metrics);
+    let as_key = |key| app_request(Method::GET, "/", &[("x-api-key", key)]);
+    let mut denied = 0;
+    for key in ["alice", "alice", "bob", "alice", "alice", "bob", "alice"] {
+        if call(&app, as_key(key)).await.0 == StatusCode::TOO_MANY_REQUESTS {
+            denied += 1;
+        }
+    }
+    assert_eq!(denied, 3);
+
+    let response = app
+        .clone()
+        .oneshot(app_request(Method::GET, "/_tollgate/top", &[]))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let top: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        top,
+        serde_json::json!({ "rules": [
+            {
+                "rule": "per-key", "denials": 3, "capacity": 64, "guaranteed_above": 0,
+                "utilisation": 1.0,
+                "offenders": [{ "key": "alice", "denied": 3, "error": 0 }],
+            },
+            {
+                "rule": "roomy", "denials": 0, "capacity": 64, "guaranteed_above": 0,
+                "utilisation": null, "offenders": [],
+            },
+        ]})
+    );
+    let (_, text) = call(&app, app_request(Method::GET, "/metrics", &[])).await;
+    assert!(
+        text.contains("tollgate_top_offender_utilisation{rule=\"per-key\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_top_offender_utilisation{rule=\"roomy\"} 0\n"),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
