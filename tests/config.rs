@@ -246,6 +246,21 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
 }
 
 #[tokio::test]
+async fn top_offenders_sets_the_size_of_each_rules_list() {
+    let rule = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1m\"";
+    for (setting, capacity) in [
+        ("", 64),
+        ("top_offenders = 2\n", 2),
+        ("top_offenders = 0\n", 0),
+    ] {
+        let layer = toml(&format!("{setting}{rule}"));
+        let top = layer.limiter().top_offenders("a").await.unwrap();
+        assert_eq!(top.capacity, capacity, "{setting}");
+    }
+    assert!(toml_error(&format!("top_offenders = -1\n{rule}")).contains("top_offenders"));
+}
+
+#[tokio::test]
 async fn the_other_fields_are_the_layer_built_in_code() {
     let from_file = yaml(
         r#"
@@ -644,9 +659,9 @@ period = "1m"
 fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
-        (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
-        (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = -1\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found integer `-1`"),
