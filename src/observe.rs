@@ -17,7 +17,6 @@
 //! application's metrics recorder must be installed before the layer is built.
 
 use std::fmt;
-
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram};

@@ -29,10 +29,12 @@ fn per_key(name: &str, limit: Limit) -> Rule {
     Rule::new(name, limit).key(Key::header(HeaderName::from_static("x-api-key")))
 }
 
+async fn ok(_request: Request<Body>) -> Result<Response<Body>, Infallible> {
+    Ok(Response::new(Body::default()))
+}
+
 fn app(layer: &RateLimitLayer) -> impl Limited<Body> {
-    layer.layer(service_fn(|_req: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::default()))
-    }))
+    layer.layer(service_fn(ok))
 }
 
 /// Sends `n` requests with `api_key`; how many were denied.
@@ -273,6 +275,36 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
     assert_eq!(send_as(&app(&layer), "alice", 2).await, 1);
     let top = layer.limiter().top_offenders("per-key").await.unwrap();
     assert_eq!(top.offenders[0].key, offender.key);
+}
+
+/// Denials from many tasks at once are all counted: the sum of the counts is the number of 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_denials_from_many_tasks_loses_no_count() {
+    let layer = RateLimitLayer::new(per_key("per-key", Limit::per_hour(1)));
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            // Built here, not by `app`, so the compiler sees that its futures can move threads.
+            let service = layer.layer(service_fn(ok));
+            tokio::spawn(async move {
+                let mut denied = 0;
+                for i in 0..250 {
+                    denied += send_as(&service, &format!("key-{}", (task * 7 + i) % 40), 1).await;
+                }
+                denied
+            })
+        })
+        .collect();
+    let mut denied = 0;
+    for task in tasks {
+        denied += task.await.unwrap();
+    }
+    // 2,000 requests over 40 keys, one admitted per key.
+    assert_eq!(denied, 2_000 - 40);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(top.denials, denied);
+    assert_eq!(top.offenders.len(), 40);
+    assert_eq!(top.offenders.iter().map(|o| o.denied).sum::<u64>(), denied);
+    assert!(top.offenders.iter().all(|o| o.error == 0));
 }
 
 /// The sketch lives in the process: denials decided by Redis feed it the same way.
