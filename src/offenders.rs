@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::key::KeyValue;
 use crate::ruleset::RuleSet;
 
-/// Counters per rule when nothing else is said: enough for a dashboard's top list, a few
-/// kilobytes per rule once full.
+/// Counters per rule when nothing else is said: enough for a dashboard's top list.
 pub(crate) const DEFAULT_CAPACITY: usize = 64;
 
 /// Gives each rule of `next` a sketch of `capacity` counters: the sketch of the rule of the same
@@ -37,8 +36,9 @@ pub(crate) fn carry_over(next: &mut RuleSet, capacity: usize, previous: Option<&
 ///
 /// Taken only on denial, under a mutex of its own (one per rule): allowed requests never touch
 /// it. A denial holds the lock for one hash lookup and a walk of at most `log2 k` heap levels,
-/// no allocation unless a key takes a counter for the first time, so even when every request of
-/// a flood is denied the lock is held for less time than the store's own work on the request.
+/// with no allocation once the sketch is full (but to copy a key longer than 48 bytes), so in a
+/// flood where every request is denied the lock is held for a few steps per request. (Sketches
+/// per thread, merged on read, would spread the lock at the price of looser bounds.)
 #[derive(Debug)]
 pub(crate) struct TopKeys {
     capacity: usize,
