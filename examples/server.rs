@@ -10,16 +10,17 @@
 //! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and answers every method and path
 //! with the rules that applied and what they have left, so any `paths` and `methods` in the file
 //! can be tried with `curl -i`. `/metrics` (never limited) serves the counters in Prometheus
-//! text format; `/_tollgate/top` (never limited) the keys each rule denied most, as JSON:
+//! text format; `/_tollgate/top` (never limited) the keys each rule denied most, as JSON (with
+//! `redact_keys`, each key is the hash the logs show):
 //!
 //! ```text
-//! {"rules":[{"rule":"api:free","denials":7,"capacity":64,"guaranteed_above":0,"utilisation":1.0,
-//!   "offenders":[{"key":"demo-free","denied":7,"error":0}]}, ...]}
+//! {"rules":[{"capacity":64,"denials":3,"guaranteed_above":0,
+//!   "offenders":[{"denied":3,"error":0,"key":"alice"}],"rule":"per-key","utilisation":1.0}]}
 //! ```
 //!
-//! Any valid file loads, a Redis store's included (with the `redis` feature; the
-//! file's `store.url` names the server). The file is watched: save a change and the new rules
-//! apply within two seconds (an invalid file is reported and the rules in force stay).
+//! Any valid file loads, a Redis store's included (with the `redis` feature; the file's
+//! `store.url` names the server). The file is watched: save a change and the new rules apply
+//! within two seconds (an invalid file is reported and the rules in force stay).
 //!
 //! The answer is shaped by query parameters, so rules that look at the response (`count_if`,
 //! `settle`) and penalties (`block`) can be tried too:
