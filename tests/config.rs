@@ -1533,6 +1533,14 @@ async fn the_sample_server_serves_the_keys_each_rule_denied_most() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "application/json");
     let body = response.into_body().collect().await.unwrap().to_bytes();
+    // As the example's doc shows it.
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.starts_with(
+            r#"{"rules":[{"capacity":64,"denials":3,"guaranteed_above":0,"offenders":[{"denied":3,"error":0,"key":"alice"}],"rule":"per-key","utilisation":1.0}"#
+        ),
+        "{text}"
+    );
     let top: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(
         top,
