@@ -20,6 +20,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod observe;
+mod offenders;
 mod per_request;
 mod queue;
 mod response;
@@ -43,6 +44,7 @@ pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, 
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use offenders::{Offender, TopOffenders};
 pub use per_request::LimitResolver;
 pub use queue::Queue;
 pub use response::grpc::{Protocol, GRPC_RETRY_PUSHBACK_MS};

@@ -194,7 +194,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
                   result: Result<(), StoreError>| match result {
         Ok(()) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
+                rules.metrics[entry.index].record_shadow(entry.outcome.verdict, &entry.key);
                 observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
@@ -257,7 +257,7 @@ impl AwaitSlot {
     /// The answer to a request that waited too long or found the line full: denied by the
     /// rule it waited for (no slot free), told to come back in a second.
     pub(crate) fn denied(mut self, protocol: Protocol) -> Response<Bytes> {
-        let (index, _) = self.line;
+        let (index, ref key) = self.line;
         if let Some(Algorithm::Concurrency(c)) = self.rules.rules.get(index).map(|r| r.algorithm())
         {
             let no_slot = c.evaluate(c.max(), 1);
@@ -270,7 +270,7 @@ impl AwaitSlot {
                 entry.outcome = no_slot;
             }
             if let Some(metrics) = self.rules.metrics.get(index) {
-                metrics.record(&no_slot);
+                metrics.record(&no_slot, key);
             }
         }
         self.shared
@@ -381,7 +381,7 @@ pub(crate) fn decide<B>(
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(&entry.outcome);
+            rules.metrics[entry.index].record(&entry.outcome, &entry.key);
         }
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }

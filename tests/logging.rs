@@ -73,6 +73,41 @@ async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
     assert!(redacted.contains("key=#"), "{redacted}");
 }
 
+/// An operator who finds a hashed key in the top list can find its denials in the logs.
+#[tokio::test(start_paused = true)]
+async fn top_offenders_show_the_hash_the_logs_show() {
+    let lines = Lines::default();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = paused::builder()
+        .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }));
+    for _ in 0..3 {
+        send(&service, from("198.51.100.7", "/", false)).await;
+    }
+    let top = layer.limiter().top_offenders("per-ip").await.unwrap();
+    let key = &top.offenders[0].key;
+    assert!(key.starts_with('#'), "{key}");
+    let logged = lines.text();
+    assert!(!logged.contains("198.51.100.7"), "{logged}");
+    let denials = logged
+        .lines()
+        .filter(|line| line.contains("rate limit: denied"))
+        .collect::<Vec<_>>();
+    assert_eq!(denials.len(), 2, "{logged}");
+    for line in denials {
+        assert!(
+            line.contains(&format!("key={key}")),
+            "{line} (top list: {key})"
+        );
+    }
+}
+
 /// One request over a real connection; the status and the body.
 async fn get(addr: SocketAddr) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

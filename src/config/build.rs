@@ -99,6 +99,9 @@ pub(crate) fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invali
     let mut builder = RateLimitLayer::builder()
         .shadow(file.shadow)
         .redact_keys(file.redact_keys);
+    if let Some(capacity) = file.top_offenders {
+        builder = builder.top_offenders(capacity);
+    }
     for rule in rules {
         builder = builder.rule(rule);
     }

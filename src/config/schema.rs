@@ -28,6 +28,8 @@ pub(crate) struct File {
     /// Logs show a hash of each key (read when the layer is built).
     #[serde(default)]
     pub(crate) redact_keys: bool,
+    /// Keys per rule in the top-offender lists (read when the layer is built).
+    pub(crate) top_offenders: Option<usize>,
     /// Where counts live (read when the layer is built).
     pub(crate) store: Option<StoreSpec>,
     /// The responses (read when the layer is built).
