@@ -159,8 +159,10 @@ impl Rule {
     /// the new capacity, an idle key is full under its new limit, and a change refills nothing.
     /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
     /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
-    /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
-    /// a request's cost must fit it. [`queue`](Self::queue), [`count_if`](Self::count_if) and
+    /// cannot count, a capacity below the request's cost, a limit of the other kind than the
+    /// rule's — slots for a rate rule, a rate for a [`Limit::concurrent`] rule; logged at most
+    /// once per 10 seconds), and a request's cost must fit it. On a concurrency rule this gives
+    /// each key its own number of slots. [`queue`](Self::queue), [`count_if`](Self::count_if) and
     /// [`settle`](Self::settle) are not available with per-request limits (an error from `build()`).
     ///
     /// ```
@@ -344,7 +346,6 @@ impl Rule {
         let others = [
             ("count_if", self.count_if.is_some()),
             ("block", self.penalty.is_some()),
-            ("limit_from", self.source.is_some()),
             // A shadow rule is decided apart, after the fact: nothing would give its slots back.
             ("shadow", self.shadow),
         ];

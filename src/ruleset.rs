@@ -342,7 +342,9 @@ impl RuleSet {
             let cost = Some((entry.cost, rule.mode));
             match entry.applied.as_ref().map(|cell| cell.get()) {
                 Some(Some(Some(limit))) => {
-                    if let Err(why) = usable(&rule.name, limit, cost, limiter.store()) {
+                    if let Err(why) =
+                        usable(&rule.name, rule.algorithm(), limit, cost, limiter.store())
+                    {
                         LimitResolver::unusable(&rule.name, &why);
                         entry.applied = None;
                     }
@@ -369,15 +371,21 @@ impl RuleSet {
                 let store = limiter.store();
                 let resolved = resolver
                     .resolve(&rule.name, &entry.key, |limit| {
-                        usable(&rule.name, limit, None, store)
+                        usable(&rule.name, rule.algorithm(), limit, None, store)
                     })
                     .await;
                 // A cost the key's limit cannot take falls back too (the rule's own limit takes
                 // every cost that reached the store).
                 let limit = resolved.filter(|limit| {
-                    usable(&rule.name, limit, Some((entry.cost, rule.mode)), store)
-                        .map_err(|why| LimitResolver::unusable(&rule.name, &why))
-                        .is_ok()
+                    usable(
+                        &rule.name,
+                        rule.algorithm(),
+                        limit,
+                        Some((entry.cost, rule.mode)),
+                        store,
+                    )
+                    .map_err(|why| LimitResolver::unusable(&rule.name, &why))
+                    .is_ok()
                 });
                 let _ = cell.set(limit);
             }

@@ -461,12 +461,81 @@ fn rules_that_cannot_work_are_errors_naming_the_rule_and_the_field() {
         error(Rule::new("llm", Limit::concurrent(4)).block_for(Duration::from_secs(60))),
         "rule \"llm\": block: not available on a concurrency rule"
     );
+}
+
+/// A customer's plan, put in the request's extensions by an auth layer.
+#[derive(Clone)]
+struct InFlight(u64);
+
+fn on_plan(key: &str, id: u32, slots: u64) -> Request<Full<Bytes>> {
+    let mut request = request(key, id);
+    request.extensions_mut().insert(InFlight(slots));
+    request
+}
+
+#[tokio::test]
+async fn each_customer_has_the_number_of_slots_its_plan_gives() {
+    let rule = llm(1).limit_from_extension(|plan: &InFlight| Some(Limit::concurrent(plan.0)));
+    let layer = RateLimitLayer::new(rule);
+    let (open, app) = streaming(&layer);
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for id in 0..4 {
+        let response = app.clone().oneshot(on_plan("big", id, 3)).await.unwrap();
+        statuses.push(response.status());
+        held.push(response);
+    }
+    // Without a plan, the rule's own limit: one in flight.
+    for id in 10..12 {
+        let response = app.clone().oneshot(request("small", id)).await.unwrap();
+        statuses.push(response.status());
+        held.push(response);
+    }
+    let (ok, over) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, ok, over, ok, over]);
+    assert_eq!(called(&open), [0, 1, 2, 10]);
+    // One of the big customer's bodies ends: one slot of its three comes back.
+    held.remove(1);
+    let next = app.clone().oneshot(on_plan("big", 4, 3)).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+    let full = app.clone().oneshot(on_plan("big", 5, 3)).await.unwrap();
+    assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_limit_of_the_other_kind_falls_back_to_the_rule_s_own() {
+    // A plan that gives a rate rule a number of slots, or a concurrency rule a quota over time,
+    // cannot work (a slot taken by a rate rule would never be given back): the rule's own limit
+    // applies.
+    let rate = Rule::new("api", Limit::per_minute(2))
+        .key(Key::header(API_KEY))
+        .limit_from_extension(|plan: &InFlight| Some(Limit::concurrent(plan.0)));
+    let layer = RateLimitLayer::new(rate);
+    let (_open, app) = streaming(&layer);
+    let mut statuses = Vec::new();
+    for id in 0..3 {
+        let response = app
+            .clone()
+            .oneshot(on_plan("alice", id, 100))
+            .await
+            .unwrap();
+        assert_eq!(
+            header(&response, "ratelimit-policy").as_deref(),
+            Some("\"api\";q=2;w=60")
+        );
+        statuses.push(response.status());
+    }
+    let (ok, over) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, over]);
+
+    let slots = llm(1).limit_from_extension(|_: &InFlight| Some(Limit::per_minute(100)));
+    let layer = RateLimitLayer::new(slots);
+    let (_open, app) = streaming(&layer);
+    let first = app.clone().oneshot(on_plan("alice", 0, 0)).await.unwrap();
+    let second = app.clone().oneshot(on_plan("alice", 1, 0)).await.unwrap();
     assert_eq!(
-        error(
-            Rule::new("llm", Limit::concurrent(4))
-                .limit_from_extension(|n: &u64| Some(Limit::concurrent(*n)))
-        ),
-        "rule \"llm\": limit_from: not available on a concurrency rule"
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS)
     );
 }
 

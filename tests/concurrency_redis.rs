@@ -248,6 +248,43 @@ async fn a_killed_instance_s_leases_come_back_after_their_expiry() {
     assert!(survivor.acquire("llm", "alice").await.unwrap().is_none());
 }
 
+/// A customer's plan, put in the request's extensions by an auth layer.
+#[derive(Clone)]
+struct InFlight(u64);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_customer_has_the_number_of_slots_its_plan_gives_across_two_instances() {
+    let server = RedisServer::start();
+    let rule = || llm(1).limit_from_extension(|plan: &InFlight| Some(Limit::concurrent(plan.0)));
+    let one = layer(&server, vec![rule()], Duration::from_secs(60)).await;
+    let two = layer(&server, vec![rule()], Duration::from_secs(60)).await;
+    let (_, first) = streaming(&one);
+    let (_, second) = streaming(&two);
+    let on_plan = |id| {
+        let mut request = request(id);
+        request.extensions_mut().insert(InFlight(3));
+        request
+    };
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for id in 0..4 {
+        let app = if id % 2 == 0 { &first } else { &second };
+        let response = app.clone().oneshot(on_plan(id)).await.unwrap();
+        statuses.push(response.status());
+        held.push(response);
+    }
+    let (ok, over) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, ok, over]);
+    // Without the plan, the rule's own limit of one: three are already in flight.
+    let plain = second.clone().oneshot(request(9)).await.unwrap();
+    assert_eq!(plain.status(), over);
+    drop(held);
+    eventually("the three slots given back", || async {
+        free_slots(one.limiter()).await == 1
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_is_taken_all_or_nothing_with_the_other_rules() {
     let server = RedisServer::start();
