@@ -255,18 +255,16 @@ pub(crate) struct AwaitSlot {
 
 impl AwaitSlot {
     /// The answer to a request that waited too long or found the line full: denied by the
-    /// rule it waited for (no slot free), told to come back in a second.
+    /// rule it waited for (no slot free), told to come back in a second. The request's other
+    /// rules are left out of the answer: a newcomer that joined the line never asked them, and
+    /// what they said to one that did is as old as its wait.
     pub(crate) fn denied(mut self, protocol: Protocol) -> Response<Bytes> {
         let (index, ref key) = self.line;
+        self.plan.retain(|entry| entry.index == index);
         if let Some(Algorithm::Concurrency(c)) = self.rules.rules.get(index).map(|r| r.algorithm())
         {
             let no_slot = c.evaluate(c.max(), 1);
-            for entry in self
-                .plan
-                .rules_mut()
-                .iter_mut()
-                .filter(|e| e.index == index)
-            {
+            for entry in self.plan.rules_mut() {
                 entry.outcome = no_slot;
             }
             if let Some(metrics) = self.rules.metrics.get(index) {

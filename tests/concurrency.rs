@@ -392,6 +392,35 @@ async fn queued_requests_wait_for_a_slot_first_come_first_served() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_newcomer_refused_by_a_full_line_is_told_only_of_the_rule_it_waited_for() {
+    // It joined the line without asking the store: it has nothing true to say of `rpm`.
+    let rpm = Rule::new("rpm", Limit::per_minute(100)).key(Key::header(API_KEY));
+    let layer = paused::builder()
+        .rule(rpm)
+        .rule(llm(1).queue(Queue::burst(1)))
+        .build()
+        .unwrap();
+    let (open, app) = streaming(&layer);
+    let _holds = spawn_request(&app, 1).await;
+    let _waits = spawn_request(&app, 2).await;
+    assert_eq!(called(&open), [1]);
+    let refused = app.clone().oneshot(request("alice", 3)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after").as_deref(), Some("1"));
+    assert_eq!(header(&refused, "ratelimit"), None);
+    assert_eq!(header(&refused, "ratelimit-policy"), None);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["violated-policies"], serde_json::json!(["llm"]));
+    // Only the request that got in was charged by `rpm`.
+    let limiter = layer.limiter();
+    assert_eq!(
+        limiter.check("rpm", "alice", 0).await.unwrap().remaining,
+        99
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_queued_request_waits_no_longer_than_max_delay() {
     let layer = paused::layer(llm(1).queue(Queue::max_delay(Duration::from_secs(5))));
     let (open, app) = streaming(&layer);
