@@ -3,7 +3,6 @@
 //! nothing with the request's other rules, and queue mode's line of waiters.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,42 +15,10 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[path = "support/paused.rs"]
 mod paused;
+#[path = "support/streams.rs"]
+mod streams;
 
-type Frames = mpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>;
-type Streaming = StreamBody<Frames>;
-type Sender = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
-
-/// The bodies the inner service is streaming, by request id: dropping a sender ends its body.
-type Open = Arc<Mutex<Vec<(u32, Sender)>>>;
-
-/// `layer` around a service that answers every request with a body streamed until the test
-/// ends it; the senders of the bodies, in the order the service was called.
-fn streaming(
-    layer: &RateLimitLayer,
-) -> (
-    Open,
-    impl Service<
-            Request<Full<Bytes>>,
-            Response = Response<ResponseBody<Streaming>>,
-            Error = Infallible,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-) {
-    let open = Open::default();
-    let seen = open.clone();
-    let service = service_fn(move |req: Request<Full<Bytes>>| {
-        let id = req
-            .headers()
-            .get("x-id")
-            .map_or(0, |v| v.to_str().unwrap().parse().unwrap());
-        let (tx, rx) = mpsc::unbounded();
-        seen.lock().unwrap().push((id, tx));
-        async move { Ok::<_, Infallible>(Response::new(StreamBody::new(rx))) }
-    });
-    (open, layer.layer(service))
-}
+use streams::{called, end, streaming, Open, Streaming};
 
 fn request(key: &str, id: u32) -> Request<Full<Bytes>> {
     Request::get("/v1/chat")
@@ -59,15 +26,6 @@ fn request(key: &str, id: u32) -> Request<Full<Bytes>> {
         .header("x-id", id)
         .body(Full::default())
         .unwrap()
-}
-
-fn called(open: &Open) -> Vec<u32> {
-    open.lock().unwrap().iter().map(|(id, _)| *id).collect()
-}
-
-/// Ends the streamed body of request `id`.
-fn end(open: &Open, id: u32) {
-    open.lock().unwrap().retain(|(i, _)| *i != id);
 }
 
 fn header<B>(response: &Response<B>, name: &str) -> Option<String> {

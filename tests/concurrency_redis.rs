@@ -6,27 +6,20 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/streams.rs"]
+mod streams;
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::channel::mpsc;
-use http::{HeaderName, Request, Response, StatusCode};
+use http::{HeaderName, Request, StatusCode};
 use http_body::Frame;
-use http_body_util::{BodyExt, Full, StreamBody};
-use tollgate::{
-    FailurePolicy, Key, Limit, Limiter, Queue, RateLimitLayer, RedisStore, ResponseBody, Rule,
-};
-use tower::{service_fn, Layer, Service, ServiceExt};
+use http_body_util::{BodyExt, Full};
+use tollgate::{FailurePolicy, Key, Limit, Limiter, Queue, RateLimitLayer, RedisStore, Rule};
+use tower::ServiceExt;
 
 use redis_server::RedisServer;
-
-type Frames = mpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>;
-type Streaming = StreamBody<Frames>;
-type Sender = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
-type Open = Arc<Mutex<Vec<(u32, Sender)>>>;
+use streams::streaming;
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -54,31 +47,6 @@ async fn layer(server: &RedisServer, rules: Vec<Rule>, lease: Duration) -> RateL
         builder = builder.rule(rule);
     }
     builder.build().unwrap()
-}
-
-/// `layer` around a service streaming each response until the test ends it.
-fn streaming(
-    layer: &RateLimitLayer,
-) -> (
-    Open,
-    impl Service<
-            Request<Full<Bytes>>,
-            Response = Response<ResponseBody<Streaming>>,
-            Error = Infallible,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-) {
-    let open = Open::default();
-    let seen = open.clone();
-    let service = service_fn(move |req: Request<Full<Bytes>>| {
-        let id = req.headers()["x-id"].to_str().unwrap().parse().unwrap();
-        let (tx, rx) = mpsc::unbounded();
-        seen.lock().unwrap().push((id, tx));
-        async move { Ok::<_, Infallible>(Response::new(StreamBody::new(rx))) }
-    });
-    (open, layer.layer(service))
 }
 
 fn request(id: u32) -> Request<Full<Bytes>> {

@@ -379,6 +379,7 @@ fn tiered(
     Ok(rules)
 }
 
+/// The fields of a limit over time (a rule's algorithm and its numbers).
 const LIMIT_FIELDS: [&str; 11] = [
     "algorithm",
     "rate",
@@ -457,21 +458,9 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
         Ok,
     );
     if let Some(n) = fields.concurrent {
-        // A concurrency limit counts requests in flight, not units over time.
-        const OVER_TIME: [&str; 11] = [
-            "algorithm",
-            "rate",
-            "limit",
-            "period",
-            "capacity",
-            "initial",
-            "pool",
-            "aligned",
-            "aligned_at",
-            "calendar",
-            "utc_offset",
-        ];
-        for field in OVER_TIME {
+        // A concurrency limit counts requests in flight, not units over time: none of the
+        // fields of a limit over time applies.
+        for field in LIMIT_FIELDS {
             unused(
                 field,
                 "a concurrency rule (`concurrent`) counts requests in flight, not units over \
