@@ -15,6 +15,8 @@ use tower::{service_fn, Layer};
 mod oneshot;
 use oneshot::{send, Limited};
 
+#[path = "support/metric.rs"]
+mod metric;
 #[path = "support/paused.rs"]
 mod paused;
 
@@ -64,19 +66,10 @@ fn listed(top: &TopOffenders) -> Vec<(&str, u64, u64)> {
 
 /// The value of gauge `name` for `rule`.
 fn gauge(snapshotter: &Snapshotter, name: &str, rule: &str) -> Option<f64> {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let matches =
-                key.name() == name && key.labels().any(|l| l.key() == "rule" && l.value() == rule);
-            match value {
-                DebugValue::Gauge(v) if matches => Some(v.into_inner()),
-                _ => None,
-            }
-        })
+    match metric::of_rule(snapshotter, name, rule)? {
+        DebugValue::Gauge(v) => Some(v.into_inner()),
+        _ => None,
+    }
 }
 
 #[tokio::test(start_paused = true)]
