@@ -1,3 +1,4 @@
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use super::{duration, micros, Micros, Mode, Outcome, ReserveBound, Verdict};
@@ -13,8 +14,9 @@ pub struct TokenBucket {
     period: Micros,
     capacity: u64,
     initial: u64,
-    /// `period / rate` rounded up, computed once: see [`interval`](Self::interval).
-    interval: Micros,
+    /// `period / rate` rounded up, computed once: see [`interval`](Self::interval). Never zero, so
+    /// dividing by it needs no check.
+    interval: NonZeroU64,
     /// `capacity` intervals (saturating): the debt of an empty bucket, which every decision
     /// compares with, computed once.
     full: Micros,
@@ -27,14 +29,14 @@ impl TokenBucket {
     /// name the rule.
     pub fn new(rate: u64, period: Duration) -> Self {
         let period = micros(period);
-        let interval = period.div_ceil(rate.max(1)).max(1);
+        let interval = NonZeroU64::new(period.div_ceil(rate.max(1))).unwrap_or(NonZeroU64::MIN);
         TokenBucket {
             rate,
             period,
             capacity: rate,
             initial: rate,
             interval,
-            full: rate.saturating_mul(interval),
+            full: rate.saturating_mul(interval.get()),
         }
     }
 
@@ -43,7 +45,7 @@ impl TokenBucket {
     pub fn with_capacity(mut self, capacity: u64) -> Self {
         self.capacity = capacity;
         self.initial = capacity;
-        self.full = capacity.saturating_mul(self.interval);
+        self.full = capacity.saturating_mul(self.interval.get());
         self
     }
 
@@ -100,7 +102,7 @@ impl TokenBucket {
     /// exactly `capacity` units at once, and rounding can only make the rate a hair slower, never
     /// faster (3 per second refills one unit every 333,334 µs).
     pub fn interval(&self) -> Micros {
-        self.interval
+        self.interval.get()
     }
 
     /// The time `units` take to refill.
@@ -117,7 +119,7 @@ impl TokenBucket {
     /// where every comparison below still answers as it would exactly.
     #[inline]
     fn span(&self, units: u64) -> Micros {
-        units.saturating_mul(self.interval)
+        units.saturating_mul(self.interval.get())
     }
 
     /// Whole units available while owing `debt`.
@@ -126,7 +128,7 @@ impl TokenBucket {
         let room = self.full.saturating_sub(debt);
         // A denied single unit leaves less than one interval of room: answer without the
         // division, the slowest step of a decision.
-        if room < self.interval {
+        if room < self.interval.get() {
             0
         } else {
             room / self.interval
@@ -141,7 +143,7 @@ impl TokenBucket {
         if debt <= span {
             clamp(available)
         } else {
-            -clamp((debt - span).div_ceil(self.interval))
+            -clamp((debt - span).div_ceil(self.interval.get()))
         }
     }
 
