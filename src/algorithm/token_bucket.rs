@@ -177,8 +177,24 @@ impl TokenBucket {
         match mode {
             Mode::Reserve(bound) => self.reserve(debt, after, cost, bound),
             _ => {
-                let retry_after = duration(self.wait_for(debt, cost));
-                self.outcome(Verdict::Denied { retry_after }, debt)
+                let remaining = self.available(debt);
+                let next_unit_in = self.reset(debt, remaining);
+                // A denied cost is more than the units left (so fewer than the capacity): when it
+                // is one more, the wait for it is the wait for the next unit, already computed.
+                let retry_after = if cost == remaining + 1 {
+                    next_unit_in
+                } else {
+                    duration(self.wait_for(debt, cost))
+                };
+                Outcome {
+                    verdict: Verdict::Denied { retry_after },
+                    limit: self.capacity,
+                    remaining,
+                    balance: self.balance(debt, remaining),
+                    next_unit_in,
+                    full_in: duration(debt),
+                    offence: false,
+                }
             }
         }
     }
