@@ -10,9 +10,17 @@
 //! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and answers every method and path
 //! with the rules that applied and what they have left, so any `paths` and `methods` in the file
 //! can be tried with `curl -i`. `/metrics` (never limited) serves the counters in Prometheus
-//! text format. Any valid file loads, a Redis store's included (with the `redis` feature; the
-//! file's `store.url` names the server). The file is watched: save a change and the new rules
-//! apply within two seconds (an invalid file is reported and the rules in force stay).
+//! text format; `/_tollgate/top` (never limited) the keys each rule denied most, as JSON (with
+//! `redact_keys`, each key is the hash the logs show):
+//!
+//! ```text
+//! {"rules":[{"capacity":64,"denials":3,"guaranteed_above":0,
+//!   "offenders":[{"denied":3,"error":0,"key":"alice"}],"rule":"per-key","utilisation":1.0}]}
+//! ```
+//!
+//! Any valid file loads, a Redis store's included (with the `redis` feature; the file's
+//! `store.url` names the server). The file is watched: save a change and the new rules apply
+//! within two seconds (an invalid file is reported and the rules in force stay).
 //!
 //! The answer is shaped by query parameters, so rules that look at the response (`count_if`,
 //! `settle`) and penalties (`block`) can be tried too:
@@ -36,19 +44,63 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::extract::Request;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tollgate::{ConfigFileError, ConfigWatch, Decision, RateLimitLayer};
+use serde_json::json;
+use tollgate::{ConfigFileError, ConfigWatch, Decision, Limiter, RateLimitLayer};
 
-/// The limited app: any path, any method; plus `/metrics`, outside the limits.
+/// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
+/// limits.
 pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
+    let limiter = limits.limiter().clone();
     let limited = Router::new().fallback(answer).layer(limits);
+    let scraped = limiter.clone();
     Router::new()
-        .route("/metrics", get(move || async move { metrics.render() }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                // Reading the lists sets the top-offender utilisation gauges.
+                top_offenders(&scraped).await;
+                metrics.render()
+            }),
+        )
+        .route(
+            "/_tollgate/top",
+            get(move || async move {
+                let body = json!({ "rules": top_offenders(&limiter).await });
+                ([(CONTENT_TYPE, "application/json")], body.to_string())
+            }),
+        )
         .merge(limited)
+}
+
+/// Every rule's top offenders, as JSON values.
+async fn top_offenders(limiter: &Limiter) -> Vec<serde_json::Value> {
+    let mut rules = Vec::new();
+    for name in limiter.rule_names() {
+        // A reload between the two calls may have removed the rule: it is left out.
+        let Ok(top) = limiter.top_offenders(&name).await else {
+            continue;
+        };
+        let offenders: Vec<_> = top
+            .offenders
+            .iter()
+            .map(|o| json!({ "key": o.key, "denied": o.denied, "error": o.error }))
+            .collect();
+        rules.push(json!({
+            "rule": top.rule,
+            "denials": top.denials,
+            "capacity": top.capacity,
+            "guaranteed_above": top.guaranteed_above(),
+            "utilisation": top.utilisation,
+            "offenders": offenders,
+        }));
+    }
+    rules
 }
 
 async fn answer(request: Request) -> Response {
@@ -187,6 +239,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -i -X POST 'http://{addr}/login?status=401'      # answer with 401");
     println!("  curl -i 'http://{addr}/v1/chat?header=x-tokens-used:1200&delay=200ms'");
     println!("  curl http://{addr}/metrics");
+    println!("  curl http://{addr}/_tollgate/top                      # keys denied most");
     let app = app(limits, metrics).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await?;
     Ok(())

@@ -9,12 +9,15 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::settle::Settlement;
+use crate::slot::Slots;
 
 pin_project! {
     /// The body of a [`RateLimit`](crate::RateLimit) response.
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        // The request's concurrency slots, given back when the body ends or is dropped.
+        slots: Option<Box<Slots>>,
     }
 }
 
@@ -37,6 +40,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+            slots: None,
         }
     }
 
@@ -47,6 +51,7 @@ impl<B> ResponseBody<B> {
                 status,
                 settlement: Some(settlement),
             },
+            slots: None,
         }
     }
 
@@ -55,7 +60,15 @@ impl<B> ResponseBody<B> {
             kind: Kind::Own {
                 data: (!data.is_empty()).then_some(data),
             },
+            slots: None,
         }
+    }
+
+    /// The same body, holding the request's concurrency slots until it ends or is dropped (a
+    /// streaming body holds them to its last frame).
+    pub(crate) fn holding(mut self, slots: Box<Slots>) -> Self {
+        self.slots = Some(slots);
+        self
     }
 }
 
@@ -70,30 +83,14 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Settling {
-                body,
-                status,
-                settlement,
-            } => {
-                let polled = body.poll_frame(cx);
-                match &polled {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        if let Some(trailers) = frame.trailers_ref() {
-                            if let Some(settlement) = settlement.take() {
-                                settlement.on_trailers(*status, trailers);
-                            }
-                        }
-                    }
-                    // Ended (or failed) without trailers: nothing to settle on, the charge stays.
-                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => drop(settlement.take()),
-                    Poll::Pending => {}
-                }
-                polled
-            }
-            KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        let this = self.project();
+        let polled = poll_kind(this.kind, cx);
+        if this.slots.is_some() && matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            // The body ended (or failed): its slots go back now, not when a server gets round
+            // to dropping it.
+            drop(this.slots.take());
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -108,6 +105,39 @@ where
             Kind::Inner { body } | Kind::Settling { body, .. } => body.size_hint(),
             Kind::Own { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
+    }
+}
+
+fn poll_kind<B>(
+    kind: Pin<&mut Kind<B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, B::Error>>>
+where
+    B: Body<Data = Bytes>,
+{
+    match kind.project() {
+        KindProj::Inner { body } => body.poll_frame(cx),
+        KindProj::Settling {
+            body,
+            status,
+            settlement,
+        } => {
+            let polled = body.poll_frame(cx);
+            match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        if let Some(settlement) = settlement.take() {
+                            settlement.on_trailers(*status, trailers);
+                        }
+                    }
+                }
+                // Ended (or failed) without trailers: nothing to settle on, the charge stays.
+                Poll::Ready(None) | Poll::Ready(Some(Err(_))) => drop(settlement.take()),
+                Poll::Pending => {}
+            }
+            polled
+        }
+        KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
     }
 }
 

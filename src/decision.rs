@@ -81,6 +81,11 @@ impl Decision {
 
     /// Whether some rule's limit came from the request.
     #[inline]
+    /// Keeps only the entries `keep` accepts.
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut RuleDecision) -> bool) {
+        self.rules.retain(keep);
+    }
+
     pub(crate) fn has_applied(&self) -> bool {
         self.rules.iter().any(|r| r.applied.is_some())
     }

@@ -14,10 +14,13 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::decision::Decision;
 use crate::layer::Shared;
+use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
+use crate::ruleset::Answer;
 use crate::ruleset::RuleSet;
-use crate::service::{decide, Hold};
+use crate::service::{decide, AwaitSlot, Hold};
 use crate::settle::Settlement;
+use crate::slot::{Slots, Ticket, Woken};
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
@@ -48,6 +51,11 @@ pin_project! {
             sleep: Pin<Box<tokio::time::Sleep>>,
             queued: Option<Box<Queued<S, B>>>,
         },
+        // Queue mode on a concurrency rule: the request waits in line for a slot.
+        AwaitingSlot {
+            ticket: Option<Ticket>,
+            waiting: Option<Box<InLine<S, B>>>,
+        },
         // The request passed: the inner service is running.
         Calling {
             #[pin]
@@ -55,6 +63,7 @@ pin_project! {
             headers: Option<AllowedHeaders>,
             delayed: Option<Duration>,
             settlement: Option<Box<Settlement>>,
+            slots: Option<Box<Slots>>,
         },
         // The layer answers itself.
         Respond {
@@ -71,6 +80,14 @@ pub(crate) struct Queued<S, B> {
     hold: Box<Hold>,
     wait: Duration,
     settlement: Option<Box<Settlement>>,
+    slots: Option<Box<Slots>>,
+}
+
+/// What a request waiting in line for a concurrency slot keeps.
+pub(crate) struct InLine<S, B> {
+    inner: S,
+    request: Request<B>,
+    waiting: AwaitSlot,
 }
 
 /// What a request waiting for the store keeps.
@@ -81,6 +98,8 @@ pub(crate) struct Deciding<S, B> {
     rules: Arc<RuleSet>,
     shared: Arc<Shared>,
     started: tokio::time::Instant,
+    /// The place in line of a request that waited for a slot and asks again.
+    ticket: Option<Ticket>,
 }
 
 impl<S, B> State<S, B>
@@ -94,6 +113,7 @@ where
         plan: Decision,
         rules: Arc<RuleSet>,
         shared: Arc<Shared>,
+        ticket: Option<Ticket>,
     ) -> Self {
         State::Checking {
             store,
@@ -104,6 +124,7 @@ where
                 rules,
                 shared,
                 started: tokio::time::Instant::now(),
+                ticket,
             })),
         }
     }
@@ -112,12 +133,30 @@ where
         future: S::Future,
         headers: Option<AllowedHeaders>,
         settlement: Option<Box<Settlement>>,
+        slots: Option<Box<Slots>>,
     ) -> Self {
         State::Calling {
             future,
             headers,
             delayed: None,
             settlement,
+            slots,
+        }
+    }
+
+    pub(crate) fn awaiting_slot(
+        ticket: Ticket,
+        inner: S,
+        request: Request<B>,
+        waiting: AwaitSlot,
+    ) -> Self {
+        State::AwaitingSlot {
+            ticket: Some(ticket),
+            waiting: Some(Box::new(InLine {
+                inner,
+                request,
+                waiting,
+            })),
         }
     }
 
@@ -128,6 +167,7 @@ where
         headers: Option<AllowedHeaders>,
         hold: Box<Hold>,
         settlement: Option<Box<Settlement>>,
+        slots: Option<Box<Slots>>,
     ) -> Self {
         State::Waiting {
             sleep: Box::pin(tokio::time::sleep(wait)),
@@ -138,6 +178,7 @@ where
                 hold,
                 wait,
                 settlement,
+                slots,
             })),
         }
     }
@@ -181,11 +222,53 @@ where
                         rules,
                         shared,
                         started,
+                        ticket,
                     } = *deciding;
                     rules.store_latency.record(started.elapsed().as_secs_f64());
                     let result = result.and_then(|outcomes| plan.answer(outcomes));
                     decide(&shared, &rules, &mut request, &mut plan, result)
-                        .into_state(&mut inner, request)
+                        .into_state(&mut inner, request, ticket)
+                }
+                StateProj::AwaitingSlot { ticket, waiting } => {
+                    let woken = match ticket.as_mut() {
+                        Some(ticket) => ready!(ticket.poll_woken(cx)),
+                        None => return Poll::Pending,
+                    };
+                    let (Some(ticket), Some(in_line)) = (ticket.take(), waiting.take()) else {
+                        return Poll::Pending;
+                    };
+                    let InLine {
+                        mut inner,
+                        mut request,
+                        waiting,
+                    } = *in_line;
+                    match woken {
+                        Woken::TimedOut => State::respond(waiting.denied(Protocol::of(&request))),
+                        Woken::Retry => {
+                            let AwaitSlot {
+                                mut plan,
+                                rules,
+                                shared,
+                                line: _,
+                            } = waiting;
+                            match rules.ask(&shared.limiter, &mut plan) {
+                                Answer::Now(result) => {
+                                    let next =
+                                        decide(&shared, &rules, &mut request, &mut plan, result);
+                                    next.into_state(&mut inner, request, Some(ticket))
+                                }
+                                Answer::Later(store) => State::checking(
+                                    store,
+                                    inner,
+                                    request,
+                                    plan,
+                                    rules,
+                                    shared,
+                                    Some(ticket),
+                                ),
+                            }
+                        }
+                    }
                 }
                 StateProj::Waiting { sleep, queued } => {
                     ready!(sleep.as_mut().poll(cx));
@@ -199,6 +282,7 @@ where
                         hold,
                         wait,
                         settlement,
+                        slots,
                     } = *queued;
                     hold.release();
                     State::Calling {
@@ -206,6 +290,7 @@ where
                         headers,
                         delayed: Some(wait),
                         settlement,
+                        slots,
                     }
                 }
                 StateProj::Calling {
@@ -213,7 +298,9 @@ where
                     headers,
                     delayed,
                     settlement,
+                    slots,
                 } => {
+                    // An error drops the slots here: given back.
                     let mut response = ready!(future.poll(cx))?;
                     // Settled on the head now; a gRPC status still to come is read from the
                     // trailers by the body.
@@ -227,11 +314,16 @@ where
                     if let Some(wait) = delayed.take() {
                         crate::response::headers::insert_delay(response.headers_mut(), wait);
                     }
-                    return Poll::Ready(Ok(match waiting {
+                    let response = match waiting {
                         None => response.map(ResponseBody::inner),
                         Some(waiting) => {
                             response.map(|body| ResponseBody::settling(body, status, waiting))
                         }
+                    };
+                    // The body holds the slots to its end.
+                    return Poll::Ready(Ok(match slots.take() {
+                        None => response,
+                        Some(slots) => response.map(|body| body.holding(slots)),
                     }));
                 }
                 StateProj::Respond { response } => {

@@ -206,14 +206,27 @@ impl RateLimitLayerBuilder {
     }
 
     /// Shadow mode for every rule: decide and record, never block (see [`Rule::shadow`]).
+    /// Concurrency rules ([`Limit::concurrent`](crate::Limit::concurrent)) are left out: a
+    /// shadow decision is made apart from the response, so nothing would give a slot back.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow_all = on;
         self
     }
 
-    /// Logs show a short stable hash of each key instead of the key itself (default: off).
+    /// Logs, and the limiter's [`top_offenders`](Limiter::top_offenders) lists, show a short
+    /// stable hash of each key instead of the key itself (default: off). On a limiter given to
+    /// [`limiter`](Self::limiter), it turns the redaction of its lists on for every holder.
     pub fn redact_keys(mut self, on: bool) -> Self {
         self.redact_keys = on;
+        self.limiter = self.limiter.redact_keys(on);
+        self
+    }
+
+    /// How many keys each rule's [`top_offenders`](Limiter::top_offenders) list holds (default
+    /// 64; 0 turns the lists off; see [`LimiterBuilder::top_offenders`]). A limiter given to
+    /// [`limiter`](Self::limiter) keeps its own.
+    pub fn top_offenders(mut self, capacity: usize) -> Self {
+        self.limiter = self.limiter.top_offenders(capacity);
         self
     }
 
@@ -248,6 +261,9 @@ impl RateLimitLayerBuilder {
                         "a layer built on a given limiter fails to local only when that limiter \
                          was built with the same `on_store_failure(FailurePolicy::Local { .. })`",
                     ));
+                }
+                if self.redact_keys {
+                    limiter.redact_top_keys();
                 }
                 limiter
             }

@@ -20,6 +20,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod observe;
+mod offenders;
 mod per_request;
 mod queue;
 mod response;
@@ -27,6 +28,7 @@ mod rule;
 mod ruleset;
 mod service;
 mod settle;
+mod slot;
 pub mod store;
 
 pub use algorithm::{Outcome, Penalty, Verdict};
@@ -42,6 +44,7 @@ pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, 
 pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use offenders::{Offender, TopOffenders};
 pub use per_request::LimitResolver;
 pub use queue::Queue;
 pub use response::grpc::{Protocol, GRPC_RETRY_PUSHBACK_MS};
@@ -54,6 +57,7 @@ pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use service::RateLimit;
 pub use settle::{CountIf, ResponseHead, Settle};
+pub use slot::SlotGuard;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use crate::algorithm::{
-    Algorithm, BurstPool, FixedWindow, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
+    Algorithm, BurstPool, Concurrency, FixedWindow, SlidingLog, SlidingWindow, TokenBucket,
+    WindowStart,
 };
 use crate::cost::Cost;
 use crate::key::Key;
@@ -95,6 +96,25 @@ impl Limit {
     pub fn sliding_log(limit: u64, period: Duration) -> Limit {
         Limit {
             algorithm: Algorithm::SlidingLog(SlidingLog::new(limit, period)),
+        }
+    }
+
+    /// A concurrency limit: at most `n` requests of a key in flight at once (DESIGN §12), e.g. 8
+    /// LLM completions per API key. Not a quota over time: a request takes a slot in the same
+    /// atomic step as its other rules and gives it back when its response body ends or is
+    /// dropped (a streaming body holds its slot to its end), or when the service fails or the
+    /// request is dropped. A request finding no free slot is denied with `Retry-After: 1`, or,
+    /// with a [`Queue`](crate::Queue), waits for one (first come, first served). No `RateLimit`
+    /// fields are sent for it (the draft defines quotas over time only); a `429` body names the
+    /// rule. Each request takes one slot: a cost is not allowed. `n = 0` is an error when the
+    /// layer is built.
+    ///
+    /// With a [`RedisStore`](crate::RedisStore), a slot is a lease that expires unless renewed
+    /// (see [`lease`](crate::store::RedisStoreBuilder::lease)), so the slots of an instance that
+    /// crashed come back by themselves.
+    pub fn concurrent(n: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::Concurrency(Concurrency::new(n)),
         }
     }
 

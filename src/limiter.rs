@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +14,11 @@ use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::decision::{Decision, RuleDecision, Ruling};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
+use crate::observe::LoggedKey;
+use crate::offenders::{self, Offender, TopOffenders};
 use crate::rule::{MissingKey, Rule, RuleSummary};
 use crate::ruleset::{AccessList, Answer, Route, RuleSet, StoreRef};
+use crate::slot::{Lines, SlotGuard, Slots};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };
@@ -53,6 +57,13 @@ struct Inner {
     /// decision without a virtual call, and the compiler can build it into the request path.
     memory: Option<MemoryStore>,
     failure: FailurePolicy,
+    /// Requests waiting for a concurrency slot, on this instance.
+    lines: Lines,
+    /// Counters per rule of the top-offender sketches.
+    top_capacity: usize,
+    /// Top-offender lists show the logs' hash of each key: set by the builder, or by any layer
+    /// built on this limiter that redacts keys (never unset).
+    redact: AtomicBool,
 }
 
 /// Builds a [`Limiter`].
@@ -65,6 +76,8 @@ pub struct LimiterBuilder {
     memory: Option<MemoryStore>,
     failure: FailurePolicy,
     breaker: CircuitBreaker,
+    top_capacity: Option<usize>,
+    redact: bool,
 }
 
 impl LimiterBuilder {
@@ -99,6 +112,22 @@ impl LimiterBuilder {
         self
     }
 
+    /// How many keys each rule's [`top_offenders`](Limiter::top_offenders) sketch holds
+    /// (default 64; 0 turns the lists off). Memory is fixed by it: at most `capacity` keys per
+    /// rule, whatever the number of keys denied.
+    pub fn top_offenders(mut self, capacity: usize) -> Self {
+        self.top_capacity = Some(capacity);
+        self
+    }
+
+    /// [`top_offenders`](Limiter::top_offenders) lists show a short stable hash of each key, the
+    /// one the layer's logs show with [`redact_keys`](crate::RateLimitLayerBuilder::redact_keys)
+    /// (default: off).
+    pub fn redact_keys(mut self, on: bool) -> Self {
+        self.redact = on;
+        self
+    }
+
     /// Requests matching `list` are never limited.
     pub fn allow(mut self, list: AccessList) -> Self {
         self.allow.push(list);
@@ -113,7 +142,9 @@ impl LimiterBuilder {
 
     /// Validates the rules and builds the limiter.
     pub fn build(self) -> Result<Limiter, ConfigError> {
-        let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
+        let mut rules = RuleSet::new(self.rules, self.allow, self.deny)?;
+        let top_capacity = self.top_capacity.unwrap_or(offenders::DEFAULT_CAPACITY);
+        offenders::carry_over(&mut rules, top_capacity, None);
         self.failure.validate()?;
         let (store, memory) = match self.store {
             // The memory store cannot fail: only remote stores get the breaker.
@@ -134,6 +165,9 @@ impl LimiterBuilder {
                 store,
                 memory,
                 failure: self.failure,
+                lines: Lines::default(),
+                top_capacity,
+                redact: AtomicBool::new(self.redact),
             }),
         })
     }
@@ -160,6 +194,8 @@ pub enum LimitError {
     Repeated(String),
     /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
     NoPenalty(String),
+    /// The rule is not a concurrency limit, so it has no slots to acquire.
+    NotConcurrent(String),
     /// The store failed.
     Store(StoreError),
 }
@@ -187,6 +223,10 @@ impl fmt::Display for LimitError {
                 f,
                 "rate-limit rule {name:?} has no penalty (block): its keys cannot be blocked"
             ),
+            LimitError::NotConcurrent(name) => write!(
+                f,
+                "rate-limit rule {name:?} is not a concurrency limit: it has no slots to acquire"
+            ),
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -201,7 +241,8 @@ impl std::error::Error for LimitError {
             | LimitError::NotQueued(_)
             | LimitError::CannotReserve(_)
             | LimitError::Repeated(_)
-            | LimitError::NoPenalty(_) => None,
+            | LimitError::NoPenalty(_)
+            | LimitError::NotConcurrent(_) => None,
         }
     }
 }
@@ -249,8 +290,10 @@ impl Limiter {
     /// the rules they started with, the next ones use the new set. State lives in the store under
     /// each rule's name, so rules that keep their name keep their counts.
     /// The store may still refuse a rule it cannot decide exactly; then nothing changes.
-    fn replace(&self, rules: RuleSet) -> Result<(), ConfigError> {
+    fn replace(&self, mut rules: RuleSet) -> Result<(), ConfigError> {
         rules.check_store(self.store())?;
+        let top_capacity = self.inner.top_capacity;
+        offenders::carry_over(&mut rules, top_capacity, Some(&self.inner.rules.load()));
         self.inner.rules.store(Arc::new(rules));
         tracing::info!(rules = ?self.rule_names(), "rate limit: rules reloaded");
         Ok(())
@@ -295,6 +338,86 @@ impl Limiter {
             Some(memory) => StoreRef::Memory(memory),
             None => StoreRef::Dyn(&*self.inner.store),
         }
+    }
+
+    /// The keys `rule` denied most, from a sketch of fixed size kept per rule (see
+    /// [`TopOffenders`] for its guarantees and [`LimiterBuilder::top_offenders`] for its size).
+    ///
+    /// The sketch counts the middleware's denials, and a shadow rule's "would deny" (every rule's
+    /// under the layer's [`shadow`](crate::RateLimitLayerBuilder::shadow) switch): the limiter's
+    /// own [`charge`](Self::charge), [`check`](Self::check) and [`decide`](Self::decide) are
+    /// not counted. Allowed requests never touch it. Keys are redacted as the logs redact them
+    /// when this limiter or a layer built on it has `redact_keys` on.
+    ///
+    /// Reading it also checks the most denied key in the store (cost 0: nothing is charged) for
+    /// [`utilisation`](TopOffenders::utilisation), and sets the gauge
+    /// `tollgate_top_offender_utilisation{rule}` to it (0 when the rule has denied nothing).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tollgate::{Key, Limit, RateLimitLayer, Rule};
+    ///
+    /// let key = Key::header(http::HeaderName::from_static("x-api-key"));
+    /// let layer = RateLimitLayer::new(Rule::new("per-key", Limit::per_minute(1)).key(key));
+    /// let mut app = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// for _ in 0..3 {
+    ///     let request = http::Request::builder().header("x-api-key", "alice").body(())?;
+    ///     app.ready().await?.call(request).await?;
+    /// }
+    /// let top = layer.limiter().top_offenders("per-key").await?;
+    /// assert_eq!((top.offenders[0].key.as_str(), top.offenders[0].denied), ("alice", 2));
+    /// assert_eq!(top.utilisation, Some(1.0)); // alice has used all of her minute's request
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn top_offenders(&self, rule: &str) -> Result<TopOffenders, LimitError> {
+        let (mut top, hottest, gauge) = {
+            let rules = self.rules();
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let metrics = &rules.metrics[index];
+            let (denials, counters) = metrics.offenders.snapshot();
+            let redact = self.inner.redact.load(Ordering::Relaxed);
+            let offenders = counters
+                .iter()
+                .map(|c| Offender {
+                    key: LoggedKey::new(&c.key, redact).to_string(),
+                    denied: c.count,
+                    error: c.error,
+                })
+                .collect();
+            let top = TopOffenders {
+                rule: compiled.name.to_string(),
+                denials,
+                capacity: metrics.offenders.capacity(),
+                offenders,
+                utilisation: None,
+            };
+            let hottest = counters.into_iter().next().map(|c| c.key);
+            (top, hottest, metrics.utilisation.clone())
+        };
+        let Some(hottest) = hottest else {
+            gauge.set(0.0);
+            return Ok(top);
+        };
+        if let Ok(now) = self
+            .one(rule, hottest.as_bytes(), 0, Some(Mode::Check))
+            .await
+        {
+            if now.limit > 0 {
+                let used = 1.0 - now.remaining.min(now.limit) as f64 / now.limit as f64;
+                gauge.set(used);
+                top.utilisation = Some(used);
+            }
+        }
+        Ok(top)
+    }
+
+    /// Top-offender lists show hashed keys from now on: a layer built on this limiter redacts.
+    pub(crate) fn redact_top_keys(&self) {
+        self.inner.redact.store(true, Ordering::Relaxed);
     }
 
     /// The key `rule` derives from `request` (what the middleware would charge), if present.
@@ -515,7 +638,9 @@ impl Limiter {
     }
 
     /// Gives `units` back to `key` under `rule` (never above the capacity), e.g. when work that was
-    /// charged for did not happen.
+    /// charged for did not happen. Under a concurrency rule, gives back `units` slots taken with
+    /// [`charge`](Self::charge) (a slot taken with [`acquire`](Self::acquire) is given back by
+    /// its guard).
     pub async fn refund(
         &self,
         rule: &str,
@@ -523,34 +648,53 @@ impl Limiter {
         units: u64,
     ) -> Result<(), LimitError> {
         let key = KeyValue::new(key.as_ref());
-        let pending = {
+        let (pending, slots) = {
             let rules = self.rules();
-            let (index, _) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
             let charge = Charge {
                 mode: Mode::Charge,
                 ..rules.charge(index, &key, units)
             };
-            self.store().refund(&charge)
+            let slots = compiled.algorithm().is_concurrency();
+            (
+                self.store().refund(&charge),
+                slots.then(|| compiled.name.clone()),
+            )
         };
-        Ok(pending.await?)
+        pending.await?;
+        if let Some(name) = slots {
+            // A slot given back by hand lets the first waiter of the key in, as any other.
+            self.lines().wake(&name, &key);
+        }
+        Ok(())
     }
 
-    /// Forgets `key` under `rule`: its next request is treated as a new key's.
+    /// Forgets `key` under `rule`: its next request is treated as a new key's. Under a
+    /// concurrency rule, the slots taken are forgotten: requests still in flight no longer count
+    /// (every slot is free at once).
     pub async fn reset(&self, rule: &str, key: impl AsRef<[u8]>) -> Result<(), LimitError> {
         let key = KeyValue::new(key.as_ref());
-        let pending = {
+        let (pending, slots) = {
             let rules = self.rules();
             let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
-            self.store()
-                .reset(&compiled.name, compiled.algorithm(), key.as_bytes())
+            let slots = compiled.algorithm().is_concurrency();
+            let pending = self
+                .store()
+                .reset(&compiled.name, compiled.algorithm(), key.as_bytes());
+            (pending, slots.then(|| compiled.name.clone()))
         };
-        Ok(pending.await?)
+        pending.await?;
+        if let Some(name) = slots {
+            self.lines().wake(&name, &key);
+        }
+        Ok(())
     }
 
     /// Runs one request through the rules as the middleware does — deny and allow lists, the rules
     /// whose scope it is in, their keys and costs, one atomic charge of the store — and returns
     /// what they decided, without a Tower service, a response or a queue-mode wait. For tools that
-    /// replay traffic through a configuration (the `tollgate` command) and for tests.
+    /// replay traffic through a configuration (the `tollgate` command) and for tests. With no
+    /// response to hold it, a concurrency rule's slot is given back as soon as it is decided.
     ///
     /// Shadow rules are charged apart from the enforced ones, as in the middleware; the layer's
     /// own `shadow` switch (every rule in shadow mode) is a layer setting and is not applied.
@@ -595,6 +739,11 @@ impl Limiter {
                 Answer::Later(pending) => plan.answer(pending.await?)?,
             }
         }
+        if enforced.is_allowed() {
+            // No response holds a concurrency slot here: it is given back at once.
+            let rules = arc_swap::Guard::into_inner(self.rules());
+            drop(Slots::of(self, &rules, &enforced));
+        }
         Ok(Ruling::Decided { enforced, shadow })
     }
 
@@ -636,6 +785,49 @@ impl Limiter {
                 .set_block(&compiled.name, penalty, key.as_bytes(), block)
         };
         Ok(pending.await?)
+    }
+
+    /// Takes a slot of `key` under the concurrency rule `rule` ([`Limit::concurrent`]) if one is
+    /// free, in the same store as the middleware's: the slot is held until the guard is dropped.
+    /// `Ok(None)` when every slot is taken. For work outside a request — a background job that
+    /// must not run more than `n` at once per customer.
+    ///
+    /// [`Limit::concurrent`]: crate::Limit::concurrent
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder().rule(Rule::new("exports", Limit::concurrent(1))).build()?;
+    /// let slot = limiter.acquire("exports", "customer-42").await?.expect("a free slot");
+    /// assert!(limiter.acquire("exports", "customer-42").await?.is_none());
+    /// drop(slot);
+    /// assert!(limiter.acquire("exports", "customer-42").await?.is_some());
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn acquire(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<SlotGuard>, LimitError> {
+        let key = KeyValue::new(key.as_ref());
+        let (rules, index) = {
+            let rules = arc_swap::Guard::into_inner(self.rules());
+            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+            if !compiled.algorithm().is_concurrency() {
+                return Err(LimitError::NotConcurrent(rule.to_owned()));
+            }
+            (rules, index)
+        };
+        let pending = self.store().apply_one(&Charge {
+            mode: Mode::Charge,
+            ..rules.charge(index, &key, 1)
+        });
+        let outcome = pending.await?;
+        Ok(outcome
+            .is_allowed()
+            .then(|| SlotGuard::new(Slots::one(self, rules, index, key))))
     }
 
     /// Decides one charge; a `mode` of `None` uses the rule's own.
@@ -686,6 +878,49 @@ impl Limiter {
                 self.refund_charge_now(&rules.charge_of(entry));
             }
         }
+    }
+
+    /// Gives back the slot one request held under concurrency rule `index`, without waiting,
+    /// and then wakes the first request waiting for a slot of the key on this instance.
+    pub(crate) fn release_slot_now(&self, rules: &RuleSet, index: usize, key: &KeyValue) {
+        let Some(rule) = rules.rules.get(index) else {
+            return;
+        };
+        let charge = Charge {
+            mode: Mode::Charge,
+            ..rules.charge(index, key, 1)
+        };
+        match self.store().refund(&charge).into_ready() {
+            Ok(result) => {
+                if let Err(error) = result {
+                    tracing::warn!(%error, rule = %rule.name, "rate limit: giving a slot back failed");
+                }
+                self.lines().wake(&rule.name, key);
+            }
+            Err(pending) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let (limiter, name, key) = (self.clone(), rule.name.clone(), key.clone());
+                    runtime.spawn(async move {
+                        if let Err(error) = pending.await {
+                            tracing::warn!(%error, rule = %name, "rate limit: giving a slot back failed");
+                        }
+                        limiter.lines().wake(&name, &key);
+                    });
+                }
+                // The store's lease (Redis) gives the slot back when it expires.
+                Err(_) => tracing::warn!("rate limit: no runtime to give a slot back"),
+            },
+        }
+    }
+
+    /// The requests waiting for a concurrency slot on this instance.
+    pub(crate) fn lines(&self) -> &Lines {
+        &self.inner.lines
+    }
+
+    /// Whether the store is this process's memory store (every slot given back is seen here).
+    pub(crate) fn is_memory(&self) -> bool {
+        self.inner.memory.is_some()
     }
 
     fn refund_charge_now(&self, charge: &Charge<'_>) {

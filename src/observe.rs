@@ -11,18 +11,21 @@
 //! | `tollgate_store_errors_total` | counter | `rule` |
 //! | `tollgate_store_latency_seconds` | histogram | — (stores that answer asynchronously) |
 //! | `tollgate_store_healthy` | gauge | — (1 while a remote store answers, 0 while its circuit breaker is open) |
+//! | `tollgate_top_offender_utilisation` | gauge | `rule` (how much of its limit the key the rule denied most has used, 0 to 1; set when the top list is read) |
 //!
 //! Counters and the histogram are registered when the rules are built (and again on reload), so the
 //! application's metrics recorder must be installed before the layer is built.
 
 use std::fmt;
+use std::sync::Arc;
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 
 use crate::algorithm::stable_key_hash;
 use crate::algorithm::{Outcome, Verdict};
 use crate::decision::RuleDecision;
 use crate::key::KeyValue;
+use crate::offenders::{TopKeys, DEFAULT_CAPACITY};
 
 /// One rule's counters.
 pub(crate) struct RuleMetrics {
@@ -32,6 +35,10 @@ pub(crate) struct RuleMetrics {
     shadow_denied: Counter,
     blocked: Counter,
     store_errors: Counter,
+    /// The keys the rule denied most; shared with the next rule set when a reload keeps the
+    /// rule's name.
+    pub(crate) offenders: Arc<TopKeys>,
+    pub(crate) utilisation: Gauge,
 }
 
 impl RuleMetrics {
@@ -44,12 +51,14 @@ impl RuleMetrics {
             delayed: metrics::counter!("tollgate_delayed_total", "rule" => rule.clone()),
             shadow_denied: metrics::counter!("tollgate_shadow_denied_total", "rule" => rule.clone()),
             blocked: metrics::counter!("tollgate_blocked_total", "rule" => rule.clone()),
-            store_errors: metrics::counter!("tollgate_store_errors_total", "rule" => rule),
+            store_errors: metrics::counter!("tollgate_store_errors_total", "rule" => rule.clone()),
+            offenders: Arc::new(TopKeys::new(DEFAULT_CAPACITY)),
+            utilisation: metrics::gauge!("tollgate_top_offender_utilisation", "rule" => rule),
         }
     }
 
-    /// Counts an enforced rule's answer.
-    pub(crate) fn record(&self, outcome: &Outcome) {
+    /// Counts an enforced rule's answer for `key`.
+    pub(crate) fn record(&self, outcome: &Outcome, key: &KeyValue) {
         if outcome.offence {
             self.blocked.increment(1);
         }
@@ -59,14 +68,18 @@ impl RuleMetrics {
                 self.allowed.increment(1);
                 self.delayed.increment(1);
             }
-            Verdict::Denied { .. } => self.denied.increment(1),
+            Verdict::Denied { .. } => {
+                self.denied.increment(1);
+                self.offenders.record(key);
+            }
         }
     }
 
     /// Counts a shadow rule's answer: a denial is recorded, never enforced.
-    pub(crate) fn record_shadow(&self, verdict: Verdict) {
+    pub(crate) fn record_shadow(&self, verdict: Verdict, key: &KeyValue) {
         if let Verdict::Denied { .. } = verdict {
             self.shadow_denied.increment(1);
+            self.offenders.record(key);
         }
     }
 
@@ -98,6 +111,11 @@ fn describe() {
         metrics::describe_counter!(
             "tollgate_store_errors_total",
             "Store failures while deciding a rule."
+        );
+        metrics::describe_gauge!(
+            "tollgate_top_offender_utilisation",
+            "How much of its limit the key a rule denied most has used (0 to 1), read from the \
+             store when the rule's top offenders are read."
         );
         metrics::describe_histogram!(
             "tollgate_store_latency_seconds",

@@ -312,13 +312,26 @@ impl Warnings {
     }
 }
 
-/// Whether `limit` can decide a request of `cost` in `mode` on `store`; the reason if not.
+/// Whether `limit` can decide, in place of the rule's `own` algorithm, a request of `cost` in
+/// `mode` on `store`; the reason if not.
 pub(crate) fn usable(
     rule: &str,
+    own: &Algorithm,
     limit: &Limit,
     cost: Option<(u64, Mode)>,
     store: &dyn Store,
 ) -> Result<(), String> {
+    // A slot is given back by the guard of a concurrency rule only: a rate rule must not take
+    // one, nor a concurrency rule charge a quota over time.
+    match (own.is_concurrency(), limit.algorithm().is_concurrency()) {
+        (true, false) => {
+            return Err("a concurrency rule's limit must be `Limit::concurrent`".into())
+        }
+        (false, true) => {
+            return Err("`Limit::concurrent` can only replace a concurrency rule's limit".into())
+        }
+        _ => {}
+    }
     let checked = crate::rule::check_algorithm(rule, limit.algorithm())
         .and_then(|()| store.validate(rule, limit.algorithm()));
     checked.map_err(|e| e.to_string())?;

@@ -29,6 +29,13 @@ use crate::algorithm::{Algorithm, Mode, ReserveBound};
 /// units back (DESIGN §2): with 10 per minute, 16 requests at a window's start let 10 pass and 6
 /// wait for the next window; `delay` and `nodelay` do not apply (a window has no excess that
 /// passes at once).
+///
+/// On a [concurrency limit](crate::Limit::concurrent), a request finding no free slot waits for
+/// one, first come, first served: `burst` bounds how many requests of a key wait on this
+/// instance, `max_delay` how long each waits; past either it is denied (`Retry-After: 1`). A
+/// released slot wakes the next waiter at once; with a store shared by several instances
+/// (Redis), slots released by another instance are found by polling, every 50 ms at first,
+/// backing off to every 500 ms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Queue {
     burst: Option<u64>,
@@ -100,11 +107,19 @@ impl Queue {
                 ));
             }
             Algorithm::FixedWindow(_) => {}
+            Algorithm::Concurrency(_) if self.delay > 0 => {
+                return Err((
+                    "queue.delay",
+                    "a concurrency rule lets no excess pass at once: raise `concurrent` instead"
+                        .into(),
+                ));
+            }
+            Algorithm::Concurrency(_) => {}
             _ => {
                 return Err((
                     "queue",
-                    "queue mode needs a token bucket (a queued token bucket is a leaky bucket) \
-                     or a fixed window"
+                    "queue mode needs a token bucket (a queued token bucket is a leaky bucket), \
+                     a fixed window or a concurrency limit"
                         .into(),
                 ));
             }

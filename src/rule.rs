@@ -159,8 +159,10 @@ impl Rule {
     /// the new capacity, an idle key is full under its new limit, and a change refills nothing.
     /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
     /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
-    /// cannot count, a capacity below the request's cost; logged at most once per 10 seconds), and
-    /// a request's cost must fit it. [`queue`](Self::queue), [`count_if`](Self::count_if) and
+    /// cannot count, a capacity below the request's cost, a limit of the other kind than the
+    /// rule's — slots for a rate rule, a rate for a [`Limit::concurrent`] rule; logged at most
+    /// once per 10 seconds), and a request's cost must fit it. On a concurrency rule this gives
+    /// each key its own number of slots. [`queue`](Self::queue), [`count_if`](Self::count_if) and
     /// [`settle`](Self::settle) are not available with per-request limits (an error from `build()`).
     ///
     /// ```
@@ -274,6 +276,9 @@ impl Rule {
             None => self.limit.algorithm().capacity(),
         };
         check_algorithm(&name, self.limit.algorithm())?;
+        if self.limit.algorithm().is_concurrency() {
+            self.check_concurrency(&name)?;
+        }
         if self.source.is_some() {
             // Each of these charges again later, by rule and key, under the rule's own limit.
             let later = [
@@ -326,6 +331,28 @@ impl Rule {
             }
         }
         Ok(())
+    }
+
+    /// What a concurrency rule cannot have: each request takes one slot, held until its
+    /// response ends, so nothing may charge or give back slots on other terms.
+    fn check_concurrency(&self, name: &str) -> Result<(), ConfigError> {
+        let err = |field: &'static str, message: &str| Err(ConfigError::new(name, field, message));
+        if self.cost.as_fixed() != Some(1) {
+            return err(
+                "cost",
+                "a concurrency rule takes one slot per request: it has no cost",
+            );
+        }
+        let others = [
+            ("count_if", self.count_if.is_some()),
+            ("block", self.penalty.is_some()),
+            // A shadow rule is decided apart, after the fact: nothing would give its slots back.
+            ("shadow", self.shadow),
+        ];
+        match others.into_iter().find(|(_, set)| *set) {
+            Some((field, _)) => err(field, "not available on a concurrency rule"),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn compile(self) -> Result<CompiledRule, ConfigError> {
@@ -399,6 +426,7 @@ pub(crate) fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), C
                 positive(name, field_of(part, "capacity"), tb.capacity())?;
             }
         }
+        Algorithm::Concurrency(c) => positive(name, "concurrent", c.max())?,
     }
     Ok(())
 }

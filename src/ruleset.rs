@@ -36,6 +36,9 @@ pub(crate) struct RuleSet {
     pub(crate) prepared: Prepared,
     /// Whether any rule is corrected once the response is known (the others pay nothing).
     pub(crate) settles: bool,
+    /// Whether any rule is a concurrency limit, whose slots are held until the response ends
+    /// (the others pay nothing for them).
+    pub(crate) slots: bool,
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
@@ -166,12 +169,16 @@ impl RuleSet {
             .iter()
             .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
             .collect::<Result<Vec<_>, _>>()?;
-        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
+        let all_rules_policy =
+            headers::join(items.iter().filter(|i| i.timed).map(|i| i.policy.as_str()));
         let metrics = compiled
             .iter()
             .map(|rule| RuleMetrics::new(&rule.name))
             .collect();
         let settles = compiled.iter().any(CompiledRule::settles);
+        let slots = compiled
+            .iter()
+            .any(|rule| rule.algorithm().is_concurrency());
         Ok(RuleSet {
             rules: compiled.into_boxed_slice(),
             items: items.into_boxed_slice(),
@@ -180,6 +187,7 @@ impl RuleSet {
             all_rules_policy,
             prepared: Prepared::new(),
             settles,
+            slots,
             allow,
             deny,
         })
@@ -256,6 +264,11 @@ impl RuleSet {
                     error,
                 })?;
             let plan = if shadow_all || rule.shadow {
+                // Shadow rules are decided apart, with no response to hold a slot until:
+                // concurrency rules are left out of shadow mode.
+                if rule.algorithm().is_concurrency() {
+                    continue;
+                }
                 &mut *shadow
             } else {
                 &mut *enforced
@@ -329,7 +342,9 @@ impl RuleSet {
             let cost = Some((entry.cost, rule.mode));
             match entry.applied.as_ref().map(|cell| cell.get()) {
                 Some(Some(Some(limit))) => {
-                    if let Err(why) = usable(&rule.name, limit, cost, limiter.store()) {
+                    if let Err(why) =
+                        usable(&rule.name, rule.algorithm(), limit, cost, limiter.store())
+                    {
                         LimitResolver::unusable(&rule.name, &why);
                         entry.applied = None;
                     }
@@ -356,15 +371,21 @@ impl RuleSet {
                 let store = limiter.store();
                 let resolved = resolver
                     .resolve(&rule.name, &entry.key, |limit| {
-                        usable(&rule.name, limit, None, store)
+                        usable(&rule.name, rule.algorithm(), limit, None, store)
                     })
                     .await;
                 // A cost the key's limit cannot take falls back too (the rule's own limit takes
                 // every cost that reached the store).
                 let limit = resolved.filter(|limit| {
-                    usable(&rule.name, limit, Some((entry.cost, rule.mode)), store)
-                        .map_err(|why| LimitResolver::unusable(&rule.name, &why))
-                        .is_ok()
+                    usable(
+                        &rule.name,
+                        rule.algorithm(),
+                        limit,
+                        Some((entry.cost, rule.mode)),
+                        store,
+                    )
+                    .map_err(|why| LimitResolver::unusable(&rule.name, &why))
+                    .is_ok()
                 });
                 let _ = cell.set(limit);
             }

@@ -11,6 +11,7 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
+use crate::algorithm::Algorithm;
 use crate::body::ResponseBody;
 use crate::decision::{Decision, RuleDecision};
 use crate::future::{ResponseFuture, State};
@@ -22,6 +23,7 @@ use crate::response::AllowedHeaders;
 use crate::rule::Rule;
 use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::settle::Settlement;
+use crate::slot::{Slots, Ticket};
 use crate::store::{FailurePolicy, StoreError};
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -102,7 +104,12 @@ where
         match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
             Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
-                return ResponseFuture::new(State::calling(self.inner.call(request), None, None))
+                return ResponseFuture::new(State::calling(
+                    self.inner.call(request),
+                    None,
+                    None,
+                    None,
+                ))
             }
             Err(refusal) => {
                 match &refusal {
@@ -118,7 +125,18 @@ where
             record_shadow(shared, &rules, shadow);
         }
         if enforced.rules().is_empty() {
-            return ResponseFuture::new(State::calling(self.inner.call(request), None, None));
+            return ResponseFuture::new(State::calling(self.inner.call(request), None, None, None));
+        }
+        if let Some(line) = Ticket::behind(&shared.limiter, &rules, &enforced) {
+            // Others already wait for a slot of this key: queue behind them.
+            let rules = arc_swap::Guard::into_inner(rules);
+            let next = Next::AwaitSlot(Box::new(AwaitSlot {
+                plan: enforced,
+                rules,
+                shared: shared.clone(),
+                line,
+            }));
+            return ResponseFuture::new(next.into_state(&mut self.inner, request, None));
         }
         match rules.ask(&shared.limiter, &mut enforced) {
             Answer::Now(result) => {
@@ -126,12 +144,10 @@ where
                     // The usual path, spelled out: built here, the inner future goes straight
                     // into the returned one; through `into_state` it is built, then copied
                     // whole (measured: ~130 instructions per request, `#[inline(always)]` or not).
-                    Next::Forward(headers, settlement) => ResponseFuture::new(State::calling(
-                        self.inner.call(request),
-                        headers,
-                        settlement,
-                    )),
-                    next => ResponseFuture::new(next.into_state(&mut self.inner, request)),
+                    Next::Forward(headers, settlement, slots) => ResponseFuture::new(
+                        State::calling(self.inner.call(request), headers, settlement, slots),
+                    ),
+                    next => ResponseFuture::new(next.into_state(&mut self.inner, request, None)),
                 }
             }
             Answer::Later(store) => {
@@ -147,6 +163,7 @@ where
                     enforced,
                     rules,
                     shared.clone(),
+                    None,
                 ))
             }
         }
@@ -177,7 +194,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
                   result: Result<(), StoreError>| match result {
         Ok(()) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].record_shadow(entry.outcome.verdict);
+                rules.metrics[entry.index].record_shadow(entry.outcome.verdict, &entry.key);
                 observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
@@ -205,9 +222,13 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
 
 /// What happens to a request once the store has answered.
 pub(crate) enum Next {
-    /// Forward it now, adding these fields to the response (and settling its rules' charges
-    /// once it is known).
-    Forward(Option<AllowedHeaders>, Option<Box<Settlement>>),
+    /// Forward it now, adding these fields to the response (settling its rules' charges once it
+    /// is known, and holding its concurrency slots until the response ends).
+    Forward(
+        Option<AllowedHeaders>,
+        Option<Box<Settlement>>,
+        Option<Box<Slots>>,
+    ),
     /// Queue mode: hold it until its slot. (The hold is boxed: queued requests are rare next to
     /// forwarded ones, and an inline hold would double the size of every `Next`.)
     Wait {
@@ -215,22 +236,69 @@ pub(crate) enum Next {
         headers: Option<AllowedHeaders>,
         hold: Box<Hold>,
         settlement: Option<Box<Settlement>>,
+        slots: Option<Box<Slots>>,
     },
+    /// Queue mode on a concurrency rule: wait in line for a slot, then ask the store again.
+    AwaitSlot(Box<AwaitSlot>),
     /// Answer it with this response.
     Respond(Response<Bytes>),
 }
 
+/// A request that waits for a concurrency slot: its plan, to ask the store again, and the line
+/// it waits in (rule index, key).
+pub(crate) struct AwaitSlot {
+    pub(crate) plan: Decision,
+    pub(crate) rules: Arc<RuleSet>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) line: (usize, crate::key::KeyValue),
+}
+
+impl AwaitSlot {
+    /// The answer to a request that waited too long or found the line full: denied by the
+    /// rule it waited for (no slot free), told to come back in a second. The request's other
+    /// rules are left out of the answer: a newcomer that joined the line never asked them, and
+    /// what they said to one that did is as old as its wait.
+    pub(crate) fn denied(mut self, protocol: Protocol) -> Response<Bytes> {
+        let (index, ref key) = self.line;
+        self.plan.retain(|entry| entry.index == index);
+        if let Some(Algorithm::Concurrency(c)) = self.rules.rules.get(index).map(|r| r.algorithm())
+        {
+            let no_slot = c.evaluate(c.max(), 1);
+            for entry in self.plan.rules_mut() {
+                entry.outcome = no_slot;
+            }
+            if let Some(metrics) = self.rules.metrics.get(index) {
+                metrics.record(&no_slot, key);
+            }
+        }
+        self.shared
+            .responder
+            .denied(&self.rules, &self.plan, protocol)
+    }
+}
+
 impl Next {
     /// The future's state that carries this out. (The request is moved once, here, into the
-    /// inner service or the queue: the decision itself only borrows it.)
+    /// inner service or the queue: the decision itself only borrows it.) `ticket` is the place
+    /// in line of a request that already waited for a slot.
     #[inline]
-    pub(crate) fn into_state<S, B>(self, inner: &mut S, request: Request<B>) -> State<S, B>
+    pub(crate) fn into_state<S, B>(
+        self,
+        inner: &mut S,
+        request: Request<B>,
+        ticket: Option<Ticket>,
+    ) -> State<S, B>
     where
         S: Service<Request<B>> + Clone,
     {
         match self {
-            Next::Forward(headers, settlement) => {
-                State::calling(inner.call(request), headers, settlement)
+            Next::Forward(headers, settlement, slots) => {
+                let mut state = State::calling(inner.call(request), headers, settlement, slots);
+                // Admitted after waiting for a slot: `Tollgate-Delay` says how long.
+                if let (State::Calling { delayed, .. }, Some(ticket)) = (&mut state, ticket) {
+                    *delayed = Some(ticket.waited());
+                }
+                state
             }
             Next::Respond(response) => State::respond(response),
             Next::Wait {
@@ -238,12 +306,27 @@ impl Next {
                 headers,
                 hold,
                 settlement,
+                slots,
             } => {
                 // The ready service goes with the request (a clone takes its place): the contract
                 // of `poll_ready` is per instance.
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);
-                State::waiting(wait, ready, request, headers, hold, settlement)
+                State::waiting(wait, ready, request, headers, hold, settlement, slots)
+            }
+            Next::AwaitSlot(waiting) => {
+                let (index, key) = &waiting.line;
+                let ticket = match ticket {
+                    Some(ticket) if ticket.waits_for(&waiting.rules, *index, key) => Some(ticket),
+                    _ => Ticket::join(&waiting.shared.limiter, &waiting.rules, *index, key.clone()),
+                };
+                let Some(ticket) = ticket else {
+                    // The line is full (the queue's burst): denied at once.
+                    return State::respond(waiting.denied(Protocol::of(&request)));
+                };
+                let clone = inner.clone();
+                let ready = std::mem::replace(inner, clone);
+                State::awaiting_slot(ticket, ready, request, *waiting)
             }
         }
     }
@@ -252,7 +335,7 @@ impl Next {
 /// Turns the store's answer into what happens next: forward, wait, or answer. The decision goes
 /// into the request's extensions for the handler.
 pub(crate) fn decide<B>(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     rules: &Arc<RuleSet>,
     request: &mut Request<B>,
     decision: &mut Decision,
@@ -270,7 +353,7 @@ pub(crate) fn decide<B>(
                 // behind a given limiter) forwards, as fail open.
                 FailurePolicy::Open | FailurePolicy::Local { .. } => {
                     tracing::debug!(%error, "rate limit: store failed; request forwarded unlimited (fail open)");
-                    Next::Forward(None, None)
+                    Next::Forward(None, None, None)
                 }
                 FailurePolicy::Closed => {
                     tracing::debug!(%error, "rate limit: store failed; request refused (fail closed)");
@@ -281,10 +364,22 @@ pub(crate) fn decide<B>(
         }
     }
     let allowed = decision.is_allowed();
+    if !allowed {
+        if let Some(line) = Ticket::line_for(rules, decision) {
+            // Queue mode on a concurrency rule: the request waits in line for a slot (nothing
+            // was charged) and asks again; it is counted once it is decided.
+            return Next::AwaitSlot(Box::new(AwaitSlot {
+                plan: std::mem::take(decision),
+                rules: rules.clone(),
+                shared: shared.clone(),
+                line,
+            }));
+        }
+    }
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(&entry.outcome);
+            rules.metrics[entry.index].record(&entry.outcome, &entry.key);
         }
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
@@ -298,10 +393,11 @@ pub(crate) fn decide<B>(
     } else {
         None
     };
+    let slots = Slots::of(&shared.limiter, rules, decision).map(Box::new);
     let wait = decision.wait();
     if wait.is_zero() {
         request.extensions_mut().insert(std::mem::take(decision));
-        return Next::Forward(headers, settlement);
+        return Next::Forward(headers, settlement, slots);
     }
     // Queue mode: the units go back to the store if the request is dropped while it waits.
     let hold = Box::new(Hold::new(shared.limiter.clone(), rules.clone(), decision));
@@ -311,6 +407,7 @@ pub(crate) fn decide<B>(
         headers,
         hold,
         settlement,
+        slots,
     }
 }
 
@@ -324,7 +421,13 @@ pub(crate) struct Hold {
 
 impl Hold {
     fn new(limiter: Limiter, rules: Arc<RuleSet>, decision: &Decision) -> Self {
-        let charged = decision.rules().iter().cloned().collect();
+        // A concurrency slot is given back by the request's `Slots`, not here.
+        let charged = decision
+            .rules()
+            .iter()
+            .filter(|entry| !rules.rules[entry.index].algorithm().is_concurrency())
+            .cloned()
+            .collect();
         Hold {
             limiter,
             rules,

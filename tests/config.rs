@@ -246,6 +246,21 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
 }
 
 #[tokio::test]
+async fn top_offenders_sets_the_size_of_each_rules_list() {
+    let rule = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1m\"";
+    for (setting, capacity) in [
+        ("", 64),
+        ("top_offenders = 2\n", 2),
+        ("top_offenders = 0\n", 0),
+    ] {
+        let layer = toml(&format!("{setting}{rule}"));
+        let top = layer.limiter().top_offenders("a").await.unwrap();
+        assert_eq!(top.capacity, capacity, "{setting}");
+    }
+    assert!(toml_error(&format!("top_offenders = -1\n{rule}")).contains("top_offenders"));
+}
+
+#[tokio::test]
 async fn the_other_fields_are_the_layer_built_in_code() {
     let from_file = yaml(
         r#"
@@ -644,9 +659,9 @@ period = "1m"
 fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
-        (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
-        (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
+        (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = -1\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found integer `-1`"),
@@ -702,7 +717,7 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `unlimited`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `unlimited`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
@@ -767,7 +782,7 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 0", "line 5, column 12: rules[0].capacity (rule \"a\"): must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 5\ninitial = 6", "line 6, column 11: rules[0].initial (rule \"a\"): must be at most the capacity (5)"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\ncapacity = 4", "line 6, column 12: rules[0].capacity (rule \"a\"): must be at least the per-window limit (5)"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "line 6, column 9: rules[0].queue (rule \"a\"): queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 1 }", "line 6, column 9: rules[0].queue (rule \"a\"): queue mode needs a token bucket (a queued token bucket is a leaky bucket), a fixed window or a concurrency limit"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1s\"\nqueue = { burst = 2, nodelay = true }", "line 6, column 9: rules[0].queue.delay (rule \"a\"): a fixed window lets no excess pass at once: raise its limit instead"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nutc_offset = \"+19:00\"", "line 6, column 14: rules[0].utc_offset (rule \"a\"): invalid UTC offset \"+19:00\": write \"+02:00\", \"-05:30\" or \"Z\", within 18 hours"),
         (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\ncalendar = \"month\"\nperiod = \"30d\"", "line 6, column 10: rules[0].period (rule \"a\"): a calendar window follows the calendar"),
@@ -1471,6 +1486,83 @@ async fn the_public_api_sample_serves_its_plans_and_metrics() {
     );
     assert!(
         text.contains("tollgate_allowed_total{rule=\"api:pro\"} 1"),
+        "{text}"
+    );
+    // The sample redacts keys: the free key denied once is listed by its hash.
+    let (status, text) = call(&app, app_request(Method::GET, "/_tollgate/top", &[])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!text.contains("demo-free"), "{text}");
+    let top: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let free = top["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|rule| rule["rule"] == "api:free")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(free["denials"], 1, "{text}");
+    let key = free["offenders"][0]["key"].as_str().unwrap();
+    assert!(key.starts_with('#') && key.len() == 17, "{text}");
+}
+
+/// `/_tollgate/top` lists each rule's most denied keys with their counts, and `/metrics` the
+/// utilisation gauge it reads.
+#[tokio::test(start_paused = true)]
+async fn the_sample_server_serves_the_keys_each_rule_denied_most() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let limits = toml_paused(
+        "[[rules]]\nname = \"per-key\"\nrate = 2\nperiod = \"1m\"\nkey = { header = \"x-api-key\" }\n\
+         [[rules]]\nname = \"roomy\"\nrate = 100\nperiod = \"1m\"",
+    );
+    let app = server::app(limits, metrics);
+    let as_key = |key| app_request(Method::GET, "/", &[("x-api-key", key)]);
+    let mut denied = 0;
+    for key in ["alice", "alice", "bob", "alice", "alice", "bob", "alice"] {
+        if call(&app, as_key(key)).await.0 == StatusCode::TOO_MANY_REQUESTS {
+            denied += 1;
+        }
+    }
+    assert_eq!(denied, 3);
+
+    let response = app
+        .clone()
+        .oneshot(app_request(Method::GET, "/_tollgate/top", &[]))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    // As the example's doc shows it.
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.starts_with(
+            r#"{"rules":[{"capacity":64,"denials":3,"guaranteed_above":0,"offenders":[{"denied":3,"error":0,"key":"alice"}],"rule":"per-key","utilisation":1.0}"#
+        ),
+        "{text}"
+    );
+    let top: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        top,
+        serde_json::json!({ "rules": [
+            {
+                "rule": "per-key", "denials": 3, "capacity": 64, "guaranteed_above": 0,
+                "utilisation": 1.0,
+                "offenders": [{ "key": "alice", "denied": 3, "error": 0 }],
+            },
+            {
+                "rule": "roomy", "denials": 0, "capacity": 64, "guaranteed_above": 0,
+                "utilisation": null, "offenders": [],
+            },
+        ]})
+    );
+    let (_, text) = call(&app, app_request(Method::GET, "/metrics", &[])).await;
+    assert!(
+        text.contains("tollgate_top_offender_utilisation{rule=\"per-key\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_top_offender_utilisation{rule=\"roomy\"} 0\n"),
         "{text}"
     );
 }

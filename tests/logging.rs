@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use tollgate::{Key, Limit, Rule};
+use tollgate::{Key, Limit, RateLimitLayer, Rule};
 use tower::{service_fn, Layer};
 
 #[path = "support/paused.rs"]
@@ -36,10 +36,8 @@ fn from(ip: &str, path: &str, grpc: bool) -> Request<Body> {
     req
 }
 
-async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
-    let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::DEBUG);
-    let _guard = tracing::subscriber::set_default(subscriber);
+/// A layer of one request a minute per client IP (keys redacted or not), and an app behind it.
+fn one_per_minute_per_ip(redact: bool) -> (RateLimitLayer, impl oneshot::Limited<Body>) {
     let layer = paused::builder()
         .rule(Rule::new("per-ip", Limit::per_minute(1)).key(Key::peer_ip()))
         .redact_keys(redact)
@@ -48,6 +46,14 @@ async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     let service = layer.layer(service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::default()))
     }));
+    (layer, service)
+}
+
+async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
+    let lines = Lines::default();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_layer, service) = one_per_minute_per_ip(redact);
     send(&service, from("198.51.100.7", path, grpc)).await;
     send(&service, from("198.51.100.7", path, grpc)).await;
     lines.text()
@@ -71,6 +77,34 @@ async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
     assert!(redacted.contains("rate limit: denied"), "{redacted}");
     assert!(!redacted.contains("198.51.100.7"), "{redacted}");
     assert!(redacted.contains("key=#"), "{redacted}");
+}
+
+/// An operator who finds a hashed key in the top list can find its denials in the logs.
+#[tokio::test(start_paused = true)]
+async fn top_offenders_show_the_hash_the_logs_show() {
+    let lines = Lines::default();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (layer, service) = one_per_minute_per_ip(true);
+    for _ in 0..3 {
+        send(&service, from("198.51.100.7", "/", false)).await;
+    }
+    let top = layer.limiter().top_offenders("per-ip").await.unwrap();
+    let key = &top.offenders[0].key;
+    assert!(key.starts_with('#'), "{key}");
+    let logged = lines.text();
+    assert!(!logged.contains("198.51.100.7"), "{logged}");
+    let denials = logged
+        .lines()
+        .filter(|line| line.contains("rate limit: denied"))
+        .collect::<Vec<_>>();
+    assert_eq!(denials.len(), 2, "{logged}");
+    for line in denials {
+        assert!(
+            line.contains(&format!("key={key}")),
+            "{line} (top list: {key})"
+        );
+    }
 }
 
 /// One request over a real connection; the status and the body.

@@ -17,6 +17,8 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 mod oneshot;
 use oneshot::Limited;
 
+#[path = "support/metric.rs"]
+mod metric;
 #[path = "support/paused.rs"]
 mod paused;
 
@@ -50,20 +52,10 @@ async fn status<S: Limited<Body>>(service: &S, req: Request<Body>) -> (StatusCod
 
 /// The value of counter `name` for `rule` in a snapshot.
 fn counter(snapshotter: &Snapshotter, name: &str, rule: &str) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .find_map(|(key, _, _, value)| {
-            let key = key.key();
-            let matches =
-                key.name() == name && key.labels().any(|l| l.key() == "rule" && l.value() == rule);
-            match value {
-                DebugValue::Counter(n) if matches => Some(n),
-                _ => None,
-            }
-        })
-        .unwrap_or(0)
+    match metric::of_rule(snapshotter, name, rule) {
+        Some(DebugValue::Counter(n)) => n,
+        _ => 0,
+    }
 }
 
 /// Builds the layer with a recorder of its own, so counters are registered there.

@@ -387,7 +387,7 @@ fn queue_settings_that_cannot_work_are_build_errors() {
     };
     assert_eq!(
         error(Rule::new("w", Limit::sliding_window(5, Duration::from_secs(1))).queue(Queue::burst(3))),
-        "rule \"w\": queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket) or a fixed window"
+        "rule \"w\": queue: queue mode needs a token bucket (a queued token bucket is a leaky bucket), a fixed window or a concurrency limit"
     );
     assert_eq!(
         error(Rule::new("w", Limit::fixed_window(5, Duration::from_secs(1))).queue(Queue::burst(3).delay(1))),

@@ -3,8 +3,13 @@
 //! machine cannot favour either side.
 //!
 //! ```text
-//! cargo run --release -p tollgate-bench --example decision_ab -- [ROUNDS] [FILTER]
+//! cargo run --release -p tollgate-bench --example decision_ab -- [ROUNDS] [FILTER] [PAIR]
 //! ```
+//!
+//! PAIR picks the two sides: `dyn` (the default, described below) or `typed_foldhash`: the
+//! `MemoryStore` called by its type, as the middleware and `bench/benches/store.rs` call it,
+//! against governor built with tollgate's hasher (foldhash, `dashmap_with_hasher`), so that
+//! neither the call nor the hasher is what the ratio measures.
 //!
 //! Criterion measures one implementation for seconds, then the other; on a virtual machine whose
 //! speed changes under it, or beside a build, that alone can move a result by half. Here every
@@ -26,7 +31,7 @@ use tollgate::store::{MemoryStore, Store};
 
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{keys, Governor, Limiter, Tollgate};
+use peers::{keys, Governor, GovernorFoldhash, Limiter, Tollgate};
 
 /// Decisions per implementation per round (split between the threads).
 const DECISIONS: u64 = 400_000;
@@ -90,36 +95,66 @@ fn main() {
         .unwrap_or(30)
         .max(1);
     let filter = args.next().unwrap_or_default();
-    println!("scenario              tollgate  governor   ratio");
+    let typed = match args.next().as_deref() {
+        None | Some("dyn") => false,
+        Some("typed_foldhash") => true,
+        Some(other) => panic!("PAIR must be `dyn` or `typed_foldhash`, not {other:?}"),
+    };
+    let peer = if typed {
+        "governor_foldhash"
+    } else {
+        "governor"
+    };
+    println!("scenario              tollgate  {peer}   ratio");
     for (keyset, keys) in [("hot_key", vec![0x5eed_u64]), ("100k_keys", keys(100_000))] {
         for denied in [false, true] {
             // The bench's limits: a burst that never runs out, or one per hour already spent.
-            let tollgate = Tollgate::<dyn Store>::new(Box::new(MemoryStore::new()), denied);
-            let governor = Governor::new(denied);
-            check(&tollgate, &keys, denied);
-            check(&governor, &keys, denied);
-            for threads in [1, 2] {
-                let path = if denied { "denied" } else { "allowed" };
-                let name = format!("{keyset}/{path}/{threads}t");
-                if !name.contains(&filter) {
-                    continue;
-                }
-                let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
-                for round in 0..rounds {
-                    let (t, g) = if round % 2 == 0 {
-                        let t = measure(&tollgate, &keys, threads);
-                        (t, measure(&governor, &keys, threads))
-                    } else {
-                        let g = measure(&governor, &keys, threads);
-                        (measure(&tollgate, &keys, threads), g)
-                    };
-                    ours.push(t);
-                    theirs.push(g);
-                    ratios.push(t / g);
-                }
-                let (t, g, r) = (median(ours), median(theirs), median(ratios));
-                println!("{name:20} {t:9.1} {g:9.1} {r:7.3}");
+            if typed {
+                let tollgate = Tollgate::<MemoryStore>::new(Box::new(MemoryStore::new()), denied);
+                let governor = GovernorFoldhash::with_foldhash(denied);
+                compare(&tollgate, &governor, keyset, &keys, denied, rounds, &filter);
+            } else {
+                let tollgate = Tollgate::<dyn Store>::new(Box::new(MemoryStore::new()), denied);
+                let governor = Governor::new(denied);
+                compare(&tollgate, &governor, keyset, &keys, denied, rounds, &filter);
             }
         }
+    }
+}
+
+/// One scenario's rounds, one and two threads: each round runs both sides back to back, in
+/// alternating order; prints the medians and the median of the per-round ratios.
+fn compare(
+    tollgate: &impl Limiter,
+    governor: &impl Limiter,
+    keyset: &str,
+    keys: &[u64],
+    denied: bool,
+    rounds: usize,
+    filter: &str,
+) {
+    check(tollgate, keys, denied);
+    check(governor, keys, denied);
+    for threads in [1, 2] {
+        let path = if denied { "denied" } else { "allowed" };
+        let name = format!("{keyset}/{path}/{threads}t");
+        if !name.contains(filter) {
+            continue;
+        }
+        let (mut ours, mut theirs, mut ratios) = (vec![], vec![], vec![]);
+        for round in 0..rounds {
+            let (t, g) = if round % 2 == 0 {
+                let t = measure(tollgate, keys, threads);
+                (t, measure(governor, keys, threads))
+            } else {
+                let g = measure(governor, keys, threads);
+                (measure(tollgate, keys, threads), g)
+            };
+            ours.push(t);
+            theirs.push(g);
+            ratios.push(t / g);
+        }
+        let (t, g, r) = (median(ours), median(theirs), median(ratios));
+        println!("{name:20} {t:9.1} {g:9.1} {r:7.3}");
     }
 }

@@ -91,6 +91,10 @@ fn algorithm(algorithm: &Algorithm) -> String {
             bucket(p.steady()),
             bucket(p.pool())
         ),
+        Algorithm::Concurrency(c) => format!(
+            "at most {} in flight at once (a slot is held until the response ends)",
+            c.max()
+        ),
     }
 }
 

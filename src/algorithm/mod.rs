@@ -23,6 +23,7 @@
 
 mod burst_pool;
 mod calendar;
+mod concurrency;
 mod fixed_window;
 mod penalty;
 mod sliding_log;
@@ -32,6 +33,7 @@ mod token_bucket;
 use std::time::Duration;
 
 pub use burst_pool::{BurstPool, BurstPoolState};
+pub use concurrency::{Concurrency, SLOT_RETRY_AFTER};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use penalty::{Block, Penalty};
 pub use sliding_log::{SlidingLog, SlidingLogState};
@@ -174,6 +176,8 @@ pub enum Algorithm {
     SlidingLog(SlidingLog),
     /// A steady bucket with a fallback pool.
     BurstPool(BurstPool),
+    /// At most so many requests of a key in flight at once (not a quota over time).
+    Concurrency(Concurrency),
 }
 
 impl Algorithm {
@@ -185,10 +189,13 @@ impl Algorithm {
             Algorithm::SlidingWindow(a) => a.limit(),
             Algorithm::SlidingLog(a) => a.limit(),
             Algorithm::BurstPool(a) => a.capacity(),
+            Algorithm::Concurrency(a) => a.max(),
         }
     }
 
-    /// The policy window (`w`): the period for windows, the time to refill from empty for buckets.
+    /// The policy window (`w`): the period for windows, the time to refill from empty for buckets;
+    /// for a concurrency limit, which is no quota over time, the wait a denial is told
+    /// ([`SLOT_RETRY_AFTER`]).
     pub fn window(&self) -> Duration {
         match self {
             Algorithm::TokenBucket(a) => a.refill_time(),
@@ -196,6 +203,7 @@ impl Algorithm {
             Algorithm::SlidingWindow(a) => a.period(),
             Algorithm::SlidingLog(a) => a.period(),
             Algorithm::BurstPool(a) => a.steady().refill_time(),
+            Algorithm::Concurrency(_) => SLOT_RETRY_AFTER,
         }
     }
 
@@ -211,6 +219,12 @@ impl Algorithm {
     /// Whether `mode` can reserve with this algorithm (token buckets and fixed windows do).
     pub fn reserves(&self) -> bool {
         matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
+    }
+
+    /// Whether this is a concurrency limit: slots held while a response is in flight, not a
+    /// quota over time (no `RateLimit` fields; released when the response ends).
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Algorithm::Concurrency(_))
     }
 
     /// Checks `cost` against [`max_cost`](Self::max_cost).

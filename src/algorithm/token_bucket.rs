@@ -1,6 +1,7 @@
+use std::num::NonZeroU64;
 use std::time::Duration;
 
-use super::{duration, micros, Micros, Mode, Outcome, Verdict};
+use super::{duration, micros, Micros, Mode, Outcome, ReserveBound, Verdict};
 
 /// Token bucket with continuous refill: `rate` units per `period`, holding at most `capacity`.
 ///
@@ -13,8 +14,12 @@ pub struct TokenBucket {
     period: Micros,
     capacity: u64,
     initial: u64,
-    /// `period / rate` rounded up, computed once: see [`interval`](Self::interval).
-    interval: Micros,
+    /// `period / rate` rounded up, computed once: see [`interval`](Self::interval). Never zero, so
+    /// dividing by it needs no check.
+    interval: NonZeroU64,
+    /// `capacity` intervals (saturating): the debt of an empty bucket, which every decision
+    /// compares with, computed once.
+    full: Micros,
 }
 
 impl TokenBucket {
@@ -24,12 +29,14 @@ impl TokenBucket {
     /// name the rule.
     pub fn new(rate: u64, period: Duration) -> Self {
         let period = micros(period);
+        let interval = NonZeroU64::new(period.div_ceil(rate.max(1))).unwrap_or(NonZeroU64::MIN);
         TokenBucket {
             rate,
             period,
             capacity: rate,
             initial: rate,
-            interval: period.div_ceil(rate.max(1)).max(1),
+            interval,
+            full: rate.saturating_mul(interval.get()),
         }
     }
 
@@ -38,6 +45,7 @@ impl TokenBucket {
     pub fn with_capacity(mut self, capacity: u64) -> Self {
         self.capacity = capacity;
         self.initial = capacity;
+        self.full = capacity.saturating_mul(self.interval.get());
         self
     }
 
@@ -94,7 +102,7 @@ impl TokenBucket {
     /// exactly `capacity` units at once, and rounding can only make the rate a hair slower, never
     /// faster (3 per second refills one unit every 333,334 µs).
     pub fn interval(&self) -> Micros {
-        self.interval
+        self.interval.get()
     }
 
     /// The time `units` take to refill.
@@ -109,21 +117,18 @@ impl TokenBucket {
 
     /// `units` whole intervals. 64-bit arithmetic saturates only past 2^64 µs (584,000 years),
     /// where every comparison below still answers as it would exactly.
+    #[inline]
     fn span(&self, units: u64) -> Micros {
-        units.saturating_mul(self.interval)
-    }
-
-    /// Whether `units` fit while the bucket owes `debt` microseconds of refill.
-    fn fits(&self, debt: Micros, units: u64) -> bool {
-        debt.saturating_add(self.span(units)) <= self.span(self.capacity)
+        units.saturating_mul(self.interval.get())
     }
 
     /// Whole units available while owing `debt`.
+    #[inline]
     fn available(&self, debt: Micros) -> u64 {
-        let room = self.span(self.capacity).saturating_sub(debt);
+        let room = self.full.saturating_sub(debt);
         // A denied single unit leaves less than one interval of room: answer without the
         // division, the slowest step of a decision.
-        if room < self.interval {
+        if room < self.interval.get() {
             0
         } else {
             room / self.interval
@@ -132,22 +137,25 @@ impl TokenBucket {
 
     /// The signed balance while owing `debt`: `available` units, or minus the whole units owed
     /// beyond the capacity (rounded up: a part of a unit owed is a unit owed).
+    #[inline]
     fn balance(&self, debt: Micros, available: u64) -> i64 {
-        let span = self.span(self.capacity);
+        let span = self.full;
         if debt <= span {
             clamp(available)
         } else {
-            -clamp((debt - span).div_ceil(self.interval))
+            -clamp((debt - span).div_ceil(self.interval.get()))
         }
     }
 
     /// The smallest wait after which `units` (≤ capacity) fit.
+    #[inline]
     fn wait_for(&self, debt: Micros, units: u64) -> Micros {
         debt.saturating_sub(self.span(self.capacity.saturating_sub(units)))
     }
 
     /// Time until one more whole unit is available, given the units available now; zero when
     /// full.
+    #[inline]
     fn reset(&self, debt: Micros, available: u64) -> Duration {
         if available >= self.capacity {
             Duration::ZERO
@@ -162,23 +170,40 @@ impl TokenBucket {
     #[inline]
     pub fn evaluate(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let debt = tat.saturating_sub(now);
-        let after = debt.saturating_add(self.cost_micros(cost));
-        let verdict = if self.fits(debt, cost) {
-            Verdict::Allowed
-        } else {
-            match mode {
-                Mode::Reserve(bound) if self.within(after, bound) => Verdict::Reserved {
-                    wait: duration(self.wait_for(after, 0)),
-                },
-                Mode::Reserve(bound) => Verdict::Denied {
-                    retry_after: duration(self.wait_to_reserve(debt, cost, bound)),
-                },
-                _ => Verdict::Denied {
-                    retry_after: duration(self.wait_for(debt, cost)),
-                },
+        let after = debt.saturating_add(self.span(cost));
+        if after <= self.full {
+            return self.outcome(Verdict::Allowed, after);
+        }
+        match mode {
+            Mode::Reserve(bound) => self.reserve(debt, after, cost, bound),
+            _ => {
+                let remaining = self.available(debt);
+                let next_unit_in = self.reset(debt, remaining);
+                // A denied cost is more than the units left (so fewer than the capacity): when it
+                // is one more, the wait for it is the wait for the next unit, already computed.
+                let retry_after = if cost == remaining + 1 {
+                    next_unit_in
+                } else {
+                    duration(self.wait_for(debt, cost))
+                };
+                Outcome {
+                    verdict: Verdict::Denied { retry_after },
+                    limit: self.capacity,
+                    remaining,
+                    balance: self.balance(debt, remaining),
+                    next_unit_in,
+                    full_in: duration(debt),
+                    offence: false,
+                }
             }
-        };
-        let left = if verdict.is_admitted() { after } else { debt };
+        }
+    }
+
+    /// The outcome of a verdict that leaves the bucket owing `left`.
+    // Always inlined: a store's decision builds the outcome in place this way (the allowed path
+    // and a plain denial are the ones a store's caller waits for on every request).
+    #[inline(always)]
+    fn outcome(&self, verdict: Verdict, left: Micros) -> Outcome {
         let remaining = self.available(left);
         Outcome {
             verdict,
@@ -191,30 +216,41 @@ impl TokenBucket {
         }
     }
 
+    /// A reservation that does not fit now: reserved within its bound, denied past it.
+    #[inline(never)]
+    fn reserve(&self, debt: Micros, after: Micros, cost: u64, bound: ReserveBound) -> Outcome {
+        if self.within(after, bound) {
+            let wait = duration(self.wait_for(after, 0));
+            self.outcome(Verdict::Reserved { wait }, after)
+        } else {
+            let retry_after = duration(self.wait_to_reserve(debt, cost, bound));
+            self.outcome(Verdict::Denied { retry_after }, debt)
+        }
+    }
+
     /// Whether charging `cost` at `now` is admitted (allowed or reserved): the verdict of
     /// [`evaluate`](Self::evaluate) alone. A store decides this while it holds the key and
     /// builds the full outcome, a pure function of the same `tat`, after letting go.
+    #[inline]
     pub(crate) fn admits(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> bool {
-        let debt = tat.saturating_sub(now);
-        self.fits(debt, cost)
-            || matches!(mode, Mode::Reserve(bound)
-                if self.within(debt.saturating_add(self.cost_micros(cost)), bound))
+        let after = tat.saturating_sub(now).saturating_add(self.span(cost));
+        after <= self.full || matches!(mode, Mode::Reserve(bound) if self.within(after, bound))
     }
 
     /// For a reservation past its bound: the smallest wait after which it would be accepted into
     /// the queue (never later than the moment the cost fits outright).
-    fn wait_to_reserve(&self, debt: Micros, cost: u64, bound: super::ReserveBound) -> Micros {
+    fn wait_to_reserve(&self, debt: Micros, cost: u64, bound: ReserveBound) -> Micros {
         let after = debt.saturating_add(self.span(cost));
         let by_units = bound.max_units.map_or(0, |units| {
             after.saturating_sub(self.span(self.capacity.saturating_add(units)))
         });
         let by_wait = bound.max_wait.map_or(0, |wait| {
-            after.saturating_sub(self.span(self.capacity).saturating_add(micros(wait)))
+            after.saturating_sub(self.full.saturating_add(micros(wait)))
         });
         by_units.max(by_wait).min(self.wait_for(debt, cost))
     }
 
-    fn within(&self, after: Micros, bound: super::ReserveBound) -> bool {
+    fn within(&self, after: Micros, bound: ReserveBound) -> bool {
         let units_ok = bound
             .max_units
             .is_none_or(|units| after <= self.span(self.capacity.saturating_add(units)));
@@ -225,6 +261,7 @@ impl TokenBucket {
     }
 
     /// Applies an admitted charge: the new `tat`.
+    #[inline]
     pub fn commit(&self, tat: Micros, now: Micros, cost: u64) -> Micros {
         tat.max(now).saturating_add(self.cost_micros(cost))
     }

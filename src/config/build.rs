@@ -81,7 +81,7 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
     match file.store.as_ref() {
         Some(spec) if spec.kind == StoreKind::Redis => {
             let url = spec.url.as_deref().unwrap_or_default();
-            let store = redis_store(url, spec.timeout.map(|t| t.0))
+            let store = redis_store(url, spec.timeout.map(|t| t.0), spec.lease.map(|l| l.0))
                 .await
                 .map_err(|message| Invalid {
                     path: "store.url".into(),
@@ -99,6 +99,9 @@ pub(crate) fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invali
     let mut builder = RateLimitLayer::builder()
         .shadow(file.shadow)
         .redact_keys(file.redact_keys);
+    if let Some(capacity) = file.top_offenders {
+        builder = builder.top_offenders(capacity);
+    }
     for rule in rules {
         builder = builder.rule(rule);
     }
@@ -376,6 +379,7 @@ fn tiered(
     Ok(rules)
 }
 
+/// The fields of a limit over time (a rule's algorithm and its numbers).
 const LIMIT_FIELDS: [&str; 11] = [
     "algorithm",
     "rate",
@@ -453,6 +457,18 @@ fn limit(fields: &LimitFields, place: &dyn Fn(&str) -> String, at: &str) -> Resu
         },
         Ok,
     );
+    if let Some(n) = fields.concurrent {
+        // A concurrency limit counts requests in flight, not units over time: none of the
+        // fields of a limit over time applies.
+        for field in LIMIT_FIELDS {
+            unused(
+                field,
+                "a concurrency rule (`concurrent`) counts requests in flight, not units over \
+                 time: it takes no rate, limit, period or algorithm",
+            )?;
+        }
+        return Ok(Limit::concurrent(n));
+    }
     let not_used = format!("is not used by a {algorithm}");
     if algorithm != AlgorithmName::FixedWindow {
         unused("calendar", "only a fixed_window follows the calendar")?;
@@ -794,6 +810,7 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
         StoreKind::Memory => {
             only("url", spec.url.is_some(), "redis")?;
             only("timeout", spec.timeout.is_some(), "redis")?;
+            only("lease", spec.lease.is_some(), "redis")?;
             if spec.max_keys == Some(0) {
                 return invalid("store.max_keys", "must be greater than 0");
             }
@@ -806,6 +823,9 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             check_redis_url(url).or_else(|message| invalid("store.url", message))?;
             if spec.timeout.is_some_and(|t| t.0.is_zero()) {
                 return invalid("store.timeout", "must be greater than 0");
+            }
+            if spec.lease.is_some_and(|l| l.0.is_zero()) {
+                return invalid("store.lease", "must be greater than 0");
             }
             if let Some(OnFailure::Local { share }) = spec.on_failure {
                 if !(share > 0.0 && share <= 1.0) {
@@ -865,18 +885,26 @@ fn check_redis_url(url: &str) -> Result<(), String> {
 async fn redis_store(
     url: &str,
     timeout: Option<Duration>,
+    lease: Option<Duration>,
 ) -> Result<crate::store::RedisStore, String> {
     let mut builder = crate::store::RedisStore::builder().url(url);
     if let Some(timeout) = timeout {
         builder = builder.timeout(timeout);
+    }
+    if let Some(lease) = lease {
+        builder = builder.lease(lease);
     }
     builder.build().await.map_err(|error| error.to_string())
 }
 
 /// Without the `redis` feature, a file naming a Redis store cannot be served.
 #[cfg(not(feature = "redis"))]
-async fn redis_store(url: &str, timeout: Option<Duration>) -> Result<MemoryStore, String> {
-    let _ = (url, timeout);
+async fn redis_store(
+    url: &str,
+    timeout: Option<Duration>,
+    lease: Option<Duration>,
+) -> Result<MemoryStore, String> {
+    let _ = (url, timeout, lease);
     Err("tollgate was built without the `redis` feature".to_owned())
 }
 

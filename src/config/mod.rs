@@ -183,8 +183,8 @@ impl RateLimitLayer {
     /// The whole file is checked first; on error nothing changes. The new rules take over
     /// atomically: a request in flight finishes under the rules it started with, the next one
     /// sees the new set. Rules that keep their name keep their counts (a tiered rule's rules are
-    /// named `rule:plan`). The `store`, `response`, `shadow` and `redact_keys` settings are
-    /// checked but only read when a layer is built.
+    /// named `rule:plan`). The `store`, `response`, `shadow`, `redact_keys` and
+    /// `top_offenders` settings are checked but only read when a layer is built.
     pub fn reload_config_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigFileError> {
         let path = path.as_ref();
         let (format, text) = read(path)?;
@@ -247,6 +247,7 @@ pub(crate) struct BuildOnly {
     response: Option<schema::ResponseSpec>,
     shadow: bool,
     redact_keys: bool,
+    top_offenders: Option<usize>,
 }
 
 /// Checks `text` whole and swaps in its rules and lists; returns the settings it left alone.
@@ -272,6 +273,7 @@ pub(crate) fn reload(
         response: file.response,
         shadow: file.shadow,
         redact_keys: file.redact_keys,
+        top_offenders: file.top_offenders,
     })
 }
 
@@ -283,6 +285,7 @@ pub(crate) fn build_only(format: ConfigFormat, text: &str) -> Option<BuildOnly> 
         response: file.response,
         shadow: file.shadow,
         redact_keys: file.redact_keys,
+        top_offenders: file.top_offenders,
     })
 }
 

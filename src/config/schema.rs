@@ -28,6 +28,8 @@ pub(crate) struct File {
     /// Logs show a hash of each key (read when the layer is built).
     #[serde(default)]
     pub(crate) redact_keys: bool,
+    /// Keys per rule in the top-offender lists (read when the layer is built).
+    pub(crate) top_offenders: Option<usize>,
     /// Where counts live (read when the layer is built).
     pub(crate) store: Option<StoreSpec>,
     /// The responses (read when the layer is built).
@@ -50,6 +52,8 @@ pub(crate) struct StoreSpec {
     pub(crate) max_keys: Option<usize>,
     pub(crate) url: Option<String>,
     pub(crate) timeout: Option<HumanDuration>,
+    /// Redis: how long a concurrency slot's lease lives unless renewed.
+    pub(crate) lease: Option<HumanDuration>,
     pub(crate) on_failure: Option<OnFailure>,
 }
 
@@ -111,6 +115,8 @@ pub(crate) struct RuleSpec {
     pub(crate) aligned_at: Option<HumanDuration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    /// A concurrency limit, in place of `rate`/`limit`: at most this many in flight per key.
+    pub(crate) concurrent: Option<u64>,
     pub(crate) key: Option<KeySpec>,
     pub(crate) on_missing_key: Option<MissingKeySpec>,
     #[serde(default)]
@@ -145,6 +151,7 @@ impl RuleSpec {
             aligned_at: self.aligned_at.map(|d| d.0),
             calendar: self.calendar,
             utc_offset: self.utc_offset.clone(),
+            concurrent: self.concurrent,
         }
     }
 }
@@ -163,6 +170,7 @@ pub(crate) struct LimitFields {
     pub(crate) aligned_at: Option<std::time::Duration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    pub(crate) concurrent: Option<u64>,
 }
 
 impl LimitFields {
@@ -180,6 +188,7 @@ impl LimitFields {
             aligned_at: self.aligned_at.or(base.aligned_at),
             calendar: self.calendar.or(base.calendar),
             utc_offset: self.utc_offset.clone().or_else(|| base.utc_offset.clone()),
+            concurrent: self.concurrent.or(base.concurrent),
         }
     }
 
@@ -196,6 +205,7 @@ impl LimitFields {
             "aligned_at" => self.aligned_at.is_some(),
             "calendar" => self.calendar.is_some(),
             "utc_offset" => self.utc_offset.is_some(),
+            "concurrent" => self.concurrent.is_some(),
             _ if field == "pool" || field.starts_with("pool.") => self.pool.is_some(),
             _ => false,
         }
@@ -366,6 +376,7 @@ pub(crate) struct PlanSpec {
     pub(crate) aligned_at: Option<HumanDuration>,
     pub(crate) calendar: Option<CalendarName>,
     pub(crate) utc_offset: Option<String>,
+    pub(crate) concurrent: Option<u64>,
     #[serde(default)]
     pub(crate) unlimited: bool,
 }
@@ -385,6 +396,7 @@ impl PlanSpec {
             aligned_at: self.aligned_at.map(|d| d.0),
             calendar: self.calendar,
             utc_offset: self.utc_offset.clone(),
+            concurrent: self.concurrent,
         }
     }
 }

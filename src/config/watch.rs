@@ -131,8 +131,8 @@ impl Watcher {
                 if self.build_only.as_ref().is_some_and(|old| *old != settings) {
                     tracing::warn!(
                         %file,
-                        "rate limit: the store, response, shadow or redact_keys settings changed; \
-                         they take effect when the layer is built again"
+                        "rate limit: the store, response, shadow, redact_keys or top_offenders \
+                         settings changed; they take effect when the layer is built again"
                     );
                 }
             }

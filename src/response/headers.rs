@@ -43,6 +43,9 @@ pub(crate) struct PolicyItem {
     pub(crate) policy: String,
     /// The rule name as the inside of a JSON string (escaped), for problem+json bodies.
     pub(crate) json_name: String,
+    /// Whether the rule is a quota over time, which the fields describe; a concurrency limit is
+    /// not, and has no items (the draft defines none for it).
+    pub(crate) timed: bool,
 }
 
 impl PolicyItem {
@@ -68,6 +71,7 @@ impl PolicyItem {
             name,
             policy,
             json_name,
+            timed: !algorithm.is_concurrency(),
         })
     }
 }
@@ -85,7 +89,7 @@ pub(crate) fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Joins items into one field value.
+/// Joins items into one field value; none when there are no items.
 pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<HeaderValue> {
     let mut value = String::new();
     for item in items {
@@ -94,23 +98,32 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
         }
         value.push_str(item);
     }
+    if value.is_empty() {
+        return None;
+    }
     HeaderValue::from_str(&value).ok()
 }
 
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
-    let entries = decision.rules();
+    let all = decision.rules();
+    let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
+    let entries = || all.iter().filter(timed);
     let numbers = |entry: &RuleDecision| reported(&entry.outcome);
     // The exact length first: a buffer of exactly its length becomes the value's `Bytes` without
     // a second allocation.
-    let mut len = 2 * entries.len().saturating_sub(1);
-    for entry in entries {
+    let count = entries().count();
+    if count == 0 {
+        return None;
+    }
+    let mut len = 2 * (count - 1);
+    for entry in entries() {
         let (r, t) = numbers(entry);
         len += items.get(entry.index)?.name.len() + 6 + digits(r) + digits(t);
     }
     let mut value = Vec::with_capacity(len);
     let mut buffer = itoa::Buffer::new();
-    for (i, entry) in entries.iter().enumerate() {
+    for (i, entry) in entries().enumerate() {
         if i > 0 {
             value.extend_from_slice(b", ");
         }
@@ -192,12 +205,21 @@ pub(crate) struct Legacy {
 }
 
 impl Legacy {
-    pub(crate) fn of(decision: &Decision) -> Option<Legacy> {
-        decision.most_restrictive().map(|entry| Legacy {
-            limit: entry.outcome.limit,
-            remaining: entry.outcome.remaining,
-            reset: entry.outcome.next_unit_in,
-        })
+    /// The figures of the rule that binds hardest among the quotas over time (a concurrency
+    /// limit has no reset to report).
+    pub(crate) fn of(items: &[PolicyItem], decision: &Decision) -> Option<Legacy> {
+        let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
+        let entries = || decision.rules().iter().filter(timed);
+        let denied = entries().filter_map(|entry| entry.outcome.retry_after().map(|w| (w, entry)));
+        denied
+            .max_by_key(|(wait, _)| *wait)
+            .map(|(_, entry)| entry)
+            .or_else(|| entries().min_by_key(|entry| entry.outcome.remaining))
+            .map(|entry| Legacy {
+                limit: entry.outcome.limit,
+                remaining: entry.outcome.remaining,
+                reset: entry.outcome.next_unit_in,
+            })
     }
 
     /// Adds the fields; the reset moment is reckoned from the wall clock when they are written.

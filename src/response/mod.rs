@@ -168,7 +168,8 @@ impl Responder {
         let items = decision
             .rules()
             .iter()
-            .filter_map(|r| rules.items.get(r.index));
+            .filter_map(|r| rules.items.get(r.index))
+            .filter(|i| i.timed);
         headers::join(items.map(|i| i.policy.as_str()))
     }
 
@@ -195,7 +196,7 @@ impl Responder {
             add(&RATELIMIT, value);
         }
         if self.legacy {
-            if let Some(legacy) = Legacy::of(decision) {
+            if let Some(legacy) = Legacy::of(&rules.items, decision) {
                 legacy.insert(headers);
             }
         }
@@ -209,7 +210,10 @@ impl Responder {
         Some(AllowedHeaders {
             policy: Self::policy(rules, decision)?,
             ratelimit: headers::ratelimit_value(&rules.items, decision)?,
-            legacy: self.legacy.then(|| Legacy::of(decision)).flatten(),
+            legacy: self
+                .legacy
+                .then(|| Legacy::of(&rules.items, decision))
+                .flatten(),
         })
     }
 
@@ -478,7 +482,10 @@ impl fmt::Debug for Responder {
 /// `RateLimit-Policy` when some rule's limit came from the request: that limit's item.
 fn per_request_policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
     let mut items: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(decision.rules().len());
-    for entry in decision.rules() {
+    let timed = |entry: &&crate::decision::RuleDecision| {
+        rules.items.get(entry.index).is_some_and(|i| i.timed)
+    };
+    for entry in decision.rules().iter().filter(timed) {
         match entry.limit() {
             Some(limit) => items.push(
                 headers::PolicyItem::new(&entry.rule, limit.algorithm())

@@ -19,8 +19,8 @@ use smallvec::SmallVec;
 
 use super::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::{
-    duration, micros, Algorithm, BurstPool, FixedWindow, Micros, Mode, Penalty, SlidingLog,
-    SlidingWindow, TokenBucket,
+    duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Micros, Mode, Penalty,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
@@ -481,6 +481,15 @@ impl Store for Guarded {
     }
 
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
+        if charge.algorithm.is_concurrency() {
+            // A slot given back leaves the books whatever the breaker says: the remote store
+            // would go on renewing a lease it still counts as held. It may have been taken by
+            // the local fallback instead (giving back one it does not hold changes nothing).
+            if let Some(local) = &self.local {
+                let _ = local.store.refund(charge).into_ready();
+            }
+            return self.store.refund(charge);
+        }
         if self.breaker.open.load(Ordering::Relaxed) {
             return StoreFuture::ready(Err(self.breaker.refused()));
         }
@@ -566,6 +575,7 @@ fn scale(algorithm: &Algorithm, share: f64) -> Algorithm {
         Algorithm::SlidingLog(w) => {
             Algorithm::SlidingLog(SlidingLog::new(part(w.limit()), w.period()))
         }
+        Algorithm::Concurrency(c) => Algorithm::Concurrency(Concurrency::new(part(c.max()))),
     }
 }
 
@@ -679,6 +689,54 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(apply(&guarded, &algorithm).is_ok());
         assert_eq!(flaky.calls.load(Ordering::Relaxed), 6);
+    }
+
+    #[tokio::test]
+    async fn a_slot_given_back_during_an_outage_leaves_the_books_of_both_stores() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let flaky = Arc::new(Flaky::default());
+        let guarded = Guarded::new(
+            flaky.clone(),
+            &CircuitBreaker::new().clock(clock.clone()),
+            FailurePolicy::Local { share: 0.5 },
+        );
+        let slots = Algorithm::Concurrency(Concurrency::new(4));
+        let release = Charge {
+            rule: "r",
+            algorithm: &slots,
+            key: b"k",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+        };
+        // One slot taken in the shared store, then the store goes down and the breaker opens.
+        assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());
+        flaky.down.store(true, Ordering::Relaxed);
+        for _ in 0..5 {
+            apply(&guarded, &slots).unwrap();
+        }
+        // The local fallback holds half of the four: the five above took both, and three were
+        // denied.
+        assert!(!apply(&guarded, &slots).unwrap()[0].is_allowed());
+        // Both come back to the local store though the breaker is open, and the shared store
+        // is told of the one it holds.
+        for _ in 0..2 {
+            guarded.refund(&release).into_ready().unwrap().unwrap();
+        }
+        assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());
+        flaky.down.store(false, Ordering::Relaxed);
+        let check = Charge {
+            mode: Mode::Check,
+            cost: 0,
+            ..release
+        };
+        let left = flaky
+            .memory
+            .apply_one(&check)
+            .into_ready()
+            .unwrap()
+            .unwrap();
+        assert_eq!(left.remaining, 4);
     }
 
     #[tokio::test]

@@ -31,6 +31,8 @@ use crate::algorithm::{
 };
 use crate::clock::{Clock, Latest, SystemClock};
 
+/// The expiry of a state that must never be forgotten: a concurrency limit's taken slots.
+const PINNED: Micros = Micros::MAX;
 /// The default bound on tracked keys per table.
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 /// A shard is swept for idle keys when it has grown past twice its size after the last sweep, and
@@ -48,7 +50,10 @@ const MIN_SWEEP: usize = 64;
 /// the bound it first drops idle keys; if it is still full, it forgets the eighth of its keys that
 /// are closest to being idle — those the limiter restricts least, so a flood of new keys cannot
 /// free a key that is currently being held back much. Those forgotten keys start again as new
-/// keys, which may let them through a little early; memory never grows past the bound.
+/// keys, which may let them through a little early; memory never grows past the bound, except
+/// by the keys of [concurrency limits](crate::Limit::concurrent) with slots taken: those are
+/// never forgotten (that would admit one request too many), and there are at most as many of
+/// them as requests in flight.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -449,6 +454,8 @@ enum Slot {
     Sliding(SlidingWindowState),
     Pool(BurstPoolState),
     Log(Box<SlidingLogState>),
+    /// A concurrency limit's slots taken.
+    InFlight(u64),
 }
 
 /// What the sweeper needs to know about a state.
@@ -502,6 +509,7 @@ impl<'c, 'a> Cell<'c, 'a> {
                 Slot::Sliding(a.fresh(now, self.window_offset(a.period_micros(), a.start())))
             }
             Algorithm::BurstPool(a) => Slot::Pool(a.fresh(now)),
+            Algorithm::Concurrency(_) => Slot::InFlight(0),
             Algorithm::SlidingLog(_) | Algorithm::TokenBucket(_) => Slot::Log(Box::default()),
         }
     }
@@ -530,6 +538,7 @@ impl<'c, 'a> Cell<'c, 'a> {
                     (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::BurstPool(a), Slot::Pool(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::SlidingLog(a), Slot::Log(s)) => a.evaluate(s, now, cost),
+                    (Algorithm::Concurrency(a), Slot::InFlight(n)) => a.evaluate(*n, cost),
                     _ => unreachable_outcome(algorithm),
                 }
             }
@@ -629,6 +638,19 @@ fn change_slot(algorithm: &Algorithm, slot: &mut Slot, now: Micros, change: Chan
             }
             a.expires_at(s)
         }
+        (Algorithm::Concurrency(a), Slot::InFlight(n)) => {
+            *n = match change {
+                Change::Charge(units) => a.commit(*n, units),
+                Change::Refund(units) => a.refund(*n, units),
+            };
+            // Idle once every slot is back; never evicted while one is taken (forgetting a
+            // taken slot would let one request too many in).
+            if *n == 0 {
+                now
+            } else {
+                PINNED
+            }
+        }
         // `update` gives every algorithm its own kind of slot.
         _ => now,
     }
@@ -641,6 +663,7 @@ fn slot_matches(slot: &Slot, algorithm: &Algorithm) -> bool {
             | (Algorithm::SlidingWindow(_), Slot::Sliding(_))
             | (Algorithm::BurstPool(_), Slot::Pool(_))
             | (Algorithm::SlidingLog(_), Slot::Log(_))
+            | (Algorithm::Concurrency(_), Slot::InFlight(_))
     )
 }
 
@@ -877,7 +900,9 @@ impl<S: Expiring> ShardMap<S> {
         let mut at_cutoff = count - strictly_below;
         self.map.retain(|_, state| {
             let expires = state.expires();
-            if expires < cutoff {
+            if expires == PINNED {
+                true
+            } else if expires < cutoff {
                 false
             } else if expires == cutoff && at_cutoff > 0 {
                 at_cutoff -= 1;

@@ -9,7 +9,7 @@ use memchr::memchr;
 
 use super::lines::{Line, Lines};
 use super::{parse_method, parse_peer, parse_uri, Entry, Skip, Source};
-use crate::time::parse_clf;
+use crate::time::{parse_clf, Stamp};
 
 pub(super) struct Reader<R> {
     lines: Lines<R>,
@@ -35,15 +35,33 @@ impl<R: BufRead> Source for Reader<R> {
     }
 }
 
-/// The last `Referer` and `User-Agent` values: most lines repeat the one before, and a repeated
-/// value is shared (a reference count) instead of checked and copied again.
+/// What the line before this one had: most lines repeat its timestamp (many requests a second)
+/// and its `Referer` and `User-Agent` values, which are then reused instead of read again (a
+/// header value is shared, a reference count, instead of checked and copied).
 #[derive(Default)]
-pub struct Recent([Option<HeaderValue>; 2]);
+pub struct Recent {
+    stamp: Option<([u8; CLF_LEN], Stamp)>,
+    values: [Option<HeaderValue>; 2],
+}
+
+/// The width of a `combined` timestamp: `10/Oct/2000:13:55:36 -0700`.
+const CLF_LEN: usize = 26;
 
 impl Recent {
-    /// One line, as [`parse_combined`], reusing the header values of earlier lines.
+    /// One line, as [`parse_combined`], reusing what it shares with earlier lines.
     pub fn parse(&mut self, line: &[u8]) -> Result<Entry, Skip> {
         parse(line, self)
+    }
+
+    fn stamp(&mut self, text: &[u8; CLF_LEN]) -> Result<Stamp, Skip> {
+        match self.stamp {
+            Some((last, stamp)) if last == *text => Ok(stamp),
+            _ => {
+                let stamp = parse_clf(text).ok_or(Skip::BadTime)?;
+                self.stamp = Some((*text, stamp));
+                Ok(stamp)
+            }
+        }
     }
 }
 
@@ -59,20 +77,27 @@ fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
     }
     let line = std::str::from_utf8(line).map_err(|_| Skip::NotText)?;
     let bytes = line.as_bytes();
-    let space = memchr(b' ', bytes).ok_or(Skip::Truncated)?;
+    let space = near(bytes, 0, b' ').ok_or(Skip::Truncated)?;
     let peer = parse_peer(&line[..space])?;
-    let open = space + memchr(b'[', &bytes[space..]).ok_or(Skip::Truncated)?;
-    let close = open + memchr(b']', &bytes[open..]).ok_or(Skip::Truncated)?;
-    let stamp = parse_clf(&bytes[open + 1..close]).ok_or(Skip::BadTime)?;
-    let rest = &line[close + 1..];
+    // `- user [`: the identity and user fields are short.
+    let open = near(bytes, space, b'[').ok_or(Skip::Truncated)? + 1;
+    let stamp = match bytes.get(open..=open + CLF_LEN) {
+        Some([text @ .., b']']) => recent.stamp(text.try_into().expect("CLF_LEN bytes"))?,
+        // A line cut inside the timestamp, or a timestamp of another width.
+        _ => {
+            near(bytes, open, b']').ok_or(Skip::Truncated)?;
+            return Err(Skip::BadTime);
+        }
+    };
+    let rest = &line[open + CLF_LEN + 1..];
     let rest = rest.strip_prefix(" \"").ok_or(Skip::Truncated)?;
     let end = quoted_end(rest).ok_or(Skip::Truncated)?;
     let request = &rest[..end];
     // Status and size: a line cut before them is truncated.
     let tail = rest[end + 1..].strip_prefix(' ').ok_or(Skip::Truncated)?;
-    let status = memchr(b' ', tail.as_bytes()).ok_or(Skip::Truncated)?;
+    let status = near(tail.as_bytes(), 0, b' ').ok_or(Skip::Truncated)?;
     let sized = &tail[status + 1..];
-    let size = memchr(b' ', sized.as_bytes()).unwrap_or(sized.len());
+    let size = near(sized.as_bytes(), 0, b' ').unwrap_or(sized.len());
     if status == 0 || size == 0 {
         return Err(Skip::Truncated);
     }
@@ -80,18 +105,18 @@ fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
     let (path, _protocol) = word(path).unwrap_or((path, ""));
     let method = parse_method(method)?;
     let uri = parse_uri(path)?;
-    let mut fields = Vec::new();
+    let mut headers = Vec::new();
     let mut quoted = quoted_fields(&sized[size..]);
-    for (name, last) in [REFERER, USER_AGENT].into_iter().zip(&mut recent.0) {
+    for (name, last) in [REFERER, USER_AGENT].into_iter().zip(&mut recent.values) {
         match quoted.next() {
             Some(Ok(value)) if value != "-" => match last {
                 Some(same) if same.as_bytes() == value.as_bytes() => {
-                    fields.push((name, same.clone()));
+                    headers.push((name, same.clone()));
                 }
                 _ => {
                     if let Ok(value) = HeaderValue::from_str(value) {
                         *last = Some(value.clone());
-                        fields.push((name, value));
+                        headers.push((name, value));
                     }
                 }
             },
@@ -104,13 +129,20 @@ fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
         method,
         uri,
         peer,
-        headers: fields,
+        headers,
     })
+}
+
+/// The first `byte` at or after `from`, in a field known to be short: a plain loop, where
+/// `memchr`'s setup costs more than it saves.
+fn near(bytes: &[u8], from: usize, byte: u8) -> Option<usize> {
+    let found = bytes.get(from..)?.iter().position(|&b| b == byte)?;
+    Some(from + found)
 }
 
 /// The text up to the first space, and the rest after it.
 fn word(text: &str) -> Option<(&str, &str)> {
-    let space = memchr(b' ', text.as_bytes())?;
+    let space = near(text.as_bytes(), 0, b' ')?;
     Some((&text[..space], &text[space + 1..]))
 }
 
@@ -132,7 +164,7 @@ fn quoted_end(text: &str) -> Option<usize> {
 /// The quoted fields after the size (`"referer" "agent"`); an unclosed one is an error.
 fn quoted_fields(mut text: &str) -> impl Iterator<Item = Result<&str, ()>> {
     std::iter::from_fn(move || {
-        let open = memchr(b'"', text.as_bytes())?;
+        let open = near(text.as_bytes(), 0, b'"')?;
         let inner = &text[open + 1..];
         match quoted_end(inner) {
             Some(end) => {
@@ -188,6 +220,28 @@ mod tests {
             parse_combined(&LINE[..60]).unwrap_err(),
             Skip::Truncated,
             "cut inside the request line"
+        );
+    }
+
+    #[test]
+    fn what_is_reused_from_the_line_before_reads_as_a_fresh_line_would() {
+        let lines: [&[u8]; 5] = [
+            LINE,
+            br#"203.0.113.9 - - [10/Oct/2000:13:55:36 -0700] "GET /b HTTP/1.1" 200 1 "-" "curl/8.0""#,
+            br#"203.0.113.9 - - [10/Oct/2000:13:55:37 -0700] "GET /c HTTP/1.1" 200 1 "http://y/" "wget""#,
+            br#"203.0.113.9 - - [10/Oct/2000:13:55:3x -0700] "GET /d HTTP/1.1" 200 1 "http://y/" "wget""#,
+            br#"203.0.113.9 - - [10/Oct/2000:13:55:37 -0700"#,
+        ];
+        let mut recent = Recent::default();
+        for line in lines {
+            let (reused, fresh) = (recent.parse(line), parse_combined(line));
+            assert_eq!(format!("{reused:?}"), format!("{fresh:?}"));
+        }
+        assert_eq!(recent.parse(lines[3]).unwrap_err(), Skip::BadTime);
+        assert_eq!(recent.parse(lines[4]).unwrap_err(), Skip::Truncated);
+        assert_eq!(
+            recent.parse(lines[2]).unwrap().stamp.at - recent.parse(LINE).unwrap().stamp.at,
+            1_000_000
         );
     }
 

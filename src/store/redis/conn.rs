@@ -66,6 +66,17 @@ impl Conn {
         }
     }
 
+    /// Runs a small script by its hash, loading it first when the server does not know it.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &mut self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, RedisError> {
+        match self {
+            Conn::Single(c) => invocation.invoke_async(c).await,
+            Conn::Cluster(c) => invocation.invoke_async(c).await,
+        }
+    }
+
     /// Runs an EVALSHA of `script`; after `NOSCRIPT` (a restarted or flushed server), loads the
     /// script and runs it again.
     pub(super) async fn eval<T: FromRedisValue>(

@@ -5,6 +5,7 @@ mod cache;
 mod conn;
 mod fast;
 mod keys;
+mod leases;
 mod params;
 mod shard;
 
@@ -19,6 +20,7 @@ use smallvec::SmallVec;
 use self::cache::{CacheView, DenyCache};
 use self::conn::{Conn, Target};
 use self::fast::Fast;
+use self::leases::Leases;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, Verdict};
@@ -58,6 +60,11 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// the rules of a request that count by the same value (per IP and per IP on `/login`) share a
 /// slot and are decided in one script call. Values that are empty or contain `{`, `}`, `|` (or
 /// start with `=`) are written as `=` and their hex digits.
+///
+/// A [concurrency rule](crate::Limit::concurrent)'s key is a sorted set of leases, one per slot
+/// taken (lease id → expiry by the server's clock), changed in the same script call as the
+/// request's other rules; see [`lease`](RedisStoreBuilder::lease) for how leases are renewed and
+/// what happens when an instance dies. A concurrency rule cannot be sharded.
 ///
 /// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
 /// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
@@ -175,6 +182,10 @@ struct Inner {
     local: Arc<dyn Clock>,
     cache: Option<DenyCache>,
     shards: HashMap<Box<str>, Arc<Sharding>>,
+    /// How long a concurrency lease lives unless renewed.
+    lease: Duration,
+    /// The concurrency leases this instance holds.
+    leases: Leases,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -186,6 +197,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     cache: Option<usize>,
     shards: Vec<(String, u32)>,
+    lease: Duration,
 }
 
 impl RedisStore {
@@ -205,6 +217,7 @@ impl RedisStore {
             clock: None,
             cache: Some(DEFAULT_CACHE_SIZE),
             shards: Vec::new(),
+            lease: leases::DEFAULT_LEASE,
         }
     }
 
@@ -268,6 +281,22 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// How long a [concurrency](crate::Limit::concurrent) slot's lease lives unless renewed
+    /// (default 60 s; at least 30 ms, a shorter one is raised to that).
+    ///
+    /// A slot taken in Redis is a lease with an expiry. While this instance holds it — while the
+    /// response streams, however long — a background task renews it every third of this length,
+    /// so a long stream keeps its slot. If the instance crashes, nothing renews its leases: they
+    /// expire after at most this long, and their slots come back by themselves. If renewing fails
+    /// for a whole lease length (Redis unreachable meanwhile), the lease lapses while its request
+    /// still runs: the request no longer counts, so one more may be admitted while it lasts.
+    /// A shorter lease returns a crashed instance's slots sooner; a longer one survives longer
+    /// Redis outages.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
     /// **For tests**: the time comes from `clock` instead of the Redis server, and the deny cache
     /// follows it too. Don't use it in production: app hosts' clocks differ.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -322,6 +351,8 @@ impl RedisStoreBuilder {
                     .into_iter()
                     .map(|(rule, n)| (rule.into(), Arc::new(Sharding::new(n))))
                     .collect(),
+                lease: leases::lease_of(self.lease),
+                leases: Leases::default(),
             }),
         })
     }
@@ -371,7 +402,9 @@ impl RedisStore {
                     // A penalised rule's denials are cached only once the key is blocked (a
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
+                    // A slot's denial ends when a response does, not with the clock.
                     cacheable: !inner.shards.contains_key(charge.rule)
+                        && !charge.algorithm.is_concurrency()
                         && (charge.penalty.is_none()
                             || (charge.mode == Mode::Charge && charge.cost > 0)),
                 })
@@ -410,6 +443,16 @@ impl RedisStore {
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
             let (outcomes, missing) = inner.timed(inner.decide(now, &records)).await?;
+            if outcomes.iter().all(|o| o.verdict.is_admitted()) {
+                // The batch was charged: this instance now holds its leases, and renews them.
+                for record in &records {
+                    for candidate in &record.candidates {
+                        if let Some(id) = candidate.lease {
+                            Leases::hold(&inner, candidate.name.clone(), id);
+                        }
+                    }
+                }
+            }
             if let Some(cache) = &inner.cache {
                 cache.learn(&views, &outcomes, &missing, inner.local.now());
             }
@@ -434,6 +477,18 @@ impl Store for RedisStore {
 
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
         let inner = &self.inner;
+        if charge.algorithm.is_concurrency() {
+            // A slot given back: one of this instance's leases of the key goes.
+            let name = keys::key_name(&inner.prefix, charge.rule, charge.key, None);
+            let ids = inner.leases.release(&name, charge.cost);
+            if ids.is_empty() {
+                return StoreFuture::ready(Ok(()));
+            }
+            let inner = self.inner.clone();
+            return StoreFuture::pending(async move {
+                inner.timed(leases::remove(&inner, &name, &ids)).await
+            });
+        }
         if let Some(cache) = &inner.cache {
             cache.forget(cache.hash(charge.rule, charge.key));
         }
@@ -583,6 +638,8 @@ struct Candidate {
     slot: u16,
     shard: u32,
     args: params::Args,
+    /// The concurrency lease this charge adds, if admitted.
+    lease: Option<u64>,
 }
 
 /// A record in one script call, with the mode and cost that call uses; `only` restricts it to
@@ -672,15 +729,25 @@ impl Inner {
     ) -> Candidate {
         let name = keys::key_name(&self.prefix, charge.rule, charge.key, shard);
         let mut args = params::Args::new();
-        params::push(
-            &mut args,
-            algorithm,
-            charge.rule,
-            charge.key,
-            charge.cost,
-            charge.mode,
-        );
+        let mut lease = None;
+        match algorithm {
+            // A slot taken is a lease (a check takes none).
+            Algorithm::Concurrency(slots) if charge.mode != Mode::Check && charge.cost > 0 => {
+                let id = leases::new_id();
+                params::push_slots(&mut args, slots, micros(self.lease), id);
+                lease = Some(id);
+            }
+            _ => params::push(
+                &mut args,
+                algorithm,
+                charge.rule,
+                charge.key,
+                charge.cost,
+                charge.mode,
+            ),
+        }
         Candidate {
+            lease,
             slot: if self.is_cluster() {
                 keys::slot(&name)
             } else {

@@ -8,7 +8,7 @@
 
 use smallvec::SmallVec;
 
-use crate::algorithm::{micros, Algorithm, Micros, Mode, Penalty, TokenBucket};
+use crate::algorithm::{micros, Algorithm, Concurrency, Micros, Mode, Penalty, TokenBucket};
 use crate::error::ConfigError;
 
 /// One candidate's parameters (seven numbers at most).
@@ -33,6 +33,7 @@ const FIXED: u64 = 2;
 const SLIDING: u64 = 3;
 const LOG: u64 = 4;
 const POOL: u64 = 5;
+const SLOTS: u64 = 6;
 
 /// Rejects parameters whose intermediates could leave the exact range in the script.
 pub(super) fn validate(rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
@@ -112,6 +113,7 @@ pub(super) fn validate(rule: &str, algorithm: &Algorithm) -> Result<(), ConfigEr
             units("limit", w.limit())?;
             span("period", "the period", u128::from(micros(w.period())))
         }
+        Algorithm::Concurrency(c) => units("concurrent", c.max()),
     }
 }
 
@@ -229,7 +231,15 @@ pub(super) fn push(
             push_bucket(args, p.steady());
             push_bucket(args, p.pool());
         }
+        // Without a lease: a check, which takes no slot.
+        Algorithm::Concurrency(c) => push_slots(args, c, 0, 0),
     }
+}
+
+/// A concurrency limit's numbers: the most slots, the lease's length (µs) and the lease's id
+/// (below 2^53, so exact in a double), which the script adds to the key's leases if admitted.
+pub(super) fn push_slots(args: &mut Args, slots: &Concurrency, lease: Micros, id: u64) {
+    args.extend([SLOTS, slots.max(), lease.min(MAX_SPAN), id]);
 }
 
 fn push_bucket(args: &mut Args, tb: &TokenBucket) {

@@ -986,8 +986,61 @@ local function make_pool()
 end
 
 ------------------------------------------------------------------------------------------------
+-- Concurrency limit (src/algorithm/concurrency.rs), only run for a record of one: a sorted set
+-- of leases, id -> expiry (µs, the server's time). A lease whose instance stopped renewing it
+-- (src/store/redis/leases.rs) expires; expired leases are purged on every look, and the live ones
+-- are the slots taken. The parameters: max, lease (µs), id (the lease this charge adds). The
+-- state is the number of live leases; each call writes the set itself (`save` leaves it alone).
+
+local function make_slots()
+  local slots = {}
+
+  function slots.fresh(p, now)
+    return 0
+  end
+
+  function slots.load(p)
+    redis.call('ZREMRANGEBYSCORE', p.key, '-inf', int(now))
+    local n = redis.call('ZCARD', p.key)
+    p.missing = n == 0
+    return n
+  end
+
+  function slots.encode(s)
+    return int(s)
+  end
+
+  function slots.eval(p, s, now, cost, mode)
+    local free = pos(p.max - s)
+    if cost <= free then
+      return 0, 0, p.max, free - cost, 0, free - cost, 0
+    end
+    -- `SLOT_RETRY_AFTER`: no estimate of when a response ends beats one second.
+    return 2, 1000000, p.max, free, 0, free, 0
+  end
+
+  function slots.commit(p, s, now, cost)
+    if cost > 0 then
+      redis.call('ZADD', p.key, int(now + p.lease), int(p.id))
+      redis.call('PEXPIRE', p.key, int(cdiv(p.lease, 1000) + grace))
+    end
+    return s + cost, 0
+  end
+
+  function slots.refund(p, s, now, units)
+    return pos(s - redis.call('ZREM', p.key, int(p.id)))
+  end
+
+  function slots.undo(p, s, now, cost, aux, at)
+    return pos(s - redis.call('ZREM', p.key, int(p.id)))
+  end
+
+  return slots
+end
+
+------------------------------------------------------------------------------------------------
 -- Each call defines only the algorithms its records use (a script runs from the top every time).
-local MAKERS = { make_bucket, make_fixed, make_sliding, make_log, make_pool }
+local MAKERS = { make_bucket, make_fixed, make_sliding, make_log, make_pool, make_slots }
 local made = {}
 local function algorithm(code)
   local alg = made[code]
@@ -1048,6 +1101,12 @@ local function read()
       period = argv[a + 2], state = false,
     }
     a = a + 3
+  elseif code == 6 then
+    p = {
+      alg = alg, code = 6, key = key, max = argv[a + 1], lease = argv[a + 2], id = argv[a + 3],
+      state = false,
+    }
+    a = a + 4
   else
     p = {
       alg = alg, code = 5, key = key, steady = bucket_params(a + 1),
@@ -1095,6 +1154,7 @@ end
 
 -- The key expires when its state equals a fresh key's (never sooner than 1 ms).
 local function save(p, s)
+  if p.code == 6 then return end
   local ttl = p.alg.expires(p, s) - now
   local px = 1
   if ttl > 0 then px = cdiv(ttl, 1000) end

@@ -80,6 +80,12 @@ impl Sharding {
             Algorithm::FixedWindow(w) => check("limit", w.limit()),
             Algorithm::SlidingWindow(w) => check("limit", w.limit()),
             Algorithm::SlidingLog(w) => check("limit", w.limit()),
+            Algorithm::Concurrency(_) => Err(ConfigError::new(
+                rule,
+                "concurrent",
+                "a concurrency rule cannot be sharded over several Redis keys: its leases live \
+                 in one",
+            )),
         }?;
         (0..self.n).try_for_each(|i| super::params::validate(rule, &split(algorithm, self.n, i)))
     }
@@ -114,6 +120,8 @@ pub(super) fn split(algorithm: &Algorithm, n: u32, i: u32) -> Algorithm {
         Algorithm::SlidingLog(w) => {
             Algorithm::SlidingLog(SlidingLog::new(part(w.limit(), n, i), w.period()))
         }
+        // Refused by `validate`.
+        Algorithm::Concurrency(c) => Algorithm::Concurrency(c.clone()),
     }
 }
 

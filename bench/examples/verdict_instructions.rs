@@ -1,0 +1,100 @@
+//! Instructions per decision of tollgate's `MemoryStore` when the caller reads only the verdict,
+//! counted by callgrind: the scenarios of `decision_instructions.rs`, whose caller reads the whole
+//! outcome.
+//!
+//! ```text
+//! cargo build --release -p tollgate-bench --example verdict_instructions
+//! valgrind --tool=callgrind --toggle-collect='*measured*' \
+//!     target/release/examples/verdict_instructions hot allowed 1000000
+//! ```
+//!
+//! governor's keyed limiter answers a decision with allowed or not (`Ok(())`, or a denial whose
+//! wait its caller may compute later); tollgate's store answers with an `Outcome` that also holds
+//! the units left, the balance and two waits. Here only the verdict is read, so the compiler leaves
+//! out what computes the rest: the difference from `decision_instructions`' count is what the full
+//! outcome costs. This is a binary of its own because a second caller of the store's decision in
+//! the same binary changes what the compiler inlines into the first.
+//!
+//! Arguments: the keys (`hot` or `100k`), the path (`allowed` or `denied`) and the number of
+//! decisions; the keys and limits are those of `decision_instructions`.
+
+use std::hint::black_box;
+
+use tollgate::algorithm::Mode;
+use tollgate::store::{Charge, MemoryStore, Store};
+
+#[path = "../benches/support/peers.rs"]
+mod peers;
+use peers::{keys, Tollgate};
+
+/// One decision for `key`; only its verdict is read.
+#[inline]
+fn decide(tollgate: &Tollgate<MemoryStore>, key: u64) -> bool {
+    let bytes = key.to_le_bytes();
+    let charge = Charge {
+        rule: "bench",
+        algorithm: &tollgate.algorithm,
+        key: &bytes,
+        cost: 1,
+        mode: Mode::Charge,
+        penalty: None,
+    };
+    match tollgate.store.apply_one(&charge).into_ready() {
+        Ok(Ok(outcome)) => outcome.verdict.is_admitted(),
+        _ => unreachable!("the memory store answers at once"),
+    }
+}
+
+/// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
+#[inline(never)]
+fn measured(tollgate: &Tollgate<MemoryStore>, keys: &[u64], decisions: u64) -> u64 {
+    let mut allowed = 0;
+    let mut i = 0;
+    for _ in 0..decisions {
+        allowed += u64::from(black_box(decide(tollgate, black_box(keys[i]))));
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+    allowed
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: verdict_instructions hot|100k allowed|denied DECISIONS";
+    let [keyset, path, decisions] = &args[..] else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let keys = match keyset.as_str() {
+        "hot" => vec![0x5eed_u64],
+        "100k" => keys(100_000),
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let denied = match path.as_str() {
+        "allowed" => false,
+        "denied" => true,
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let Ok(decisions) = decisions.parse::<u64>() else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), denied);
+    // Track every key and, on the denied path, spend its only unit, as the bench does.
+    for &key in &keys {
+        assert!(decide(&tollgate, key), "a fresh key must be allowed");
+        assert_eq!(decide(&tollgate, key), !denied);
+    }
+    let allowed = measured(&tollgate, &keys, decisions);
+    let expected = if denied { 0 } else { decisions };
+    assert_eq!(allowed, expected, "every decision on the expected path");
+    println!("{decisions} decisions, {allowed} allowed");
+}

@@ -1,0 +1,352 @@
+//! Concurrency slots (DESIGN §12): the guard that gives a request's slots back whatever way it
+//! ends, and the first-come-first-served line of requests waiting for a slot in queue mode.
+//!
+//! A slot is taken by the store in the same atomic step as the request's other rules (it is a
+//! charge of one unit under a [`Concurrency`](crate::algorithm::Concurrency) limit). From then
+//! on a [`Slots`] guard owns it: the middleware moves the guard from the decision into the
+//! response future and then into the response body, so the slot is given back when the body
+//! ends or is dropped, when the service fails, or when the request's future is dropped — by the
+//! guard's `Drop`, so no path can forget it.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::algorithm::Mode;
+use crate::decision::Decision;
+use crate::key::KeyValue;
+use crate::limiter::Limiter;
+use crate::ruleset::RuleSet;
+
+/// The slots one request holds; each is given back (and the next waiter woken) when this is
+/// dropped.
+pub(crate) struct Slots {
+    limiter: Limiter,
+    rules: Arc<RuleSet>,
+    held: SmallVec<[(usize, KeyValue); 1]>,
+}
+
+impl Slots {
+    /// The slots an admitted decision took: its entries under concurrency rules; `None` when
+    /// there are none (the rule set's flag spares other requests the look).
+    pub(crate) fn of(limiter: &Limiter, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
+        if !rules.slots {
+            return None;
+        }
+        let held: SmallVec<[(usize, KeyValue); 1]> = decision
+            .rules()
+            .iter()
+            .filter(|entry| entry.cost > 0 && rules.rules[entry.index].algorithm().is_concurrency())
+            .map(|entry| (entry.index, entry.key.clone()))
+            .collect();
+        (!held.is_empty()).then(|| Slots {
+            limiter: limiter.clone(),
+            rules: rules.clone(),
+            held,
+        })
+    }
+
+    /// The one slot taken under rule `index` for `key` through the limiter handle.
+    pub(crate) fn one(limiter: &Limiter, rules: Arc<RuleSet>, index: usize, key: KeyValue) -> Self {
+        Slots {
+            limiter: limiter.clone(),
+            rules,
+            held: smallvec::smallvec![(index, key)],
+        }
+    }
+}
+
+/// A concurrency slot taken with [`Limiter::acquire`]: held until this is dropped, then given
+/// back (and the first request waiting for a slot of the key on this instance woken).
+#[derive(Debug)]
+#[must_use = "the slot is given back as soon as this is dropped"]
+pub struct SlotGuard {
+    _slots: Slots,
+}
+
+impl SlotGuard {
+    pub(crate) fn new(slots: Slots) -> Self {
+        SlotGuard { _slots: slots }
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for (index, key) in &self.held {
+            self.limiter.release_slot_now(&self.rules, *index, key);
+        }
+    }
+}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots")
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+/// A line's name: the rule's and the key.
+type LineOf = (Arc<str>, KeyValue);
+
+/// The lines of requests waiting for a slot, per (rule, key), on this instance.
+#[derive(Default)]
+pub(crate) struct Lines {
+    lines: Mutex<HashMap<LineOf, VecDeque<Arc<Waiter>>>>,
+}
+
+/// One waiting request: woken when a slot may be free for it.
+#[derive(Default)]
+pub(crate) struct Waiter {
+    woken: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Waiter {
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        if let Some(waker) = lock(&self.waker).take() {
+            waker.wake();
+        }
+    }
+
+    fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        *lock(&self.waker) = Some(cx.waker().clone());
+        // A wake between the first look and storing the waker would be lost without this one.
+        if self.woken.swap(false, Ordering::AcqRel) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the data (a line of
+/// waiters, a waker) is still consistent, so carry on rather than spread the panic.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Lines {
+    /// Wakes the first waiter for `(rule, key)`, if any: a slot was given back.
+    pub(crate) fn wake(&self, rule: &str, key: &KeyValue) {
+        let lines = lock(&self.lines);
+        if let Some(first) = lines
+            .get(&(Arc::from(rule), key.clone()))
+            .and_then(|l| l.front())
+        {
+            first.wake();
+        }
+    }
+
+    /// Whether requests already wait for `(rule, key)`: a newcomer then queues behind them
+    /// instead of taking a slot first.
+    fn busy(&self, rule: &Arc<str>, key: &KeyValue) -> bool {
+        let lines = lock(&self.lines);
+        lines
+            .get(&(rule.clone(), key.clone()))
+            .is_some_and(|line| !line.is_empty())
+    }
+
+    /// Puts `waiter` at the end of the line, unless `max` already wait; whether it went in, and
+    /// whether it is first.
+    fn join(&self, line: &LineOf, waiter: &Arc<Waiter>, max: Option<u64>) -> Option<bool> {
+        let mut lines = lock(&self.lines);
+        let queue = lines.entry(line.clone()).or_default();
+        if max.is_some_and(|max| queue.len() as u64 >= max) {
+            if queue.is_empty() {
+                lines.remove(line);
+            }
+            return None;
+        }
+        queue.push_back(waiter.clone());
+        Some(queue.len() == 1)
+    }
+
+    fn is_first(&self, line: &LineOf, waiter: &Arc<Waiter>) -> bool {
+        let lines = lock(&self.lines);
+        lines
+            .get(line)
+            .and_then(|queue| queue.front())
+            .is_some_and(|first| Arc::ptr_eq(first, waiter))
+    }
+
+    /// Takes `waiter` out of the line; if it was first, the next one is woken (a slot may be
+    /// free, and the one leaving will not take it).
+    fn leave(&self, line: &LineOf, waiter: &Arc<Waiter>) {
+        let mut lines = lock(&self.lines);
+        let Some(queue) = lines.get_mut(line) else {
+            return;
+        };
+        let first = queue.front().is_some_and(|w| Arc::ptr_eq(w, waiter));
+        queue.retain(|w| !Arc::ptr_eq(w, waiter));
+        match queue.front() {
+            None => {
+                lines.remove(line);
+            }
+            Some(next) if first => next.wake(),
+            Some(_) => {}
+        }
+    }
+}
+
+/// A request's place in a line: it asks the store again each time it is woken, and leaves the
+/// line when dropped (admitted, refused or cancelled).
+pub(crate) struct Ticket {
+    limiter: Limiter,
+    line: LineOf,
+    waiter: Arc<Waiter>,
+    since: tokio::time::Instant,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Stores shared by several instances learn of slots given back elsewhere only by asking:
+    /// the next look and the current interval.
+    poll: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+/// The first and the longest interval between looks at a shared store.
+const FIRST_POLL: Duration = Duration::from_millis(50);
+const LAST_POLL: Duration = Duration::from_millis(500);
+
+/// What a waiting request learns.
+pub(crate) enum Woken {
+    /// A slot may be free: ask the store again.
+    Retry,
+    /// The wait reached the queue's `max_delay`.
+    TimedOut,
+}
+
+impl Ticket {
+    /// The line a denied decision should wait in: the first rule that denied it, if that rule is
+    /// a queued concurrency rule and every other denial is one too (a rule over time that
+    /// denies is not helped by waiting for a slot).
+    pub(crate) fn line_for(rules: &RuleSet, decision: &Decision) -> Option<(usize, KeyValue)> {
+        if !rules.slots {
+            return None;
+        }
+        let mut denied = decision.rules().iter().filter(|e| !e.outcome.is_allowed());
+        let first = denied.next()?;
+        let queued = |index: usize| {
+            let rule = &rules.rules[index];
+            rule.algorithm().is_concurrency() && matches!(rule.mode, Mode::Reserve(_))
+        };
+        (queued(first.index) && denied.all(|e| queued(e.index)))
+            .then(|| (first.index, first.key.clone()))
+    }
+
+    /// A newcomer whose planned slot rules already have a line: it joins the line instead of
+    /// asking the store, so it cannot pass those already waiting.
+    pub(crate) fn behind(
+        limiter: &Limiter,
+        rules: &RuleSet,
+        plan: &Decision,
+    ) -> Option<(usize, KeyValue)> {
+        if !rules.slots {
+            return None;
+        }
+        plan.rules()
+            .iter()
+            .find(|e| {
+                let rule = &rules.rules[e.index];
+                rule.algorithm().is_concurrency()
+                    && matches!(rule.mode, Mode::Reserve(_))
+                    && limiter.lines().busy(&rule.name, &e.key)
+            })
+            .map(|e| (e.index, e.key.clone()))
+    }
+
+    /// Joins the line of `(index, key)`; `None` when the queue's `burst` already wait (the
+    /// request is then denied). A ticket first in line is woken at once: the slot it waits for
+    /// may have been given back between its denial and its joining.
+    pub(crate) fn join(
+        limiter: &Limiter,
+        rules: &RuleSet,
+        index: usize,
+        key: KeyValue,
+    ) -> Option<Ticket> {
+        let rule = &rules.rules[index];
+        let Mode::Reserve(bound) = rule.mode else {
+            return None;
+        };
+        let line = (rule.name.clone(), key);
+        let waiter = Arc::new(Waiter::default());
+        let first = limiter.lines().join(&line, &waiter, bound.max_units)?;
+        if first {
+            waiter.wake();
+        }
+        let poll =
+            (!limiter.is_memory()).then(|| (Box::pin(tokio::time::sleep(FIRST_POLL)), FIRST_POLL));
+        Some(Ticket {
+            limiter: limiter.clone(),
+            line,
+            waiter,
+            since: tokio::time::Instant::now(),
+            deadline: bound
+                .max_wait
+                .map(|wait| Box::pin(tokio::time::sleep(wait))),
+            poll,
+        })
+    }
+
+    /// How long the request has waited.
+    pub(crate) fn waited(&self) -> Duration {
+        self.since.elapsed()
+    }
+
+    /// Whether this ticket waits in the line of `(index, key)`.
+    pub(crate) fn waits_for(&self, rules: &RuleSet, index: usize, key: &KeyValue) -> bool {
+        rules
+            .rules
+            .get(index)
+            .is_some_and(|rule| rule.name == self.line.0)
+            && self.line.1 == *key
+    }
+
+    /// Waits until the ticket is woken, its poll interval passes, or its deadline.
+    pub(crate) fn poll_woken(&mut self, cx: &mut Context<'_>) -> Poll<Woken> {
+        if let Some(deadline) = &mut self.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::TimedOut);
+            }
+        }
+        if self.waiter.poll_woken(cx).is_ready() {
+            return Poll::Ready(Woken::Retry);
+        }
+        if let Some((sleep, every)) = &mut self.poll {
+            while sleep.as_mut().poll(cx).is_ready() {
+                *every = (*every * 2).min(LAST_POLL);
+                let next = tokio::time::Instant::now() + *every;
+                sleep.as_mut().reset(next);
+                // Only the first in line looks: the others would pass it.
+                if self.limiter.lines().is_first(&self.line, &self.waiter) {
+                    return Poll::Ready(Woken::Retry);
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.limiter.lines().leave(&self.line, &self.waiter);
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("rule", &self.line.0)
+            .finish_non_exhaustive()
+    }
+}

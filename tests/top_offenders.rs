@@ -1,0 +1,326 @@
+//! Top offenders: the keys each rule denied most, read from the limiter behind a layer, with the
+//! gauge of how much of its limit the most denied key has used.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, Rule, TopOffenders};
+use tower::{service_fn, Layer};
+
+#[path = "support/oneshot.rs"]
+mod oneshot;
+use oneshot::{send, Limited};
+
+#[path = "support/metric.rs"]
+mod metric;
+#[path = "support/paused.rs"]
+mod paused;
+
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+type Body = Full<Bytes>;
+
+/// A rule keyed by the `x-api-key` header.
+fn per_key(name: &str, limit: Limit) -> Rule {
+    Rule::new(name, limit).key(Key::header(HeaderName::from_static("x-api-key")))
+}
+
+async fn ok(_request: Request<Body>) -> Result<Response<Body>, Infallible> {
+    Ok(Response::new(Body::default()))
+}
+
+fn app(layer: &RateLimitLayer) -> impl Limited<Body> {
+    layer.layer(service_fn(ok))
+}
+
+/// Sends `n` requests with `api_key`; how many were denied.
+async fn send_as<S: Limited<Body>>(service: &S, api_key: &str, n: u64) -> u64 {
+    let mut denied = 0;
+    for _ in 0..n {
+        let request = Request::get("/")
+            .header("x-api-key", api_key)
+            .body(Body::default())
+            .unwrap();
+        match send(service, request).await.status() {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    denied
+}
+
+/// (key, denied, error) of each listed offender, in order.
+fn listed(top: &TopOffenders) -> Vec<(&str, u64, u64)> {
+    top.offenders
+        .iter()
+        .map(|o| (o.key.as_str(), o.denied, o.error))
+        .collect()
+}
+
+/// The value of gauge `name` for `rule`.
+fn gauge(snapshotter: &Snapshotter, name: &str, rule: &str) -> Option<f64> {
+    match metric::of_rule(snapshotter, name, rule)? {
+        DebugValue::Gauge(v) => Some(v.into_inner()),
+        _ => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn denied_keys_are_listed_with_their_counts_and_allowed_ones_are_not() {
+    let layer = paused::layer(per_key("per-key", Limit::per_minute(2)));
+    let service = app(&layer);
+    assert_eq!(send_as(&service, "carol", 2).await, 0);
+    assert_eq!(send_as(&service, "alice", 5).await, 3);
+    assert_eq!(send_as(&service, "bob", 4).await, 2);
+    assert_eq!(send_as(&service, "alice", 1).await, 1);
+
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(top.rule, "per-key");
+    assert_eq!(top.denials, 6);
+    assert_eq!(top.capacity, 64);
+    assert_eq!(listed(&top), [("alice", 4, 0), ("bob", 2, 0)]);
+    // Fewer keys than counters: nothing was evicted, so every denied key is listed.
+    assert_eq!(top.guaranteed_above(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gauge_reads_how_much_of_its_limit_the_most_denied_key_has_used() {
+    let recorder = DebuggingRecorder::new();
+    let metrics = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        paused::builder()
+            .rule(per_key("per-key", Limit::per_minute(4)))
+            .rule(per_key("roomy", Limit::per_minute(100)))
+            .build()
+            .unwrap()
+    });
+    let service = app(&layer);
+    const GAUGE: &str = "tollgate_top_offender_utilisation";
+    assert_eq!(send_as(&service, "alice", 6).await, 2);
+    assert_eq!(send_as(&service, "bob", 5).await, 1);
+    // Registered with the rules, set only when a list is read.
+    assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(0.0));
+
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(listed(&top)[0], ("alice", 2, 0));
+    assert_eq!(top.utilisation, Some(1.0));
+    assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(1.0));
+
+    // Four a minute: half a minute later two units are back, half the limit.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(top.utilisation, Some(0.5));
+    assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(0.5));
+    // Reading charged nothing: alice still has exactly those two units.
+    assert_eq!(send_as(&service, "alice", 3).await, 1);
+
+    // A rule that denied nothing has no offender: no utilisation, and the gauge says 0.
+    let roomy = layer.limiter().top_offenders("roomy").await.unwrap();
+    assert!(roomy.offenders.is_empty());
+    assert_eq!((roomy.denials, roomy.utilisation), (0, None));
+    assert_eq!(gauge(&metrics, GAUGE, "roomy"), Some(0.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_rules_list_the_keys_they_would_have_denied() {
+    let layer = paused::builder()
+        .rule(per_key("trial", Limit::per_minute(1)).shadow(true))
+        .build()
+        .unwrap();
+    let service = app(&layer);
+    assert_eq!(send_as(&service, "alice", 4).await, 0, "never enforced");
+    let top = layer.limiter().top_offenders("trial").await.unwrap();
+    assert_eq!(listed(&top), [("alice", 3, 0)]);
+
+    // The layer's shadow switch: every rule would deny, none does, all are listed.
+    let layer = paused::builder()
+        .rule(per_key("new-limit", Limit::per_minute(2)))
+        .shadow(true)
+        .build()
+        .unwrap();
+    let service = app(&layer);
+    assert_eq!(send_as(&service, "bob", 5).await, 0);
+    let top = layer.limiter().top_offenders("new-limit").await.unwrap();
+    assert_eq!(listed(&top), [("bob", 3, 0)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rule_is_charged_with_the_denials_it_made_not_those_of_other_rules() {
+    let layer = paused::builder()
+        .rule(per_key("per-key", Limit::per_minute(2)))
+        .rule(Rule::new("everyone", Limit::per_minute(3)))
+        .build()
+        .unwrap();
+    let service = app(&layer);
+    // alice: 2 admitted, then 2 denied by her own rule ("everyone" would admit them, and is not
+    // charged). bob: 1 admitted, the third of "everyone"; then "everyone" denies him twice
+    // while his own rule would admit him.
+    assert_eq!(send_as(&service, "alice", 4).await, 2);
+    assert_eq!(send_as(&service, "bob", 3).await, 2);
+    let limiter = layer.limiter();
+    let per_key = limiter.top_offenders("per-key").await.unwrap();
+    let everyone = limiter.top_offenders("everyone").await.unwrap();
+    assert_eq!(listed(&per_key), [("alice", 2, 0)]);
+    // The "everyone" rule has one key, the empty one.
+    assert_eq!(listed(&everyone), [("", 2, 0)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_capacity_bounds_the_list_and_the_heavy_key_stays_in_it() {
+    let layer = paused::builder()
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .top_offenders(2)
+        .build()
+        .unwrap();
+    let service = app(&layer);
+    for key in ["b", "c", "d"] {
+        assert_eq!(send_as(&service, key, 2).await, 1);
+    }
+    assert_eq!(send_as(&service, "a", 11).await, 10);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!((top.denials, top.capacity), (13, 2));
+    // a was denied 10 times, more than 13 / 2 = 6: it must be listed. It took over a counter
+    // holding 1 (c's, the error), so it reads 11. d took over b's: 2, error 1.
+    assert_eq!(top.guaranteed_above(), 6);
+    assert_eq!(listed(&top), [("a", 11, 1), ("d", 2, 1)]);
+    // Off: nothing is kept.
+    let layer = paused::builder()
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .top_offenders(0)
+        .build()
+        .unwrap();
+    assert_eq!(send_as(&app(&layer), "a", 3).await, 2);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert!(top.offenders.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_keeps_the_lists_of_rules_that_keep_their_name() {
+    let layer = paused::layer(per_key("per-key", Limit::per_minute(1)));
+    let service = app(&layer);
+    assert_eq!(send_as(&service, "alice", 3).await, 2);
+    layer
+        .reload([
+            per_key("per-key", Limit::per_minute(1)),
+            per_key("new", Limit::per_minute(1)),
+        ])
+        .unwrap();
+    assert_eq!(send_as(&service, "alice", 1).await, 1);
+    let limiter = layer.limiter();
+    let kept = limiter.top_offenders("per-key").await.unwrap();
+    assert_eq!(listed(&kept), [("alice", 3, 0)]);
+    // "new" would have admitted that request; per-key denied it, so only per-key counts it.
+    assert!(limiter
+        .top_offenders("new")
+        .await
+        .unwrap()
+        .offenders
+        .is_empty());
+    layer
+        .reload([per_key("new", Limit::per_minute(1))])
+        .unwrap();
+    match limiter.top_offenders("per-key").await {
+        Err(LimitError::UnknownRule(name)) => assert_eq!(name, "per-key"),
+        other => panic!("expected an unknown rule, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_redacted_when_the_layer_redacts_them() {
+    let limiter = Limiter::builder()
+        .store(paused::store())
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .limiter(limiter.clone())
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    assert_eq!(send_as(&app(&layer), "alice", 2).await, 1);
+    // The handle held apart from the layer shows the hash too.
+    let top = limiter.top_offenders("per-key").await.unwrap();
+    let [offender] = &top.offenders[..] else {
+        panic!("{top:?}")
+    };
+    assert_eq!(offender.denied, 1);
+    assert!(!offender.key.contains("alice"), "{offender:?}");
+    let hash = offender.key.strip_prefix('#').expect("a # and the hash");
+    assert_eq!(hash.len(), 16);
+    assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
+    // The same key gets the same hash, so it can be followed in the logs.
+    let again = limiter.top_offenders("per-key").await.unwrap();
+    assert_eq!(again.offenders[0].key, offender.key);
+
+    // Built redacting, without a layer.
+    let layer = paused::builder()
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .redact_keys(true)
+        .build()
+        .unwrap();
+    assert_eq!(send_as(&app(&layer), "alice", 2).await, 1);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(top.offenders[0].key, offender.key);
+}
+
+/// Denials from many tasks at once are all counted: the sum of the counts is the number of 429s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_denials_from_many_tasks_loses_no_count() {
+    let layer = RateLimitLayer::new(per_key("per-key", Limit::per_hour(1)));
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            // Built here, not by `app`, so the compiler sees that its futures can move threads.
+            let service = layer.layer(service_fn(ok));
+            tokio::spawn(async move {
+                let mut denied = 0;
+                for i in 0..250 {
+                    denied += send_as(&service, &format!("key-{}", (task * 7 + i) % 40), 1).await;
+                }
+                denied
+            })
+        })
+        .collect();
+    let mut denied = 0;
+    for task in tasks {
+        denied += task.await.unwrap();
+    }
+    // 2,000 requests over 40 keys, one admitted per key.
+    assert_eq!(denied, 2_000 - 40);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(top.denials, denied);
+    assert_eq!(top.offenders.len(), 40);
+    assert_eq!(top.offenders.iter().map(|o| o.denied).sum::<u64>(), denied);
+    assert!(top.offenders.iter().all(|o| o.error == 0));
+}
+
+/// The sketch lives in the process: denials decided by Redis feed it the same way.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn denials_decided_in_redis_are_listed_too() {
+    let server = redis_server::RedisServer::start();
+    let store = tollgate::RedisStore::builder()
+        .url(server.url())
+        .build()
+        .await
+        .expect("connect");
+    let layer = RateLimitLayer::builder()
+        .store(store)
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .build()
+        .unwrap();
+    let service = app(&layer);
+    assert_eq!(send_as(&service, "alice", 4).await, 3);
+    assert_eq!(send_as(&service, "bob", 1).await, 0);
+    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    assert_eq!(listed(&top), [("alice", 3, 0)]);
+    // One unit a minute: alice's is spent, read back from Redis.
+    assert_eq!(top.utilisation, Some(1.0));
+    assert!(server.command_calls("evalsha") > 0, "decided in Redis");
+}
