@@ -633,6 +633,52 @@ async fn concurrent_in_a_config_file() {
     assert_eq!(called(&open), [1, 2]);
 }
 
+#[tokio::test]
+async fn each_plan_of_a_config_file_has_its_own_number_of_slots() {
+    use tollgate::config::Plan;
+    use tollgate::ConfigFormat;
+
+    let toml = r#"
+[[rules]]
+name = "in-flight"
+concurrent = 1
+key = { header = "x-api-key" }
+
+[rules.tiers]
+from = "extension"
+default = "free"
+
+[rules.tiers.plans.free]
+
+[rules.tiers.plans.pro]
+concurrent = 3
+"#;
+    let layer = RateLimitLayer::from_config_str(ConfigFormat::Toml, toml).unwrap();
+    let (open, app) = streaming(&layer);
+    let on = |plan: &str, key: &str, id| {
+        let mut request = request(key, id);
+        request.extensions_mut().insert(Plan::new(plan));
+        request
+    };
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for (plan, key, id) in [
+        ("pro", "big", 1),
+        ("pro", "big", 2),
+        ("pro", "big", 3),
+        ("pro", "big", 4),
+        ("free", "small", 5),
+        ("free", "small", 6),
+    ] {
+        let response = app.clone().oneshot(on(plan, key, id)).await.unwrap();
+        statuses.push(response.status());
+        held.push(response);
+    }
+    let (ok, over) = (StatusCode::OK, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(statuses, [ok, ok, ok, over, ok, over]);
+    assert_eq!(called(&open), [1, 2, 3, 5]);
+}
+
 /// One HTTP/1.1 connection to `addr`: the request sender (the connection runs in a task that
 /// ends when the sender is dropped).
 async fn connect(
