@@ -20,7 +20,7 @@ use tollgate::store::MemoryStore;
 
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{keys, Governor, GovernorFoldhash, Limiter, Tollgate};
+use peers::{scenario, Governor, GovernorFoldhash, Limiter, Tollgate};
 
 /// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
 #[inline(never)]
@@ -57,23 +57,7 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    let keys = match keyset.as_str() {
-        "hot" => vec![0x5eed_u64],
-        "100k" => keys(100_000),
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
-    };
-    let denied = match path.as_str() {
-        "allowed" => false,
-        "denied" => true,
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
-    };
-    let Ok(decisions) = decisions.parse::<u64>() else {
+    let Some((keys, denied, decisions)) = scenario(keyset, path, decisions) else {
         eprintln!("{usage}");
         std::process::exit(2);
     };

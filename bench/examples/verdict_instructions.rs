@@ -25,7 +25,7 @@ use tollgate::store::{Charge, MemoryStore, Store};
 
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{keys, Tollgate};
+use peers::{scenario, Tollgate};
 
 /// One decision for `key`; only its verdict is read.
 #[inline]
@@ -67,23 +67,7 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    let keys = match keyset.as_str() {
-        "hot" => vec![0x5eed_u64],
-        "100k" => keys(100_000),
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
-    };
-    let denied = match path.as_str() {
-        "allowed" => false,
-        "denied" => true,
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
-    };
-    let Ok(decisions) = decisions.parse::<u64>() else {
+    let Some((keys, denied, decisions)) = scenario(keyset, path, decisions) else {
         eprintln!("{usage}");
         std::process::exit(2);
     };

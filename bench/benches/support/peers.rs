@@ -124,3 +124,20 @@ pub(crate) fn keys(count: usize) -> Vec<u64> {
     assert_eq!(distinct.len(), count);
     keys
 }
+
+/// The instruction-counting examples' scenario from their arguments: the keys (`hot`: one key,
+/// `100k`: 100,000), whether the path is `denied` (or `allowed`), and the number of decisions;
+/// `None` for anything else.
+pub(crate) fn scenario(keyset: &str, path: &str, decisions: &str) -> Option<(Vec<u64>, bool, u64)> {
+    let keys = match keyset {
+        "hot" => vec![0x5eed_u64],
+        "100k" => keys(100_000),
+        _ => return None,
+    };
+    let denied = match path {
+        "allowed" => false,
+        "denied" => true,
+        _ => return None,
+    };
+    Some((keys, denied, decisions.parse().ok()?))
+}
