@@ -15,6 +15,8 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[path = "support/paused.rs"]
 mod paused;
+#[path = "support/stores.rs"]
+mod stores;
 #[path = "support/streams.rs"]
 mod streams;
 
@@ -376,6 +378,45 @@ async fn a_newcomer_refused_by_a_full_line_is_told_only_of_the_rule_it_waited_fo
         limiter.check("rpm", "alice", 0).await.unwrap().remaining,
         99
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_freed_by_another_instance_is_found_by_looking_again_50_ms_then_doubling_to_500() {
+    // Two instances share one store, as two app hosts share Redis (the store answers in 5 ms, as
+    // a networked one does): nothing wakes a line when the other instance gives a slot back, so
+    // the first in line asks again 50 ms after it joined, then 100, 200, 400, 500, 500 ms later.
+    let shared = paused::store();
+    let instance = || {
+        RateLimitLayer::builder()
+            .store(stores::Slow(shared.clone()))
+            // Bounded, so that a slot never found is a 429, not a test that hangs.
+            .rule(llm(1).queue(Queue::burst(4).within(Duration::from_secs(10))))
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (instance(), instance());
+    let (_, first) = streaming(&one);
+    let (_, second) = streaming(&two);
+    let ms = Duration::from_millis;
+    let freed_at = |after: u64| {
+        let first = first.clone();
+        let second = second.clone();
+        async move {
+            let holder = first.oneshot(request("alice", 1)).await.unwrap();
+            assert_eq!(holder.status(), StatusCode::OK);
+            let start = tokio::time::Instant::now();
+            let waiter = tokio::spawn(second.oneshot(request("alice", 2)));
+            tokio::time::sleep(ms(after)).await;
+            drop(holder);
+            let response = waiter.await.unwrap().unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            start.elapsed()
+        }
+    };
+    // It joins the line when the store's first answer comes (5 ms), so it looks at 55, 155, 355,
+    // 755, 1,255 and 1,755 ms, and is admitted 5 ms after the look that finds the slot.
+    assert_eq!(freed_at(400).await, ms(760));
+    assert_eq!(freed_at(1_300).await, ms(1_760));
 }
 
 #[tokio::test(start_paused = true)]
