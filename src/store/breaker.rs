@@ -635,6 +635,18 @@ mod tests {
         }
     }
 
+    /// A store that fails when told to, behind a default breaker on a manual clock.
+    fn flaky_behind_a_breaker(policy: FailurePolicy) -> (ManualClock, Arc<Flaky>, Guarded) {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let flaky = Arc::new(Flaky::default());
+        let guarded = Guarded::new(
+            flaky.clone(),
+            &CircuitBreaker::new().clock(clock.clone()),
+            policy,
+        );
+        (clock, flaky, guarded)
+    }
+
     fn apply(guarded: &Guarded, algorithm: &Algorithm) -> Result<Outcomes, StoreError> {
         let charge = Charge {
             rule: "r",
@@ -652,13 +664,7 @@ mod tests {
 
     #[tokio::test]
     async fn opens_after_5_failures_skips_the_store_probes_with_backoff_and_closes() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let flaky = Arc::new(Flaky::default());
-        let guarded = Guarded::new(
-            flaky.clone(),
-            &CircuitBreaker::new().clock(clock.clone()),
-            FailurePolicy::Open,
-        );
+        let (clock, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Open);
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
         flaky.down.store(true, Ordering::Relaxed);
         for _ in 0..5 {
@@ -693,13 +699,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_given_back_during_an_outage_leaves_the_books_of_both_stores() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let flaky = Arc::new(Flaky::default());
-        let guarded = Guarded::new(
-            flaky.clone(),
-            &CircuitBreaker::new().clock(clock.clone()),
-            FailurePolicy::Local { share: 0.5 },
-        );
+        let (_, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Local { share: 0.5 });
         let slots = Algorithm::Concurrency(Concurrency::new(4));
         let release = Charge {
             rule: "r",
@@ -741,13 +741,7 @@ mod tests {
 
     #[tokio::test]
     async fn fail_to_local_decides_with_the_scaled_limit_and_returns_to_the_store() {
-        let clock = ManualClock::new(Duration::from_secs(1_000));
-        let flaky = Arc::new(Flaky::default());
-        let guarded = Guarded::new(
-            flaky.clone(),
-            &CircuitBreaker::new().clock(clock.clone()),
-            FailurePolicy::Local { share: 0.5 },
-        );
+        let (clock, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Local { share: 0.5 });
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, Duration::from_secs(3_600)));
         flaky.down.store(true, Ordering::Relaxed);
         let verdicts: Vec<bool> = (0..8)
