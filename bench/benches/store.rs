@@ -5,172 +5,27 @@
 //!
 //! All three limit `u64` keys with a token bucket (GCRA), read their default clocks, and decide one
 //! unit per call. Tollgate's key bytes are the key's eight little-endian bytes under rule `bench`;
-//! governor's key is the `u64` itself.
-//!
-//! Scenarios, each one criterion group with one `BenchmarkId` per implementation:
-//! - `hot_key`: every decision on the same key; `100k_keys`: cycling through 100 000 random keys,
-//!   all tracked before the measurement starts.
-//! - `allowed`: a burst of `u32::MAX` refilling one unit per second, so nothing is denied and every
-//!   key stays tracked (a state whose bucket is full again is idle, and tollgate drops idle states
-//!   as its tables grow: with `u32::MAX` *per second* every state would be idle a microsecond after
-//!   its charge, and the 100k-key scenario would measure re-inserting swept keys instead of
-//!   looking them up). `denied`: one per hour, already spent, so every decision is a refusal.
-//! - `1_thread`: the time of one decision. `2_threads_wall_per_decision`: two threads decide at
-//!   the same time, each `iters` times; the reported time is the wall-clock time divided by the
-//!   decisions of one thread, i.e. what one decision takes while another thread hammers the same
-//!   limiter (the aggregate throughput is twice the reciprocal).
+//! governor's key is the `u64` itself. Tollgate's whole outcome is read (units left, balance,
+//! waits: what the middleware's fields need); `benches/verdict.rs` reads only its verdict, the
+//! answer governor gives. The scenarios are described in `support/rows.rs`.
 
-use std::hint::black_box;
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
-
-use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use tollgate::store::MemoryStore;
 
 #[path = "support/peers.rs"]
 mod peers;
-use peers::{keys, Governor, GovernorFoldhash, Limiter, Tollgate};
+#[path = "support/rows.rs"]
+mod rows;
 
-const KEYS: usize = 100_000;
-
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(40)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Path {
-    Allowed,
-    Denied,
-}
-
-impl Path {
-    fn name(self) -> &'static str {
-        match self {
-            Path::Allowed => "allowed",
-            Path::Denied => "denied",
-        }
-    }
-}
-
-/// Tracks every key before measuring, and checks the path: on the denied path the first decision
-/// spends the key's only unit and the second must be refused.
-fn prepare(limiter: &impl Limiter, keys: &[u64], path: Path) {
-    for &key in keys {
-        let first = limiter.decide(key);
-        assert!(first, "a fresh key must be allowed");
-        assert_eq!(limiter.decide(key), path == Path::Allowed);
-    }
-}
-
-/// Decisions for keys `keys[start..]`, cycling, `iters` times.
-#[inline]
-fn cycle(limiter: &impl Limiter, keys: &[u64], start: usize, iters: u64) {
-    let mut i = start;
-    for _ in 0..iters {
-        black_box(limiter.decide(black_box(keys[i])));
-        i += 1;
-        if i == keys.len() {
-            i = 0;
-        }
-    }
-}
-
-/// Wall-clock time of two threads each making `iters` decisions at once.
-fn two_threads(limiter: &impl Limiter, keys: &[u64], iters: u64) -> Duration {
-    let barrier = Barrier::new(3);
-    std::thread::scope(|scope| {
-        for t in 0..2 {
-            let barrier = &barrier;
-            scope.spawn(move || {
-                barrier.wait();
-                // Start the two threads half the key set apart.
-                cycle(limiter, keys, t * keys.len() / 2, iters);
-            });
-        }
-        barrier.wait();
-        let start = Instant::now();
-        // Leaving the scope joins both threads.
-        start
-    })
-    .elapsed()
-}
-
-/// One implementation's row in a one-thread group.
-fn one_thread(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    name: &str,
-    limiter: &impl Limiter,
-    keys: &[u64],
-) {
-    group.bench_function(BenchmarkId::from_parameter(name), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            let allowed = limiter.decide(keys[i]);
-            i += 1;
-            if i == keys.len() {
-                i = 0;
-            }
-            allowed
-        })
+fn store(c: &mut Criterion) {
+    rows::every_scenario(c, "store", "tollgate", |denied| {
+        peers::Tollgate::new(Box::new(MemoryStore::new()), denied)
     });
-}
-
-fn scenario(c: &mut Criterion, keyset: &str, keys: &[u64], path: Path) {
-    let denied = path == Path::Denied;
-    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), denied);
-    let governor = Governor::new(denied);
-    let governor_foldhash = GovernorFoldhash::with_foldhash(denied);
-    prepare(&tollgate, keys, path);
-    prepare(&governor, keys, path);
-    prepare(&governor_foldhash, keys, path);
-
-    let mut group = c.benchmark_group(format!("store/{keyset}/{}/1_thread", path.name()));
-    one_thread(&mut group, "tollgate", &tollgate, keys);
-    one_thread(&mut group, "governor", &governor, keys);
-    one_thread(&mut group, "governor_foldhash", &governor_foldhash, keys);
-    group.finish();
-
-    let mut group = c.benchmark_group(format!(
-        "store/{keyset}/{}/2_threads_wall_per_decision",
-        path.name()
-    ));
-    group.bench_function(BenchmarkId::from_parameter("tollgate"), |b| {
-        b.iter_custom(|iters| two_threads(&tollgate, keys, iters))
-    });
-    group.bench_function(BenchmarkId::from_parameter("governor"), |b| {
-        b.iter_custom(|iters| two_threads(&governor, keys, iters))
-    });
-    group.bench_function(BenchmarkId::from_parameter("governor_foldhash"), |b| {
-        b.iter_custom(|iters| two_threads(&governor_foldhash, keys, iters))
-    });
-    group.finish();
-
-    // Still on the same path after all the decisions (buckets only drain here, so an allowed
-    // decision now means every earlier one was allowed too).
-    assert_eq!(tollgate.decide(keys[0]), path == Path::Allowed);
-    assert_eq!(governor.decide(keys[0]), path == Path::Allowed);
-    assert_eq!(governor_foldhash.decide(keys[0]), path == Path::Allowed);
-}
-
-fn hot_key(c: &mut Criterion) {
-    let key = [0x5eed_u64];
-    scenario(c, "hot_key", &key, Path::Allowed);
-    scenario(c, "hot_key", &key, Path::Denied);
-}
-
-fn many_keys(c: &mut Criterion) {
-    let keys = keys(KEYS);
-    scenario(c, "100k_keys", &keys, Path::Allowed);
-    scenario(c, "100k_keys", &keys, Path::Denied);
 }
 
 criterion_group! {
-    name = store;
-    config = config();
-    targets = hot_key, many_keys
+    name = benches;
+    config = rows::config();
+    targets = store
 }
-criterion_main!(store);
+criterion_main!(benches);

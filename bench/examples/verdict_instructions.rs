@@ -20,38 +20,17 @@
 
 use std::hint::black_box;
 
-use tollgate::algorithm::Mode;
-use tollgate::store::{Charge, MemoryStore, Store};
-
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{scenario, Tollgate};
-
-/// One decision for `key`; only its verdict is read.
-#[inline]
-fn decide(tollgate: &Tollgate<MemoryStore>, key: u64) -> bool {
-    let bytes = key.to_le_bytes();
-    let charge = Charge {
-        rule: "bench",
-        algorithm: &tollgate.algorithm,
-        key: &bytes,
-        cost: 1,
-        mode: Mode::Charge,
-        penalty: None,
-    };
-    match tollgate.store.apply_one(&charge).into_ready() {
-        Ok(Ok(outcome)) => outcome.verdict.is_admitted(),
-        _ => unreachable!("the memory store answers at once"),
-    }
-}
+use peers::{scenario, Limiter, TollgateVerdict};
 
 /// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
 #[inline(never)]
-fn measured(tollgate: &Tollgate<MemoryStore>, keys: &[u64], decisions: u64) -> u64 {
+fn measured(tollgate: &TollgateVerdict, keys: &[u64], decisions: u64) -> u64 {
     let mut allowed = 0;
     let mut i = 0;
     for _ in 0..decisions {
-        allowed += u64::from(black_box(decide(tollgate, black_box(keys[i]))));
+        allowed += u64::from(black_box(tollgate.decide(black_box(keys[i]))));
         i += 1;
         if i == keys.len() {
             i = 0;
@@ -71,11 +50,11 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    let tollgate = Tollgate::new(Box::new(MemoryStore::new()), denied);
+    let tollgate = TollgateVerdict::new(denied);
     // Track every key and, on the denied path, spend its only unit, as the bench does.
     for &key in &keys {
-        assert!(decide(&tollgate, key), "a fresh key must be allowed");
-        assert_eq!(decide(&tollgate, key), !denied);
+        assert!(tollgate.decide(key), "a fresh key must be allowed");
+        assert_eq!(tollgate.decide(key), !denied);
     }
     let allowed = measured(&tollgate, &keys, decisions);
     let expected = if denied { 0 } else { decisions };

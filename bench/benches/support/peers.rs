@@ -10,7 +10,7 @@ use std::time::Duration;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::hash::BuildHasher;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, Store};
+use tollgate::store::{Charge, MemoryStore, Store};
 
 /// Decide one unit for `key`; `true` if allowed.
 pub(crate) trait Limiter: Sync {
@@ -54,6 +54,39 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
         // The single-charge path the middleware takes for a request under one rule.
         match self.store.apply_one(&charge).into_ready() {
             Ok(Ok(outcome)) => black_box(outcome).verdict.is_admitted(),
+            _ => unreachable!("the memory store answers at once"),
+        }
+    }
+}
+
+/// A `MemoryStore` read the way governor's keyed limiter is: allowed or not. The decision is the
+/// same as [`Tollgate`]'s; only the verdict is read, so the compiler leaves out what computes the
+/// rest of the outcome (units left, balance, waits), as governor computes a denial's wait only
+/// when its caller asks. A limiter of its own, for binaries of their own: a second caller of the
+/// store's decision in one binary changes what the compiler inlines into the first.
+pub(crate) struct TollgateVerdict(pub(crate) Tollgate<MemoryStore>);
+
+impl TollgateVerdict {
+    /// A memory store deciding the limits of the `denied` or allowed path.
+    pub(crate) fn new(denied: bool) -> Self {
+        TollgateVerdict(Tollgate::new(Box::new(MemoryStore::new()), denied))
+    }
+}
+
+impl Limiter for TollgateVerdict {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        let bytes = key.to_le_bytes();
+        let charge = Charge {
+            rule: "bench",
+            algorithm: &self.0.algorithm,
+            key: &bytes,
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+        };
+        match self.0.store.apply_one(&charge).into_ready() {
+            Ok(Ok(outcome)) => outcome.verdict.is_admitted(),
             _ => unreachable!("the memory store answers at once"),
         }
     }
