@@ -79,13 +79,13 @@ impl Decision {
         &mut self.rules
     }
 
-    /// Whether some rule's limit came from the request.
-    #[inline]
     /// Keeps only the entries `keep` accepts.
     pub(crate) fn retain(&mut self, keep: impl FnMut(&mut RuleDecision) -> bool) {
         self.rules.retain(keep);
     }
 
+    /// Whether some rule's limit came from the request.
+    #[inline]
     pub(crate) fn has_applied(&self) -> bool {
         self.rules.iter().any(|r| r.applied.is_some())
     }
