@@ -14,8 +14,9 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 
 /// What the limiter decided for a request: one entry per rule that applied.
 ///
-/// The middleware puts it in the request's extensions, so a handler can read it (with axum, take
-/// `Decision` as an extractor, or `Extension<Decision>`).
+/// The middleware puts it in an allowed request's extensions, so a handler can read it (with axum,
+/// take `Decision` as an extractor, or `Extension<Decision>`), unless the layer was built with
+/// [`decision_in_extensions(false)`](crate::RateLimitLayerBuilder::decision_in_extensions).
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
@@ -244,7 +245,8 @@ mod extract {
         ) -> Result<Self, Self::Rejection> {
             parts.extensions.get::<Decision>().cloned().ok_or((
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "no rate-limit decision: is a RateLimitLayer applied to this route?",
+                "no rate-limit decision: is a RateLimitLayer applied to this route, without \
+                 `decision_in_extensions(false)`?",
             ))
         }
     }

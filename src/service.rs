@@ -332,8 +332,8 @@ impl Next {
     }
 }
 
-/// Turns the store's answer into what happens next: forward, wait, or answer. The decision goes
-/// into the request's extensions for the handler.
+/// Turns the store's answer into what happens next: forward, wait, or answer. An allowed
+/// request's decision goes into its extensions for the handler.
 pub(crate) fn decide<B>(
     shared: &Arc<Shared>,
     rules: &Arc<RuleSet>,
@@ -396,18 +396,26 @@ pub(crate) fn decide<B>(
     let slots = Slots::of(&shared.limiter, rules, decision).map(Box::new);
     let wait = decision.wait();
     if wait.is_zero() {
-        request.extensions_mut().insert(std::mem::take(decision));
+        hand_over(shared, request, decision);
         return Next::Forward(headers, settlement, slots);
     }
     // Queue mode: the units go back to the store if the request is dropped while it waits.
     let hold = Box::new(Hold::new(shared.limiter.clone(), rules.clone(), decision));
-    request.extensions_mut().insert(std::mem::take(decision));
+    hand_over(shared, request, decision);
     Next::Wait {
         wait,
         headers,
         hold,
         settlement,
         slots,
+    }
+}
+
+/// Puts an allowed request's decision in its extensions for the handler, unless the layer was
+/// built without.
+fn hand_over<B>(shared: &Shared, request: &mut Request<B>, decision: &mut Decision) {
+    if shared.decision_in_extensions {
+        request.extensions_mut().insert(std::mem::take(decision));
     }
 }
 

@@ -164,12 +164,30 @@ async fn the_decision_is_an_extractor() {
         .unwrap();
     assert_eq!(&body[..], b"9 left");
 
-    // Without the layer the extractor says what is wrong instead of panicking.
+    // Without the layer, or with a layer told to leave the decision out, the extractor says
+    // what is wrong (the server's fault: 500) instead of panicking.
     let bare = Router::new().route("/", get(|_: Decision| async { "unreachable" }));
-    assert_eq!(
-        status(&bare, "GET", "/").await,
-        StatusCode::INTERNAL_SERVER_ERROR
-    );
+    let without = Router::new()
+        .route("/", get(|_: Decision| async { "unreachable" }))
+        .layer(
+            paused::builder()
+                .rule(Limit::per_minute(10))
+                .decision_in_extensions(false)
+                .build()
+                .unwrap(),
+        );
+    for app in [bare, without] {
+        let response = app
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.contains("decision_in_extensions(false)"), "{text}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

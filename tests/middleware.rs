@@ -511,6 +511,26 @@ async fn handlers_read_the_decision() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_layer_built_without_the_decision_in_extensions_still_limits_and_answers_fields() {
+    let service = paused::builder()
+        .rule(Rule::new("g", Limit::per_minute(2)))
+        .decision_in_extensions(false)
+        .build()
+        .unwrap()
+        .layer(service_fn(|req: Request<Body>| async move {
+            let seen = req.extensions().get::<Decision>().is_some();
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(seen.to_string()))))
+        }));
+    let first = send(&service, get("/")).await;
+    assert_eq!(first.body(), &Bytes::from("false"));
+    assert_eq!(header(&first, "ratelimit"), Some(r#""g";r=1;t=30"#));
+    send(&service, get("/")).await;
+    let denied = send(&service, get("/")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "ratelimit"), Some(r#""g";r=0;t=30"#));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failing_store_fails_open_by_default_or_closed_on_request() {
     let (calls, inner) = counting();
     let open = paused::builder()
