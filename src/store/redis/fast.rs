@@ -41,7 +41,8 @@ impl Fast {
             return None;
         }
         let kind = match charge.algorithm {
-            Algorithm::TokenBucket(tb) => Kind::Bucket(tb.clone()),
+            // A charge of 0 moves no state, and its key may expire at once: the general code.
+            Algorithm::TokenBucket(tb) if charge.cost > 0 => Kind::Bucket(tb.clone()),
             Algorithm::SlidingWindow(w) => Kind::Sliding(w.clone()),
             // A window that rolls units over (capacity above the limit) grows its key's expiry
             // with every charge: the general code writes it whole.
@@ -57,19 +58,26 @@ impl Fast {
         })
     }
 
-    /// The script's numbers: the time and the expiries' grace (as in every call), then the
-    /// algorithm's (see the fast paths at the top of `script.lua`).
+    /// The script's numbers: the time and the expiries' grace (a token bucket on the server's
+    /// time leaves them out), then the algorithm's (see the fast paths at the top of
+    /// `script.lua`).
     pub(super) fn packed(&self, charge: &Charge<'_>, now: Option<Micros>) -> Packed {
         let mut packed = Packed(Vec::with_capacity(8 * 7));
-        push_now(&mut packed, now);
+        // A token bucket on the server's time leaves out the time and the grace: the script
+        // reads the server's clock when the call has three numbers.
+        if now.is_some() || !matches!(self.kind, Kind::Bucket(_)) {
+            push_now(&mut packed, now);
+        }
         let cost = params::units_arg(self.cost);
         match &self.kind {
             Kind::Bucket(tb) => {
                 let span = |units: u64| u128::from(units) * u128::from(tb.interval());
+                // Beyond the capacity's span a cost never fits: clamping keeps the numbers exact.
+                let cost_span = span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64;
                 packed.push(tb.fresh(0));
-                // Beyond the capacity's span a cost never fits: clamping keeps the sum exact.
-                packed.push(span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64);
-                packed.push(span(tb.capacity()) as u64);
+                packed.push(cost_span);
+                // The most debt the charge fits on (the capacity's span is at most `MAX_SPAN`).
+                packed.push_signed(span(tb.capacity()) as i64 - cost_span as i64);
             }
             Kind::Sliding(w) => {
                 let period = w.period_micros();
