@@ -516,9 +516,10 @@ impl Rows {
     }
 }
 
-/// The token bucket's write with its expiry, in the store's script, and the same write without.
+/// The token bucket's write with its expiry in the store's script (on the server's time), and
+/// the same write without.
 const BUCKET_EXPIRY: (&str, &str) = (
-    "redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000 + grace),\n    \
+    "redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000),\n    \
      struct.pack('<Bd', 84, tat))",
     "redis.call('SET', key, struct.pack('<Bd', 84, tat))",
 );

@@ -170,3 +170,35 @@ fn at(into: i64) -> Result<Micros, StoreError> {
 fn protocol(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The lines of the script's block that starts with `start`, without comments.
+    fn block(start: &str) -> Vec<&'static str> {
+        let script = include_str!("script.lua");
+        let from = script.find(start).expect(start);
+        script[from..]
+            .lines()
+            .skip(1)
+            .take_while(|line| *line != "end")
+            .map(|line| line.split(" --").next().unwrap_or("").trim_end())
+            .filter(|line| !line.trim_start().starts_with("--") && !line.is_empty())
+            .collect()
+    }
+
+    /// The token bucket's two blocks (on the server's time and on the caller's) are the same
+    /// lines but for where the time comes from and the grace: the differential tests, on a test
+    /// clock, check the second one's math for both.
+    #[test]
+    fn the_token_buckets_two_blocks_are_the_same_lines() {
+        let server = block("if size == 24 then\n");
+        let caller = block("if size == 40 then\n");
+        assert!(server[2].starts_with("  local now = t[1]"), "{server:?}");
+        let caller: Vec<String> = caller[1..]
+            .iter()
+            .map(|line| line.replace(" + grace)", ")"))
+            .collect();
+        assert_eq!(server[3..], caller[..]);
+        assert!(server.len() > 10, "{server:?}");
+    }
+}
