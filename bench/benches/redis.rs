@@ -123,13 +123,7 @@ fn server_cpu(server: &Target) -> f64 {
 impl Run {
     /// A run that began at `started` (after `CONFIG RESETSTAT`, the server's main thread having
     /// used `cpu` seconds then), with the server's script counts.
-    fn finished(
-        server: &Target,
-        decisions: u64,
-        admitted: u64,
-        started: Instant,
-        cpu: f64,
-    ) -> Run {
+    fn finished(server: &Target, decisions: u64, admitted: u64, started: Instant, cpu: f64) -> Run {
         Run {
             decisions,
             admitted,
@@ -439,7 +433,10 @@ impl Rows {
         // debt 0, a unit's span 1 s, the room 10^8 s less that); windows of 10^9 per minute and
         // per second.
         let bucket_call = |caller: usize| {
-            (vec![format!("direct-bucket-{caller}")], bucket_args(&[0.0, 1e6, 1e14 - 1e6]))
+            (
+                vec![format!("direct-bucket-{caller}")],
+                bucket_args(&[0.0, 1e6, 1e14 - 1e6]),
+            )
         };
         let fixed_call = |caller: usize| {
             let offset = (caller as f64 * 7919.0) % 60e6;
@@ -531,7 +528,7 @@ fn roomy(store: RedisStore) -> Limiter {
     Limiter::builder()
         .rule(Rule::new(
             "bucket",
-            Limit::per_second(1).burst(100_000_000),
+            Limit::per_second(1).capacity(100_000_000),
         ))
         .rule(Rule::new(
             "fixed",
