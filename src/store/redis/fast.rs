@@ -5,8 +5,9 @@
 //! the charge. The outcome's fields are computed here from that state, by the algorithm's own
 //! `evaluate` (the memory store's code), so Redis spends its time on the decision alone.
 //!
-//! Everything else (batches, sharded rules, penalties, checks, reservations, calendar months,
-//! roll-over, other algorithms) goes through the script's general code.
+//! Everything else (batches, sharded rules, penalties, checks, reservations, a token bucket's
+//! charges of 0, calendar months, roll-over, other algorithms) goes through the script's general
+//! code.
 
 use ::redis::Value;
 
