@@ -42,7 +42,8 @@ impl Fast {
             return None;
         }
         let kind = match charge.algorithm {
-            // A charge of 0 moves no state, and its key may expire at once: the general code.
+            // The fast path rounds the expiry up from at least 1 µs of debt, which a charge of
+            // 0 may not leave (Redis refuses an expiry of 0 ms): the general code takes it.
             Algorithm::TokenBucket(tb) if charge.cost > 0 => Kind::Bucket(tb.clone()),
             Algorithm::SlidingWindow(w) => Kind::Sliding(w.clone()),
             // A window that rolls units over (capacity above the limit) grows its key's expiry
