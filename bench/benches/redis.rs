@@ -16,7 +16,9 @@
 //!
 //! It starts its own `redis-server` on a free loopback port (Debian packages `redis-server` and
 //! `redis-tools`). Under `cargo test` (no `--bench` argument) it runs each phase briefly, as a
-//! smoke test.
+//! smoke test. With `--drive PORT` it runs the per-algorithm rows against a server started by
+//! someone else, in step with its caller: `scripts/redis_instructions.sh` counts the server's
+//! instructions per call of each row that way, under callgrind (see `drive`).
 
 #[path = "../../tests/support/redis_server.rs"]
 mod redis_server;
@@ -75,14 +77,19 @@ fn without(from: &str, to: &str) -> String {
     STORE_SCRIPT.replace(from, to)
 }
 
-/// A fast path's numbers as the store sends them (see `src/store/redis/fast.rs`): the server's
-/// time (-1), no grace, then the algorithm's.
+/// A window's fast path's numbers as the store sends them (see `src/store/redis/fast.rs`): the
+/// server's time (-1), no grace, then the algorithm's.
 fn fast_args(numbers: &[f64]) -> Vec<Vec<u8>> {
     vec![[-1.0, 0.0]
         .iter()
         .chain(numbers)
         .flat_map(|n| n.to_le_bytes())
         .collect()]
+}
+
+/// The token bucket's fast path on the server's time: the algorithm's numbers alone.
+fn bucket_args(numbers: &[f64]) -> Vec<Vec<u8>> {
+    vec![numbers.iter().flat_map(|n| n.to_le_bytes()).collect()]
 }
 
 /// One call's keys and arguments.
@@ -101,7 +108,7 @@ struct Run {
 }
 
 /// CPU seconds of the server's main thread so far, from `INFO cpu`.
-fn server_cpu(server: &RedisServer) -> f64 {
+fn server_cpu(server: &Target) -> f64 {
     server
         .run("INFO cpu")
         .lines()
@@ -116,13 +123,7 @@ fn server_cpu(server: &RedisServer) -> f64 {
 impl Run {
     /// A run that began at `started` (after `CONFIG RESETSTAT`, the server's main thread having
     /// used `cpu` seconds then), with the server's script counts.
-    fn finished(
-        server: &RedisServer,
-        decisions: u64,
-        admitted: u64,
-        started: Instant,
-        cpu: f64,
-    ) -> Run {
+    fn finished(server: &Target, decisions: u64, admitted: u64, started: Instant, cpu: f64) -> Run {
         Run {
             decisions,
             admitted,
@@ -168,7 +169,7 @@ impl Run {
 
 /// `CALLERS` tasks charging `rule` for `duration`; each caller uses its own key unless `one_key`.
 async fn hammer(
-    server: &RedisServer,
+    server: &Target,
     limiter: Limiter,
     rule: &'static str,
     one_key: bool,
@@ -219,7 +220,7 @@ async fn hammer(
 /// caller) through one multiplexed connection, as the store does. With `return 1`, what the
 /// store's client side costs on top; with only the commands a decision cannot do without, the
 /// most any one-call-per-decision store could reach on this server.
-async fn client_alone(server: &RedisServer, script: &str, duration: Duration) -> Run {
+async fn client_alone(server: &Target, script: &str, duration: Duration) -> Run {
     client_calls(server, script, duration, |caller| {
         (vec![format!("alone-{caller}")], Vec::new())
     })
@@ -228,7 +229,7 @@ async fn client_alone(server: &RedisServer, script: &str, duration: Duration) ->
 
 /// Like [`client_alone`], with string arguments.
 async fn client_strings(
-    server: &RedisServer,
+    server: &Target,
     script: &str,
     duration: Duration,
     call: fn(usize) -> (Vec<String>, Vec<String>),
@@ -242,7 +243,7 @@ async fn client_strings(
 
 /// Like [`client_alone`], with the keys and arguments of each call from `call(caller)`.
 async fn client_calls(
-    server: &RedisServer,
+    server: &Target,
     script: &str,
     duration: Duration,
     call: fn(usize) -> Call,
@@ -251,7 +252,7 @@ async fn client_calls(
 }
 
 async fn client_with(
-    server: &RedisServer,
+    server: &Target,
     script: &str,
     duration: Duration,
     call: impl Fn(usize) -> Call + Copy + Send + 'static,
@@ -290,7 +291,7 @@ async fn client_with(
 }
 
 /// `redis-benchmark` at the same concurrency: EVALSHA of `return 1`.
-fn redis_benchmark(server: &RedisServer, requests: u64) -> f64 {
+fn redis_benchmark(server: &Target, requests: u64) -> f64 {
     let sha = server.run("SCRIPT LOAD \"return 1\"");
     let sha = sha.lines().nth(1).expect("a SHA").trim().to_owned();
     let output = Command::new("redis-benchmark")
@@ -322,25 +323,84 @@ fn unix_millis() -> u64 {
         .as_millis() as u64
 }
 
-fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
-    let (duration, requests) = if full {
-        (Duration::from_secs(5), 1_000_000)
-    } else {
-        (Duration::from_millis(300), 20_000)
-    };
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let store = |cache: bool, clock: bool| {
-            let url = server.url();
+/// The server the rows run against, by its port: one this bench started, or (with `--drive`)
+/// one started by someone else, such as `scripts/redis_instructions.sh` under callgrind.
+struct Target {
+    port: u16,
+}
+
+impl Target {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs an inline command against the server.
+    fn run(&self, line: &str) -> String {
+        redis_server::command(self.port, line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    /// How many times `command` ran, from `INFO commandstats`.
+    fn command_calls(&self, command: &str) -> u64 {
+        self.command_stat(command, 1)
+    }
+
+    /// Microseconds the server spent in `command`, from `INFO commandstats`.
+    fn command_usec(&self, command: &str) -> u64 {
+        self.command_stat(command, 3)
+    }
+
+    fn command_stat(&self, command: &str, field: usize) -> u64 {
+        let info = self.run("INFO commandstats");
+        info.lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+            .and_then(|l| l.split(['=', ',']).nth(field))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// The rows of the per-algorithm table, in order; `Rows::run` runs one. Row 3 is the floor.
+const NAMES: [&str; 17] = [
+    "RedisStore, token bucket",
+    "RedisStore, fixed window",
+    "RedisStore, sliding window",
+    "floor: TIME + GET + SET … PX (redis crate alone)",
+    "`return 1` (redis crate alone)",
+    "RedisStore, token bucket, the client's time",
+    "RedisStore, fixed window, the client's time",
+    "RedisStore, sliding window, the client's time",
+    "fixed, in place, no guarantees: INCRBY + PEXPIRE, client's window",
+    "fixed, in place: TIME + INCRBY + PEXPIRE",
+    "sliding, in place, no guarantees: 2 GET + INCRBY + PEXPIRE, client's window",
+    "token bucket, the store's script (redis crate alone)",
+    "token bucket, no expiry (SET without PX)",
+    "fixed window, the store's script (redis crate alone)",
+    "fixed window, answering a count instead of the state",
+    "sliding window, the store's script (redis crate alone)",
+    "sliding window, answering a count instead of the state",
+];
+
+/// Index of the floor's row in `NAMES`.
+const FLOOR: usize = 3;
+
+/// What the rows need: the limiters on the store (the server's time and this process's), and the
+/// store's script without one guarantee each.
+struct Rows {
+    server_time: Limiter,
+    client_time: Limiter,
+    bucket_no_expiry: String,
+    fixed_count: String,
+    sliding_count: String,
+}
+
+impl Rows {
+    async fn new(target: &Target) -> Rows {
+        let store = |clock: bool| {
+            let url = target.url();
             async move {
                 let builder = RedisStore::builder()
                     .url(url)
-                    .deny_cache(cache)
+                    .deny_cache(true)
                     .timeout(Duration::from_secs(2));
                 // The store's test mode: the time sent from this process instead of `TIME`.
                 let builder = if clock {
@@ -351,81 +411,32 @@ fn main() {
                 builder.build().await.expect("connect")
             }
         };
-        // Allowed decisions: limits far above what the run can use. The windows' keys live for
-        // a period, so each call reads a state.
-        let roomy = |store: RedisStore| {
-            Limiter::builder()
-                .rule(Rule::new("bucket", Limit::per_second(1_000_000_000)))
-                .rule(Rule::new(
-                    "fixed",
-                    Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
-                ))
-                .rule(Rule::new(
-                    "sliding",
-                    Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
-                ))
-                .store(store)
-                .build()
-                .unwrap()
-        };
-        let server_time = roomy(store(true, false).await);
-        let client_time = roomy(store(true, true).await);
-        // Warm up connections and the script.
-        hammer(&server, server_time.clone(), "bucket", false, duration / 5).await;
+        Rows {
+            server_time: roomy(store(false).await),
+            client_time: roomy(store(true).await),
+            // The store's fast paths sent directly, as is and without one guarantee each.
+            bucket_no_expiry: without(BUCKET_EXPIRY.0, BUCKET_EXPIRY.1),
+            fixed_count: without(
+                "    return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
+                "    return used",
+            ),
+            sliding_count: without(
+                "      return struct.pack('<dddd', 0, into, cur, prev)",
+                "      return cur",
+            ),
+        }
+    }
 
-        let baseline = redis_benchmark(&server, requests);
-        let alone = client_alone(&server, "return 1", duration).await;
-
-        // Denied decisions on one hot key, with and without the deny cache.
-        let tight = |store: RedisStore| {
-            Limiter::builder()
-                .rule(Rule::new("tight", Limit::per_hour(100)))
-                .store(store)
-                .build()
-                .unwrap()
-        };
-        let cached = hammer(&server, tight(store(true, false).await), "tight", true, duration).await;
-        server.run("FLUSHALL");
-        let uncached =
-            hammer(&server, tight(store(false, false).await), "tight", true, duration).await;
-
-        // Redis time per decision: every algorithm beside the floor, through the same client and
-        // the same callers, in rounds (the machine's speed changes; medians of the rounds).
-        let names = [
-            "RedisStore, token bucket",
-            "RedisStore, fixed window",
-            "RedisStore, sliding window",
-            "floor: TIME + GET + SET … PX (redis crate alone)",
-            "`return 1` (redis crate alone)",
-            "RedisStore, token bucket, the client's time",
-            "RedisStore, fixed window, the client's time",
-            "RedisStore, sliding window, the client's time",
-            "fixed, in place, no guarantees: INCRBY + PEXPIRE, client's window",
-            "fixed, in place: TIME + INCRBY + PEXPIRE",
-            "sliding, in place, no guarantees: 2 GET + INCRBY + PEXPIRE, client's window",
-            "token bucket, the store's script (redis crate alone)",
-            "token bucket, no expiry (SET without PX)",
-            "fixed window, the store's script (redis crate alone)",
-            "fixed window, answering a count instead of the state",
-            "sliding window, the store's script (redis crate alone)",
-            "sliding window, answering a count instead of the state",
-        ];
-        // The store's fast paths sent directly, as is and without one guarantee each.
-        let bucket_no_expiry = without(
-            "redis.call('PSETEX', key, string.format('%d', px + grace), struct.pack('<Bd', 84, tat))",
-            "redis.call('SET', key, struct.pack('<Bd', 84, tat))",
-        );
-        let fixed_count = without(
-            "    return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
-            "    return used",
-        );
-        let sliding_count = without(
-            "      return struct.pack('<dddd', 0, into, cur, prev)",
-            "      return cur",
-        );
-        // Per second, 10^9 per bucket (1 µs apart); windows of 10^9 per minute and per second.
+    /// `row` (an index of `NAMES`) for `phase`.
+    async fn run(&self, server: &Target, row: usize, phase: Duration) -> Run {
+        // The store's rules (see `roomy`): a bucket of 10^8 refilled one a second (a fresh key's
+        // debt 0, a unit's span 1 s, the room 10^8 s less that); windows of 10^9 per minute and
+        // per second.
         let bucket_call = |caller: usize| {
-            (vec![format!("direct-bucket-{caller}")], fast_args(&[0.0, 1.0, 1e9]))
+            (
+                vec![format!("direct-bucket-{caller}")],
+                bucket_args(&[0.0, 1e6, 1e14 - 1e6]),
+            )
         };
         let fixed_call = |caller: usize| {
             let offset = (caller as f64 * 7919.0) % 60e6;
@@ -441,100 +452,160 @@ fn main() {
                 fast_args(&[1e9, 1e6, offset, 1.0]),
             )
         };
+        let (server_time, client_time) = (&self.server_time, &self.client_time);
+        match row {
+            0 => hammer(server, server_time.clone(), "bucket", false, phase).await,
+            1 => hammer(server, server_time.clone(), "fixed", false, phase).await,
+            2 => hammer(server, server_time.clone(), "sliding", false, phase).await,
+            // What every decision must do: read the server's clock, read the key, write it back
+            // with its expiry. No arithmetic, no encoding.
+            FLOOR => client_alone(server, FLOOR_SCRIPT, phase).await,
+            4 => client_alone(server, "return 1", phase).await,
+            5 => hammer(server, client_time.clone(), "bucket", false, phase).await,
+            6 => hammer(server, client_time.clone(), "fixed", false, phase).await,
+            7 => hammer(server, client_time.clone(), "sliding", false, phase).await,
+            8 => {
+                client_strings(server, IN_PLACE_FIXED, phase, |caller| {
+                    let window = unix_millis() / 60_000;
+                    (
+                        vec![format!("in-place-fixed-{caller}:{window}")],
+                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                    )
+                })
+                .await
+            }
+            9 => {
+                client_strings(server, IN_PLACE_FIXED_SERVER_TIME, phase, |caller| {
+                    (
+                        vec![format!("in-place-fixed-server-time-{caller}")],
+                        vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
+                    )
+                })
+                .await
+            }
+            10 => {
+                client_strings(server, IN_PLACE_SLIDING, phase, |caller| {
+                    let now = unix_millis();
+                    let window = now / 1_000;
+                    (
+                        vec![
+                            format!("in-place-sliding-{caller}:{window}"),
+                            format!("in-place-sliding-{caller}:{}", window - 1),
+                        ],
+                        vec![
+                            "1".to_owned(),
+                            "1000".to_owned(),
+                            "1000000000".to_owned(),
+                            (now % 1_000).to_string(),
+                        ],
+                    )
+                })
+                .await
+            }
+            11 => client_calls(server, STORE_SCRIPT, phase, bucket_call).await,
+            12 => client_calls(server, &self.bucket_no_expiry, phase, bucket_call).await,
+            13 => client_calls(server, STORE_SCRIPT, phase, fixed_call).await,
+            14 => client_calls(server, &self.fixed_count, phase, fixed_call).await,
+            15 => client_calls(server, STORE_SCRIPT, phase, sliding_call).await,
+            16 => client_calls(server, &self.sliding_count, phase, sliding_call).await,
+            _ => unreachable!("one arm per row"),
+        }
+    }
+}
+
+/// The token bucket's write with its expiry in the store's script (on the server's time), and
+/// the same write without.
+const BUCKET_EXPIRY: (&str, &str) = (
+    "redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000),\n    \
+     struct.pack('<Bd', 84, tat))",
+    "redis.call('SET', key, struct.pack('<Bd', 84, tat))",
+);
+
+/// Allowed decisions: limits far above what the run can use. Each call reads a state: the
+/// windows' keys live for a period, and each charge of the bucket adds a second to its key's
+/// debt (and to its life), of the 10^8 s it has room for.
+fn roomy(store: RedisStore) -> Limiter {
+    Limiter::builder()
+        .rule(Rule::new(
+            "bucket",
+            Limit::per_second(1).capacity(100_000_000),
+        ))
+        .rule(Rule::new(
+            "fixed",
+            Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
+        ))
+        .rule(Rule::new(
+            "sliding",
+            Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
+        ))
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--drive") {
+        let port = args
+            .get(at + 1)
+            .and_then(|p| p.parse().ok())
+            .expect("--drive PORT");
+        drive(&Target { port });
+        return;
+    }
+    let full = args.iter().any(|a| a == "--bench");
+    let (duration, requests) = if full {
+        (Duration::from_secs(5), 1_000_000)
+    } else {
+        (Duration::from_millis(300), 20_000)
+    };
+    let redis = RedisServer::start();
+    let server = Target { port: redis.port };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let rows = Rows::new(&server).await;
+        // Warm up connections and the script.
+        hammer(&server, rows.server_time.clone(), "bucket", false, duration / 5).await;
+
+        let baseline = redis_benchmark(&server, requests);
+        let alone = client_alone(&server, "return 1", duration).await;
+
+        // Denied decisions on one hot key, with and without the deny cache.
+        let tight = |cache: bool| {
+            let url = server.url();
+            async move {
+                let store = RedisStore::builder()
+                    .url(url)
+                    .deny_cache(cache)
+                    .timeout(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .expect("connect");
+                Limiter::builder()
+                    .rule(Rule::new("tight", Limit::per_hour(100)))
+                    .store(store)
+                    .build()
+                    .unwrap()
+            }
+        };
+        let cached = hammer(&server, tight(true).await, "tight", true, duration).await;
+        server.run("FLUSHALL");
+        let uncached = hammer(&server, tight(false).await, "tight", true, duration).await;
+
+        // Redis time per decision: every algorithm beside the floor, through the same client and
+        // the same callers, in rounds (the machine's speed changes; medians of the rounds).
         // Each round cycles through every row in short slices, so that the machine's changes of
         // speed (other work on its two cores) fall on every row alike.
         let slice = duration / 25;
         let mut rounds: Vec<Vec<Run>> = Vec::new();
         for _ in 0..ROUNDS {
-            let mut totals: Vec<Option<Run>> = names.iter().map(|_| None).collect();
+            let mut totals: Vec<Option<Run>> = NAMES.iter().map(|_| None).collect();
             for _ in 0..SLICES {
                 for (row, total) in totals.iter_mut().enumerate() {
-                    let phase = slice;
-                    let run = match row {
-                    0 => {
-                    hammer(&server, server_time.clone(), "bucket", false, phase).await
-                    }
-                    1 => {
-                    hammer(&server, server_time.clone(), "fixed", false, phase).await
-                    }
-                    2 => {
-                    hammer(&server, server_time.clone(), "sliding", false, phase).await
-                    }
-                    3 => {
-                    // What every decision must do: read the server's clock, read the key, write it
-                    // back with its expiry. No arithmetic, no encoding.
-                    client_alone(&server, FLOOR_SCRIPT, phase).await
-                    }
-                    4 => {
-                    client_alone(&server, "return 1", phase).await
-                    }
-                    5 => {
-                    hammer(&server, client_time.clone(), "bucket", false, phase).await
-                    }
-                    6 => {
-                    hammer(&server, client_time.clone(), "fixed", false, phase).await
-                    }
-                    7 => {
-                    hammer(&server, client_time.clone(), "sliding", false, phase).await
-                    }
-                    8 => {
-                    client_strings(&server, IN_PLACE_FIXED, phase, |caller| {
-                        let window = unix_millis() / 60_000;
-                        (
-                            vec![format!("in-place-fixed-{caller}:{window}")],
-                            vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-                        )
-                    })
-                    .await
-                    }
-                    9 => {
-                    client_strings(&server, IN_PLACE_FIXED_SERVER_TIME, phase, |caller| {
-                        (
-                            vec![format!("in-place-fixed-server-time-{caller}")],
-                            vec!["1".to_owned(), "60000".to_owned(), "1000000000".to_owned()],
-                        )
-                    })
-                    .await
-                    }
-                    10 => {
-                    client_strings(&server, IN_PLACE_SLIDING, phase, |caller| {
-                        let now = unix_millis();
-                        let window = now / 1_000;
-                        (
-                            vec![
-                                format!("in-place-sliding-{caller}:{window}"),
-                                format!("in-place-sliding-{caller}:{}", window - 1),
-                            ],
-                            vec![
-                                "1".to_owned(),
-                                "1000".to_owned(),
-                                "1000000000".to_owned(),
-                                (now % 1_000).to_string(),
-                            ],
-                        )
-                    })
-                    .await
-                    }
-                    11 => {
-                    client_calls(&server, STORE_SCRIPT, phase, bucket_call).await
-                    }
-                    12 => {
-                    client_calls(&server, &bucket_no_expiry, phase, bucket_call).await
-                    }
-                    13 => {
-                    client_calls(&server, STORE_SCRIPT, phase, fixed_call).await
-                    }
-                    14 => {
-                    client_calls(&server, &fixed_count, phase, fixed_call).await
-                    }
-                    15 => {
-                    client_calls(&server, STORE_SCRIPT, phase, sliding_call).await
-                    }
-                    16 => {
-                    client_calls(&server, &sliding_count, phase, sliding_call).await
-                    }
-                        _ => unreachable!("one arm per row"),
-                    };
+                    let run = rows.run(&server, row, slice).await;
                     *total = Some(match total.take() {
                         Some(sum) => sum.plus(run),
                         None => run,
@@ -559,17 +630,19 @@ fn main() {
              rounds | server CPU per call | above the floor |"
         );
         println!("|---|---:|---:|---:|---:|---|---:|---:|");
-        for (row, name) in names.iter().enumerate() {
+        for (row, name) in NAMES.iter().enumerate() {
             let runs: Vec<&Run> = rounds.iter().map(|round| &round[row]).collect();
             let usec: Vec<f64> = runs.iter().map(|r| r.server_micros_per_call()).collect();
             let above: Vec<f64> = rounds
                 .iter()
-                .map(|round| round[row].server_micros_per_call() - round[3].server_micros_per_call())
+                .map(|round| {
+                    round[row].server_micros_per_call() - round[FLOOR].server_micros_per_call()
+                })
                 .collect();
             let each: Vec<String> = usec.iter().map(|u| format!("{u:.2}")).collect();
             let cpu_above: Vec<f64> = rounds
                 .iter()
-                .map(|round| round[row].cpu_micros_per_call() - round[3].cpu_micros_per_call())
+                .map(|round| round[row].cpu_micros_per_call() - round[FLOOR].cpu_micros_per_call())
                 .collect();
             println!(
                 "| {name} | {:.0} | {:.3} | {:.2} µs | {:+.2} µs | {} | {:.2} µs | {:+.2} µs |",
@@ -589,7 +662,7 @@ fn main() {
             bucket.decisions,
             bucket.elapsed,
             bucket.busy_percent(),
-            rounds[ROUNDS / 2][3].busy_percent()
+            rounds[ROUNDS / 2][FLOOR].busy_percent()
         );
         // redis-benchmark opens 64 sockets and sends one request at a time on each; the store
         // and the rows above share one multiplexed connection. Their ratio says how the two
@@ -622,6 +695,46 @@ fn main() {
         assert!(cached.admitted <= 100 && uncached.admitted <= 100);
     });
 }
+
+/// `--drive PORT`: every row of the per-algorithm table against a server someone else started
+/// (`scripts/redis_instructions.sh` runs it under callgrind), one row after the other, in step
+/// with the caller through stdin and stdout: for each row the bench prints `ready ROW` and waits
+/// for a line (the caller zeroes its counters); then it runs the row for `DRIVE` and prints
+/// `done ROW CALLS NAME` (`CALLS`: the server's `EVALSHA` count over the row) and waits for a
+/// line again (the caller dumps its counters). Every row runs briefly first, so that each is
+/// measured with its connections made, its keys holding a state, and every script of the table
+/// loaded: Redis's Lua garbage collector walks all loaded scripts, and its periodic step is part
+/// of every call's cost.
+fn drive(server: &Target) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut line = String::new();
+    let mut step = |message: String| {
+        println!("{message}");
+        line.clear();
+        std::io::stdin().read_line(&mut line).expect("read stdin");
+    };
+    runtime.block_on(async {
+        let rows = Rows::new(server).await;
+        for row in 0..NAMES.len() {
+            rows.run(server, row, DRIVE / 4).await;
+        }
+        for (row, name) in NAMES.iter().enumerate() {
+            step(format!("ready {row}"));
+            let run = rows.run(server, row, DRIVE).await;
+            if row < 3 {
+                assert_eq!(run.evalsha, run.decisions, "one call per decision");
+            }
+            step(format!("done {row} {} {name}", run.evalsha));
+        }
+    });
+}
+
+/// How long `--drive` runs each row (under callgrind, the server makes a few thousand calls a
+/// second).
+const DRIVE: Duration = Duration::from_secs(2);
 
 /// Rounds of the per-algorithm table.
 const ROUNDS: usize = 3;

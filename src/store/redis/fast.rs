@@ -5,8 +5,9 @@
 //! the charge. The outcome's fields are computed here from that state, by the algorithm's own
 //! `evaluate` (the memory store's code), so Redis spends its time on the decision alone.
 //!
-//! Everything else (batches, sharded rules, penalties, checks, reservations, calendar months,
-//! roll-over, other algorithms) goes through the script's general code.
+//! Everything else (batches, sharded rules, penalties, checks, reservations, a token bucket's
+//! charges of 0, calendar months, roll-over, other algorithms) goes through the script's general
+//! code.
 
 use ::redis::Value;
 
@@ -41,7 +42,9 @@ impl Fast {
             return None;
         }
         let kind = match charge.algorithm {
-            Algorithm::TokenBucket(tb) => Kind::Bucket(tb.clone()),
+            // The fast path rounds the expiry up from at least 1 µs of debt, which a charge of
+            // 0 may not leave (Redis refuses an expiry of 0 ms): the general code takes it.
+            Algorithm::TokenBucket(tb) if charge.cost > 0 => Kind::Bucket(tb.clone()),
             Algorithm::SlidingWindow(w) => Kind::Sliding(w.clone()),
             // A window that rolls units over (capacity above the limit) grows its key's expiry
             // with every charge: the general code writes it whole.
@@ -57,19 +60,26 @@ impl Fast {
         })
     }
 
-    /// The script's numbers: the time and the expiries' grace (as in every call), then the
-    /// algorithm's (see the fast paths at the top of `script.lua`).
+    /// The script's numbers: the time and the expiries' grace (a token bucket on the server's
+    /// time leaves them out), then the algorithm's (see the fast paths at the top of
+    /// `script.lua`).
     pub(super) fn packed(&self, charge: &Charge<'_>, now: Option<Micros>) -> Packed {
         let mut packed = Packed(Vec::with_capacity(8 * 7));
-        push_now(&mut packed, now);
+        // A token bucket on the server's time leaves out the time and the grace: the script
+        // reads the server's clock when the call has three numbers.
+        if now.is_some() || !matches!(self.kind, Kind::Bucket(_)) {
+            push_now(&mut packed, now);
+        }
         let cost = params::units_arg(self.cost);
         match &self.kind {
             Kind::Bucket(tb) => {
                 let span = |units: u64| u128::from(units) * u128::from(tb.interval());
+                // Beyond the capacity's span a cost never fits: clamping keeps the numbers exact.
+                let cost_span = span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64;
                 packed.push(tb.fresh(0));
-                // Beyond the capacity's span a cost never fits: clamping keeps the sum exact.
-                packed.push(span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64);
-                packed.push(span(tb.capacity()) as u64);
+                packed.push(cost_span);
+                // The most debt the charge fits on (the capacity's span is at most `MAX_SPAN`).
+                packed.push_signed(span(tb.capacity()) as i64 - cost_span as i64);
             }
             Kind::Sliding(w) => {
                 let period = w.period_micros();
@@ -161,4 +171,36 @@ fn at(into: i64) -> Result<Micros, StoreError> {
 
 fn protocol(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The lines of the script's block that starts with `start`, without comments.
+    fn block(start: &str) -> Vec<&'static str> {
+        let script = include_str!("script.lua");
+        let from = script.find(start).expect(start);
+        script[from..]
+            .lines()
+            .skip(1)
+            .take_while(|line| *line != "end")
+            .map(|line| line.split(" --").next().unwrap_or("").trim_end())
+            .filter(|line| !line.trim_start().starts_with("--") && !line.is_empty())
+            .collect()
+    }
+
+    /// The token bucket's two blocks (on the server's time and on the caller's) are the same
+    /// lines but for where the time comes from and the grace: the differential tests, on a test
+    /// clock, check the second one's math for both.
+    #[test]
+    fn the_token_buckets_two_blocks_are_the_same_lines() {
+        let server = block("if size == 24 then\n");
+        let caller = block("if size == 40 then\n");
+        assert!(server[2].starts_with("  local now = t[1]"), "{server:?}");
+        let caller: Vec<String> = caller[1..]
+            .iter()
+            .map(|line| line.replace(" + grace)", ")"))
+            .collect();
+        assert_eq!(server[3..], caller[..]);
+        assert!(server.len() > 10, "{server:?}");
+    }
 }

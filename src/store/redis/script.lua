@@ -8,7 +8,7 @@
 --
 -- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53): one
 --          string is cheaper for Redis to pass than many arguments, and one `struct.unpack` reads
---          it for less than one `tonumber` costs. A fast path's call (below) has 5, 6 or 7
+--          it for less than one `tonumber` costs. A fast path's call (below) has 3, 5, 6 or 7
 --          numbers; the general code's, at least 17 (zeros pad the end):
 --            op: 1 applies the batch (all or nothing); 2 checks it (nothing charged; admitted
 --              records report what they have left; a record its own rule denies still offends
@@ -44,6 +44,8 @@
 
 local packed = ARGV[1]
 local size = #packed
+-- Globals read once: each later use is then a register, not a lookup in the globals' table.
+local redis, struct = redis, struct
 
 ------------------------------------------------------------------------------------------------
 -- Fast paths: one charge (mode 0) of one key under one rule without a penalty, for a token
@@ -57,35 +59,50 @@ local size = #packed
 -- and divisions by a rule's period use `%`, exact below 2^53 for these operands (the float
 -- quotient inside it cannot round up to the next integer while the dividend is below 2^53).
 
-if size == 40 then
-  -- Token bucket (`make_bucket`): now (-1: the server's), grace, a fresh key's debt (µs), the
-  -- cost's span (cost × interval), the capacity's span. State: 'T', tat.
-  -- Reply (an integer): the debt before the charge × 4, + 2 when denied, + 1 when the key was
-  -- missing.
-  local now, grace, init, cost_span, span = struct.unpack('<ddddd', packed)
-  if now < 0 then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
-  end
+-- Token bucket (`make_bucket`): a fresh key's debt (µs), the cost's span (cost × interval, at
+-- least 1: a charge of 0 goes to the general code) and the room (the capacity's span less the
+-- cost's: the most debt the charge fits on; negative when it never fits), on the server's time
+-- (`TIME`) when the call has these three numbers alone; on a time the caller sends (a test
+-- clock), that time and the grace (ms) added to the expiry come first. State: 'T', tat.
+-- Reply (an integer): the debt before the charge × 4, + 2 when denied, + 1 when the key was
+-- missing.
+-- The two blocks below are the same lines but for where `now` comes from and the grace (a unit
+-- test in fast.rs keeps them so): one block for both costs the server's time ~450 instructions
+-- a call (locals declared ahead, moves), and the tests on a test clock check the math of both.
+if size == 24 then
+  local init, cost_span, room = struct.unpack('<ddd', packed)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
   local key = KEYS[1]
   local raw = redis.pcall('GET', key) -- an error (another type of value) reads as a new key
-  local tag, tat, flags = 0, 0, 0
-  if not raw then
-    flags = 1
-  elseif #raw == 9 then
-    tag, tat = struct.unpack('<Bd', raw)
-  end
+  local flags, tag, tat = 0
+  if not raw then flags = 1 elseif #raw == 9 then tag, tat = struct.unpack('<Bd', raw) end
   if tag ~= 84 then tat = now + init end -- 'T': otherwise new, or another algorithm's state
   local debt = tat - now
   if debt < 0 then debt, tat = 0, now end
-  if debt + cost_span > span then return debt * 4 + 2 + flags end
+  if debt > room then return debt * 4 + 2 + flags end
   tat = tat + cost_span
-  -- The key expires when the bucket is full again (never sooner than 1 ms).
-  local px = tat - now + 999
-  px = (px - px % 1000) / 1000
-  if px < 1 then px = 1 end
-  -- (`PSETEX` is `SET … PX` with less to parse.)
-  redis.call('PSETEX', key, string.format('%d', px + grace), struct.pack('<Bd', 84, tat))
+  -- The key expires when the bucket is full again: tat − now ≥ 1 µs, rounded up to whole ms
+  -- (≥ 1). `%d` truncates the quotient, whose float rounding cannot reach the next integer for
+  -- spans below 2^53 µs. (`PSETEX` is `SET … PX` with less to parse.)
+  redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000),
+    struct.pack('<Bd', 84, tat))
+  return debt * 4 + flags
+end
+
+if size == 40 then
+  local now, grace, init, cost_span, room = struct.unpack('<ddddd', packed)
+  local key = KEYS[1]
+  local raw = redis.pcall('GET', key) -- an error (another type of value) reads as a new key
+  local flags, tag, tat = 0
+  if not raw then flags = 1 elseif #raw == 9 then tag, tat = struct.unpack('<Bd', raw) end
+  if tag ~= 84 then tat = now + init end -- 'T': otherwise new, or another algorithm's state
+  local debt = tat - now
+  if debt < 0 then debt, tat = 0, now end
+  if debt > room then return debt * 4 + 2 + flags end
+  tat = tat + cost_span
+  redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000 + grace),
+    struct.pack('<Bd', 84, tat))
   return debt * 4 + flags
 end
 
