@@ -58,6 +58,7 @@ impl RuleMetrics {
     }
 
     /// Counts an enforced rule's answer for `key`.
+    #[inline]
     pub(crate) fn record(&self, outcome: &Outcome, key: &KeyValue) {
         if outcome.offence {
             self.blocked.increment(1);
