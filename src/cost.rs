@@ -78,6 +78,7 @@ impl Cost {
     }
 
     /// The cost of one request.
+    #[inline]
     pub fn of(&self, head: &RequestHead<'_>) -> Result<u64, CostError> {
         match &self.0 {
             Kind::Fixed(units) => Ok(*units),

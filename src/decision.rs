@@ -57,6 +57,7 @@ impl Decision {
     /// Adds a rule's charge; its outcome is filled in by [`Decision::answer`]. (The middleware
     /// builds the decision in place as the request goes through — rules, then the store — so it
     /// is moved once, into the request's extensions.)
+    #[inline]
     pub(crate) fn plan(
         &mut self,
         index: usize,

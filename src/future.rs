@@ -314,17 +314,18 @@ where
                     if let Some(wait) = delayed.take() {
                         crate::response::headers::insert_delay(response.headers_mut(), wait);
                     }
-                    let response = match waiting {
-                        None => response.map(ResponseBody::inner),
-                        Some(waiting) => {
-                            response.map(|body| ResponseBody::settling(body, status, waiting))
-                        }
+                    // Taken apart once: each `map` moves the whole response.
+                    let (head, body) = response.into_parts();
+                    let body = match waiting {
+                        None => ResponseBody::inner(body),
+                        Some(waiting) => ResponseBody::settling(body, status, waiting),
                     };
                     // The body holds the slots to its end.
-                    return Poll::Ready(Ok(match slots.take() {
-                        None => response,
-                        Some(slots) => response.map(|body| body.holding(slots)),
-                    }));
+                    let body = match slots.take() {
+                        None => body,
+                        Some(slots) => body.holding(slots),
+                    };
+                    return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 StateProj::Respond { response } => {
                     return match response.take() {

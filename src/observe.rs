@@ -58,6 +58,7 @@ impl RuleMetrics {
     }
 
     /// Counts an enforced rule's answer for `key`.
+    #[inline]
     pub(crate) fn record(&self, outcome: &Outcome, key: &KeyValue) {
         if outcome.offence {
             self.blocked.increment(1);
@@ -156,7 +157,16 @@ impl fmt::Display for LoggedKey<'_> {
 
 /// Emits the event for one rule's answer to a request.
 /// (`grpc_method` is logged for gRPC requests only: a `None` field is left out.)
+/// An allowed request logs nothing: told apart here, inlined, so it costs no call.
+#[inline]
 pub(crate) fn event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: bool, redact: bool) {
+    if let Verdict::Allowed = entry.outcome.verdict {
+        return;
+    }
+    logged_event(entry, grpc_method, shadow, redact);
+}
+
+fn logged_event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: bool, redact: bool) {
     let key = LoggedKey::new(&entry.key, redact);
     match entry.outcome.verdict {
         Verdict::Denied { retry_after } if shadow => tracing::info!(

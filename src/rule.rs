@@ -556,6 +556,7 @@ pub(crate) struct CompiledRule {
 }
 
 impl CompiledRule {
+    #[inline]
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
         self.scope.matches(head.method, head.uri)
             && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))

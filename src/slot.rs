@@ -35,10 +35,15 @@ pub(crate) struct Slots {
 impl Slots {
     /// The slots an admitted decision took: its entries under concurrency rules; `None` when
     /// there are none (the rule set's flag spares other requests the look).
+    #[inline]
     pub(crate) fn of(limiter: &Limiter, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
         if !rules.slots {
             return None;
         }
+        Self::taken(limiter, rules, decision)
+    }
+
+    fn taken(limiter: &Limiter, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
         let held: SmallVec<[(usize, KeyValue); 1]> = decision
             .rules()
             .iter()
@@ -246,6 +251,7 @@ impl Ticket {
 
     /// A newcomer whose planned slot rules already have a line: it joins the line instead of
     /// asking the store, so it cannot pass those already waiting.
+    #[inline]
     pub(crate) fn behind(
         limiter: &Limiter,
         rules: &RuleSet,
@@ -254,6 +260,10 @@ impl Ticket {
         if !rules.slots {
             return None;
         }
+        Self::busy_line(limiter, rules, plan)
+    }
+
+    fn busy_line(limiter: &Limiter, rules: &RuleSet, plan: &Decision) -> Option<(usize, KeyValue)> {
         plan.rules()
             .iter()
             .find(|e| {

@@ -190,6 +190,29 @@ async fn the_decision_is_an_extractor() {
     }
 }
 
+/// With stacked layers the handler reads the decision of the layer nearest to it: each layer puts
+/// its own into the extensions, replacing the one an outer layer left there.
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_leave_the_inner_decision_to_the_handler() {
+    let rules_seen = |decision: Decision| async move {
+        let names: Vec<&str> = decision.rules().iter().map(|r| &*r.rule).collect();
+        names.join(",")
+    };
+    let app = Router::new()
+        .route("/login", post(rules_seen))
+        .route_layer(paused::layer(Rule::new("login", Limit::per_minute(1))))
+        .layer(paused::layer(Rule::new("site", Limit::per_minute(10))));
+    let response = app
+        .oneshot(Request::post("/login").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    assert_eq!(&body[..], b"login");
+}
+
 #[tokio::test(start_paused = true)]
 async fn stacked_layers_each_add_their_items() {
     let app = Router::new()

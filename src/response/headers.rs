@@ -39,6 +39,8 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 pub(crate) struct PolicyItem {
     /// The rule name as an sf-string, e.g. `"per-ip"`.
     pub(crate) name: String,
+    /// The start of the rule's `RateLimit` item up to its first number, e.g. `"per-ip";r=`.
+    pub(crate) ratelimit_head: Box<[u8]>,
     /// The whole `RateLimit-Policy` item, e.g. `"per-ip";q=60;w=60`.
     pub(crate) policy: String,
     /// The rule name as the inside of a JSON string (escaped), for problem+json bodies.
@@ -65,10 +67,12 @@ impl PolicyItem {
             .parameter(W, w)
             .finish();
         let name = sfv::ItemSerializer::new().bare_item(name).finish();
+        let ratelimit_head = format!("{name};r=").into_bytes().into_boxed_slice();
         let quoted = serde_json::Value::from(rule).to_string();
         let json_name = quoted[1..quoted.len() - 1].to_owned();
         Ok(PolicyItem {
             name,
+            ratelimit_head,
             policy,
             json_name,
             timed: !algorithm.is_concurrency(),
@@ -106,7 +110,18 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
 
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
-    let all = decision.rules();
+    match decision.rules() {
+        [entry] => one_item(
+            items.get(entry.index).filter(|item| item.timed)?,
+            &entry.outcome,
+        ),
+        all => items_value(items, all),
+    }
+}
+
+/// The `RateLimit` value of any number of rules: their items joined, the concurrency limits'
+/// left out.
+fn items_value(items: &[PolicyItem], all: &[RuleDecision]) -> Option<HeaderValue> {
     let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
     let entries = || all.iter().filter(timed);
     let numbers = |entry: &RuleDecision| reported(&entry.outcome);
@@ -134,6 +149,27 @@ pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Opti
         value.extend_from_slice(b";t=");
         value.extend_from_slice(buffer.format(t).as_bytes());
     }
+    field_value(value)
+}
+
+/// The `RateLimit` value of a decision with one rule (most of them): the rule's prepared head,
+/// then the two numbers, in a buffer of exactly its length (its `Bytes` then take it without a
+/// second allocation). The same bytes as [`items_value`] (tested), written in one pass:
+/// measured, about 170 instructions fewer per response.
+fn one_item(item: &PolicyItem, outcome: &Outcome) -> Option<HeaderValue> {
+    let (r, t) = reported(outcome);
+    let (mut r_digits, mut t_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (r, t) = (r_digits.format(r).as_bytes(), t_digits.format(t).as_bytes());
+    let mut value = Vec::with_capacity(item.ratelimit_head.len() + r.len() + 3 + t.len());
+    value.extend_from_slice(&item.ratelimit_head);
+    value.extend_from_slice(r);
+    value.extend_from_slice(b";t=");
+    value.extend_from_slice(t);
+    field_value(value)
+}
+
+/// A `RateLimit` value the layer wrote: sf-strings (visible ASCII), digits and separators.
+fn field_value(value: Vec<u8>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
 }
 
@@ -253,6 +289,38 @@ mod tests {
         assert_eq!(quoted.policy, r#""say \"hi\"";q=1000;w=2"#);
         let parsed: sfv::List = sfv::Parser::new(&quoted.policy).parse().unwrap();
         assert_eq!(parsed.len(), 1);
+    }
+
+    #[test]
+    fn one_rule_values_match_the_general_writer() {
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(60, Duration::from_secs(60)));
+        let items = [PolicyItem::new("per \"ip\"", &bucket).unwrap()];
+        let cases = [
+            (0, Duration::ZERO, r#""per \"ip\"";r=0;t=0"#),
+            (9, Duration::from_millis(1), r#""per \"ip\"";r=9;t=1"#),
+            (10, Duration::from_millis(1500), r#""per \"ip\"";r=10;t=2"#),
+            (
+                u64::MAX,
+                Duration::from_secs(u64::MAX),
+                r#""per \"ip\"";r=999999999999999;t=999999999999999"#,
+            ),
+        ];
+        for (remaining, next_unit_in, expected) in cases {
+            let mut decision = Decision::default();
+            decision.plan(0, "per \"ip\"".into(), crate::KeyValue::new(b"k"), 1, None);
+            decision.answer_one(Outcome {
+                verdict: crate::algorithm::Verdict::Allowed,
+                limit: 60,
+                remaining,
+                balance: 0,
+                next_unit_in,
+                full_in: next_unit_in,
+                offence: false,
+            });
+            let one = ratelimit_value(&items, &decision).unwrap();
+            assert_eq!(one, expected);
+            assert_eq!(Some(one), items_value(&items, decision.rules()));
+        }
     }
 
     #[test]

@@ -1,0 +1,115 @@
+//! Instructions per request of the HTTP bench's servers without the network: axum's hello-world
+//! `Router`, bare or behind each limiter (added with `Router::layer`, as in `benches/http.rs`),
+//! called in process, counted by callgrind.
+//!
+//! ```text
+//! cargo build --release -p tollgate-bench --example layer_instructions
+//! valgrind --tool=callgrind --toggle-collect='*measured*' \
+//!     target/release/examples/layer_instructions tollgate-allowed-headers 20000
+//! ```
+//!
+//! Arguments: the server (`bare`, `tollgate-allowed-headers`, `tollgate-allowed-noheaders`,
+//! `tower_governor-allowed`, `tower_governor-allowed-headers`) and the number of requests.
+//! Each request is built with the peer address a served request carries (`ConnectInfo`), sent
+//! through a clone of the router as axum's server does, and its body read to the end. With
+//! `--toggle-collect` callgrind counts only those requests; divide its total by them (plus the
+//! ten warm-up requests counted too). No sockets, no hyper, no scheduler: the count repeats to
+//! the instruction from run to run, so a change of a few instructions in the layer shows, where
+//! `./scripts/http_instructions.sh` (the served figure) moves by about a hundred between
+//! sessions. What hyper spends writing the fields is left out here.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::{routing::get, Router};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+/// The quota of the bench's "allowed" runs: nothing is ever denied.
+const GENEROUS_PER_SECOND: u64 = 1_000_000;
+
+fn tollgate_layer(headers: bool) -> tollgate::RateLimitLayer {
+    tollgate::RateLimitLayer::builder()
+        .rule(tollgate::Limit::per_second(GENEROUS_PER_SECOND).key(tollgate::Key::peer_ip()))
+        .headers_on_allowed(headers)
+        .build()
+        .expect("valid rule")
+}
+
+fn governor_config() -> tower_governor::governor::GovernorConfigBuilder<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::NoOpMiddleware,
+> {
+    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+    config
+        .period(Duration::from_nanos(1_000_000_000 / GENEROUS_PER_SECOND))
+        .burst_size(GENEROUS_PER_SECOND as u32);
+    config
+}
+
+fn router(server: &str) -> Option<Router> {
+    let router = Router::new().route("/", get(|| async { "Hello, World!" }));
+    Some(match server {
+        "bare" => router,
+        "tollgate-allowed-headers" => router.layer(tollgate_layer(true)),
+        "tollgate-allowed-noheaders" => router.layer(tollgate_layer(false)),
+        "tower_governor-allowed" => router.layer(tower_governor::GovernorLayer::new(
+            governor_config().finish().expect("valid quota"),
+        )),
+        "tower_governor-allowed-headers" => router.layer(tower_governor::GovernorLayer::new(
+            governor_config()
+                .use_headers()
+                .finish()
+                .expect("valid quota"),
+        )),
+        _ => return None,
+    })
+}
+
+/// The requests counted: not inlined, so that callgrind can switch its counting on around it.
+/// Returns the fields and body bytes seen, so that nothing is optimized away.
+#[inline(never)]
+async fn measured(router: &Router, requests: u64) -> usize {
+    let peer = SocketAddr::from(([203, 0, 113, 7], 40000));
+    let mut seen = 0;
+    for _ in 0..requests {
+        let mut request = http::Request::get("/")
+            .body(axum::body::Body::empty())
+            .expect("a request");
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(
+            response.status(),
+            http::StatusCode::OK,
+            "every request allowed"
+        );
+        seen += response.headers().len();
+        let body = response.into_body().collect().await.expect("a body");
+        seen += body.to_bytes().len();
+    }
+    seen
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: layer_instructions bare|tollgate-allowed-headers|\
+                 tollgate-allowed-noheaders|tower_governor-allowed|\
+                 tower_governor-allowed-headers REQUESTS";
+    let (Some(router), Some(requests)) = (
+        args.first().and_then(|server| router(server)),
+        args.get(1).and_then(|n| n.parse::<u64>().ok()),
+    ) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let seen = runtime.block_on(async {
+        measured(&router, 10).await;
+        measured(&router, requests).await
+    });
+    println!("{requests} requests, {seen} field and body bytes seen");
+}
