@@ -9,6 +9,8 @@
 //! ```
 //!
 //! Arguments: the server (`bare`, `tollgate-allowed-headers`, `tollgate-allowed-noheaders`,
+//! `tollgate-allowed-nothing` — fields off and no `Decision` in the extensions
+//! (`decision_in_extensions(false)`), what tower_governor adds to a request —,
 //! `tower_governor-allowed`, `tower_governor-allowed-headers`) and the number of requests.
 //! Each request is built with the peer address a served request carries (`ConnectInfo`), sent
 //! through a clone of the router as axum's server does, and its body read to the end. With
@@ -29,10 +31,12 @@ use tower::ServiceExt;
 /// The quota of the bench's "allowed" runs: nothing is ever denied.
 const GENEROUS_PER_SECOND: u64 = 1_000_000;
 
-fn tollgate_layer(headers: bool) -> tollgate::RateLimitLayer {
+/// tollgate with its fields on or off, and its `Decision` in the request's extensions or not.
+fn tollgate_layer(headers: bool, decision: bool) -> tollgate::RateLimitLayer {
     tollgate::RateLimitLayer::builder()
         .rule(tollgate::Limit::per_second(GENEROUS_PER_SECOND).key(tollgate::Key::peer_ip()))
         .headers_on_allowed(headers)
+        .decision_in_extensions(decision)
         .build()
         .expect("valid rule")
 }
@@ -52,8 +56,9 @@ fn router(server: &str) -> Option<Router> {
     let router = Router::new().route("/", get(|| async { "Hello, World!" }));
     Some(match server {
         "bare" => router,
-        "tollgate-allowed-headers" => router.layer(tollgate_layer(true)),
-        "tollgate-allowed-noheaders" => router.layer(tollgate_layer(false)),
+        "tollgate-allowed-headers" => router.layer(tollgate_layer(true, true)),
+        "tollgate-allowed-noheaders" => router.layer(tollgate_layer(false, true)),
+        "tollgate-allowed-nothing" => router.layer(tollgate_layer(false, false)),
         "tower_governor-allowed" => router.layer(tower_governor::GovernorLayer::new(
             governor_config().finish().expect("valid quota"),
         )),
@@ -94,7 +99,7 @@ async fn measured(router: &Router, requests: u64) -> usize {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: layer_instructions bare|tollgate-allowed-headers|\
-                 tollgate-allowed-noheaders|tower_governor-allowed|\
+                 tollgate-allowed-noheaders|tollgate-allowed-nothing|tower_governor-allowed|\
                  tower_governor-allowed-headers REQUESTS";
     let (Some(router), Some(requests)) = (
         args.first().and_then(|server| router(server)),
