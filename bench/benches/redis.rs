@@ -350,12 +350,7 @@ impl Target {
     }
 
     fn command_stat(&self, command: &str, field: usize) -> u64 {
-        let info = self.run("INFO commandstats");
-        info.lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-            .and_then(|l| l.split(['=', ',']).nth(field))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        redis_server::command_stat(self.port, command, field)
     }
 }
 

@@ -57,6 +57,18 @@ fn spawn(port: u16, dir: &PathBuf, extra: &[String]) -> Child {
     }
 }
 
+/// Field `field` of `name`'s line in `INFO commandstats` of the server on `port` (1: its calls,
+/// 3: the microseconds spent in it); 0 when it never ran.
+pub fn command_stat(port: u16, name: &str, field: usize) -> u64 {
+    let line = "INFO commandstats";
+    let info = command(port, line).unwrap_or_else(|e| panic!("{line}: {e}"));
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+        .and_then(|l| l.split(['=', ',']).nth(field))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Sends one inline command and returns the raw reply (bounded wait).
 pub fn command(port: u16, line: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
@@ -151,12 +163,7 @@ impl RedisServer {
     }
 
     fn command_stat(&self, command: &str, field: usize) -> u64 {
-        let info = self.run("INFO commandstats");
-        info.lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-            .and_then(|l| l.split(['=', ',']).nth(field))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        command_stat(self.port, command, field)
     }
 
     /// Kills the server (SIGKILL), as a crash would.
