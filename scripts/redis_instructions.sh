@@ -33,7 +33,7 @@ valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect=eval
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
     >/dev/null 2>&1 &
 server=$!
-trap 'kill -9 $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -9 $server 2>/dev/null; wait $server 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 150); do
     redis-cli -p "$port" PING >/dev/null 2>&1 && break
     sleep 0.2
