@@ -121,6 +121,7 @@ impl Decision {
 
     /// For a gRPC (or gRPC-Web) request, the method it calls: its path,
     /// `/package.Service/Method`.
+    #[inline]
     pub fn grpc_method(&self) -> Option<&str> {
         self.grpc_method.as_deref()
     }

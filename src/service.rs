@@ -123,9 +123,9 @@ where
         }
         if !shadow.rules().is_empty() {
             record_shadow(shared, &rules, shadow);
-        } else {
-            // Empty, it owns nothing (a gRPC method is only recorded beside planned rules):
-            // forgetting it spares the call to its drop (measured: 27 instructions per request).
+        } else if shadow.grpc_method().is_none() {
+            // Without rules or a method it owns nothing: forgetting it spares the call to its
+            // drop (measured: 27 instructions per request).
             std::mem::forget(shadow);
         }
         if enforced.rules().is_empty() {
