@@ -91,8 +91,11 @@ impl Cost {
     }
 }
 
-/// A plain decimal number: ASCII digits only (no sign, no spaces inside), at most `u64::MAX`.
-fn parse_units(bytes: &[u8]) -> Option<u64> {
+/// A number of units in a header, the one rule for every header that carries units (a request's
+/// cost, a response's real cost): a plain decimal number, ASCII digits only (surrounding spaces
+/// allowed, no sign, no spaces inside), at most `u64::MAX`; anything else, a number too large
+/// included, is refused rather than guessed.
+pub(crate) fn parse_units(bytes: &[u8]) -> Option<u64> {
     let digits = bytes.trim_ascii();
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;

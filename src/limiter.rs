@@ -192,6 +192,10 @@ pub enum LimitError {
     CannotReserve(String),
     /// One batch names the same rule and key twice.
     Repeated(String),
+    /// A batch ([`Limiter::charge_all`], [`check_all`](Limiter::check_all),
+    /// [`reserve_all`](Limiter::reserve_all)) names no rule: there is nothing to decide, and a
+    /// decision that says "allowed" would be a limit that was never asked.
+    EmptyBatch,
     /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
     NoPenalty(String),
     /// The rule is not a concurrency limit, so it has no slots to acquire.
@@ -227,6 +231,9 @@ impl fmt::Display for LimitError {
                 f,
                 "rate-limit rule {name:?} is not a concurrency limit: it has no slots to acquire"
             ),
+            LimitError::EmptyBatch => {
+                f.write_str("a batch of rate-limit charges names no rule: nothing to decide")
+            }
             LimitError::Store(error) => error.fmt(f),
         }
     }
@@ -242,7 +249,8 @@ impl std::error::Error for LimitError {
             | LimitError::CannotReserve(_)
             | LimitError::Repeated(_)
             | LimitError::NoPenalty(_)
-            | LimitError::NotConcurrent(_) => None,
+            | LimitError::NotConcurrent(_)
+            | LimitError::EmptyBatch => None,
         }
     }
 }
@@ -523,7 +531,9 @@ impl Limiter {
 
     /// Charges several rules at once, all or nothing, as the middleware charges the rules of a
     /// request: each `(rule, key, cost)` is admitted, or none is charged, and the
-    /// [`Decision`] holds every rule's outcome (a denial's `retry_after` is the longest).
+    /// [`Decision`] holds every rule's outcome (a denial's `retry_after` is the longest). A batch
+    /// that names no rule is [`LimitError::EmptyBatch`], for this call and the other two batch
+    /// calls alike.
     ///
     /// ```
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -620,7 +630,7 @@ impl Limiter {
                 modes.push(mode);
             }
             if decision.rules().is_empty() {
-                return Ok(decision);
+                return Err(LimitError::EmptyBatch);
             }
             let batch: SmallVec<[Charge<'_>; 2]> = decision
                 .rules()

@@ -170,7 +170,7 @@ impl RuleSet {
             .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
             .collect::<Result<Vec<_>, _>>()?;
         let all_rules_policy =
-            headers::join(items.iter().filter(|i| i.timed).map(|i| i.policy.as_str()));
+            headers::join(items.iter().map(|i| i.policy.as_str()));
         let metrics = compiled
             .iter()
             .map(|rule| RuleMetrics::new(&rule.name))
@@ -490,6 +490,14 @@ impl AccessList {
     }
 
     fn matches<B>(&self, request: &Request<B>) -> bool {
+        // A list of networks over an IP key compares the address itself: no text written and
+        // parsed back for every list on every request.
+        if self.values.is_empty() && self.key.is_address() {
+            return self
+                .key
+                .address(&RequestHead::of(request))
+                .is_some_and(|ip| self.networks.iter().any(|net| net.contains(&ip)));
+        }
         let Some(key) = self.key.extract(request) else {
             return false;
         };

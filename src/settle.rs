@@ -17,6 +17,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, StatusCode};
 use smallvec::SmallVec;
 
+use crate::cost::parse_units;
 use crate::decision::Decision;
 use crate::key::KeyValue;
 use crate::limiter::Limiter;
@@ -117,10 +118,11 @@ impl fmt::Debug for CountIf {
 /// Where a rule reads what a request really cost (see [`Rule::settle`](crate::Rule::settle)).
 ///
 /// # Bad values
-/// A header that is missing, not a whole number, or negative settles nothing: the estimate
-/// stays charged, and the rule logs a warning the first time. A value above the rule's capacity
-/// (e.g. a runaway `x-tokens-used: 99999999999999999999`) is capped at the capacity, logged the
-/// same way. Never a panic.
+/// A header that is missing, not a whole number, negative or past `u64::MAX` settles nothing
+/// (the rule a request's [`Cost::header`](crate::Cost::header) reads by): the estimate stays
+/// charged, and the rule logs a warning the first time. A value above the rule's capacity (e.g.
+/// a runaway `x-tokens-used: 1000000000`) is capped at the capacity, logged the same way. Never a
+/// panic.
 #[derive(Clone)]
 pub struct Settle {
     from: Source,
@@ -195,16 +197,6 @@ impl Settle {
             );
         }
     }
-}
-
-/// Digits only (surrounding spaces allowed); a number past `u64` reads as `u64::MAX`, which the
-/// cap then brings down.
-fn parse_units(bytes: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(bytes).ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(text.parse().unwrap_or(u64::MAX))
 }
 
 impl fmt::Debug for Settle {
@@ -348,7 +340,7 @@ mod tests {
     }
 
     #[test]
-    fn real_costs_read_whole_numbers_cap_huge_ones_and_keep_the_estimate_otherwise() {
+    fn real_costs_read_whole_numbers_cap_large_ones_and_keep_the_estimate_otherwise() {
         let settle = Settle::header(HeaderName::from_static("x-tokens-used"));
         let cost = |value: Option<&str>| {
             let mut headers = HeaderMap::new();
@@ -359,7 +351,8 @@ mod tests {
         };
         assert_eq!(cost(Some("1234")), Some(1234));
         assert_eq!(cost(Some(" 7 ")), Some(7));
-        assert_eq!(cost(Some("99999999999999999999999")), Some(10_000));
+        // Past `u64` a number is refused, as a request's cost is: the estimate stays charged.
+        assert_eq!(cost(Some("99999999999999999999999")), None);
         assert_eq!(cost(Some("10001")), Some(10_000));
         assert_eq!(cost(Some("-5")), None);
         assert_eq!(cost(Some("12.5")), None);

@@ -165,7 +165,7 @@ async fn a_dropped_request_or_a_failed_service_gives_its_slot_back() {
 }
 
 #[tokio::test]
-async fn a_denial_names_the_rule_says_one_second_and_sends_no_ratelimit_items_for_it() {
+async fn a_denial_names_the_rule_says_one_second_and_counts_slots_in_the_drafts_concurrency_unit() {
     let layer = RateLimitLayer::builder()
         .rule(llm(1))
         .rule(Rule::new("rpm", Limit::per_minute(100)).key(Key::header(API_KEY)))
@@ -174,14 +174,15 @@ async fn a_denial_names_the_rule_says_one_second_and_sends_no_ratelimit_items_fo
     let (_open, app) = streaming(&layer);
     let held = app.clone().oneshot(request("alice", 1)).await.unwrap();
     assert_eq!(held.status(), StatusCode::OK);
-    // Only the rule over time has items.
+    // The concurrency rule's quota is in the draft's `concurrent-requests` unit, with no window
+    // and no time until it grows: a slot comes back when a response ends.
     assert_eq!(
         header(&held, "ratelimit-policy").as_deref(),
-        Some("\"rpm\";q=100;w=60")
+        Some("\"llm\";q=1;qu=\"concurrent-requests\", \"rpm\";q=100;w=60")
     );
     assert_eq!(
         header(&held, "ratelimit").as_deref(),
-        Some("\"rpm\";r=99;t=1")
+        Some("\"llm\";r=0, \"rpm\";r=99;t=1")
     );
 
     let refused = app.clone().oneshot(request("alice", 2)).await.unwrap();
@@ -189,7 +190,11 @@ async fn a_denial_names_the_rule_says_one_second_and_sends_no_ratelimit_items_fo
     assert_eq!(header(&refused, "retry-after").as_deref(), Some("1"));
     assert_eq!(
         header(&refused, "ratelimit-policy").as_deref(),
-        Some("\"rpm\";q=100;w=60")
+        Some("\"llm\";q=1;qu=\"concurrent-requests\", \"rpm\";q=100;w=60")
+    );
+    assert_eq!(
+        header(&refused, "ratelimit").as_deref(),
+        Some("\"llm\";r=0, \"rpm\";r=99;t=1")
     );
     let body = refused.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -199,16 +204,31 @@ async fn a_denial_names_the_rule_says_one_second_and_sends_no_ratelimit_items_fo
         "Rate limit exceeded (llm); retry in 1 s."
     );
 
-    // A layer with the concurrency rule alone sends no `RateLimit` fields at all.
-    let alone = RateLimitLayer::new(llm(1));
+    // A layer with the concurrency rule alone: its item alone, the slots left before and after.
+    let alone = RateLimitLayer::new(llm(2));
     let (_open, app) = streaming(&alone);
-    let held = app.clone().oneshot(request("alice", 1)).await.unwrap();
-    assert_eq!(held.status(), StatusCode::OK);
-    assert!(header(&held, "ratelimit").is_none() && header(&held, "ratelimit-policy").is_none());
-    let refused = app.clone().oneshot(request("alice", 2)).await.unwrap();
+    let policy = Some("\"llm\";q=2;qu=\"concurrent-requests\"");
+    let first = app.clone().oneshot(request("alice", 1)).await.unwrap();
+    assert_eq!(header(&first, "ratelimit-policy").as_deref(), policy);
+    assert_eq!(header(&first, "ratelimit").as_deref(), Some("\"llm\";r=1"));
+    let second = app.clone().oneshot(request("alice", 2)).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(header(&second, "ratelimit").as_deref(), Some("\"llm\";r=0"));
+    let refused = app.clone().oneshot(request("alice", 3)).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(header(&refused, "ratelimit").is_none());
-    assert!(header(&refused, "ratelimit-policy").is_none());
+    assert_eq!(header(&refused, "ratelimit-policy").as_deref(), policy);
+    assert_eq!(header(&refused, "ratelimit").as_deref(), Some("\"llm\";r=0"));
+    // The policy parses as the draft's Structured Field list, the unit a String.
+    let parsed: sfv::List = sfv::Parser::new(policy.unwrap()).parse().unwrap();
+    let sfv::ListEntry::Item(item) = &parsed[0] else {
+        panic!("an item")
+    };
+    assert_eq!(
+        item.params.get("qu"),
+        Some(&sfv::BareItem::String(
+            sfv::String::from_string("concurrent-requests".to_owned()).unwrap()
+        ))
+    );
 
     // Nor legacy `X-RateLimit-*` fields: a slot has no reset to report.
     let legacy = RateLimitLayer::builder()
@@ -367,8 +387,11 @@ async fn a_newcomer_refused_by_a_full_line_is_told_only_of_the_rule_it_waited_fo
     let refused = app.clone().oneshot(request("alice", 3)).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&refused, "retry-after").as_deref(), Some("1"));
-    assert_eq!(header(&refused, "ratelimit"), None);
-    assert_eq!(header(&refused, "ratelimit-policy"), None);
+    assert_eq!(header(&refused, "ratelimit").as_deref(), Some("\"llm\";r=0"));
+    assert_eq!(
+        header(&refused, "ratelimit-policy").as_deref(),
+        Some("\"llm\";q=1;qu=\"concurrent-requests\"")
+    );
     let body = refused.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["violated-policies"], serde_json::json!(["llm"]));

@@ -301,8 +301,14 @@ async fn a_queued_request_gets_a_slot_given_back_by_another_instance() {
     let (open_second, app_second) = streaming(&second);
     let held = app_first.clone().oneshot(request(1)).await.unwrap();
     assert_eq!(held.status(), StatusCode::OK);
+    let asked = server.command_calls("evalsha");
     let waiting = tokio::spawn(app_second.clone().oneshot(request(2)));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The second instance asked for the slot, was refused, and looks again while it waits in
+    // line: two calls of the script, and the request still waiting.
+    eventually("the waiting instance looking again", || async {
+        server.command_calls("evalsha") >= asked + 2
+    })
+    .await;
     assert!(!waiting.is_finished());
     assert!(open_second.lock().unwrap().is_empty());
     // The first instance's response ends; the second finds the slot free when it looks again.

@@ -1278,21 +1278,30 @@ async fn the_watch_reloads_a_changed_file_and_keeps_the_rules_on_a_bad_one() {
     })
     .await;
 
+    assert_eq!(watch.problem(), None);
+
     // A bad file is reported and ignored; a later good one is loaded.
     write(
         &path,
         "[[rules]]\nname = \"kept\"\nrate = 0\nperiod = \"1s\"\n",
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually("the bad file reported", || {
+        watch.problem().is_some_and(|why| why.contains("rate"))
+    })
+    .await;
     assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
     std::fs::remove_file(&path).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("the missing file reported", || {
+        watch.problem().is_some_and(|why| !why.contains("rate"))
+    })
+    .await;
     assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
     write(&path, RELOAD_V1);
     eventually("the rules of the fixed file", || {
         layer.limiter().rule_names() == ["kept", "changed"]
     })
     .await;
+    assert_eq!(watch.problem(), None);
     watch.stop();
 }
 

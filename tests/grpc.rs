@@ -404,6 +404,29 @@ async fn http_and_grpc_share_a_budget_and_each_gets_its_own_answer() {
     );
 }
 
+/// gRPC's retry design (A6) reads `grpc-retry-pushback-ms` as a signed 32-bit integer, and a
+/// client that cannot parse it never retries: a 30-day wait is capped, `Retry-After` is not.
+#[tokio::test]
+async fn a_pushback_longer_than_a_signed_32_bit_integer_is_capped_and_retry_after_is_not() {
+    let thirty_days = Duration::from_secs(30 * 24 * 3600);
+    let layer = RateLimitLayer::builder()
+        .store(frozen())
+        .rule(Rule::new("monthly", Limit::token_bucket(1, thirty_days)))
+        .build()
+        .unwrap();
+    let server = Running::start(layer).await;
+    server.say_hello(&[]).await.unwrap();
+
+    let refused = server.say_hello(&[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(metadata(&refused, "grpc-retry-pushback-ms"), "2147483647");
+    let (status, headers, _) = server
+        .http(http::Method::POST, "/api", "application/json")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "2592000");
+}
+
 #[tokio::test]
 async fn grpc_flavours_of_content_type_get_grpc_answers() {
     let layer = RateLimitLayer::builder()

@@ -4,7 +4,7 @@
 //! The task holds only a `Weak` reference to the layer, so it ends once the layer is gone.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -21,9 +21,21 @@ use crate::layer::{RateLimitLayer, Shared};
 #[derive(Debug)]
 pub struct ConfigWatch {
     task: JoinHandle<()>,
+    problem: Arc<Mutex<Option<String>>>,
 }
 
 impl ConfigWatch {
+    /// Why the file as the watch last read it is not in force (it does not parse, a rule is
+    /// invalid, it cannot be read), or `None` when the rules in force are the file's. The same
+    /// text is logged once as a warning; this is for health checks and tests that must see the
+    /// watch react to a bad file.
+    pub fn problem(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Stops watching; the rules in force stay.
     pub fn stop(self) {
         self.task.abort();
@@ -50,6 +62,7 @@ pub(super) fn spawn(
         ConfigFileError::new("", "watching the file needs a tokio runtime").in_file(path)
     })?;
     let seen = std::fs::read(path).map_err(|error| ConfigFileError::io(path, error))?;
+    let problem = Arc::default();
     let watcher = Watcher {
         layer: Arc::downgrade(&layer.shared),
         path: path.to_owned(),
@@ -58,10 +71,13 @@ pub(super) fn spawn(
             .ok()
             .and_then(|text| build_only(format, text)),
         seen,
+        seen_problem: None,
         last_problem: None,
+        published: Arc::clone(&problem),
     };
     Ok(ConfigWatch {
         task: runtime.spawn(watcher.run(interval)),
+        problem,
     })
 }
 
@@ -74,8 +90,12 @@ struct Watcher {
     /// The build-time settings of the file the watch started with: changing them needs a new
     /// layer, which a warning says.
     build_only: Option<BuildOnly>,
-    /// The last read error reported, so that a missing file is not reported every tick.
+    /// Why `seen` is not in force, if it is not.
+    seen_problem: Option<String>,
+    /// The last problem reported, so that a missing file is not reported every tick.
     last_problem: Option<String>,
+    /// What [`ConfigWatch::problem`] answers.
+    published: Arc<Mutex<Option<String>>>,
 }
 
 impl Watcher {
@@ -103,6 +123,7 @@ impl Watcher {
             };
             self.last_problem = None;
             if bytes == self.seen {
+                self.publish(self.seen_problem.clone());
                 continue;
             }
             self.seen = bytes;
@@ -119,14 +140,16 @@ impl Watcher {
         let text = match std::str::from_utf8(&self.seen) {
             Ok(text) => text,
             Err(_) => {
-                self.problem(
-                    ConfigFileError::new("", "the file is not UTF-8 text").in_file(&self.path),
-                );
+                let error =
+                    ConfigFileError::new("", "the file is not UTF-8 text").in_file(&self.path);
+                self.seen_problem = Some(self.problem(error));
                 return;
             }
         };
         match reload(layer.limiter(), self.format, text) {
             Ok(settings) => {
+                self.seen_problem = None;
+                self.publish(None);
                 tracing::info!(%file, "rate limit: configuration reloaded");
                 if self.build_only.as_ref().is_some_and(|old| *old != settings) {
                     tracing::warn!(
@@ -136,15 +159,22 @@ impl Watcher {
                     );
                 }
             }
-            Err(error) => self.problem(error.in_file(&self.path)),
+            Err(error) => self.seen_problem = Some(self.problem(error.in_file(&self.path))),
         }
     }
 
-    fn problem(&mut self, error: ConfigFileError) {
+    /// Reports why the file is not in force: logged once, and published to the handle.
+    fn problem(&mut self, error: ConfigFileError) -> String {
         let text = error.to_string();
+        self.publish(Some(text.clone()));
         if self.last_problem.as_deref() != Some(&text) {
             tracing::warn!(error = %text, "rate limit: configuration not reloaded; the rules in force stay");
-            self.last_problem = Some(text);
+            self.last_problem = Some(text.clone());
         }
+        text
+    }
+
+    fn publish(&self, problem: Option<String>) {
+        *self.published.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 }

@@ -200,6 +200,13 @@ impl ClientIp {
         Some(group(client, self.ipv4_prefix, self.ipv6_prefix))
     }
 
+    /// The address [`extract`](Self::extract) writes as the key: its group's network address.
+    pub(super) fn address(&self, headers: &HeaderMap, extensions: &Extensions) -> Option<IpAddr> {
+        let peer = normalize(peer_addr(extensions)?);
+        let client = self.client(peer, headers);
+        Some(group_address(client, self.ipv4_prefix, self.ipv6_prefix))
+    }
+
     /// The first untrusted address from the right; where the walk cannot go on (the chain
     /// ends, an entry is not an address, or 64 entries were examined), the last address
     /// it reached. Every address reached so far was vouched for by a trusted hop, so that is
@@ -296,6 +303,15 @@ pub(super) fn group(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> KeyValue {
     }
 }
 
+/// The address [`group`] writes: the address itself at full length, else its network's address.
+pub(super) fn group_address(ip: IpAddr, ipv4_prefix: u8, ipv6_prefix: u8) -> IpAddr {
+    let prefix = match ip {
+        IpAddr::V4(_) => ipv4_prefix,
+        IpAddr::V6(_) => ipv6_prefix,
+    };
+    IpNet::new(ip, prefix).map_or(ip, |net| net.network())
+}
+
 /// `203.0.113.7` or `203.0.113.0/24`, written by hand: the peer-IP key is derived on every
 /// request, and the `Display` machinery costs several times more than these few digits.
 fn ipv4_text(address: Ipv4Addr, prefix: Option<u8>) -> KeyValue {
@@ -365,6 +381,26 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// An access list compares the address the key stands for; it must be the address its
+        /// text names (for a grouped key, the group's network address), as when the text was
+        /// parsed back.
+        #[test]
+        fn group_address_is_the_address_the_key_text_names(
+            v4: [u8; 4],
+            v6: [u8; 16],
+            ipv4_prefix in 0u8..=32,
+            ipv6_prefix in 0u8..=128,
+        ) {
+            for ip in [IpAddr::from(v4), IpAddr::from(v6)] {
+                let text = group(ip, ipv4_prefix, ipv6_prefix).to_string();
+                let parsed = text
+                    .parse::<IpAddr>()
+                    .or_else(|_| text.parse::<IpNet>().map(|net| net.network()))
+                    .unwrap();
+                proptest::prop_assert_eq!(group_address(ip, ipv4_prefix, ipv6_prefix), parsed);
+            }
+        }
+
         #[test]
         fn ipv4_keys_read_like_display(octets: [u8; 4], prefix in 0u8..=32) {
             let address = Ipv4Addr::from(octets);

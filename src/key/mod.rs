@@ -304,6 +304,26 @@ impl Key {
         value.filter(|v| !v.is_empty())
     }
 
+    /// The address an IP key ([`Key::peer_ip`], [`Key::client_ip`]) stands for, without writing
+    /// it as text: the network address of its group (`2001:db8:1:2::` for the key
+    /// `2001:db8:1:2::/64`). `None` when the address is missing, or for a key of another kind.
+    pub(crate) fn address(&self, head: &RequestHead<'_>) -> Option<IpAddr> {
+        match &*self.0 {
+            Source::PeerIp => Some(client_ip::group_address(
+                client_ip::normalize(peer_addr(head.extensions)?),
+                32,
+                64,
+            )),
+            Source::ClientIp(c) => c.address(head.headers, head.extensions),
+            _ => None,
+        }
+    }
+
+    /// Whether [`address`](Self::address) reads this key.
+    pub(crate) fn is_address(&self) -> bool {
+        matches!(&*self.0, Source::PeerIp | Source::ClientIp(_))
+    }
+
     /// Whether this key is read from the peer address (alone or among others), so that its
     /// absence from every request is the server's misconfiguration.
     pub(crate) fn reads_peer(&self) -> bool {

@@ -17,6 +17,10 @@ pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status
 pub(crate) static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms`: how long a client should wait before retrying, as gRPC's retry
 /// design (A6) reads it.
+///
+/// A6 defines the value as an ASCII signed 32-bit integer and tells a client that cannot parse
+/// it never to retry, so a longer wait (a key blocked for 30 days) is sent as `2147483647`
+/// (about 24.8 days); the HTTP `Retry-After` of the same refusal keeps the true wait.
 pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The longest `grpc-message` the layer sends, in bytes once encoded; a longer message is cut
@@ -147,10 +151,14 @@ pub(crate) fn trailers_only(protocol: Protocol, code: i32, message: &str) -> Res
     response
 }
 
-/// `grpc-retry-pushback-ms` for a wait: whole milliseconds, rounded up.
+/// The largest `grpc-retry-pushback-ms` a client can read: A6's value is a signed 32-bit integer.
+pub(crate) const MAX_PUSHBACK_MS: u32 = i32::MAX as u32;
+
+/// `grpc-retry-pushback-ms` for a wait: whole milliseconds, rounded up, at most
+/// [`MAX_PUSHBACK_MS`].
 pub(crate) fn pushback_value(wait: Duration) -> HeaderValue {
     let millis = wait.as_nanos().div_ceil(1_000_000);
-    HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX))
+    HeaderValue::from(u32::try_from(millis).map_or(MAX_PUSHBACK_MS, |ms| ms.min(MAX_PUSHBACK_MS)))
 }
 
 /// `message` percent-encoded as gRPC's HTTP/2 protocol asks (every byte outside printable ASCII,
@@ -310,7 +318,15 @@ mod tests {
         assert_eq!(pushback_value(Duration::from_micros(1)), "1");
         assert_eq!(pushback_value(Duration::from_micros(1500)), "2");
         assert_eq!(pushback_value(Duration::ZERO), "0");
-        assert_eq!(pushback_value(Duration::MAX), u64::MAX.to_string().as_str());
+    }
+
+    #[test]
+    fn pushback_is_capped_at_a_signed_32_bit_integer() {
+        let thirty_days = Duration::from_secs(30 * 24 * 3600);
+        assert_eq!(pushback_value(thirty_days), "2147483647");
+        assert_eq!(pushback_value(Duration::MAX), "2147483647");
+        assert_eq!(pushback_value(Duration::from_millis(2_147_483_647)), "2147483647");
+        assert_eq!(pushback_value(Duration::from_millis(2_147_483_646)), "2147483646");
     }
 
     #[test]

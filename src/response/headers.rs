@@ -4,8 +4,11 @@
 //! (RFC 9651) with one item per rule, the rule's name as an sf-string.
 //! `RateLimit-Policy: "per-ip";q=60;w=60` names each quota (`q` units per `w` seconds);
 //! `RateLimit: "per-ip";r=0;t=7` says what is left (`r`) and in how many seconds the quota grows
-//! (`t`). A rule's policy item never changes, so it is serialized once, when the layer is built;
-//! per request only the two integers of each `RateLimit` item are written.
+//! (`t`). A concurrency limit is a quota in the draft's `concurrent-requests` unit, with no window
+//! and no time until it grows (a slot comes back when a response ends, not at a time):
+//! `RateLimit-Policy: "llm";q=8;qu="concurrent-requests"` and `RateLimit: "llm";r=3`. A rule's
+//! policy item never changes, so it is serialized once, when the layer is built; per request only
+//! the integers of each `RateLimit` item are written.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,9 +48,9 @@ pub(crate) struct PolicyItem {
     pub(crate) policy: String,
     /// The rule name as the inside of a JSON string (escaped), for problem+json bodies.
     pub(crate) json_name: String,
-    /// Whether the rule is a quota over time, which the fields describe; a concurrency limit is
-    /// not, and has no items (the draft defines none for it).
-    pub(crate) timed: bool,
+    /// Whether the rule is a quota over time, with a window (`w`) and a time until it grows
+    /// (`t`); a concurrency limit has neither.
+    pub(crate) windowed: bool,
 }
 
 impl PolicyItem {
@@ -59,13 +62,17 @@ impl PolicyItem {
                 format!("is not a valid Structured Field string: {e}"),
             )
         })?;
+        let windowed = !algorithm.is_concurrency();
         let q = sf_integer(algorithm.capacity());
-        let w = sf_integer(whole_seconds(algorithm.window()));
         let policy = sfv::ItemSerializer::new()
             .bare_item(name)
-            .parameter(Q, q)
-            .parameter(W, w)
-            .finish();
+            .parameter(Q, q);
+        let policy = if windowed {
+            policy.parameter(W, sf_integer(whole_seconds(algorithm.window())))
+        } else {
+            policy.parameter(QU, CONCURRENT_REQUESTS)
+        }
+        .finish();
         let name = sfv::ItemSerializer::new().bare_item(name).finish();
         let ratelimit_head = format!("{name};r=").into_bytes().into_boxed_slice();
         let quoted = serde_json::Value::from(rule).to_string();
@@ -75,7 +82,7 @@ impl PolicyItem {
             ratelimit_head,
             policy,
             json_name,
-            timed: !algorithm.is_concurrency(),
+            windowed,
         })
     }
 }
@@ -83,6 +90,9 @@ impl PolicyItem {
 // Checked at compile time.
 const Q: &sfv::KeyRef = sfv::key_ref("q");
 const W: &sfv::KeyRef = sfv::key_ref("w");
+const QU: &sfv::KeyRef = sfv::key_ref("qu");
+/// The draft's quota unit for requests in flight at once.
+const CONCURRENT_REQUESTS: &sfv::StringRef = sfv::string_ref("concurrent-requests");
 
 fn sf_integer(value: u64) -> sfv::Integer {
     sfv::integer(value.min(SF_INTEGER_MAX) as i64)
@@ -111,55 +121,61 @@ pub(crate) fn join<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<Heade
 /// The `RateLimit` value for a decision.
 pub(crate) fn ratelimit_value(items: &[PolicyItem], decision: &Decision) -> Option<HeaderValue> {
     match decision.rules() {
-        [entry] => one_item(
-            items.get(entry.index).filter(|item| item.timed)?,
-            &entry.outcome,
-        ),
+        [entry] => one_item(items.get(entry.index)?, &entry.outcome),
         all => items_value(items, all),
     }
 }
 
-/// The `RateLimit` value of any number of rules: their items joined, the concurrency limits'
-/// left out.
+/// The `RateLimit` value of any number of rules: their items joined.
 fn items_value(items: &[PolicyItem], all: &[RuleDecision]) -> Option<HeaderValue> {
-    let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
-    let entries = || all.iter().filter(timed);
-    let numbers = |entry: &RuleDecision| reported(&entry.outcome);
-    // The exact length first: a buffer of exactly its length becomes the value's `Bytes` without
-    // a second allocation.
-    let count = entries().count();
-    if count == 0 {
+    if all.is_empty() {
         return None;
     }
-    let mut len = 2 * (count - 1);
-    for entry in entries() {
-        let (r, t) = numbers(entry);
-        len += items.get(entry.index)?.name.len() + 6 + digits(r) + digits(t);
+    // The exact length first: a buffer of exactly its length becomes the value's `Bytes` without
+    // a second allocation.
+    let mut len = 2 * (all.len() - 1);
+    for entry in all {
+        let item = items.get(entry.index)?;
+        let (r, t) = reported(&entry.outcome);
+        len += item.name.len() + 3 + digits(r);
+        if item.windowed {
+            len += 3 + digits(t);
+        }
     }
     let mut value = Vec::with_capacity(len);
     let mut buffer = itoa::Buffer::new();
-    for (i, entry) in entries().enumerate() {
+    for (i, entry) in all.iter().enumerate() {
         if i > 0 {
             value.extend_from_slice(b", ");
         }
-        let (r, t) = numbers(entry);
-        value.extend_from_slice(items.get(entry.index)?.name.as_bytes());
+        let item = items.get(entry.index)?;
+        let (r, t) = reported(&entry.outcome);
+        value.extend_from_slice(item.name.as_bytes());
         value.extend_from_slice(b";r=");
         value.extend_from_slice(buffer.format(r).as_bytes());
-        value.extend_from_slice(b";t=");
-        value.extend_from_slice(buffer.format(t).as_bytes());
+        if item.windowed {
+            value.extend_from_slice(b";t=");
+            value.extend_from_slice(buffer.format(t).as_bytes());
+        }
     }
     field_value(value)
 }
 
 /// The `RateLimit` value of a decision with one rule (most of them): the rule's prepared head,
-/// then the two numbers, in a buffer of exactly its length (its `Bytes` then take it without a
+/// then its numbers, in a buffer of exactly its length (its `Bytes` then take it without a
 /// second allocation). The same bytes as [`items_value`] (tested), written in one pass:
 /// measured, about 170 instructions fewer per response.
 fn one_item(item: &PolicyItem, outcome: &Outcome) -> Option<HeaderValue> {
     let (r, t) = reported(outcome);
     let (mut r_digits, mut t_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let (r, t) = (r_digits.format(r).as_bytes(), t_digits.format(t).as_bytes());
+    let r = r_digits.format(r).as_bytes();
+    if !item.windowed {
+        let mut value = Vec::with_capacity(item.ratelimit_head.len() + r.len());
+        value.extend_from_slice(&item.ratelimit_head);
+        value.extend_from_slice(r);
+        return field_value(value);
+    }
+    let t = t_digits.format(t).as_bytes();
     let mut value = Vec::with_capacity(item.ratelimit_head.len() + r.len() + 3 + t.len());
     value.extend_from_slice(&item.ratelimit_head);
     value.extend_from_slice(r);
@@ -244,8 +260,9 @@ impl Legacy {
     /// The figures of the rule that binds hardest among the quotas over time (a concurrency
     /// limit has no reset to report).
     pub(crate) fn of(items: &[PolicyItem], decision: &Decision) -> Option<Legacy> {
-        let timed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.timed);
-        let entries = || decision.rules().iter().filter(timed);
+        let windowed =
+            |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.windowed);
+        let entries = || decision.rules().iter().filter(windowed);
         let denied = entries().filter_map(|entry| entry.outcome.retry_after().map(|w| (w, entry)));
         denied
             .max_by_key(|(wait, _)| *wait)
@@ -321,6 +338,28 @@ mod tests {
             assert_eq!(one, expected);
             assert_eq!(Some(one), items_value(&items, decision.rules()));
         }
+    }
+
+    #[test]
+    fn concurrency_limits_are_quotas_in_the_drafts_concurrent_requests_unit() {
+        let slots = Algorithm::Concurrency(crate::algorithm::Concurrency::new(8));
+        let item = PolicyItem::new("llm", &slots).unwrap();
+        assert_eq!(item.policy, "\"llm\";q=8;qu=\"concurrent-requests\"");
+        let mut decision = Decision::default();
+        decision.plan(0, "llm".into(), crate::KeyValue::new(b"k"), 1, None);
+        decision.answer_one(Outcome {
+            verdict: crate::algorithm::Verdict::Allowed,
+            limit: 8,
+            remaining: 3,
+            balance: 3,
+            next_unit_in: Duration::ZERO,
+            full_in: Duration::ZERO,
+            offence: false,
+        });
+        let items = [item];
+        let one = ratelimit_value(&items, &decision).unwrap();
+        assert_eq!(one, "\"llm\";r=3");
+        assert_eq!(Some(one), items_value(&items, decision.rules()));
     }
 
     #[test]

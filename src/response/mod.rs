@@ -168,8 +168,7 @@ impl Responder {
         let items = decision
             .rules()
             .iter()
-            .filter_map(|r| rules.items.get(r.index))
-            .filter(|i| i.timed);
+            .filter_map(|r| rules.items.get(r.index));
         headers::join(items.map(|i| i.policy.as_str()))
     }
 
@@ -488,10 +487,7 @@ impl fmt::Debug for Responder {
 /// `RateLimit-Policy` when some rule's limit came from the request: that limit's item.
 fn per_request_policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
     let mut items: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(decision.rules().len());
-    let timed = |entry: &&crate::decision::RuleDecision| {
-        rules.items.get(entry.index).is_some_and(|i| i.timed)
-    };
-    for entry in decision.rules().iter().filter(timed) {
+    for entry in decision.rules() {
         match entry.limit() {
             Some(limit) => items.push(
                 headers::PolicyItem::new(&entry.rule, limit.algorithm())

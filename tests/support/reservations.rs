@@ -133,4 +133,19 @@ pub(crate) async fn several_rules(limiter: &Limiter) {
             .await,
         Err(LimitError::UnknownRule(_))
     ));
+    // A batch of no rule decides nothing: an error at the call, never a "granted" reservation
+    // whose outcome does not exist.
+    let nothing = || Vec::<(&str, &str, u64)>::new();
+    assert!(matches!(
+        limiter.reserve_all(nothing()).await,
+        Err(LimitError::EmptyBatch)
+    ));
+    assert!(matches!(
+        limiter.charge_all(nothing()).await,
+        Err(LimitError::EmptyBatch)
+    ));
+    assert!(matches!(
+        limiter.check_all(nothing()).await,
+        Err(LimitError::EmptyBatch)
+    ));
 }
