@@ -23,11 +23,9 @@ use tollgate::{CountIf, Key, Limit, Penalty, RateLimitLayer, Rule};
 const MINUTE: Duration = Duration::from_secs(60);
 
 pub(crate) fn app() -> Router {
-    // The account is the path's last segment: `POST /login/alice`.
-    let account = Key::from_fn(|head| {
-        let user = head.uri.path().strip_prefix("/login/")?;
-        (!user.is_empty() && !user.contains('/')).then(|| user.to_owned())
-    });
+    // The account is the route's `{user}`, decoded as the handler's `Path` decodes it:
+    // `/login/%61lice` is alice's account too, never five fresh guesses.
+    let account = Key::path_param("user");
     let failed = || CountIf::status([401]);
     let layer = RateLimitLayer::builder()
         .rule(

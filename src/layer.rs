@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) decision_in_extensions: bool,
     /// A missing peer address is logged once per layer, not once per request.
     pub(crate) no_peer_logged: std::sync::atomic::AtomicBool,
+    /// Whether the missing route of a path-parameter key was logged (once per layer).
+    pub(crate) no_route_logged: std::sync::atomic::AtomicBool,
 }
 
 impl RateLimitLayer {
@@ -296,6 +298,7 @@ impl RateLimitLayerBuilder {
                 redact_keys: self.redact_keys,
                 decision_in_extensions: self.decision_in_extensions,
                 no_peer_logged: std::sync::atomic::AtomicBool::new(false),
+                no_route_logged: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -97,7 +97,9 @@ impl Rule {
     /// one or more remaining segments. `/login` matches only `/login`; `/users/*/avatar` matches
     /// `/users/7/avatar`; `/api/*` matches `/api/v1/chat` but not `/api` itself.
     ///
-    /// The path is the one the layer sees: under axum's `Router::nest`, the nested part.
+    /// The path is the one the layer sees: under axum's `Router::nest`, the nested part. A
+    /// percent-encoded segment matches what it decodes to (`/%6Cogin` is in `/login`'s scope), so
+    /// a spelling that some router or proxy decodes cannot step around the rule.
     pub fn path(mut self, pattern: impl Into<String>) -> Rule {
         self.scope.paths.push(pattern.into());
         self
@@ -648,11 +650,19 @@ fn path_matches(pattern: &[String], path: &str) -> bool {
         match path.next() {
             None => return false,
             Some(_) if want == "*" && last => return true,
-            Some(seg) if want == "*" || want == seg => {}
+            Some(seg) if want == "*" || want == seg || decodes_to(seg, want) => {}
             Some(_) => return false,
         }
     }
     path.next().is_none()
+}
+
+/// Whether the percent-encoded `segment` decodes to `want` (bytes compared: a segment that is
+/// not UTF-8 once decoded matches no pattern, as no literal pattern is).
+#[cold]
+fn decodes_to(segment: &str, want: &str) -> bool {
+    segment.contains('%')
+        && percent_encoding::percent_decode_str(segment).eq(want.bytes())
 }
 
 #[cfg(test)]
@@ -683,6 +693,18 @@ mod tests {
         assert!(!matches("/users/*/avatar", "/users/7/name"));
         assert!(matches("/", "/"));
         assert!(!matches("/", "/x"));
+    }
+
+    #[test]
+    fn percent_encoded_segments_match_what_they_decode_to() {
+        assert!(matches("/login", "/%6Cogin"));
+        assert!(matches("/login", "/%6c%6F%67%69%6e"));
+        assert!(matches("/users/*/avatar", "/users/%37/%61vatar"));
+        assert!(matches("/api/*", "/%61pi/v1"));
+        assert!(!matches("/login", "/%6Cogins"));
+        assert!(!matches("/login", "/%6C"));
+        assert!(!matches("/a/b", "/a%2Fb"));
+        assert!(!matches("/login", "/%FFogin"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
-use crate::key::{peer_addr, Key, KeyValue, RequestHead};
+use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
 use crate::limiter::Limiter;
 use crate::observe::RuleMetrics;
 use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
@@ -70,6 +70,18 @@ pub(crate) enum Refusal {
         rule: std::sync::Arc<str>,
         key: String,
     },
+    /// The rule's key is a route's path parameter, and the layer runs before any route matched:
+    /// the server's misconfiguration.
+    NoRoute {
+        rule: std::sync::Arc<str>,
+        key: String,
+    },
+    /// The rule's key is in the request but cannot be read (a path parameter that is not UTF-8
+    /// once percent-decoded).
+    BadKey {
+        rule: std::sync::Arc<str>,
+        key: String,
+    },
 }
 
 impl From<Refusal> for crate::decision::Ruling {
@@ -90,6 +102,16 @@ impl From<Refusal> for crate::decision::Ruling {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Some(rule),
                 format!("no peer address: the rule counts by {key}"),
+            ),
+            Refusal::NoRoute { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(rule),
+                format!("no route matched yet: the rule counts by {key}"),
+            ),
+            Refusal::BadKey { rule, key } => (
+                StatusCode::BAD_REQUEST,
+                Some(rule),
+                format!("unreadable key: the rule counts by {key}, not UTF-8 once decoded"),
             ),
             Refusal::Denied { list } => (
                 StatusCode::FORBIDDEN,
@@ -232,7 +254,7 @@ impl RuleSet {
             if !rule.applies_to(&head) {
                 continue;
             }
-            let key = match rule.key.extract(request) {
+            let key = match rule.key.read(&head).map_err(|fault| key_fault(rule, &rule.key, fault))? {
                 Some(key) => key,
                 // Whatever the rule does with missing keys: without the peer address no
                 // request would ever have this key, and skipping or sharing one would
@@ -242,7 +264,10 @@ impl RuleSet {
                 }
                 None => match &rule.missing_key {
                     MissingKey::Skip => continue,
-                    MissingKey::Fallback(fallback) => match fallback.extract(request) {
+                    MissingKey::Fallback(fallback) => match fallback
+                        .read(&head)
+                        .map_err(|fault| key_fault(rule, fallback, fault))?
+                    {
                         Some(key) => key,
                         None if fallback.reads_peer() && peer_addr(head.extensions).is_none() => {
                             return Err(no_peer(rule, fallback));
@@ -427,6 +452,14 @@ fn no_peer(rule: &CompiledRule, key: &Key) -> Refusal {
     Refusal::NoPeer {
         rule: rule.name.clone(),
         key: key.describe(),
+    }
+}
+
+fn key_fault(rule: &CompiledRule, key: &Key, fault: KeyFault) -> Refusal {
+    let (rule, key) = (rule.name.clone(), key.describe());
+    match fault {
+        KeyFault::NoRoute => Refusal::NoRoute { rule, key },
+        KeyFault::Undecodable => Refusal::BadKey { rule, key },
     }
 }
 

@@ -114,6 +114,7 @@ where
             Err(refusal) => {
                 match &refusal {
                     Refusal::NoPeer { rule, key } => report_no_peer(shared, rule, key),
+                    Refusal::NoRoute { rule, key } => report_no_route(shared, rule, key),
                     _ => tracing::debug!(?refusal, "rate limit: request refused before counting"),
                 }
                 let protocol = Protocol::of(&request);
@@ -185,6 +186,21 @@ fn report_no_peer(shared: &Shared, rule: &str, key: &str) {
              {key}; answering 500. With axum, serve with \
              `app.into_make_service_with_connect_info::<SocketAddr>()`; with hyper, insert the \
              connection's `SocketAddr` into each request's extensions"
+        );
+    }
+}
+
+/// The layer runs before the router, so a path-parameter key has nothing to read: the server's
+/// misconfiguration, said loudly once per layer.
+#[cold]
+fn report_no_route(shared: &Shared, rule: &str, key: &str) {
+    if !shared.no_route_logged.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            %rule,
+            %key,
+            "rate limit: rule \"{rule}\" counts requests by {key}, but the layer runs before the \
+             router has matched a route, so no request has one; answering 500. With axum, add the \
+             layer with `Router::route_layer` (or on the method router) instead of `Router::layer`"
         );
     }
 }

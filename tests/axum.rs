@@ -245,3 +245,78 @@ async fn stacked_layers_each_add_their_items() {
     // separately (one layer with both rules would charge all or nothing).
     assert_eq!(policies, ["\"login\";q=1;w=60", "\"site\";q=10;w=60"]);
 }
+
+/// The key of `Key::path_param` is the value the handler's `Path` sees: every percent-encoded
+/// spelling of one account is that account, on a nested router too.
+#[tokio::test(start_paused = true)]
+async fn a_path_parameter_key_is_the_decoded_value_the_handler_sees() {
+    use axum::extract::Path;
+    let account = || Rule::new("account", Limit::per_minute(3)).key(Key::path_param("user"));
+    let login = || {
+        post(|Path(params): Path<std::collections::HashMap<String, String>>| async move {
+            format!("welcome, {}", params["user"])
+        })
+    };
+    let flat = Router::new()
+        .route("/login/{user}", login())
+        .route_layer(paused::layer(account()));
+    let nested = Router::new().nest(
+        "/{tenant}/api",
+        Router::new()
+            .route("/login/{user}", login())
+            .route_layer(paused::layer(account())),
+    );
+    for (app, prefix) in [(flat, ""), (nested, "/acme/api")] {
+        for spelling in ["alice", "%61lice", "a%6Cice"] {
+            let path = format!("{prefix}/login/{spelling}");
+            assert_eq!(status(&app, "POST", &path).await, StatusCode::OK, "{path}");
+        }
+        // Three attempts under three spellings spent alice's three: a fourth is refused, and
+        // bob is untouched.
+        for spelling in ["%61%6c%69%63%65", "alic%65"] {
+            let path = format!("{prefix}/login/{spelling}");
+            assert_eq!(
+                status(&app, "POST", &path).await,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{path}"
+            );
+        }
+        let bob = format!("{prefix}/login/bob");
+        assert_eq!(status(&app, "POST", &bob).await, StatusCode::OK);
+        // Not UTF-8 once decoded: refused, whatever the rule does with missing keys (axum's
+        // `Path` refuses it too).
+        let garbage = format!("{prefix}/login/%FF");
+        let response = app
+            .clone()
+            .oneshot(Request::post(&garbage).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.contains("path-param:user"), "{text}");
+        assert!(text.contains("not valid UTF-8"), "{text}");
+    }
+}
+
+/// A route without the parameter has no key: the rule's `MissingKey` decides.
+#[tokio::test(start_paused = true)]
+async fn a_route_without_the_path_parameter_has_no_key() {
+    let rule = Rule::new("account", Limit::per_minute(1))
+        .key(Key::path_param("user"))
+        .on_missing_key(tollgate::MissingKey::Skip);
+    let app = Router::new()
+        .route("/login/{user}", post(|| async { "welcome" }))
+        .route("/health", get(|| async { "ok" }))
+        .route_layer(paused::layer(rule));
+    for _ in 0..3 {
+        assert_eq!(status(&app, "GET", "/health").await, StatusCode::OK);
+    }
+    assert_eq!(status(&app, "POST", "/login/carol").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "POST", "/login/carol").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

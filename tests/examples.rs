@@ -342,6 +342,28 @@ async fn login_throttle_blocks_an_account_after_five_failures() {
     );
 }
 
+/// The account is the value the handler greets: percent-encoded spellings of `alice` share her
+/// five guesses, and her block holds under every spelling.
+#[tokio::test]
+async fn login_throttle_counts_every_spelling_of_an_account_as_one() {
+    let server = Server::start(login_throttle::app()).await;
+    let spellings = ["alice", "%61lice", "a%6cice", "%61%6cice", "alic%65"];
+    for (left, spelling) in (0..5).rev().zip(spellings) {
+        let reply = login(&server, spelling, "guess").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{spelling}");
+        assert_eq!(reply.remaining("account"), left, "{spelling}");
+    }
+    for spelling in spellings {
+        let locked = login(&server, spelling, "hunter2").await;
+        assert_quota_exceeded(&locked, &["account"], 900);
+    }
+    // A name that is not UTF-8 once decoded is refused, as the handler's `Path` refuses it.
+    assert_eq!(
+        login(&server, "%FF", "hunter2").await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
 #[tokio::test]
 async fn login_throttle_never_counts_successful_logins() {
     let server = Server::start(login_throttle::app()).await;

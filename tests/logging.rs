@@ -165,6 +165,38 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
     assert!(errors[0].contains("per-ip"), "{text}");
 }
 
+/// A path-parameter key under `Router::layer` runs before the router: nothing to read, the
+/// server's fault. Every request is a 500, and one error names `route_layer`.
+#[tokio::test]
+async fn a_path_parameter_key_before_routing_is_a_500_and_one_logged_error() {
+    use axum::{routing::post, Router};
+    use tower::ServiceExt;
+
+    let lines = Lines::default();
+    let _guard = tracing::subscriber::set_default(lines.subscriber(tracing::Level::DEBUG));
+    let account = Rule::new("account", Limit::per_minute(100)).key(Key::path_param("user"));
+    let app = Router::new()
+        .route("/login/{user}", post(|| async { "welcome" }))
+        .layer(RateLimitLayer::new(account));
+    for _ in 0..5 {
+        let request = Request::post("/login/alice")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 500);
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let text = std::str::from_utf8(&body).unwrap();
+        assert!(text.contains("The server is misconfigured"), "{text}");
+    }
+    let text = lines.text();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "{text}");
+    assert!(errors[0].contains("route_layer"), "{text}");
+    assert!(errors[0].contains("account"), "{text}");
+}
+
 async fn block_log(redact: bool) -> String {
     let lines = Lines::default();
     let subscriber = lines.subscriber(tracing::Level::INFO);

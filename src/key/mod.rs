@@ -148,8 +148,21 @@ enum Source {
         get: fn(&Extensions) -> Option<KeyValue>,
     },
     Cookie(Box<str>),
+    #[cfg(feature = "axum")]
+    PathParam(Box<str>),
     Fn(Box<KeyFn>),
     FirstOf(Vec<Key>),
+}
+
+/// Why a request has no key when the request did not simply leave it out: a refusal of its own,
+/// whatever the rule does with missing keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyFault {
+    /// The key is a route's path parameter, and no route has matched yet (the layer runs before
+    /// the router): the server's misconfiguration.
+    NoRoute,
+    /// A path parameter's value is not UTF-8 once percent-decoded: the router refuses it too.
+    Undecodable,
 }
 
 /// Where a rule's key comes from.
@@ -265,6 +278,33 @@ impl Key {
         Key::of(Source::Cookie(name.into()))
     }
 
+    /// A path parameter of the route that matched (`Key::path_param("user")` for
+    /// `/login/{user}`), percent-decoded exactly as axum's `Path` extractor decodes it, so the
+    /// key is the value the handler sees: `/login/%61lice` and `/login/alice` are one account.
+    ///
+    /// The parameters are known once axum's router has matched the route, so add the layer with
+    /// `route_layer` (or on a method router, `post(handler).layer(..)`). Under `Router::layer` the
+    /// layer runs before routing: every request is answered `500`, and one error naming the fix
+    /// is logged. A route without the parameter means the key is missing (the rule's
+    /// [`MissingKey`](crate::MissingKey) decides); a value that is not UTF-8 once decoded
+    /// (`%FF`) is refused with `400`, whatever the rule does with missing keys, as axum refuses
+    /// it.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use tollgate::{Key, Limit, RateLimitLayer, Rule};
+    ///
+    /// let per_account = Rule::new("account", Limit::per_minute(5)).key(Key::path_param("user"));
+    /// let app: Router = Router::new()
+    ///     .route("/login/{user}", post(|| async { "welcome" }))
+    ///     .route_layer(RateLimitLayer::new(per_account));
+    /// ```
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn path_param(name: &str) -> Key {
+        Key::of(Source::PathParam(name.into()))
+    }
+
     /// A key computed by `f` from the request head; `None` (or an empty string) means missing.
     pub fn from_fn<F>(f: F) -> Key
     where
@@ -287,21 +327,35 @@ impl Key {
     }
 
     pub(crate) fn extract_head(&self, head: &RequestHead<'_>) -> Option<KeyValue> {
+        self.read(head).ok().flatten()
+    }
+
+    /// The key of a request: `Ok(None)` when the request leaves it out, a [`KeyFault`] when it has
+    /// none for another reason.
+    #[inline]
+    pub(crate) fn read(&self, head: &RequestHead<'_>) -> Result<Option<KeyValue>, KeyFault> {
         let value = match &*self.0 {
-            Source::Global => return Some(KeyValue::new(b"")),
-            Source::PeerIp => {
-                let ip = client_ip::normalize(peer_addr(head.extensions)?);
-                Some(client_ip::group(ip, 32, 64))
-            }
+            Source::Global => return Ok(Some(KeyValue::new(b""))),
+            Source::PeerIp => peer_addr(head.extensions)
+                .map(|ip| client_ip::group(client_ip::normalize(ip), 32, 64)),
             Source::ClientIp(c) => c.extract(head.headers, head.extensions),
             Source::Header(name) => head.headers.get(name).map(|v| KeyValue::new(v.as_bytes())),
             Source::Bearer => bearer_token(head.headers).map(KeyValue::hashed),
             Source::Extension { get, .. } => get(head.extensions),
             Source::Cookie(name) => cookie_value(head.headers, name).map(KeyValue::new),
+            #[cfg(feature = "axum")]
+            Source::PathParam(name) => path_param(head.extensions, name)?,
             Source::Fn(f) => f(head).map(|s| KeyValue::new(s.as_bytes())),
-            Source::FirstOf(keys) => keys.iter().find_map(|k| k.extract_head(head)),
+            Source::FirstOf(keys) => {
+                for key in keys {
+                    if let Some(value) = key.read(head)? {
+                        return Ok(Some(value));
+                    }
+                }
+                None
+            }
         };
-        value.filter(|v| !v.is_empty())
+        Ok(value.filter(|v| !v.is_empty()))
     }
 
     /// The address an IP key ([`Key::peer_ip`], [`Key::client_ip`]) stands for, without writing
@@ -347,6 +401,8 @@ impl Key {
             Source::Bearer => "bearer".to_owned(),
             Source::Extension { type_name, .. } => format!("extension:{type_name}"),
             Source::Cookie(name) => format!("cookie:{name}"),
+            #[cfg(feature = "axum")]
+            Source::PathParam(name) => format!("path-param:{name}"),
             Source::Fn(_) => "fn".to_owned(),
             Source::FirstOf(keys) => {
                 let inner: Vec<String> = keys.iter().map(Key::describe).collect();
@@ -396,6 +452,35 @@ pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
         return Some(addr.ip());
     }
     extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+/// The path parameter `name` of the route axum's router matched, as its `Path` extractor sees it.
+///
+/// The parameters live in the extensions under a type of axum's own, read through its public
+/// `RawPathParams` extractor: it takes request parts, so the extensions are copied into empty
+/// ones (only keys of this kind pay for that), and its future is ready at its first poll.
+#[cfg(feature = "axum")]
+fn path_param(extensions: &Extensions, name: &str) -> Result<Option<KeyValue>, KeyFault> {
+    use axum::extract::rejection::RawPathParamsRejection;
+    use axum::extract::{FromRequestParts, RawPathParams};
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let mut parts = Request::new(()).into_parts().0;
+    parts.extensions = extensions.clone();
+    let read = std::pin::pin!(RawPathParams::from_request_parts(&mut parts, &()));
+    match read.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(params)) => Ok(params
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| KeyValue::new(value.as_bytes()))),
+        Poll::Ready(Err(RawPathParamsRejection::InvalidUtf8InPathParam(_))) => {
+            Err(KeyFault::Undecodable)
+        }
+        // No parameters at all: no route has matched. (A future version of axum that waited
+        // here would be treated the same way: loudly, never as a missing key.)
+        Poll::Ready(Err(_)) | Poll::Pending => Err(KeyFault::NoRoute),
+    }
 }
 
 /// The trimmed token of the first `Authorization` header, if its scheme is `Bearer`.

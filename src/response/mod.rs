@@ -393,6 +393,20 @@ fn refusal_detail(refusal: &Refusal) -> (StatusCode, String) {
                  and the server does not pass the client's address on to it."
             ),
         ),
+        Refusal::NoRoute { rule, key } => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "The server is misconfigured: rate-limit rule \"{rule}\" counts requests by {key}, \
+                 and it runs before the router has matched a route."
+            ),
+        ),
+        Refusal::BadKey { rule, key } => (
+            StatusCode::BAD_REQUEST,
+            format!(
+                "Rate-limit rule \"{rule}\" counts requests by {key}, and this request's value is \
+                 not valid UTF-8 once percent-decoded."
+            ),
+        ),
     }
 }
 
