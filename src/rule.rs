@@ -661,8 +661,7 @@ fn path_matches(pattern: &[String], path: &str) -> bool {
 /// not UTF-8 once decoded matches no pattern, as no literal pattern is).
 #[cold]
 fn decodes_to(segment: &str, want: &str) -> bool {
-    segment.contains('%')
-        && percent_encoding::percent_decode_str(segment).eq(want.bytes())
+    segment.contains('%') && percent_encoding::percent_decode_str(segment).eq(want.bytes())
 }
 
 #[cfg(test)]

@@ -191,8 +191,7 @@ impl RuleSet {
             .iter()
             .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
             .collect::<Result<Vec<_>, _>>()?;
-        let all_rules_policy =
-            headers::join(items.iter().map(|i| i.policy.as_str()));
+        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
         let metrics = compiled
             .iter()
             .map(|rule| RuleMetrics::new(&rule.name))
@@ -254,7 +253,11 @@ impl RuleSet {
             if !rule.applies_to(&head) {
                 continue;
             }
-            let key = match rule.key.read(&head).map_err(|fault| key_fault(rule, &rule.key, fault))? {
+            let key = match rule
+                .key
+                .read(&head)
+                .map_err(|fault| key_fault(rule, &rule.key, fault))?
+            {
                 Some(key) => key,
                 // Whatever the rule does with missing keys: without the peer address no
                 // request would ever have this key, and skipping or sharing one would

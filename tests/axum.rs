@@ -253,9 +253,11 @@ async fn a_path_parameter_key_is_the_decoded_value_the_handler_sees() {
     use axum::extract::Path;
     let account = || Rule::new("account", Limit::per_minute(3)).key(Key::path_param("user"));
     let login = || {
-        post(|Path(params): Path<std::collections::HashMap<String, String>>| async move {
-            format!("welcome, {}", params["user"])
-        })
+        post(
+            |Path(params): Path<std::collections::HashMap<String, String>>| async move {
+                format!("welcome, {}", params["user"])
+            },
+        )
     };
     let flat = Router::new()
         .route("/login/{user}", login())

@@ -175,6 +175,9 @@ impl Watcher {
     }
 
     fn publish(&self, problem: Option<String>) {
-        *self.published.lock().unwrap_or_else(PoisonError::into_inner) = problem;
+        *self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = problem;
     }
 }

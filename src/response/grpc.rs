@@ -325,8 +325,14 @@ mod tests {
         let thirty_days = Duration::from_secs(30 * 24 * 3600);
         assert_eq!(pushback_value(thirty_days), "2147483647");
         assert_eq!(pushback_value(Duration::MAX), "2147483647");
-        assert_eq!(pushback_value(Duration::from_millis(2_147_483_647)), "2147483647");
-        assert_eq!(pushback_value(Duration::from_millis(2_147_483_646)), "2147483646");
+        assert_eq!(
+            pushback_value(Duration::from_millis(2_147_483_647)),
+            "2147483647"
+        );
+        assert_eq!(
+            pushback_value(Duration::from_millis(2_147_483_646)),
+            "2147483646"
+        );
     }
 
     #[test]

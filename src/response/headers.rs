@@ -64,9 +64,7 @@ impl PolicyItem {
         })?;
         let windowed = !algorithm.is_concurrency();
         let q = sf_integer(algorithm.capacity());
-        let policy = sfv::ItemSerializer::new()
-            .bare_item(name)
-            .parameter(Q, q);
+        let policy = sfv::ItemSerializer::new().bare_item(name).parameter(Q, q);
         let policy = if windowed {
             policy.parameter(W, sf_integer(whole_seconds(algorithm.window())))
         } else {
@@ -260,8 +258,7 @@ impl Legacy {
     /// The figures of the rule that binds hardest among the quotas over time (a concurrency
     /// limit has no reset to report).
     pub(crate) fn of(items: &[PolicyItem], decision: &Decision) -> Option<Legacy> {
-        let windowed =
-            |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.windowed);
+        let windowed = |entry: &&RuleDecision| items.get(entry.index).is_some_and(|i| i.windowed);
         let entries = || decision.rules().iter().filter(windowed);
         let denied = entries().filter_map(|entry| entry.outcome.retry_after().map(|w| (w, entry)));
         denied
