@@ -157,6 +157,8 @@ enum Source {
 /// Why a request has no key when the request did not simply leave it out: a refusal of its own,
 /// whatever the rule does with missing keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only path parameters, read through axum, fault so far.
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) enum KeyFault {
     /// The key is a route's path parameter, and no route has matched yet (the layer runs before
     /// the router): the server's misconfiguration.
