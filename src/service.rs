@@ -200,7 +200,7 @@ fn report_no_route(shared: &Shared, rule: &str, key: &str) {
             %key,
             "rate limit: rule \"{rule}\" counts requests by {key}, but the layer runs before the \
              router has matched a route, so no request has one; answering 500. With axum, add the \
-             layer with `Router::route_layer` (or on the method router) instead of `Router::layer`"
+             layer to the router (`Router::layer` or `Router::route_layer`) instead of around it"
         );
     }
 }

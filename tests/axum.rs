@@ -247,7 +247,7 @@ async fn stacked_layers_each_add_their_items() {
 }
 
 /// The key of `Key::path_param` is the value the handler's `Path` sees: every percent-encoded
-/// spelling of one account is that account, on a nested router too.
+/// spelling of one account is that account, on a nested router and under `Router::layer` too.
 #[tokio::test(start_paused = true)]
 async fn a_path_parameter_key_is_the_decoded_value_the_handler_sees() {
     use axum::extract::Path;
@@ -268,7 +268,11 @@ async fn a_path_parameter_key_is_the_decoded_value_the_handler_sees() {
             .route("/login/{user}", login())
             .route_layer(paused::layer(account())),
     );
-    for (app, prefix) in [(flat, ""), (nested, "/acme/api")] {
+    // `Router::layer` runs inside the router too, once a route (or the fallback) matched.
+    let layered = Router::new()
+        .route("/login/{user}", login())
+        .layer(paused::layer(account()));
+    for (app, prefix) in [(flat, ""), (nested, "/acme/api"), (layered, "")] {
         for spelling in ["alice", "%61lice", "a%6Cice"] {
             let path = format!("{prefix}/login/{spelling}");
             assert_eq!(status(&app, "POST", &path).await, StatusCode::OK, "{path}");

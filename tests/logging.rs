@@ -165,8 +165,8 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
     assert!(errors[0].contains("per-ip"), "{text}");
 }
 
-/// A path-parameter key under `Router::layer` runs before the router: nothing to read, the
-/// server's fault. Every request is a 500, and one error names `route_layer`.
+/// A path-parameter key in a layer around the whole router runs before routing: nothing to read,
+/// the server's fault. Every request is a 500, and one error names the fix.
 #[tokio::test]
 async fn a_path_parameter_key_before_routing_is_a_500_and_one_logged_error() {
     use axum::{routing::post, Router};
@@ -175,25 +175,26 @@ async fn a_path_parameter_key_before_routing_is_a_500_and_one_logged_error() {
     let lines = Lines::default();
     let _guard = tracing::subscriber::set_default(lines.subscriber(tracing::Level::DEBUG));
     let account = Rule::new("account", Limit::per_minute(100)).key(Key::path_param("user"));
-    let app = Router::new()
-        .route("/login/{user}", post(|| async { "welcome" }))
-        .layer(RateLimitLayer::new(account));
+    let router = Router::new().route("/login/{user}", post(|| async { "welcome" }));
+    // The mistake under test: the layer wraps the router instead of being added to it.
+    let app = RateLimitLayer::new(account).layer(router);
     for _ in 0..5 {
         let request = Request::post("/login/alice")
             .body(axum::body::Body::empty())
             .unwrap();
         let response = app.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), 500);
-        let body = axum::body::to_bytes(response.into_body(), 4096)
+        let body = http_body_util::BodyExt::collect(response.into_body())
             .await
-            .unwrap();
+            .unwrap()
+            .to_bytes();
         let text = std::str::from_utf8(&body).unwrap();
         assert!(text.contains("The server is misconfigured"), "{text}");
     }
     let text = lines.text();
     let errors: Vec<&str> = text.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{text}");
-    assert!(errors[0].contains("route_layer"), "{text}");
+    assert!(errors[0].contains("Router::layer"), "{text}");
     assert!(errors[0].contains("account"), "{text}");
 }
 

@@ -284,13 +284,14 @@ impl Key {
     /// `/login/{user}`), percent-decoded exactly as axum's `Path` extractor decodes it, so the
     /// key is the value the handler sees: `/login/%61lice` and `/login/alice` are one account.
     ///
-    /// The parameters are known once axum's router has matched the route, so add the layer with
-    /// `route_layer` (or on a method router, `post(handler).layer(..)`). Under `Router::layer` the
-    /// layer runs before routing: every request is answered `500`, and one error naming the fix
-    /// is logged. A route without the parameter means the key is missing (the rule's
-    /// [`MissingKey`](crate::MissingKey) decides); a value that is not UTF-8 once decoded
-    /// (`%FF`) is refused with `400`, whatever the rule does with missing keys, as axum refuses
-    /// it.
+    /// The parameters are known once axum's router has matched a route: `Router::layer`,
+    /// `Router::route_layer` and a method router's layers all run after that. A layer wrapped
+    /// around the whole router as a service (`tower::Layer::layer(limits, router)`, a
+    /// `ServiceBuilder` in front of it) runs before: every request is answered `500`, and one
+    /// error naming the fix is logged. A route without the parameter (or axum's fallback, the
+    /// 404 of `Router::layer`) means the key is missing: the rule's
+    /// [`MissingKey`](crate::MissingKey) decides. A value that is not UTF-8 once decoded (`%FF`)
+    /// is refused with `400`, whatever the rule does with missing keys, as axum refuses it.
     ///
     /// ```
     /// use axum::{routing::post, Router};
