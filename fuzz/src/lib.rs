@@ -1,7 +1,7 @@
 //! The bodies of tollgate's fuzz targets, as plain functions.
 //!
 //! Each `run` takes the fuzzer's bytes and panics if tollgate misbehaves on them. The cargo-fuzz
-//! binaries in `fuzz_targets/` call these functions, and tollgate's own `tests/fuzz_corpus.rs`
+//! binaries in `fuzz_targets/` call these functions, and tollgate's own `tests/it/fuzz_corpus.rs`
 //! includes this file to replay the committed corpora on every `cargo test`, without cargo-fuzz.
 //!
 //! Inputs are line-based text so that seeds can be written and read by hand; the format of each

@@ -1,6 +1,6 @@
 -- tollgate: one atomic step of the Redis store (src/store/redis/mod.rs).
 --
--- The same math as src/algorithm/*.rs, kept equal by the differential tests in tests/redis.rs.
+-- The same math as src/algorithm/*.rs, kept equal by the differential tests in tests/redis_store/single.rs.
 -- Lua numbers are doubles: every integer below 2^53 is exact, and so is every sum, difference and
 -- product whose result stays below 2^53 (IEEE arithmetic is correctly rounded). The Rust side
 -- rejects rule parameters whose intermediates could pass 2^53 (`params::validate`), and divisions

@@ -13,14 +13,11 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::{AccessList, Key, Limit, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::Limited;
 
-#[path = "support/metric.rs"]
-mod metric;
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::metric;
+use crate::support::paused;
 
 type Body = Full<Bytes>;
 
@@ -286,8 +283,7 @@ async fn counters_for_allowed_denied_and_delayed() {
     assert_eq!(counter(&metrics, "tollgate_denied_total", "queued"), 1);
 }
 
-#[path = "support/stores.rs"]
-mod stores;
+use crate::support::stores;
 
 #[tokio::test(start_paused = true)]
 async fn store_errors_and_store_latency_are_measured() {

@@ -14,12 +14,10 @@ use http_body_util::Full;
 use tollgate::{Decision, Key, Limit, LimitResolver, Queue, Rule};
 use tower::{service_fn, Layer};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::{send, Limited};
 
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::paused;
 
 type Body = Full<Bytes>;
 

@@ -13,12 +13,9 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use tollgate::{Key, Limit, LimitError, Limiter, Queue, RateLimitLayer, ResponseBody, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
-#[path = "support/paused.rs"]
-mod paused;
-#[path = "support/stores.rs"]
-mod stores;
-#[path = "support/streams.rs"]
-mod streams;
+use crate::support::paused;
+use crate::support::stores;
+use crate::support::streams;
 
 use streams::{called, end, streaming, Open, Streaming};
 
@@ -623,7 +620,7 @@ async fn the_layer_s_shadow_switch_leaves_concurrency_rules_out() {
 async fn the_documented_concurrency_rule_loads() {
     use tollgate::ConfigFormat;
 
-    let docs = include_str!("../src/config/CONFIG.md");
+    let docs = include_str!("../../src/config/CONFIG.md");
     let start = docs
         .find("```toml\n[[rules]]\nname = \"in-flight\"")
         .expect("the example")

@@ -2,7 +2,7 @@
 //! sees more than its cap — even when calls reach it late, as they do on a busy machine.
 
 #[allow(dead_code)]
-#[path = "../examples/queue.rs"]
+#[path = "../../examples/queue.rs"]
 mod queue;
 
 use std::time::Duration;

@@ -16,8 +16,7 @@ use tollgate::{
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 type Body = Full<Bytes>;
 

@@ -7,7 +7,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 #[allow(unreachable_pub)]
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod fuzz;
 
 fn corpus(target: &str) -> Vec<PathBuf> {

@@ -11,17 +11,13 @@ use tokio::time::Instant;
 use tollgate::{Cost, Limit, Limiter, Queue, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::Limited;
 
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::paused;
 
-#[path = "support/calendar.rs"]
-mod calendar;
-#[path = "support/reservations.rs"]
-mod reservations;
+use crate::support::calendar;
+use crate::support::reservations;
 
 type Body = Full<Bytes>;
 

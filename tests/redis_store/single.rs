@@ -4,19 +4,14 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "support/calendar.rs"]
-mod calendar;
-#[path = "support/differential.rs"]
-mod differential;
-#[path = "support/hammer.rs"]
-mod hammer;
+use crate::support::calendar;
+use crate::support::differential;
+use crate::support::hammer;
 #[allow(dead_code)]
-#[path = "../examples/redis.rs"]
+#[path = "../../examples/redis.rs"]
 mod redis_example;
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/reservations.rs"]
-mod reservations;
+use crate::support::redis_server;
+use crate::support::reservations;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

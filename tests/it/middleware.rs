@@ -13,16 +13,13 @@ use http_body_util::Full;
 use tollgate::{Cost, Decision, FailurePolicy, Key, Limit, MissingKey, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
-#[path = "support/stores.rs"]
-mod stores;
+use crate::support::stores;
 use stores::{Broken, Slow};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::send;
 
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::paused;
 
 type Body = Full<Bytes>;
 

@@ -5,10 +5,8 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::oneshot;
+use crate::support::redis_server;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -5,22 +5,22 @@
 //! them, and every await is bounded by a timeout.
 
 #[allow(dead_code)]
-#[path = "../examples/api_key_tiers.rs"]
+#[path = "../../examples/api_key_tiers.rs"]
 mod api_key_tiers;
 #[allow(dead_code)]
-#[path = "../examples/customer_limits.rs"]
+#[path = "../../examples/customer_limits.rs"]
 mod customer_limits;
 #[allow(dead_code)]
-#[path = "../examples/llm_tokens.rs"]
+#[path = "../../examples/llm_tokens.rs"]
 mod llm_tokens;
 #[allow(dead_code)]
-#[path = "../examples/login_throttle.rs"]
+#[path = "../../examples/login_throttle.rs"]
 mod login_throttle;
 #[allow(dead_code)]
-#[path = "../examples/per_route.rs"]
+#[path = "../../examples/per_route.rs"]
 mod per_route;
 #[allow(dead_code)]
-#[path = "../examples/quickstart.rs"]
+#[path = "../../examples/quickstart.rs"]
 mod quickstart;
 
 use std::future::Future;

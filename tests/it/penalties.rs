@@ -8,8 +8,7 @@ use tollgate::{Limit, LimitError, Limiter, ManualClock, MemoryStore, Outcome, Pe
 use tollgate::{RateLimitLayer, Verdict};
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);

@@ -7,7 +7,7 @@
 #![cfg(feature = "config")]
 
 #[allow(dead_code)]
-#[path = "../examples/server.rs"]
+#[path = "../../examples/server.rs"]
 mod server;
 
 use std::convert::Infallible;
@@ -25,11 +25,9 @@ use tollgate::{
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 use oneshot::{send, Limited};
 
 type Body = Full<Bytes>;
@@ -134,7 +132,7 @@ fn code_block<'a>(markdown: &'a str, language: &str) -> &'a str {
     &markdown[start..end]
 }
 
-const CONFIG_DOCS: &str = include_str!("../src/config/CONFIG.md");
+const CONFIG_DOCS: &str = include_str!("../../src/config/CONFIG.md");
 
 fn header_name(name: &'static str) -> HeaderName {
     HeaderName::from_static(name)
@@ -401,7 +399,7 @@ rules:
 
 #[test]
 fn the_readme_example_loads() {
-    let layer = toml(code_block(include_str!("../README.md"), "toml"));
+    let layer = toml(code_block(include_str!("../../README.md"), "toml"));
     assert_eq!(
         layer.limiter().rule_names(),
         ["login", "api:free", "api:pro"]

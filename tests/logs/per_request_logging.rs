@@ -2,8 +2,7 @@
 //! since the last. Alone in this test binary, like `logging.rs`: `tracing` caches per call site
 //! whether anyone listens.
 
-#[path = "support/log_lines.rs"]
-mod log_lines;
+use crate::support::log_lines;
 use log_lines::Lines;
 
 use std::convert::Infallible;
@@ -15,11 +14,9 @@ use http_body_util::Full;
 use tollgate::{Key, Limit, LimitResolver, Rule};
 use tower::{service_fn, Layer};
 
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::paused;
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::send;
 
 type Body = Full<Bytes>;

@@ -32,8 +32,7 @@ use http_body_util::Full;
 use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, ServiceExt};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::Limited;
 
 type Body = Full<Bytes>;

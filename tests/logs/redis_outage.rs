@@ -9,11 +9,9 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
-#[path = "support/log_lines.rs"]
-mod log_lines;
+use crate::support::log_lines;
 use log_lines::Lines;
 
 use std::convert::Infallible;

@@ -7,10 +7,9 @@
 #![cfg(feature = "tonic")]
 
 #[allow(dead_code)]
-#[path = "../examples/grpc.rs"]
+#[path = "../../examples/grpc.rs"]
 mod example;
-#[path = "support/stores.rs"]
-mod stores;
+use crate::support::stores;
 
 use std::convert::Infallible;
 use std::future::Future;

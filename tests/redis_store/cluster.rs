@@ -4,12 +4,9 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "support/differential.rs"]
-mod differential;
-#[path = "support/hammer.rs"]
-mod hammer;
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::differential;
+use crate::support::hammer;
+use crate::support::redis_server;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -11,18 +11,14 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, Rule, TopOffenders};
 use tower::{service_fn, Layer};
 
-#[path = "support/oneshot.rs"]
-mod oneshot;
+use crate::support::oneshot;
 use oneshot::{send, Limited};
 
-#[path = "support/metric.rs"]
-mod metric;
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::metric;
+use crate::support::paused;
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 type Body = Full<Bytes>;
 

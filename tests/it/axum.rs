@@ -10,8 +10,7 @@ use http::{Request, StatusCode};
 use tollgate::{Decision, Key, Limit, Rule};
 use tower::ServiceExt;
 
-#[path = "support/paused.rs"]
-mod paused;
+use crate::support::paused;
 
 async fn status(app: &Router, method: &str, path: &str) -> StatusCode {
     let req = Request::builder()

@@ -4,10 +4,8 @@
 
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/streams.rs"]
-mod streams;
+use crate::support::redis_server;
+use crate::support::streams;
 
 use std::time::{Duration, Instant};
 

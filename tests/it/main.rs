@@ -1,0 +1,25 @@
+//! The integration tests that run in one process: the layer in axum, hyper and tonic servers, the
+//! configuration file, the examples, queue mode, per-request limits, penalties, outcomes, the
+//! fuzz corpora and the soak. One binary, so the test command links tokio, hyper, tonic and axum
+//! once for all of them (Redis-backed cases among them start their own `redis-server`).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod axum;
+mod concurrency;
+mod config;
+mod decide;
+mod examples;
+mod fuzz_corpus;
+mod grpc;
+mod hyper;
+mod middleware;
+mod operations;
+mod outcomes;
+mod penalties;
+mod per_request;
+mod queue;
+mod queue_example;
+mod soak;
+mod top_offenders;

@@ -1,0 +1,17 @@
+//! Helpers shared by the test binaries: stores with frozen or paused clocks, real Redis servers,
+//! request drivers, log capture. Each binary uses some of them.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod calendar;
+#[cfg(feature = "redis")]
+pub mod differential;
+pub mod hammer;
+pub mod log_lines;
+pub mod metric;
+pub mod oneshot;
+pub mod paused;
+pub mod redis_server;
+pub mod reservations;
+pub mod stores;
+pub mod streams;
