@@ -102,7 +102,7 @@ fn check_names_the_file_place_rule_and_field_and_exits_one() {
     let (_dir, path) = file("limits.toml", "[[rules]]\nname = \"x\"\nrate = \"ten\"\n");
     fails_saying(
         &["check", "--config", path.to_str().unwrap()],
-        "limits.toml:3:8: rules[0].rate: expected a whole number",
+        "limits.toml:3:8: rules[0].rate (rule \"x\"): expected a whole number",
     );
 }
 
