@@ -946,6 +946,67 @@ key = { client_ip = { cdn = [{ header = "cf-connecting-ip", trust = ["173.245.48
 
 // ───────────────────────────── tiers ─────────────────────────────
 
+/// A tier's rule says in words which requests it is for (`RuleSummary::condition`), what
+/// `tollgate check` prints; a key every request has (the global key) is never missing.
+#[test]
+fn tiers_say_which_requests_their_rules_are_for() {
+    let layer = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+[rules.tiers]
+keys = { "k1" = "pro" }
+default = "free"
+plans.free = { rate = 60 }
+plans.pro = { rate = 1000 }
+
+[[rules]]
+name = "by-header"
+period = "1m"
+[rules.tiers]
+from = { header = "x-plan" }
+default = "free"
+plans.free = { rate = 10 }
+plans.pro = { rate = 100 }
+"#,
+    );
+    let rules = layer.limiter().rules_in_force();
+    let conditions: Vec<(&str, bool, Option<&str>, bool)> = rules
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_str(),
+                r.conditional,
+                r.condition.as_deref(),
+                r.key.can_be_missing(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("api:free", true, Some("plan \"free\", the default (requests whose key is not listed for another plan in `tiers.keys`)"), true),
+            ("api:pro", true, Some("plan \"pro\" (requests whose key is the one listed for it in `tiers.keys`)"), true),
+            ("by-header:free", true, Some("plan \"free\", the default (requests whose x-plan header is \"free\", names no other plan, or is absent)"), false),
+            ("by-header:pro", true, Some("plan \"pro\" (requests whose x-plan header is \"pro\")"), false),
+        ]
+    );
+    // In code: described or not.
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("a", Limit::per_second(1)).when(|_| true))
+        .rule(Rule::new("b", Limit::per_second(1)).when_described("requests of the beta", |_| true))
+        .build()
+        .unwrap();
+    let rules = layer.limiter().rules_in_force();
+    assert_eq!(
+        (rules[0].conditional, rules[0].condition.as_deref()),
+        (true, None)
+    );
+    assert_eq!(rules[1].condition.as_deref(), Some("requests of the beta"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn tiers_from_the_key_table() {
     let layer = toml(

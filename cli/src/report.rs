@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::stats::{RuleTally, Tally, TOP_KEYS};
+use crate::stats::{Input, RuleTally, Tally, TOP_KEYS};
 use crate::time::format_utc;
 
 /// The most points a chart draws; longer logs are summed into wider buckets.
@@ -53,12 +53,21 @@ pub fn write(dir: &Path, title: &str, runs: &[(&str, &Tally)], json: &Value) -> 
         if runs.len() > 1 {
             let _ = writeln!(page, "<h2>{}</h2>", escape(run));
         }
-        let skipped: u64 = tally.skipped.values().sum();
-        let _ = writeln!(
-            page,
-            "<p><span data-field=\"lines\">{}</span> lines, <span data-field=\"skipped\">{skipped}</span> skipped.</p>",
-            tally.lines
-        );
+        let _ = match tally.input {
+            Input::Log => {
+                let skipped: u64 = tally.skipped.values().sum();
+                writeln!(
+                    page,
+                    "<p><span data-field=\"lines\">{}</span> lines, <span data-field=\"skipped\">{skipped}</span> skipped.</p>",
+                    tally.lines
+                )
+            }
+            Input::Synthetic => writeln!(
+                page,
+                "<p><span data-field=\"requests\">{}</span> requests sent.</p>",
+                tally.lines
+            ),
+        };
         let _ = writeln!(page, "<table class=\"rules\"><tr><th>rule</th><th>requests</th><th>allowed</th><th>denied</th><th>delayed</th><th>refused</th><th>keys</th><th>keys limited</th></tr>");
         for rule in &tally.rules {
             let _ = write!(

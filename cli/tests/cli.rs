@@ -93,6 +93,78 @@ fn check_prints_the_rules_and_exits_zero() {
     assert!(text.contains("for POST requests, on /login"), "{text}");
 }
 
+/// Every rule in words an operator reads: costs, keys, the plan a tier's rule is for and how it
+/// is chosen, and what happens without the key only when a request can be without it.
+#[test]
+fn check_describes_every_rule_in_plain_words() {
+    let config = r#"
+[[rules]]
+name = "everyone"
+rate = 100
+period = "1s"
+cost = 0
+
+[[rules]]
+name = "tokens"
+rate = 1000
+period = "1m"
+key = "bearer"
+cost = { header = "x-cost", default = 5 }
+on_missing_key = "skip"
+
+[[rules]]
+name = "exports"
+rate = 10
+period = "1m"
+key = { first_of = [{ header = "x-user" }, { cookie = "sid" }] }
+on_missing_key = { reject = 401 }
+cost = { header = "x-cost" }
+
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+on_missing_key = { fallback = "peer_ip" }
+cost = 3
+[rules.tiers]
+keys = { "k1" = "pro", "k2" = "pro" }
+default = "free"
+plans.free = { rate = 60 }
+plans.pro = { rate = 1000 }
+
+[[rules]]
+name = "plans"
+period = "1m"
+key = "peer_ip"
+[rules.tiers]
+from = { header = "x-plan" }
+default = "free"
+plans.free = { rate = 10 }
+plans.pro = { rate = 100 }
+plans.enterprise = { unlimited = true }
+"#;
+    let (_dir, path) = file("rules.toml", config);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "- \"everyone\": token bucket, 100 per 1s, bursts up to 100, one count shared by every request (a global key), requests cost nothing (they are checked, never charged)",
+            "- \"tokens\": token bucket, 1000 per 1m, bursts up to 1000, per bearer token (its SHA-256, never the token), each request costs the units its x-cost header says (5 when it has none); requests without a bearer token pass",
+            "- \"exports\": token bucket, 10 per 1m, bursts up to 10, per x-user header value, else sid cookie value, each request costs the units its x-cost header says (a request without it is refused with 400 Bad Request); requests with none of these are refused (401 Unauthorized)",
+            "- \"api:free\": token bucket, 60 per 1m, bursts up to 60, per x-api-key header value, each request costs 3 units, only for plan \"free\", the default (requests whose key is not listed for another plan in `tiers.keys`); requests without the x-api-key header count per peer IP address",
+            "- \"api:pro\": token bucket, 1000 per 1m, bursts up to 1000, per x-api-key header value, each request costs 3 units, only for plan \"pro\" (requests whose key is one of the 2 listed for it in `tiers.keys`); requests without the x-api-key header count per peer IP address",
+            "- \"plans:free\": token bucket, 10 per 1m, bursts up to 10, per peer IP address, only for plan \"free\", the default (requests whose x-plan header is \"free\", names no other plan, or is absent)",
+            "- \"plans:pro\": token bucket, 100 per 1m, bursts up to 100, per peer IP address, only for plan \"pro\" (requests whose x-plan header is \"pro\")",
+        ]
+    );
+    for debug in ["Cost::", "Some(", "None", "such as a tier"] {
+        assert!(!text.contains(debug), "{debug}: {text}");
+    }
+}
+
 #[test]
 fn check_names_the_file_place_rule_and_field_and_exits_one() {
     fails_saying(
@@ -406,6 +478,23 @@ fn simulate_rules_from_the_command_line() {
     // Half of a steady 10/s passes a 5/s bucket, plus (at most) its burst.
     let allowed = tb["allowed"].as_u64().unwrap();
     assert!((150..=165).contains(&allowed), "{allowed}");
+    assert_eq!(json["requests"], 300);
+    assert!(
+        json.get("lines").is_none() && json.get("skipped").is_none(),
+        "{json}"
+    );
+    // The text counts requests too: a simulation has no lines.
+    let text = stdout(&tollgate(&[
+        "simulate",
+        "--rule",
+        "name=tb,rate=5,period=1s,burst=5",
+        "--clients",
+        "3",
+        "--duration",
+        "10s",
+    ]));
+    assert!(text.starts_with("300 requests sent\n"), "{text}");
+    assert!(!text.contains("lines"), "{text}");
     let bad = tollgate(&["simulate", "--rule", "name=tb,rate=0,period=1s"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(
