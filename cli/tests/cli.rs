@@ -394,6 +394,16 @@ fn csv_with_named_columns() {
     assert_eq!(json["skipped"]["truncated"], 1);
 }
 
+/// The comparison of one rule under both configurations, from `--compare --json`.
+fn compared<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no rule {name} in {json}"))
+}
+
 #[test]
 fn compare_shows_keys_limited_by_one_configuration_only() {
     // 12 requests in one second from one address (the stricter configuration's burst of 5 and
@@ -409,11 +419,15 @@ fn compare_shows_keys_limited_by_one_configuration_only() {
         &log,
         &["--compare", &data("strict.toml")],
     );
-    assert_eq!(json["limited_only_by_b"]["count"], 1);
-    assert_eq!(json["limited_only_by_b"]["keys"][0], "203.0.113.9");
-    assert_eq!(json["limited_only_by_a"]["count"], 0);
+    let per_ip = compared(&json, "per-ip");
+    let denied = rule(&json["b"], "per-ip")["denied"].as_u64().unwrap();
+    assert!(denied > 0);
+    assert_eq!(
+        per_ip["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": denied, "keys": [{"key": "203.0.113.9", "denied": denied}]})
+    );
+    assert_eq!(per_ip["limited_only_by_a"]["count"], 0);
     assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
-    assert!(rule(&json["b"], "per-ip")["denied"].as_u64().unwrap() > 0);
     let text = stdout(&tollgate(&[
         "replay",
         "--config",
@@ -424,7 +438,149 @@ fn compare_shows_keys_limited_by_one_configuration_only() {
         &data("strict.toml"),
     ]));
     assert!(
-        text.contains("keys limited only by strict.toml: 1\n  203.0.113.9"),
+        text.contains(&format!(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 1 ({denied} requests denied)\n    {denied:>10}  203.0.113.9\n"
+        )),
+        "{text}"
+    );
+}
+
+/// Keys are compared rule by rule: an address another rule (`login`) limits under both
+/// configurations is still shown as limited by the stricter `per-ip` only. Taken over all
+/// rules at once, it was limited by both, and both sides said 0.
+#[test]
+fn compare_is_rule_by_rule_when_another_rule_limits_the_same_keys() {
+    // Second 0: 7 logins from one address (`login`, 5 a minute on both sides, denies 2; the
+    // per-IP buckets let all 7 through); second 1: 15 other requests from it, which the
+    // stricter per-IP bucket (5, refilled 5 a second) cuts and the other (20) does not. Another
+    // address sends 2, limited by nothing.
+    let log: String = (0..7)
+        .map(|_| line("203.0.113.9", 0, "POST /login"))
+        .chain((0..2).map(|_| line("192.0.2.2", 0, "GET /")))
+        .chain((0..15).map(|_| line("203.0.113.9", 1, "GET /")))
+        .collect();
+    let (_dir, log) = file("access.log", log);
+    let report_dir = tempfile::tempdir().unwrap();
+    let report = report_dir.path().join("report");
+    let json = replay_json(
+        &data("api.toml"),
+        &log,
+        &[
+            "--compare",
+            &data("strict.toml"),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+    );
+    // Both sides limit the address under `login`...
+    for side in ["a", "b"] {
+        assert_eq!(rule(&json[side], "login")["denied"], 2, "{side}");
+    }
+    let login = compared(&json, "login");
+    assert_eq!(login["limited_only_by_a"]["count"], 0);
+    assert_eq!(login["limited_only_by_b"]["count"], 0);
+    // ...and only the stricter one under `per-ip`.
+    assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
+    assert_eq!(rule(&json["b"], "per-ip")["denied"], 6);
+    let per_ip = compared(&json, "per-ip");
+    assert_eq!(
+        per_ip["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": 6, "keys": [{"key": "203.0.113.9", "denied": 6}]})
+    );
+    assert_eq!(
+        per_ip["limited_only_by_a"],
+        serde_json::json!({"count": 0, "denied": 0, "keys": []})
+    );
+    let mut top: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    top.sort_unstable();
+    assert_eq!(top, ["a", "b", "rules"]);
+    // The report says the same.
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    let section = page
+        .split("<section class=\"only\" data-rule=\"per-ip\">")
+        .nth(1)
+        .unwrap()
+        .split("</section>")
+        .next()
+        .unwrap();
+    assert!(
+        section.contains("Keys limited only by strict.toml: <span data-field=\"limited_only_by_b\">1</span>, <span data-field=\"limited_only_by_b_denied\">6</span> requests denied.")
+            && section.contains("<tr class=\"only-key\"><td>203.0.113.9</td><td data-field=\"denied\">6</td></tr>"),
+        "{section}"
+    );
+
+    let text = stdout(&tollgate(&[
+        "replay",
+        "--config",
+        &data("api.toml"),
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        &data("strict.toml"),
+    ]));
+    let per_ip_text = text
+        .split("rule \"per-ip\"\n")
+        .nth(1)
+        .unwrap()
+        .split("rule \"login\"")
+        .next()
+        .unwrap();
+    assert!(
+        per_ip_text.ends_with(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 1 (6 requests denied)\n             6  203.0.113.9\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 0\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A rule in one configuration only: every key it limits is limited by that side only.
+#[test]
+fn compare_shows_a_rule_only_one_configuration_has() {
+    let (_a, a) = file("a.toml", PACED);
+    let (_b, b) = file(
+        "b.toml",
+        format!(
+            "{PACED}\n[[rules]]\nname = \"tight\"\nrate = 1\nperiod = \"1m\"\nkey = \"peer_ip\"\n"
+        ),
+    );
+    let log: String = (0..3).map(|s| line("192.0.2.1", s, "GET /")).collect();
+    let (_dir, log) = file("access.log", log);
+    let json = replay_json(
+        a.to_str().unwrap(),
+        &log,
+        &["--compare", b.to_str().unwrap()],
+    );
+    let tight = compared(&json, "tight");
+    assert_eq!(tight["limited_only_by_a"], Value::Null);
+    assert_eq!(
+        tight["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": 2, "keys": [{"key": "192.0.2.1", "denied": 2}]})
+    );
+    let text = stdout(&tollgate(&[
+        "replay",
+        "--config",
+        a.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        b.to_str().unwrap(),
+    ]));
+    assert!(text.contains("rule \"tight\" (only in b.toml)\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "  keys limited only by b.toml: 1 (2 requests denied)\n             2  192.0.2.1\n"
+        ),
         "{text}"
     );
 }
