@@ -228,7 +228,11 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
                 .key(api_key())
                 .path("/api/*")
                 .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-                .when(|_| true),
+                .when_described(
+                    "plan \"free\", the default (requests whose key is not listed for another \
+                     plan in `tiers.keys`)",
+                    |_| true,
+                ),
         )
         .rule(
             Rule::new(
@@ -238,7 +242,10 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .key(api_key())
             .path("/api/*")
             .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-            .when(|_| true),
+            .when_described(
+                "plan \"pro\" (requests whose key is the one listed for it in `tiers.keys`)",
+                |_| true,
+            ),
         )
         .build()
         .unwrap();
