@@ -77,6 +77,34 @@ impl Cost {
         }
     }
 
+    /// The header the cost is read from, for a cost read from a header ([`Cost::header`]).
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tollgate::Cost;
+    ///
+    /// let cost = Cost::header(HeaderName::from_static("x-cost")).or(5);
+    /// assert_eq!(cost.header_name().map(HeaderName::as_str), Some("x-cost"));
+    /// assert_eq!(cost.header_default(), Some(5));
+    /// assert_eq!(Cost::fixed(3).header_name(), None);
+    /// ```
+    pub fn header_name(&self) -> Option<&HeaderName> {
+        match &self.0 {
+            Kind::Header { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The cost of a request without the header, for a cost read from a header that has one
+    /// ([`Cost::or`]); `None` for any other cost, and for a header cost without a default (a
+    /// request without the header is then refused).
+    pub fn header_default(&self) -> Option<u64> {
+        match self.0 {
+            Kind::Header { default, .. } => default,
+            _ => None,
+        }
+    }
+
     /// The cost of one request.
     #[inline]
     pub fn of(&self, head: &RequestHead<'_>) -> Result<u64, CostError> {
@@ -180,5 +208,31 @@ mod tests {
         assert_eq!(cost_of(&Cost::fixed(5), None), Ok(5));
         let by_method = Cost::from_fn(|head| (head.method == http::Method::GET).then_some(2));
         assert_eq!(cost_of(&by_method, None), Ok(2));
+    }
+
+    #[test]
+    fn what_a_cost_is_made_of() {
+        let header = Cost::header(HeaderName::from_static("x-cost"));
+        assert_eq!(
+            (
+                header.as_fixed(),
+                header.header_name(),
+                header.header_default()
+            ),
+            (None, Some(&HeaderName::from_static("x-cost")), None)
+        );
+        assert_eq!(header.or(0).header_default(), Some(0));
+        let fixed = Cost::fixed(2);
+        assert_eq!(
+            (
+                fixed.as_fixed(),
+                fixed.header_name(),
+                fixed.header_default()
+            ),
+            (Some(2), None, None)
+        );
+        // Neither fixed nor from a header: computed.
+        let computed = Cost::from_fn(|_| Some(1));
+        assert_eq!((computed.as_fixed(), computed.header_name()), (None, None));
     }
 }

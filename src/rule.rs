@@ -128,11 +128,38 @@ impl Rule {
 
     /// Applies only to requests for which `predicate` holds, on top of methods and paths (e.g. the
     /// requests of one plan: `.when(|head| head.headers.get("x-plan").is_some_and(|v| v == "pro"))`).
+    /// [`when_described`](Self::when_described) also says in words which requests they are.
     pub fn when<F>(mut self, predicate: F) -> Rule
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
     {
-        self.scope.when = Some(Predicate(Arc::new(predicate)));
+        self.scope.when = Some(Predicate {
+            test: Arc::new(predicate),
+            description: None,
+        });
+        self
+    }
+
+    /// Like [`when`](Self::when), with the condition in words for people reading the rules
+    /// ([`RuleSummary::condition`], which `tollgate check` prints after "only for"): a phrase such
+    /// as `requests whose x-plan header is "pro"`.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Rule};
+    ///
+    /// let pro = Rule::new("api:pro", Limit::per_minute(1_000)).when_described(
+    ///     "requests whose x-plan header is \"pro\"",
+    ///     |head| head.headers.get("x-plan").is_some_and(|v| v == "pro"),
+    /// );
+    /// ```
+    pub fn when_described<F>(mut self, description: impl Into<String>, predicate: F) -> Rule
+    where
+        F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.scope.when = Some(Predicate {
+            test: Arc::new(predicate),
+            description: Some(description.into().into()),
+        });
         self
     }
 
@@ -487,13 +514,19 @@ struct Scope {
     when: Option<Predicate>,
 }
 
-/// A caller's condition on the request head.
+/// A caller's condition on the request head, and its words when given.
 #[derive(Clone)]
-struct Predicate(Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>);
+struct Predicate {
+    test: Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>,
+    description: Option<Arc<str>>,
+}
 
 impl std::fmt::Debug for Predicate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("when(..)")
+        match &self.description {
+            Some(description) => write!(f, "when({description:?})"),
+            None => f.write_str("when(..)"),
+        }
     }
 }
 
@@ -532,6 +565,10 @@ pub struct RuleSummary {
     pub paths: Vec<String>,
     /// Whether a predicate of the caller's (`Rule::when`) narrows the scope further.
     pub conditional: bool,
+    /// That predicate in words, when it was given with them
+    /// ([`Rule::when_described`]; a configuration file's tiers say which plan and how it is
+    /// chosen): a phrase that follows "only for", such as `requests whose x-plan header is "pro"`.
+    pub condition: Option<String>,
     /// What happens to a request without the key.
     pub missing_key: MissingKey,
     /// Whether the rule queues (delays) requests instead of denying them at once.
@@ -561,7 +598,11 @@ impl CompiledRule {
     #[inline]
     pub(crate) fn applies_to(&self, head: &RequestHead<'_>) -> bool {
         self.scope.matches(head.method, head.uri)
-            && self.scope.when.as_ref().is_none_or(|when| (when.0)(head))
+            && self
+                .scope
+                .when
+                .as_ref()
+                .is_none_or(|when| (when.test)(head))
     }
 
     /// Whether the rule's charge is corrected once the response is known.
@@ -588,6 +629,11 @@ impl CompiledRule {
                 .map(|segments| format!("/{}", segments.join("/")))
                 .collect(),
             conditional: self.scope.when.is_some(),
+            condition: self
+                .scope
+                .when
+                .as_ref()
+                .and_then(|when| when.description.as_deref().map(str::to_owned)),
             missing_key: self.missing_key.clone(),
             queued: matches!(self.mode, Mode::Reserve(_)),
             shadow: self.shadow,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tollgate::algorithm::{Algorithm, TokenBucket, WindowStart};
 use tollgate::config::ConfigFileError;
-use tollgate::{MemoryStore, MissingKey, RateLimitLayer, RuleSummary};
+use tollgate::{Cost, Key, MemoryStore, MissingKey, RateLimitLayer, RuleSummary};
 
 /// Loads `path` as the layer would (every value checked, a Redis store's URL checked but not
 /// connected to) and describes its rules.
@@ -23,15 +23,9 @@ pub fn check(path: &Path) -> Result<String, ConfigFileError> {
 /// One rule in a sentence.
 pub fn describe(rule: &RuleSummary) -> String {
     let mut text = format!("{:?}: {}", rule.name, algorithm(&rule.algorithm));
-    let _ = write!(text, ", per {}", key(&rule.key.describe()));
-    match rule.cost.as_fixed() {
-        Some(1) => {}
-        Some(units) => {
-            let _ = write!(text, ", each request costs {units}");
-        }
-        None => {
-            let _ = write!(text, ", each request costs {:?}", rule.cost);
-        }
+    text.push_str(&counted_by(&rule.key));
+    if let Some(cost) = cost(&rule.cost) {
+        let _ = write!(text, ", {cost}");
     }
     if !rule.methods.is_empty() {
         let methods: Vec<&str> = rule.methods.iter().map(|m| m.as_str()).collect();
@@ -40,14 +34,28 @@ pub fn describe(rule: &RuleSummary) -> String {
     if !rule.paths.is_empty() {
         let _ = write!(text, ", on {}", rule.paths.join(" or "));
     }
-    if rule.conditional {
-        text.push_str(", only for requests that meet a further condition (such as a tier's plan)");
+    match (&rule.condition, rule.conditional) {
+        (Some(condition), _) => {
+            let _ = write!(text, ", only for {condition}");
+        }
+        (None, true) => {
+            text.push_str(", only for requests that meet a further condition set in code");
+        }
+        (None, false) => {}
     }
-    text.push_str(match &rule.missing_key {
-        MissingKey::Skip => "; requests without the key pass",
-        MissingKey::Fallback(_) => "; requests without the key count by a fallback key",
-        MissingKey::RejectWith(_) | MissingKey::Reject => "; requests without the key are refused",
-    });
+    // A key every request has (one global key, the peer's address) is never missing: what the
+    // rule does without it would never happen.
+    if rule.key.can_be_missing() {
+        let without = without(&rule.key.describe());
+        let _ = match &rule.missing_key {
+            MissingKey::Skip => write!(text, "; {without} pass"),
+            MissingKey::Fallback(key) => {
+                write!(text, "; {without} count per {}", key_words(&key.describe()))
+            }
+            MissingKey::Reject => write!(text, "; {without} are refused (400 Bad Request)"),
+            MissingKey::RejectWith(status) => write!(text, "; {without} are refused ({status})"),
+        };
+    }
     if rule.queued {
         text.push_str("; over the limit, requests wait their turn (queue) instead of a 429");
     }
@@ -57,13 +65,102 @@ pub fn describe(rule: &RuleSummary) -> String {
     text
 }
 
-fn key(described: &str) -> String {
-    match described {
-        "global" => "everyone together (one global key)".into(),
-        "peer-ip" => "peer IP address".into(),
-        "client-ip" => "client IP (behind trusted proxies)".into(),
-        other => other.into(),
+/// What the rule counts by, as the clause after the algorithm.
+fn counted_by(key: &Key) -> String {
+    match key.describe().as_str() {
+        "global" => ", one count shared by every request (a global key)".into(),
+        described => format!(", per {}", key_words(described)),
     }
+}
+
+/// A key in words, from its short description (`peer-ip`, `header:x-api-key`,
+/// `first-of(header:x-api-key,client-ip)`).
+fn key_words(described: &str) -> String {
+    if let Some(keys) = described
+        .strip_prefix("first-of(")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        let words: Vec<String> = split_top_level(keys).into_iter().map(key_words).collect();
+        return words.join(", else ");
+    }
+    match described.split_once(':') {
+        Some(("header", name)) => format!("{name} header value"),
+        Some(("cookie", name)) => format!("{name} cookie value"),
+        Some(("extension", type_name)) => {
+            format!("{type_name} the application puts in the request (an extension)")
+        }
+        _ => match described {
+            "global" => "one global key".into(),
+            "peer-ip" => "peer IP address".into(),
+            "client-ip" => "client IP address (behind trusted proxies)".into(),
+            "bearer" => "bearer token (its SHA-256, never the token)".into(),
+            "fn" => "key the application computes".into(),
+            other => other.into(),
+        },
+    }
+}
+
+/// The requests without a key, in words.
+fn without(described: &str) -> String {
+    if described.starts_with("first-of(") {
+        return "requests with none of these".into();
+    }
+    match described.split_once(':') {
+        Some(("header", name)) => format!("requests without the {name} header"),
+        Some(("cookie", name)) => format!("requests without the {name} cookie"),
+        Some(("extension", type_name)) => format!("requests without the {type_name} extension"),
+        _ => match described {
+            "bearer" => "requests without a bearer token".into(),
+            "fn" => "requests the application computes no key for".into(),
+            _ => "requests without the key".into(),
+        },
+    }
+}
+
+/// The parts of `a,b(c,d),e<f,g>` split at the commas outside brackets.
+fn split_top_level(list: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (at, c) in list.char_indices() {
+        match c {
+            '(' | '<' => depth += 1,
+            ')' | '>' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&list[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&list[start..]);
+    parts
+}
+
+/// What one request costs, when it is not the usual one unit.
+fn cost(cost: &Cost) -> Option<String> {
+    if let Some(units) = cost.as_fixed() {
+        return match units {
+            0 => Some("requests cost nothing (they are checked, never charged)".into()),
+            1 => None,
+            units => Some(format!("each request costs {units} units")),
+        };
+    }
+    if let Some(name) = cost.header_name() {
+        return Some(match cost.header_default() {
+            Some(units) => format!(
+                "each request costs the units its {name} header says ({units} when it has none)"
+            ),
+            None => format!(
+                "each request costs the units its {name} header says (a request without it is \
+                 refused with 400 Bad Request)"
+            ),
+        });
+    }
+    Some(
+        "each request costs the units the application computes for it (a request it computes \
+         none for is refused with 400 Bad Request)"
+            .into(),
+    )
 }
 
 fn algorithm(algorithm: &Algorithm) -> String {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::stats::{RuleTally, Tally, TOP_KEYS};
+use crate::stats::{Input, RuleTally, Tally, TOP_KEYS};
 use crate::time::format_utc;
 
 /// The most points a chart draws; longer logs are summed into wider buckets.
@@ -53,12 +53,21 @@ pub fn write(dir: &Path, title: &str, runs: &[(&str, &Tally)], json: &Value) -> 
         if runs.len() > 1 {
             let _ = writeln!(page, "<h2>{}</h2>", escape(run));
         }
-        let skipped: u64 = tally.skipped.values().sum();
-        let _ = writeln!(
-            page,
-            "<p><span data-field=\"lines\">{}</span> lines, <span data-field=\"skipped\">{skipped}</span> skipped.</p>",
-            tally.lines
-        );
+        let _ = match tally.input {
+            Input::Log => {
+                let skipped: u64 = tally.skipped.values().sum();
+                writeln!(
+                    page,
+                    "<p><span data-field=\"lines\">{}</span> lines, <span data-field=\"skipped\">{skipped}</span> skipped.</p>",
+                    tally.lines
+                )
+            }
+            Input::Synthetic => writeln!(
+                page,
+                "<p><span data-field=\"requests\">{}</span> requests sent.</p>",
+                tally.lines
+            ),
+        };
         let _ = writeln!(page, "<table class=\"rules\"><tr><th>rule</th><th>requests</th><th>allowed</th><th>denied</th><th>delayed</th><th>refused</th><th>keys</th><th>keys limited</th></tr>");
         for rule in &tally.rules {
             let _ = write!(
@@ -107,24 +116,53 @@ pub fn write(dir: &Path, title: &str, runs: &[(&str, &Tally)], json: &Value) -> 
             page.push_str("</section>\n");
         }
     }
-    // `--compare`: the keys one configuration limits and the other does not.
-    for (side, (run, _)) in ["limited_only_by_a", "limited_only_by_b"].iter().zip(runs) {
-        if let Some(only) = json.get(side) {
+    // `--compare`: per rule, the keys one configuration's rule limits and the other's does not.
+    let compared = json
+        .get("rules")
+        .and_then(Value::as_array)
+        .filter(|_| runs.len() == 2);
+    if let Some(rules) = compared {
+        page.push_str("<h2>Keys limited by one configuration only, rule by rule</h2>\n");
+        for rule in rules {
+            let name = rule["name"].as_str().unwrap_or_default();
             let _ = writeln!(
                 page,
-                "<h2>Keys limited only by {}: <span data-field=\"{side}\">{}</span></h2>",
-                escape(run),
-                only["count"]
+                "<section class=\"only\" data-rule=\"{}\"><h3>{}</h3>",
+                escape(name),
+                escape(name)
             );
-            let keys: Vec<String> = only["keys"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|k| k.as_str().map(escape))
-                .collect();
-            if !keys.is_empty() {
-                let _ = writeln!(page, "<p class=\"only\">{}</p>", keys.join(", "));
+            for (side, (run, _)) in ["limited_only_by_a", "limited_only_by_b"].iter().zip(runs) {
+                let only = &rule[*side];
+                if only.is_null() {
+                    let _ = writeln!(page, "<p>No such rule in {}.</p>", escape(run));
+                    continue;
+                }
+                let _ = writeln!(
+                    page,
+                    "<p>Keys limited only by {}: <span data-field=\"{side}\">{}</span>, <span data-field=\"{side}_denied\">{}</span> requests denied.</p>",
+                    escape(run),
+                    only["count"],
+                    only["denied"]
+                );
+                let keys = only["keys"].as_array().into_iter().flatten();
+                let rows: Vec<String> = keys
+                    .map(|k| {
+                        format!(
+                            "<tr class=\"only-key\"><td>{}</td><td data-field=\"denied\">{}</td></tr>",
+                            escape(k["key"].as_str().unwrap_or_default()),
+                            k["denied"]
+                        )
+                    })
+                    .collect();
+                if !rows.is_empty() {
+                    let _ = writeln!(
+                        page,
+                        "<table class=\"keys\"><tr><th>key denied most</th><th>denied</th></tr>\n{}\n</table>",
+                        rows.join("\n")
+                    );
+                }
             }
+            page.push_str("</section>\n");
         }
     }
     page.push_str("</body></html>\n");

@@ -14,6 +14,7 @@ use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
 
 use crate::log::Entry;
 use crate::run::Runner;
+use crate::stats::Input;
 use crate::time::{Micros, Stamp};
 
 /// Where the simulated clock starts: 2023-11-14 22:13:20 UTC, a whole minute and hour apart from
@@ -189,6 +190,9 @@ pub fn simulate(
     seed: u64,
     runners: &mut [Runner],
 ) {
+    for runner in runners.iter_mut() {
+        runner.tally.input = Input::Synthetic;
+    }
     let mut rng = fastrand::Rng::with_seed(seed);
     let duration = duration.as_micros() as Micros;
     // One sorted stream per (source, client), merged in time order.

@@ -15,10 +15,22 @@ use crate::time::Micros;
 /// How many keys a rule's `top_keys` lists.
 pub const TOP_KEYS: usize = 10;
 
-/// The counts of one configuration over one log.
+/// Where the requests of a tally come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Input {
+    /// The lines of a log (`replay`): some may be skipped.
+    #[default]
+    Log,
+    /// Synthetic requests (`simulate`): one per arrival, none skipped.
+    Synthetic,
+}
+
+/// The counts of one configuration over one log, or over synthetic traffic.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// Lines read (replayed or skipped).
+    /// Where the requests come from: the text and the JSON say lines or requests.
+    pub input: Input,
+    /// Lines read (replayed or skipped), or synthetic requests sent.
     pub lines: u64,
     /// Lines not replayed, by reason.
     pub skipped: BTreeMap<Skip, u64>,
@@ -141,22 +153,43 @@ impl Tally {
         self.rules.iter_mut().find(|r| r.name == name)
     }
 
-    /// The JSON of `--json`.
+    /// The JSON of `--json`: `lines` and `skipped` of a log, `requests` of synthetic traffic.
     pub fn to_json(&self) -> Value {
-        json!({
-            "lines": self.lines,
-            "skipped": self.skipped.iter().map(|(k, v)| (k.name().to_owned(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        let mut json = json!({
             "allow_listed": self.allow_listed,
             "deny_listed": self.deny_listed,
             "rules": self.rules.iter().map(RuleTally::to_json).collect::<Vec<_>>(),
-        })
+        });
+        match self.input {
+            Input::Log => {
+                json["lines"] = json!(self.lines);
+                json["skipped"] = self
+                    .skipped
+                    .iter()
+                    .map(|(k, v)| (k.name().to_owned(), json!(v)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
+            }
+            Input::Synthetic => json["requests"] = json!(self.lines),
+        }
+        json
+    }
+
+    /// How many lines or requests, in words: `12 lines, 1 skipped`, `300 requests sent`.
+    pub fn summary(&self) -> String {
+        match self.input {
+            Input::Log => {
+                let skipped: u64 = self.skipped.values().sum();
+                format!("{} lines, {skipped} skipped", self.lines)
+            }
+            Input::Synthetic => format!("{} requests sent", self.lines),
+        }
     }
 
     /// The text for a terminal.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
-        let skipped: u64 = self.skipped.values().sum();
-        let _ = writeln!(out, "{} lines, {} skipped", self.lines, skipped);
+        let _ = writeln!(out, "{}", self.summary());
         for (reason, n) in &self.skipped {
             let _ = writeln!(out, "  skipped {n}: {reason}");
         }

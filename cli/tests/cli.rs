@@ -93,6 +93,78 @@ fn check_prints_the_rules_and_exits_zero() {
     assert!(text.contains("for POST requests, on /login"), "{text}");
 }
 
+/// Every rule in words an operator reads: costs, keys, the plan a tier's rule is for and how it
+/// is chosen, and what happens without the key only when a request can be without it.
+#[test]
+fn check_describes_every_rule_in_plain_words() {
+    let config = r#"
+[[rules]]
+name = "everyone"
+rate = 100
+period = "1s"
+cost = 0
+
+[[rules]]
+name = "tokens"
+rate = 1000
+period = "1m"
+key = "bearer"
+cost = { header = "x-cost", default = 5 }
+on_missing_key = "skip"
+
+[[rules]]
+name = "exports"
+rate = 10
+period = "1m"
+key = { first_of = [{ header = "x-user" }, { cookie = "sid" }] }
+on_missing_key = { reject = 401 }
+cost = { header = "x-cost" }
+
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+on_missing_key = { fallback = "peer_ip" }
+cost = 3
+[rules.tiers]
+keys = { "k1" = "pro", "k2" = "pro" }
+default = "free"
+plans.free = { rate = 60 }
+plans.pro = { rate = 1000 }
+
+[[rules]]
+name = "plans"
+period = "1m"
+key = "peer_ip"
+[rules.tiers]
+from = { header = "x-plan" }
+default = "free"
+plans.free = { rate = 10 }
+plans.pro = { rate = 100 }
+plans.enterprise = { unlimited = true }
+"#;
+    let (_dir, path) = file("rules.toml", config);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "- \"everyone\": token bucket, 100 per 1s, bursts up to 100, one count shared by every request (a global key), requests cost nothing (they are checked, never charged)",
+            "- \"tokens\": token bucket, 1000 per 1m, bursts up to 1000, per bearer token (its SHA-256, never the token), each request costs the units its x-cost header says (5 when it has none); requests without a bearer token pass",
+            "- \"exports\": token bucket, 10 per 1m, bursts up to 10, per x-user header value, else sid cookie value, each request costs the units its x-cost header says (a request without it is refused with 400 Bad Request); requests with none of these are refused (401 Unauthorized)",
+            "- \"api:free\": token bucket, 60 per 1m, bursts up to 60, per x-api-key header value, each request costs 3 units, only for plan \"free\", the default (requests whose key is not listed for another plan in `tiers.keys`); requests without the x-api-key header count per peer IP address",
+            "- \"api:pro\": token bucket, 1000 per 1m, bursts up to 1000, per x-api-key header value, each request costs 3 units, only for plan \"pro\" (requests whose key is one of the 2 listed for it in `tiers.keys`); requests without the x-api-key header count per peer IP address",
+            "- \"plans:free\": token bucket, 10 per 1m, bursts up to 10, per peer IP address, only for plan \"free\", the default (requests whose x-plan header is \"free\", names no other plan, or is absent)",
+            "- \"plans:pro\": token bucket, 100 per 1m, bursts up to 100, per peer IP address, only for plan \"pro\" (requests whose x-plan header is \"pro\")",
+        ]
+    );
+    for debug in ["Cost::", "Some(", "None", "such as a tier"] {
+        assert!(!text.contains(debug), "{debug}: {text}");
+    }
+}
+
 #[test]
 fn check_names_the_file_place_rule_and_field_and_exits_one() {
     fails_saying(
@@ -102,7 +174,7 @@ fn check_names_the_file_place_rule_and_field_and_exits_one() {
     let (_dir, path) = file("limits.toml", "[[rules]]\nname = \"x\"\nrate = \"ten\"\n");
     fails_saying(
         &["check", "--config", path.to_str().unwrap()],
-        "limits.toml:3:8: rules[0].rate: expected a whole number",
+        "limits.toml:3:8: rules[0].rate (rule \"x\"): expected a whole number",
     );
 }
 
@@ -322,6 +394,16 @@ fn csv_with_named_columns() {
     assert_eq!(json["skipped"]["truncated"], 1);
 }
 
+/// The comparison of one rule under both configurations, from `--compare --json`.
+fn compared<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no rule {name} in {json}"))
+}
+
 #[test]
 fn compare_shows_keys_limited_by_one_configuration_only() {
     // 12 requests in one second from one address (the stricter configuration's burst of 5 and
@@ -337,11 +419,15 @@ fn compare_shows_keys_limited_by_one_configuration_only() {
         &log,
         &["--compare", &data("strict.toml")],
     );
-    assert_eq!(json["limited_only_by_b"]["count"], 1);
-    assert_eq!(json["limited_only_by_b"]["keys"][0], "203.0.113.9");
-    assert_eq!(json["limited_only_by_a"]["count"], 0);
+    let per_ip = compared(&json, "per-ip");
+    let denied = rule(&json["b"], "per-ip")["denied"].as_u64().unwrap();
+    assert!(denied > 0);
+    assert_eq!(
+        per_ip["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": denied, "keys": [{"key": "203.0.113.9", "denied": denied}]})
+    );
+    assert_eq!(per_ip["limited_only_by_a"]["count"], 0);
     assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
-    assert!(rule(&json["b"], "per-ip")["denied"].as_u64().unwrap() > 0);
     let text = stdout(&tollgate(&[
         "replay",
         "--config",
@@ -352,7 +438,149 @@ fn compare_shows_keys_limited_by_one_configuration_only() {
         &data("strict.toml"),
     ]));
     assert!(
-        text.contains("keys limited only by strict.toml: 1\n  203.0.113.9"),
+        text.contains(&format!(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 1 ({denied} requests denied)\n    {denied:>10}  203.0.113.9\n"
+        )),
+        "{text}"
+    );
+}
+
+/// Keys are compared rule by rule: an address another rule (`login`) limits under both
+/// configurations is still shown as limited by the stricter `per-ip` only. Taken over all
+/// rules at once, it was limited by both, and both sides said 0.
+#[test]
+fn compare_is_rule_by_rule_when_another_rule_limits_the_same_keys() {
+    // Second 0: 7 logins from one address (`login`, 5 a minute on both sides, denies 2; the
+    // per-IP buckets let all 7 through); second 1: 15 other requests from it, which the
+    // stricter per-IP bucket (5, refilled 5 a second) cuts and the other (20) does not. Another
+    // address sends 2, limited by nothing.
+    let log: String = (0..7)
+        .map(|_| line("203.0.113.9", 0, "POST /login"))
+        .chain((0..2).map(|_| line("192.0.2.2", 0, "GET /")))
+        .chain((0..15).map(|_| line("203.0.113.9", 1, "GET /")))
+        .collect();
+    let (_dir, log) = file("access.log", log);
+    let report_dir = tempfile::tempdir().unwrap();
+    let report = report_dir.path().join("report");
+    let json = replay_json(
+        &data("api.toml"),
+        &log,
+        &[
+            "--compare",
+            &data("strict.toml"),
+            "--report",
+            report.to_str().unwrap(),
+        ],
+    );
+    // Both sides limit the address under `login`...
+    for side in ["a", "b"] {
+        assert_eq!(rule(&json[side], "login")["denied"], 2, "{side}");
+    }
+    let login = compared(&json, "login");
+    assert_eq!(login["limited_only_by_a"]["count"], 0);
+    assert_eq!(login["limited_only_by_b"]["count"], 0);
+    // ...and only the stricter one under `per-ip`.
+    assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
+    assert_eq!(rule(&json["b"], "per-ip")["denied"], 6);
+    let per_ip = compared(&json, "per-ip");
+    assert_eq!(
+        per_ip["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": 6, "keys": [{"key": "203.0.113.9", "denied": 6}]})
+    );
+    assert_eq!(
+        per_ip["limited_only_by_a"],
+        serde_json::json!({"count": 0, "denied": 0, "keys": []})
+    );
+    let mut top: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    top.sort_unstable();
+    assert_eq!(top, ["a", "b", "rules"]);
+    // The report says the same.
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    let section = page
+        .split("<section class=\"only\" data-rule=\"per-ip\">")
+        .nth(1)
+        .unwrap()
+        .split("</section>")
+        .next()
+        .unwrap();
+    assert!(
+        section.contains("Keys limited only by strict.toml: <span data-field=\"limited_only_by_b\">1</span>, <span data-field=\"limited_only_by_b_denied\">6</span> requests denied.")
+            && section.contains("<tr class=\"only-key\"><td>203.0.113.9</td><td data-field=\"denied\">6</td></tr>"),
+        "{section}"
+    );
+
+    let text = stdout(&tollgate(&[
+        "replay",
+        "--config",
+        &data("api.toml"),
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        &data("strict.toml"),
+    ]));
+    let per_ip_text = text
+        .split("rule \"per-ip\"\n")
+        .nth(1)
+        .unwrap()
+        .split("rule \"login\"")
+        .next()
+        .unwrap();
+    assert!(
+        per_ip_text.ends_with(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 1 (6 requests denied)\n             6  203.0.113.9\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 0\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A rule in one configuration only: every key it limits is limited by that side only.
+#[test]
+fn compare_shows_a_rule_only_one_configuration_has() {
+    let (_a, a) = file("a.toml", PACED);
+    let (_b, b) = file(
+        "b.toml",
+        format!(
+            "{PACED}\n[[rules]]\nname = \"tight\"\nrate = 1\nperiod = \"1m\"\nkey = \"peer_ip\"\n"
+        ),
+    );
+    let log: String = (0..3).map(|s| line("192.0.2.1", s, "GET /")).collect();
+    let (_dir, log) = file("access.log", log);
+    let json = replay_json(
+        a.to_str().unwrap(),
+        &log,
+        &["--compare", b.to_str().unwrap()],
+    );
+    let tight = compared(&json, "tight");
+    assert_eq!(tight["limited_only_by_a"], Value::Null);
+    assert_eq!(
+        tight["limited_only_by_b"],
+        serde_json::json!({"count": 1, "denied": 2, "keys": [{"key": "192.0.2.1", "denied": 2}]})
+    );
+    let text = stdout(&tollgate(&[
+        "replay",
+        "--config",
+        a.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        b.to_str().unwrap(),
+    ]));
+    assert!(text.contains("rule \"tight\" (only in b.toml)\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "  keys limited only by b.toml: 1 (2 requests denied)\n             2  192.0.2.1\n"
+        ),
         "{text}"
     );
 }
@@ -406,6 +634,23 @@ fn simulate_rules_from_the_command_line() {
     // Half of a steady 10/s passes a 5/s bucket, plus (at most) its burst.
     let allowed = tb["allowed"].as_u64().unwrap();
     assert!((150..=165).contains(&allowed), "{allowed}");
+    assert_eq!(json["requests"], 300);
+    assert!(
+        json.get("lines").is_none() && json.get("skipped").is_none(),
+        "{json}"
+    );
+    // The text counts requests too: a simulation has no lines.
+    let text = stdout(&tollgate(&[
+        "simulate",
+        "--rule",
+        "name=tb,rate=5,period=1s,burst=5",
+        "--clients",
+        "3",
+        "--duration",
+        "10s",
+    ]));
+    assert!(text.starts_with("300 requests sent\n"), "{text}");
+    assert!(!text.contains("lines"), "{text}");
     let bad = tollgate(&["simulate", "--rule", "name=tb,rate=0,period=1s"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(

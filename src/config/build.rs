@@ -328,6 +328,11 @@ fn tiered(
         }
         (_, None) => Default::default(),
     };
+    let listed = |plan: &str| table.values().filter(|p| *p == plan).count();
+    let conditions: Vec<String> = names
+        .iter()
+        .map(|plan| plan_condition(source, plan, &tiers.default, listed(plan)))
+        .collect();
     let selector = Arc::new(PlanSelector {
         source: match source {
             PlanSource::Key => Selector::Key(common.key.clone()),
@@ -342,7 +347,7 @@ fn tiered(
             .collect(),
     });
     let mut rules = Vec::new();
-    for (plan, plan_spec) in plans {
+    for ((plan, plan_spec), condition) in plans.iter().zip(conditions) {
         let at_plan = format!("{at_tiers}.plans.{plan}");
         let own = plan_spec.limit_fields();
         if plan_spec.unlimited {
@@ -369,7 +374,7 @@ fn tiered(
         let this: Arc<str> = Arc::from(plan.as_str());
         let rule = common
             .apply(Rule::new(format!("{}:{plan}", spec.name), limit))
-            .when(move |head| selector.plan_of(head) == &*this);
+            .when_described(condition, move |head| selector.plan_of(head) == &*this);
         rule.validate().map_err(|error| {
             // The plan's suffix is valid, so a bad name is the rule's.
             from_rule_error(&error, &place)
@@ -377,6 +382,34 @@ fn tiered(
         rules.push((rule, at_plan));
     }
     Ok(rules)
+}
+
+/// Which requests the rule of `plan` applies to, in words: a phrase that follows "only for".
+fn plan_condition(source: &PlanSource, plan: &str, default: &str, listed: usize) -> String {
+    let is_default = plan == default;
+    let requests = match (source, is_default) {
+        (PlanSource::Header(name), false) => format!("requests whose {name} header is {plan:?}"),
+        (PlanSource::Header(name), true) => {
+            format!("requests whose {name} header is {plan:?}, names no other plan, or is absent")
+        }
+        (PlanSource::Extension, false) => {
+            format!("requests whose `Plan` extension (set by the application) is {plan:?}")
+        }
+        (PlanSource::Extension, true) => format!(
+            "requests whose `Plan` extension (set by the application) is {plan:?}, names no \
+             other plan, or is absent"
+        ),
+        (PlanSource::Key, true) => {
+            "requests whose key is not listed for another plan in `tiers.keys`".to_owned()
+        }
+        (PlanSource::Key, false) => match listed {
+            0 => "no request: no key is listed for it in `tiers.keys`".to_owned(),
+            1 => "requests whose key is the one listed for it in `tiers.keys`".to_owned(),
+            n => format!("requests whose key is one of the {n} listed for it in `tiers.keys`"),
+        },
+    };
+    let default = if is_default { ", the default" } else { "" };
+    format!("plan {plan:?}{default} ({requests})")
 }
 
 /// The fields of a limit over time (a rule's algorithm and its numbers).

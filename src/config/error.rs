@@ -8,13 +8,15 @@ use std::path::{Path, PathBuf};
 /// column.
 ///
 /// Displayed as `FILE:LINE:COLUMN: PLACE: MESSAGE`, for example
-/// `api.toml:14:10: rules[2].period: invalid duration "1 fortnight" (expected e.g. "500ms", ...)`
-/// or `api.toml:12:8: rules[2].rate (rule "login"): must be greater than 0`. The place is
+/// `api.toml:14:10: rules[2].period (rule "login"): invalid duration "1 fortnight" (expected e.g.
+/// "500ms", ...)` or `api.toml:3:8: store.max_keys: must be greater than 0`. The place is
 /// written as in the file (`rules[2]` is the third `[[rules]]` entry;
-/// `rules[0].tiers.plans.pro.rate`). Values checked after parsing (every value that depends on
-/// another) carry the name of their rule too, once the file has been read far enough to know
-/// it; a value that is missing is located at the table that lacks it. A configuration given as
-/// a string has no file: `line 14, column 10: rules[2].period: ...`.
+/// `rules[0].tiers.plans.pro.rate`), followed by the rule's name when the file gives one. A
+/// misspelt field or value names the one it is likely a misspelling of
+/// (``rules[1].rat (rule "api"): unknown field (did you mean `rate`?)``); a value that is missing
+/// is located at the table that lacks it; a tab in a YAML file's indentation is located at the
+/// tab. A configuration given as a string has no file: `line 14, column 10: rules[2].period
+/// (rule "login"): ...`.
 #[derive(Debug)]
 pub struct ConfigFileError {
     file: Option<PathBuf>,
@@ -73,7 +75,7 @@ impl ConfigFileError {
     }
 
     /// The name of the rule the bad value belongs to, when it is in a rule whose name the file
-    /// gives (`rules[2]` is easier to find by its name).
+    /// gives (`rules[2]` is easier to find by its name), even when the file does not parse.
     pub fn rule(&self) -> Option<&str> {
         self.rule.as_deref()
     }
@@ -132,7 +134,7 @@ pub(crate) fn line_column(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// serde's messages, said in the file's terms: the unknown or missing field goes into the place,
-/// Rust type names become what to write.
+/// a misspelt field or value gets the closest right one, Rust type names become what to write.
 pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
     let path = if path == "." { "" } else { path };
     // serde_path_to_error's path already ends with an unknown field, not with a missing one.
@@ -148,8 +150,17 @@ pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
     if let Some(rest) = message.strip_prefix("unknown field `") {
         if let Some((field, expected)) = rest.split_once('`') {
             let expected = expected.trim_start_matches(", ");
+            let names = quoted_names(expected);
             let message = if expected.starts_with("there are no fields") {
                 "unknown field (this table takes none)".to_owned()
+            } else if let Some(near) = closest(field, &names) {
+                format!("unknown field (did you mean `{near}`?)")
+            } else if names.len() > LISTED_NAMES {
+                format!(
+                    "unknown field (none of this table's {} fields is spelled like it; the \
+                     configuration reference lists them)",
+                    names.len()
+                )
             } else {
                 format!("unknown field ({expected})")
             };
@@ -169,10 +180,11 @@ pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
     if let Some(rest) = message.strip_prefix("unknown variant `") {
         if let Some((value, expected)) = rest.split_once('`') {
             let expected = expected.trim_start_matches(", ");
-            return (
-                path.to_owned(),
-                format!("unknown value {value:?} ({expected})"),
-            );
+            let message = match closest(value, &quoted_names(expected)) {
+                Some(near) => format!("unknown value {value:?} (did you mean {near:?}?)"),
+                None => format!("unknown value {value:?} ({expected})"),
+            };
+            return (path.to_owned(), message);
         }
     }
     for prefix in ["invalid type: ", "invalid value: "] {
@@ -186,6 +198,60 @@ pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
         }
     }
     (path.to_owned(), message.to_owned())
+}
+
+/// The most names an error lists; a table with more is not listed (its fields are in the
+/// configuration reference), only the closest name suggested.
+const LISTED_NAMES: usize = 8;
+
+/// The names between backticks in serde's "expected one of `a`, `b`".
+fn quoted_names(expected: &str) -> Vec<&str> {
+    expected.split('`').skip(1).step_by(2).collect()
+}
+
+/// The name among `names` that `word` is most likely a misspelling of: the nearest by edit
+/// distance (a swap of two neighbours counting as one edit, case ignored), if it is near
+/// enough — at most one edit for a word of up to five characters, then one more per three
+/// characters, and fewer edits than either has characters. Ties go to the earlier name.
+pub(crate) fn closest<'a>(word: &str, names: &[&'a str]) -> Option<&'a str> {
+    let word: Vec<char> = word.to_lowercase().chars().collect();
+    let most = (word.len() / 3).max(1);
+    let mut best: Option<(usize, &str)> = None;
+    for &name in names {
+        let candidate: Vec<char> = name.to_lowercase().chars().collect();
+        let edits = distance(&word, &candidate);
+        if edits <= most
+            && edits < word.len().min(candidate.len())
+            && best.is_none_or(|(b, _)| edits < b)
+        {
+            best = Some((edits, name));
+        }
+    }
+    best.map(|(_, name)| name)
+}
+
+/// The optimal string alignment distance: insertions, deletions, substitutions and swaps of
+/// two neighbouring characters, each one edit.
+fn distance(a: &[char], b: &[char]) -> usize {
+    // Three rows of the table: two back (for swaps), the last, and the one being filled.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    let mut row = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        row[0] = i;
+        for j in 1..=b.len() {
+            let substitution = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (last[j] + 1)
+                .min(row[j - 1] + 1)
+                .min(last[j - 1] + substitution);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
+        }
+        std::mem::swap(&mut before, &mut last);
+        std::mem::swap(&mut last, &mut row);
+    }
+    last[b.len()]
 }
 
 fn plain_type(expected: &str) -> &str {
@@ -215,6 +281,51 @@ mod tests {
     }
 
     #[test]
+    fn misspellings_get_the_nearest_name_when_it_is_near() {
+        let fields = [
+            "name",
+            "rate",
+            "limit",
+            "period",
+            "capacity",
+            "on_missing_key",
+        ];
+        assert_eq!(closest("rat", &fields), Some("rate"));
+        assert_eq!(closest("Rate", &fields), Some("rate"));
+        // A swap of two neighbours is one edit.
+        assert_eq!(closest("perido", &fields), Some("period"));
+        assert_eq!(closest("capactiy", &fields), Some("capacity"));
+        assert_eq!(closest("on_mising_kee", &fields), Some("on_missing_key"));
+        // Too far: two edits in a word of five or fewer characters; anything unrelated.
+        assert_eq!(closest("lmt", &fields), None);
+        assert_eq!(closest("colour", &fields), None);
+        assert_eq!(closest("x", &["y", "xy"]), None);
+        assert_eq!(
+            closest("leaky_bucket", &["token_bucket", "fixed_window"]),
+            None
+        );
+        // Ties go to the earlier name.
+        assert_eq!(closest("bat", &["cat", "hat"]), Some("cat"));
+    }
+
+    #[test]
+    fn edit_distances() {
+        let d = |a: &str, b: &str| {
+            distance(
+                &a.chars().collect::<Vec<_>>(),
+                &b.chars().collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(d("", ""), 0);
+        assert_eq!(d("abc", ""), 3);
+        assert_eq!(d("", "abc"), 3);
+        assert_eq!(d("kitten", "sitting"), 3);
+        assert_eq!(d("ab", "ba"), 1);
+        assert_eq!(d("défaut", "default"), 2);
+        assert_eq!(d("rate", "rate"), 0);
+    }
+
+    #[test]
     fn serde_messages_are_refined() {
         assert_eq!(
             refine(
@@ -223,7 +334,33 @@ mod tests {
             ),
             (
                 "rules[0].rat".into(),
+                "unknown field (did you mean `rate`?)".into()
+            )
+        );
+        assert_eq!(
+            refine(
+                "rules[0].colour",
+                "unknown field `colour`, expected one of `rate`, `limit`"
+            ),
+            (
+                "rules[0].colour".into(),
                 "unknown field (expected one of `rate`, `limit`)".into()
+            )
+        );
+        let many = "unknown field `colour`, expected one of `a1`, `a2`, `a3`, `a4`, `a5`, `a6`, `a7`, `a8`, `a9`";
+        assert_eq!(
+            refine("rules[0].colour", many).1,
+            "unknown field (none of this table's 9 fields is spelled like it; the configuration \
+             reference lists them)"
+        );
+        assert_eq!(
+            refine(
+                "rules[0].algorithm",
+                "unknown variant `slidingwindow`, expected `fixed_window` or `sliding_window`"
+            ),
+            (
+                "rules[0].algorithm".into(),
+                "unknown value \"slidingwindow\" (did you mean \"sliding_window\"?)".into()
             )
         );
         assert_eq!(

@@ -1,5 +1,5 @@
 //! Finding the line and column of a place (`rules[2].rate`) in a configuration's text, for the
-//! errors found after parsing.
+//! errors found after parsing; and the name of a rule in a text that does not parse as a whole.
 //!
 //! The text is read a second time with a visitor that follows the place and fails where it
 //! ends; the parser then reports that failure at the value's position, exactly as it reports its
@@ -28,6 +28,114 @@ pub(crate) fn locate(format: ConfigFormat, text: &str, place: &str) -> Option<(u
             let at = seed.deserialize(deserializer).err()?.location()?;
             Some((at.line(), at.column()))
         }
+    }
+}
+
+/// The `name` of the `index`-th rule of `text`, when it is a string: for the errors of a text
+/// that does not parse as a whole (an unknown field elsewhere in the rule, say).
+pub(crate) fn rule_name(format: ConfigFormat, text: &str, index: usize) -> Option<String> {
+    let seed = Skim::File(index);
+    match format {
+        ConfigFormat::Toml => seed
+            .deserialize(toml::Deserializer::parse(text).ok()?)
+            .ok()?,
+        ConfigFormat::Yaml => seed
+            .deserialize(yaml_serde::Deserializer::from_str(text))
+            .ok()?,
+    }
+}
+
+/// Reads one rule's name and skips everything else: the whole file (`File(i)`), the list of
+/// rules (`Rules(i)`), the rule (`Rule`), its name (`Name`). A value of another type than
+/// expected reads as no name.
+#[derive(Clone, Copy)]
+enum Skim {
+    File(usize),
+    Rules(usize),
+    Rule,
+    Name,
+}
+
+impl<'de> DeserializeSeed<'de> for Skim {
+    type Value = Option<String>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Skim {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let wanted = match self {
+            Skim::File(index) => Some(("rules", Skim::Rules(index))),
+            Skim::Rule => Some(("name", Skim::Name)),
+            Skim::Rules(_) | Skim::Name => None,
+        };
+        let mut name = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match wanted {
+                Some((field, inner)) if key == field => name = map.next_value_seed(inner)?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(name)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut name = None;
+        let mut at = 0;
+        loop {
+            let more = match self {
+                Skim::Rules(index) if at == index => seq
+                    .next_element_seed(Skim::Rule)?
+                    .map(|found| name = found)
+                    .is_some(),
+                _ => seq.next_element::<IgnoredAny>()?.is_some(),
+            };
+            if !more {
+                return Ok(name);
+            }
+            at += 1;
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(matches!(self, Skim::Name).then(|| v.to_owned()))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
 

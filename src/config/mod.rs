@@ -297,13 +297,7 @@ fn located(
     file: &schema::File,
     error: build::Invalid,
 ) -> ConfigFileError {
-    let rule = error
-        .path
-        .strip_prefix("rules[")
-        .and_then(|rest| rest.split_once(']'))
-        // An error in the name itself would only repeat it.
-        .filter(|(_, field)| *field != ".name")
-        .and_then(|(index, _)| index.parse::<usize>().ok())
+    let rule = rule_index(&error.path)
         .and_then(|index| file.rules.get(index))
         .map(|rule| rule.name.clone());
     let location = locate::locate(format, text, &error.path);
@@ -314,6 +308,35 @@ fn located(
     match location {
         Some((line, column)) => located.at_line(line, column),
         None => located,
+    }
+}
+
+/// The index of the rule a place is in (`rules[2].rate`: 2), unless the place is the rule's
+/// name (naming the rule would only repeat it).
+fn rule_index(path: &str) -> Option<usize> {
+    path.strip_prefix("rules[")
+        .and_then(|rest| rest.split_once(']'))
+        .filter(|(_, field)| *field != ".name")
+        .and_then(|(index, _)| index.parse().ok())
+}
+
+/// A parser's error at `path`, with the name of its rule when the text gives it.
+fn parse_error(
+    format: ConfigFormat,
+    text: &str,
+    path: &str,
+    message: &str,
+    location: Option<(usize, usize)>,
+) -> ConfigFileError {
+    let (path, message) = error::refine(path, message);
+    let rule = rule_index(&path).and_then(|index| locate::rule_name(format, text, index));
+    let mut error = ConfigFileError::new(path, message);
+    if let Some(rule) = rule {
+        error = error.of_rule(rule);
+    }
+    match location {
+        Some((line, column)) => error.at_line(line, column),
+        None => error,
     }
 }
 
@@ -334,15 +357,10 @@ fn parse(format: ConfigFormat, text: &str) -> Result<schema::File, ConfigFileErr
             serde_path_to_error::deserialize(deserializer).map_err(|error| {
                 let path = error.path().to_string();
                 let inner = error.into_inner();
-                let (path, message) = error::refine(&path, inner.message().trim_end());
-                let located = ConfigFileError::new(path, message);
-                match inner.span() {
-                    Some(span) => {
-                        let (line, column) = error::line_column(text, span.start);
-                        located.at_line(line, column)
-                    }
-                    None => located,
-                }
+                let location = inner
+                    .span()
+                    .map(|span| error::line_column(text, span.start));
+                parse_error(format, text, &path, inner.message().trim_end(), location)
             })
         }
         ConfigFormat::Yaml => {
@@ -350,12 +368,17 @@ fn parse(format: ConfigFormat, text: &str) -> Result<schema::File, ConfigFileErr
             serde_path_to_error::deserialize(deserializer).map_err(|error| {
                 let path = error.path().to_string();
                 let inner = error.into_inner();
-                let location = inner.location();
+                let location = inner.location().map(|at| (at.line(), at.column()));
                 let mut message = inner.to_string();
+                if let Some(tab) = location.and_then(|at| yaml_tab(text, at, &message)) {
+                    // The parser's own words ("cannot start any token", "while scanning a
+                    // plain scalar at ...") and its path are about where it was, not the tab.
+                    return ConfigFileError::new("", YAML_TAB).at_line(tab.0, tab.1);
+                }
                 // The YAML error's text ends with its position and may start with its own
                 // idea of the path; both are reported apart.
-                if let Some(at) = &location {
-                    let mark = format!(" at line {} column {}", at.line(), at.column());
+                if let Some((line, column)) = location {
+                    let mark = format!(" at line {line} column {column}");
                     message = message.replacen(&mark, "", 1);
                 }
                 if let Some((first, rest)) = message.split_once(": ") {
@@ -363,15 +386,33 @@ fn parse(format: ConfigFormat, text: &str) -> Result<schema::File, ConfigFileErr
                         message = rest.to_owned();
                     }
                 }
-                let (path, message) = error::refine(&path, &message);
-                let located = ConfigFileError::new(path, message);
-                match location {
-                    Some(at) => located.at_line(at.line(), at.column()),
-                    None => located,
-                }
+                parse_error(format, text, &path, &message, location)
             })
         }
     }
+}
+
+const YAML_TAB: &str =
+    "found a tab character: YAML does not allow tabs for indentation (indent with spaces)";
+
+/// The line and column of the tab that stopped the YAML parser at `at`, if a tab did: the
+/// character there, or — when the parser says it met a tab but stopped further on — the first
+/// tab in the indentation of a line up to that one.
+fn yaml_tab(text: &str, at: (usize, usize), message: &str) -> Option<(usize, usize)> {
+    let lines = text.lines();
+    let here = lines.clone().nth(at.0.checked_sub(1)?)?;
+    if here.chars().nth(at.1.checked_sub(1)?) == Some('\t') {
+        return Some(at);
+    }
+    if !message.contains("tab character") {
+        return None;
+    }
+    lines.take(at.0).enumerate().find_map(|(index, line)| {
+        let indentation = line.len() - line.trim_start_matches([' ', '\t']).len();
+        line[..indentation]
+            .find('\t')
+            .map(|column| (index + 1, column + 1))
+    })
 }
 
 /// Whether `text` is a path as the YAML parser writes it (`rules[0].key`, `.`).
@@ -380,4 +421,53 @@ fn is_yaml_path(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-[]?".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_yaml_tab_is_found_where_the_parser_stopped_or_in_the_indentation_before() {
+        let text = "a:\n  b: 1\n\t c: 2\n  d: 3\n";
+        assert_eq!(yaml_tab(text, (3, 1), "anything"), Some((3, 1)));
+        // The parser says it met a tab, further on: the first tab in an indentation.
+        assert_eq!(
+            yaml_tab(
+                text,
+                (4, 3),
+                "found a tab character that violates indentation"
+            ),
+            Some((3, 1))
+        );
+        assert_eq!(yaml_tab(text, (4, 3), "did not find expected key"), None);
+        // A tab after the indentation is not one.
+        assert_eq!(
+            yaml_tab("a:\n  b:\t1\n  c\n", (3, 3), "found a tab character"),
+            None
+        );
+        assert_eq!(yaml_tab(text, (9, 1), "found a tab character"), None);
+        assert_eq!(yaml_tab(text, (0, 0), "found a tab character"), None);
+    }
+
+    #[test]
+    fn rules_are_named_from_the_text() {
+        let toml =
+            "[[rules]]\nname = \"a\"\n[[rules]]\nrat = 1\nname = \"b\"\n[[rules]]\nname = 5\n";
+        assert_eq!(
+            locate::rule_name(ConfigFormat::Toml, toml, 1).as_deref(),
+            Some("b")
+        );
+        assert_eq!(locate::rule_name(ConfigFormat::Toml, toml, 2), None);
+        assert_eq!(locate::rule_name(ConfigFormat::Toml, toml, 3), None);
+        let yaml = "store: { kind: memory }\nrules:\n  - name: a\n  - { rat: 1, name: b }\n";
+        assert_eq!(
+            locate::rule_name(ConfigFormat::Yaml, yaml, 1).as_deref(),
+            Some("b")
+        );
+        assert_eq!(locate::rule_name(ConfigFormat::Yaml, "rules: 5", 0), None);
+        assert_eq!(rule_index("rules[12].rate"), Some(12));
+        assert_eq!(rule_index("rules[1].name"), None);
+        assert_eq!(rule_index("store.kind"), None);
+    }
 }

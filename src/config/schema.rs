@@ -17,6 +17,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::duration::HumanDuration;
+use super::error::closest;
 
 /// A whole file.
 #[derive(Debug, Deserialize)]
@@ -328,8 +329,11 @@ impl<'de> Deserialize<'de> for CountIfSpec {
                     "failures" => Ok(CountIfSpec::Failures),
                     "server_errors" => Ok(CountIfSpec::ServerErrors),
                     "successes" => Ok(CountIfSpec::Successes),
-                    other => Err(E::custom(format!(
-                        "unknown response class {other:?} (expected failures, server_errors, successes or {{ status = [CODES] }})"
+                    other => Err(E::custom(unknown(
+                        "response class",
+                        other,
+                        &["failures", "server_errors", "successes"],
+                        "failures, server_errors, successes or { status = [CODES] }",
                     ))),
                 }
             }
@@ -424,8 +428,11 @@ impl<'de> Deserialize<'de> for PlanSource {
                     "header" => Err(E::custom(
                         "a header source names the header: a table with `header = NAME`",
                     )),
-                    other => Err(E::custom(format!(
-                        "unknown plan source {other:?} (expected key, extension or header)"
+                    other => Err(E::custom(unknown(
+                        "plan source",
+                        other,
+                        &["key", "extension", "header"],
+                        "key, extension or header",
                     ))),
                 }
             }
@@ -438,8 +445,11 @@ impl<'de> Deserialize<'de> for PlanSource {
                         ))
                     }
                     other => {
-                        return Err(de::Error::custom(format!(
-                            "unknown plan source {other:?} (expected key, extension or header)"
+                        return Err(de::Error::custom(unknown(
+                            "plan source",
+                            other,
+                            &["key", "extension", "header"],
+                            "key, extension or header",
                         )))
                     }
                 };
@@ -468,6 +478,15 @@ pub(crate) enum KeySpec {
 }
 
 const KEY_SOURCES: &str = "global, peer_ip, client_ip, bearer, header, cookie or first_of";
+const KEY_SOURCE_NAMES: [&str; 7] = [
+    "global",
+    "peer_ip",
+    "client_ip",
+    "bearer",
+    "header",
+    "cookie",
+    "first_of",
+];
 
 impl<'de> Deserialize<'de> for KeySpec {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -486,8 +505,11 @@ impl<'de> Deserialize<'de> for KeySpec {
                     "header" | "cookie" | "first_of" => Err(E::custom(format!(
                         "the {v} key source needs a setting: a table with `{v} = ...`"
                     ))),
-                    other => Err(E::custom(format!(
-                        "unknown key source {other:?} (expected {KEY_SOURCES})"
+                    other => Err(E::custom(unknown(
+                        "key source",
+                        other,
+                        &KEY_SOURCE_NAMES,
+                        KEY_SOURCES,
                     ))),
                 }
             }
@@ -503,8 +525,11 @@ impl<'de> Deserialize<'de> for KeySpec {
                         )))
                     }
                     other => {
-                        return Err(de::Error::custom(format!(
-                            "unknown key source {other:?} (expected {KEY_SOURCES})"
+                        return Err(de::Error::custom(unknown(
+                            "key source",
+                            other,
+                            &KEY_SOURCE_NAMES,
+                            KEY_SOURCES,
                         )))
                     }
                 };
@@ -586,8 +611,11 @@ impl<'de> Deserialize<'de> for MissingKeySpec {
                 match v {
                     "reject" => Ok(MissingKeySpec::Reject),
                     "skip" => Ok(MissingKeySpec::Skip),
-                    other => Err(E::custom(format!(
-                        "unknown action {other:?} (expected reject, skip, {{ reject = STATUS }} or {{ fallback = KEY }})"
+                    other => Err(E::custom(unknown(
+                        "action",
+                        other,
+                        &["reject", "skip"],
+                        "reject, skip, { reject = STATUS } or { fallback = KEY }",
                     ))),
                 }
             }
@@ -596,8 +624,11 @@ impl<'de> Deserialize<'de> for MissingKeySpec {
                     "reject" => MissingKeySpec::RejectWith(map.next_value()?),
                     "fallback" => MissingKeySpec::Fallback(map.next_value()?),
                     other => {
-                        return Err(de::Error::custom(format!(
-                            "unknown action {other:?} (expected reject or fallback)"
+                        return Err(de::Error::custom(unknown(
+                            "action",
+                            other,
+                            &["reject", "fallback"],
+                            "reject or fallback",
                         )))
                     }
                 };
@@ -681,10 +712,17 @@ impl<'de> Deserialize<'de> for MethodName {
                     Ok(method) if is_standard(&method) => Err(E::custom(format!(
                         "methods are case-sensitive: write {upper:?}, not {name:?}"
                     ))),
-                    Ok(_) => Err(E::custom(format!(
-                        "unknown method {name:?} (expected one of {STANDARD}; an extension \
-                         method is written {{ extension = {name:?} }})"
-                    ))),
+                    Ok(_) => Err(E::custom(match closest(name, &STANDARD_NAMES) {
+                        Some(near) => format!(
+                            "unknown method {name:?} (did you mean {near:?}? an extension \
+                             method is written {{ extension = {name:?} }})"
+                        ),
+                        None => format!(
+                            "unknown method {name:?} (expected one of {}; an extension \
+                             method is written {{ extension = {name:?} }})",
+                            STANDARD_NAMES.join(", ")
+                        ),
+                    })),
                     Err(_) => Err(E::custom(format!("invalid method {name:?}"))),
                 }
             }
@@ -710,7 +748,9 @@ impl<'de> Deserialize<'de> for MethodName {
     }
 }
 
-const STANDARD: &str = "GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH";
+const STANDARD_NAMES: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
 
 fn is_standard(method: &Method) -> bool {
     [
@@ -772,6 +812,15 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
             }
         }
         deserializer.deserialize_map(NamedVisitor(PhantomData))
+    }
+}
+
+/// "unknown {what} {value:?}", and the name among `names` it is likely a misspelling of, or else
+/// what is `expected`.
+fn unknown(what: &str, value: &str, names: &[&str], expected: &str) -> String {
+    match closest(value, names) {
+        Some(near) => format!("unknown {what} {value:?} (did you mean {near:?}?)"),
+        None => format!("unknown {what} {value:?} (expected {expected})"),
     }
 }
 

@@ -381,6 +381,36 @@ impl Key {
         matches!(&*self.0, Source::PeerIp | Source::ClientIp(_))
     }
 
+    /// Whether a request can be without this key, so that the rule's [`MissingKey`] applies to it.
+    ///
+    /// Never for [`Key::global`]; never for [`Key::peer_ip`] and [`Key::client_ip`] either, as
+    /// every request a correctly set-up server passes on has a peer address (without one, the
+    /// middleware answers `500` whatever the rule says, see [`Key::peer_ip`]); never for a
+    /// [`Key::first_of`] that lists one of these. Every other key can be missing.
+    ///
+    /// [`MissingKey`]: crate::MissingKey
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tollgate::Key;
+    ///
+    /// assert!(!Key::global().can_be_missing());
+    /// let api_key = Key::header(HeaderName::from_static("x-api-key"));
+    /// assert!(api_key.can_be_missing());
+    /// assert!(!Key::first_of([api_key, Key::peer_ip()]).can_be_missing());
+    /// ```
+    pub fn can_be_missing(&self) -> bool {
+        match &*self.0 {
+            Source::Global | Source::PeerIp | Source::ClientIp(_) => false,
+            Source::FirstOf(keys) => keys.iter().all(Key::can_be_missing),
+            Source::Header(_)
+            | Source::Bearer
+            | Source::Extension { .. }
+            | Source::Cookie(_)
+            | Source::Fn(_) => true,
+        }
+    }
+
     /// Whether this key is read from the peer address (alone or among others), so that its
     /// absence from every request is the server's misconfiguration.
     pub(crate) fn reads_peer(&self) -> bool {

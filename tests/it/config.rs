@@ -226,7 +226,11 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
                 .key(api_key())
                 .path("/api/*")
                 .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-                .when(|_| true),
+                .when_described(
+                    "plan \"free\", the default (requests whose key is not listed for another \
+                     plan in `tiers.keys`)",
+                    |_| true,
+                ),
         )
         .rule(
             Rule::new(
@@ -236,7 +240,10 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .key(api_key())
             .path("/api/*")
             .on_missing_key(MissingKey::RejectWith(StatusCode::UNAUTHORIZED))
-            .when(|_| true),
+            .when_described(
+                "plan \"pro\" (requests whose key is the one listed for it in `tiers.keys`)",
+                |_| true,
+            ),
         )
         .build()
         .unwrap();
@@ -658,55 +665,55 @@ fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
     let cases = [
         (Toml, "ratelimits = 1\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: ratelimits: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat: unknown field (expected one of `name`, `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `key`, `on_missing_key`, `methods`, `paths`, `grpc`, `cost`, `queue`, `block`, `count_if`, `settle`, `shadow`, `tiers`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrat = 5", "line 3, column 1: rules[0].rat (rule \"a\"): unknown field (did you mean `rate`?)"),
         (Toml, "[settings]", "line 1, column 2: settings: unknown field (expected one of `shadow`, `redact_keys`, `top_offenders`, `store`, `response`, `allow`, `deny`, `rules`)"),
         (Toml, "[[rules]]\nrate = 5\nperiod = \"1s\"", "line 1, column 1: rules[0].name: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found string \"5\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = -1\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found integer `-1`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1.5\nperiod = \"1s\"", "line 3, column 8: rules[0].rate: expected a whole number (0 or more), found floating point `1.5`"),
-        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"leaky_bucket\"\nrate = 1\nperiod = \"1s\"", "line 3, column 13: rules[0].algorithm: unknown value \"leaky_bucket\" (expected one of `token_bucket`, `fixed_window`, `sliding_window`, `sliding_log`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"", "line 4, column 10: rules[0].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = 60", "line 4, column 10: rules[0].period: a duration needs a unit: write \"60s\" or \"60ms\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"peer-ip\"", "line 5, column 7: rules[0].key: unknown key source \"peer-ip\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { query = \"user\" }", "line 5, column 7: rules[0].key: unknown key source \"query\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { peer_ip = true }", "line 5, column 7: rules[0].key: the peer_ip key source takes no settings: write it as a plain string"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"header\"", "line 5, column 7: rules[0].key: the header key source needs a setting: a table with `header = ...`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x-a\", cookie = \"b\" }", "line 5, column 7: rules[0].key: a key source is a table with exactly one entry (found another: `header`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = {}", "line 5, column 7: rules[0].key: a key source cannot be an empty table"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = 7", "line 5, column 7: rules[0].key: expected a key source: a name such as \"peer_ip\", or a table such as { header = NAME }, found integer `7`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x api\" }", "line 5, column 18: rules[0].key.header: invalid header name \"x api\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trust = [\"10.0.0/8\"] } }", "line 5, column 31: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus: unknown field (expected one of `trust`, `trust_loopback`, `header`, `ipv6_prefix`, `ipv4_prefix`, `cdn`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-client-ip\" } }", "line 5, column 32: rules[0].key.client_ip.header: unknown value \"x-client-ip\" (expected one of `x-forwarded-for`, `forwarded`, `x-real-ip`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = \"5\"\nperiod = \"1s\"", "line 3, column 8: rules[0].rate (rule \"a\"): expected a whole number (0 or more), found string \"5\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = -1\nperiod = \"1s\"", "line 3, column 8: rules[0].rate (rule \"a\"): expected a whole number (0 or more), found integer `-1`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1.5\nperiod = \"1s\"", "line 3, column 8: rules[0].rate (rule \"a\"): expected a whole number (0 or more), found floating point `1.5`"),
+        (Toml, "[[rules]]\nname = \"a\"\nalgorithm = \"leaky_bucket\"\nrate = 1\nperiod = \"1s\"", "line 3, column 13: rules[0].algorithm (rule \"a\"): unknown value \"leaky_bucket\" (expected one of `token_bucket`, `fixed_window`, `sliding_window`, `sliding_log`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"", "line 4, column 10: rules[0].period (rule \"a\"): invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = 60", "line 4, column 10: rules[0].period (rule \"a\"): a duration needs a unit: write \"60s\" or \"60ms\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"peer-ip\"", "line 5, column 7: rules[0].key (rule \"a\"): unknown key source \"peer-ip\" (did you mean \"peer_ip\"?)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { query = \"user\" }", "line 5, column 7: rules[0].key (rule \"a\"): unknown key source \"query\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { peer_ip = true }", "line 5, column 7: rules[0].key (rule \"a\"): the peer_ip key source takes no settings: write it as a plain string"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"header\"", "line 5, column 7: rules[0].key (rule \"a\"): the header key source needs a setting: a table with `header = ...`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x-a\", cookie = \"b\" }", "line 5, column 7: rules[0].key (rule \"a\"): a key source is a table with exactly one entry (found another: `header`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = {}", "line 5, column 7: rules[0].key (rule \"a\"): a key source cannot be an empty table"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = 7", "line 5, column 7: rules[0].key (rule \"a\"): expected a key source: a name such as \"peer_ip\", or a table such as { header = NAME }, found integer `7`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x api\" }", "line 5, column 18: rules[0].key.header (rule \"a\"): invalid header name \"x api\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trust = [\"10.0.0/8\"] } }", "line 5, column 31: rules[0].key.client_ip.trust[0] (rule \"a\"): invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { trus = [] } }", "line 5, column 23: rules[0].key.client_ip.trus (rule \"a\"): unknown field (did you mean `trust`?)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-client-ip\" } }", "line 5, column 32: rules[0].key.client_ip.header (rule \"a\"): unknown value \"x-client-ip\" (expected one of `x-forwarded-for`, `forwarded`, `x-real-ip`)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 0 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv6_prefix = 129 } }", "line 5, column 37: rules[0].key.client_ip.ipv6_prefix (rule \"a\"): must be from 1 to 128"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { ipv4_prefix = 33 } }", "line 5, column 37: rules[0].key.client_ip.ipv4_prefix (rule \"a\"): must be from 1 to 32"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { cookie = \"\" }", "line 5, column 18: rules[0].key.cookie (rule \"a\"): names no cookie"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [] }", "line 5, column 20: rules[0].key.first_of (rule \"a\"): lists no key"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { first_of = [\"peer_ip\", { client_ip = { ipv4_prefix = 40 } }] }", "line 5, column 62: rules[0].key.first_of[1].client_ip.ipv4_prefix (rule \"a\"): must be from 1 to 32"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key: unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"ignore\"", "line 5, column 18: rules[0].on_missing_key (rule \"a\"): unknown action \"ignore\" (expected reject, skip, { reject = STATUS } or { fallback = KEY })"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 200 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 200 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { reject = 1000 }", "line 5, column 29: rules[0].on_missing_key.reject (rule \"a\"): 1000 is not a 4xx or 5xx status"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = \"0s\"", "line 5, column 9: rules[0].block (rule \"a\"): must be greater than zero (a block lasts at least 1 µs)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [], forget_after = \"1h\" }", "line 5, column 22: rules[0].block.escalate (rule \"a\"): must list at least one duration"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [\"1m\", \"-10m\"], forget_after = \"1h\" }", "line 5, column 29: rules[0].block.escalate[1]: invalid duration \"-10m\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = \"errors\"", "line 5, column 12: rules[0].count_if: unknown response class \"errors\" (expected failures, server_errors, successes or { status = [CODES] })"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = { escalate = [\"1m\", \"-10m\"], forget_after = \"1h\" }", "line 5, column 29: rules[0].block.escalate[1] (rule \"a\"): invalid duration \"-10m\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = \"errors\"", "line 5, column 12: rules[0].count_if (rule \"a\"): unknown response class \"errors\" (expected failures, server_errors, successes or { status = [CODES] })"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [] }", "line 5, column 23: rules[0].count_if.status (rule \"a\"): lists no status: nothing would count"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncount_if = { status = [401, 1000] }", "line 5, column 29: rules[0].count_if.status[1] (rule \"a\"): 1000 is not an HTTP status"),
         (Toml, "[[rules]]\nname = \"a\"\nlimit = 1\nalgorithm = \"sliding_window\"\nperiod = \"1s\"\nsettle = { header = \"x-used\" }", "line 6, column 10: rules[0].settle (rule \"a\"): needs a token bucket or a fixed window: a settlement may leave a debt, which only they can hold"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block: expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key: unknown action \"drop\" (expected reject or fallback)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback: unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost: must not be negative (got -1)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = \"5\"", "line 5, column 8: rules[0].cost: expected a whole number of units or a table { header = NAME, default = UNITS }, found string \"5\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { header = \"x-cost\", defualt = 1 }", "line 5, column 29: rules[0].cost.defualt: unknown field (expected `header` or `default`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { default = 1 }", "line 5, column 8: rules[0].cost.header: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 12: rules[0].methods[0]: methods are case-sensitive: write \"GET\", not \"get\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 12: rules[0].methods[0]: invalid method \"GE T\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block (rule \"a\"): expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key (rule \"a\"): unknown action \"drop\" (expected reject or fallback)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback (rule \"a\"): unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost (rule \"a\"): must not be negative (got -1)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = \"5\"", "line 5, column 8: rules[0].cost (rule \"a\"): expected a whole number of units or a table { header = NAME, default = UNITS }, found string \"5\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { header = \"x-cost\", defualt = 1 }", "line 5, column 29: rules[0].cost.defualt (rule \"a\"): unknown field (did you mean `default`?)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { default = 1 }", "line 5, column 8: rules[0].cost.header (rule \"a\"): is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"get\"]", "line 5, column 12: rules[0].methods[0] (rule \"a\"): methods are case-sensitive: write \"GET\", not \"get\""),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nmethods = [\"GE T\"]", "line 5, column 12: rules[0].methods[0] (rule \"a\"): invalid method \"GE T\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npaths = [\"login\"]", "line 5, column 10: rules[0].paths[0] (rule \"a\"): \"login\" does not start with '/'"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/helloworld.Greeter\"]", "line 5, column 9: rules[0].grpc[0] (rule \"a\"): \"/helloworld.Greeter\" names no method: write \"/package.Service/Method\" or \"/package.Service/*\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ngrpc = [\"/pkg.S/Say*\"]", "line 5, column 9: rules[0].grpc[0] (rule \"a\"): \"/pkg.S/Say*\" has no valid method name (letters, digits and '_', or '*' for all): write \"/package.Service/Method\" or \"/package.Service/*\""),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size: unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size (rule \"a\"): unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
         (Toml, "[store]\nkind = \"disk\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: unknown value \"disk\" (expected `memory` or `redis`)"),
         (Toml, "[store]\nmax_keys = 10\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 1, column 1: store.kind: is required"),
         (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\non_failure = { local = { share = 1.5 } }\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 4, column 34: store.on_failure.local.share: must be greater than 0 and at most 1, not 1.5"),
@@ -715,18 +722,18 @@ fn every_error_names_its_place() {
         (Toml, "x = = 1", "line 1, column 5: extra `=`, expected nothing"),
         (Toml, "rules = 5", "line 1, column 9: rules: expected a list, found integer `5`"),
         (Toml, "", "line 1, column 1: rules: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat: unknown field (expected one of `algorithm`, `rate`, `limit`, `period`, `burst`, `capacity`, `initial`, `pool`, `aligned`, `aligned_at`, `calendar`, `utc_offset`, `concurrent`, `unlimited`)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default: is required"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: unknown plan source \"cookie\" (expected key, extension or header)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: a header source names the header: a table with `header = NAME`"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { key = true }\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from: this plan source takes no settings: write it as a plain string"),
-        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    rate: 2", "line 2, column 5: rules[0].rate: is given twice"),
-        (Yaml, "rules:\n  - name: a\n    period: 1m\n    tiers:\n      from: extension\n      default: free\n      plans:\n        free: {rate: 1}\n        free: {rate: 2}", "line 8, column 9: rules[0].tiers.plans: \"free\" appears twice"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\ndefault = \"free\"\nkeys = {}\n[rules.tiers.plans.free]\nrat = 3", "line 9, column 1: rules[0].tiers.plans.free.rat (rule \"a\"): unknown field (did you mean `rate`?)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nkeys = {}\nplans.free = {}", "line 5, column 1: rules[0].tiers.default (rule \"a\"): is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"cookie\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from (rule \"a\"): unknown plan source \"cookie\" (expected key, extension or header)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"header\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from (rule \"a\"): a header source names the header: a table with `header = NAME`"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = { key = true }\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from (rule \"a\"): this plan source takes no settings: write it as a plain string"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    rate: 2", "line 2, column 5: rules[0].rate (rule \"a\"): is given twice"),
+        (Yaml, "rules:\n  - name: a\n    period: 1m\n    tiers:\n      from: extension\n      default: free\n      plans:\n        free: {rate: 1}\n        free: {rate: 2}", "line 8, column 9: rules[0].tiers.plans (rule \"a\"): \"free\" appears twice"),
         (Yaml, "rules: [\n", "line 2, column 1: rules: did not find expected node content, while parsing a flow node"),
-        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    aligned: yes", "line 5, column 14: rules[0].aligned: expected true or false, found string \"yes\""),
-        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {client_ip: {trust: [10.0.0/8]}}", "line 5, column 30: rules[0].key.client_ip.trust[0]: invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
-        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1 fortnight", "line 4, column 13: rules[0].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
-        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {header: x-api-key, cookie: s}", "line 5, column 10: rules[0].key: a key source is a table with exactly one entry (found another: `cookie`)"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    aligned: yes", "line 5, column 14: rules[0].aligned (rule \"a\"): expected true or false, found string \"yes\""),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {client_ip: {trust: [10.0.0/8]}}", "line 5, column 30: rules[0].key.client_ip.trust[0] (rule \"a\"): invalid network \"10.0.0/8\" (expected an address or a CIDR network such as \"10.0.0.0/8\")"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1 fortnight", "line 4, column 13: rules[0].period (rule \"a\"): invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
+        (Yaml, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key: {header: x-api-key, cookie: s}", "line 5, column 10: rules[0].key (rule \"a\"): a key source is a table with exactly one entry (found another: `cookie`)"),
         (Yaml, "---\nrules: []\n---\nrules: []", "deserializing from YAML containing more than one document is not supported"),
         (Yaml, "- a\n- b", "line 1, column 1: expected a table, found sequence"),
         (Toml, "rules = []", "line 1, column 9: rules: is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)"),
@@ -749,7 +756,7 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 0, rate = 1, period = \"1s\" }", "line 5, column 21: rules[0].pool.capacity (rule \"a\"): must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 0, period = \"1s\" }", "line 5, column 31: rules[0].pool.rate (rule \"a\"): must be greater than 0"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1, period = \"0s\" }", "line 5, column 43: rules[0].pool.period (rule \"a\"): must be at least 1 µs"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1 }", "line 5, column 8: rules[0].pool.period: is required"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\npool = { capacity = 5, rate = 1 }", "line 5, column 8: rules[0].pool.period (rule \"a\"): is required"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 10\nperiod = \"1s\"\ncost = 11", "line 5, column 8: rules[0].cost (rule \"a\"): 11 exceeds the capacity (10): no request could ever pass"),
         (Toml, "[[rules]]\nname = \"é\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
         (Toml, "[[rules]]\nname = \"\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: rules[0].name: must be non-empty printable ASCII (it is sent in headers)"),
@@ -868,27 +875,26 @@ async fn methods_are_standard_unless_an_extension_is_asked_for() {
     };
     assert_eq!(
         toml_error(&rule("[\"GET\", \"POTS\"]")),
-        "line 5, column 19: rules[0].methods[1]: unknown method \"POTS\" (expected one of GET, \
-         HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH; an extension method is written \
-         { extension = \"POTS\" })"
+        "line 5, column 19: rules[0].methods[1] (rule \"a\"): unknown method \"POTS\" (did you \
+         mean \"POST\"? an extension method is written { extension = \"POTS\" })"
     );
     assert_eq!(
-        yaml_error("rules:\n  - name: a\n    rate: 1\n    period: 1s\n    methods: [POTS]\n"),
-        "line 5, column 15: rules[0].methods[0]: unknown method \"POTS\" (expected one of GET, \
-         HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH; an extension method is written \
-         { extension = \"POTS\" })"
+        yaml_error("rules:\n  - name: a\n    rate: 1\n    period: 1s\n    methods: [PURGE]\n"),
+        "line 5, column 15: rules[0].methods[0] (rule \"a\"): unknown method \"PURGE\" (expected one \
+         of GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH; an extension method is \
+         written { extension = \"PURGE\" })"
     );
     assert_eq!(
         toml_error(&rule("[{ extension = \"GET\" }]")),
-        "line 5, column 12: rules[0].methods[0]: \"GET\" is a standard method: write it as a plain string"
+        "line 5, column 12: rules[0].methods[0] (rule \"a\"): \"GET\" is a standard method: write it as a plain string"
     );
     assert_eq!(
         toml_error(&rule("[{ extension = \"PUR GE\" }]")),
-        "line 5, column 12: rules[0].methods[0]: invalid method \"PUR GE\""
+        "line 5, column 12: rules[0].methods[0] (rule \"a\"): invalid method \"PUR GE\""
     );
     assert_eq!(
         toml_error(&rule("[{ verb = \"PURGE\" }]")),
-        "line 5, column 12: rules[0].methods[0]: unknown method form `verb` (expected a method name or { extension = NAME })"
+        "line 5, column 12: rules[0].methods[0] (rule \"a\"): unknown method form `verb` (expected a method name or { extension = NAME })"
     );
     // An extension asked for explicitly is limited; other methods are not.
     let layer = toml(&rule("[\"DELETE\", { extension = \"PURGE\" }]"));
@@ -940,10 +946,71 @@ key = { client_ip = { cdn = [{ header = "cf-connecting-ip", trust = ["173.245.48
         "line 5, column 69: rules[0].key.client_ip.cdn[0].trust (rule \"a\"): is empty: a CDN header is honoured only from the networks trusted for it"
     );
     assert!(toml_error("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { cdn = [{ header = \"x-client-ip\", trust = [\"10.0.0.0/8\"] }] } }")
-        .contains("rules[0].key.client_ip.cdn[0].header: unknown value \"x-client-ip\""));
+        .contains("rules[0].key.client_ip.cdn[0].header (rule \"a\"): unknown value \"x-client-ip\""));
 }
 
 // ───────────────────────────── tiers ─────────────────────────────
+
+/// A tier's rule says in words which requests it is for (`RuleSummary::condition`), what
+/// `tollgate check` prints; a key every request has (the global key) is never missing.
+#[test]
+fn tiers_say_which_requests_their_rules_are_for() {
+    let layer = toml(
+        r#"
+[[rules]]
+name = "api"
+period = "1m"
+key = { header = "x-api-key" }
+[rules.tiers]
+keys = { "k1" = "pro" }
+default = "free"
+plans.free = { rate = 60 }
+plans.pro = { rate = 1000 }
+
+[[rules]]
+name = "by-header"
+period = "1m"
+[rules.tiers]
+from = { header = "x-plan" }
+default = "free"
+plans.free = { rate = 10 }
+plans.pro = { rate = 100 }
+"#,
+    );
+    let rules = layer.limiter().rules_in_force();
+    let conditions: Vec<(&str, bool, Option<&str>, bool)> = rules
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_str(),
+                r.conditional,
+                r.condition.as_deref(),
+                r.key.can_be_missing(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("api:free", true, Some("plan \"free\", the default (requests whose key is not listed for another plan in `tiers.keys`)"), true),
+            ("api:pro", true, Some("plan \"pro\" (requests whose key is the one listed for it in `tiers.keys`)"), true),
+            ("by-header:free", true, Some("plan \"free\", the default (requests whose x-plan header is \"free\", names no other plan, or is absent)"), false),
+            ("by-header:pro", true, Some("plan \"pro\" (requests whose x-plan header is \"pro\")"), false),
+        ]
+    );
+    // In code: described or not.
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("a", Limit::per_second(1)).when(|_| true))
+        .rule(Rule::new("b", Limit::per_second(1)).when_described("requests of the beta", |_| true))
+        .build()
+        .unwrap();
+    let rules = layer.limiter().rules_in_force();
+    assert_eq!(
+        (rules[0].conditional, rules[0].condition.as_deref()),
+        (true, None)
+    );
+    assert_eq!(rules[1].condition.as_deref(), Some("requests of the beta"));
+}
 
 #[tokio::test(start_paused = true)]
 async fn tiers_from_the_key_table() {
@@ -1344,6 +1411,125 @@ async fn watch_errors() {
         .contains("missing.toml: cannot read the file: "));
 }
 
+/// A misspelt field or value: the rule by its name (wherever the table gives it), and the name
+/// it is likely a misspelling of rather than every name the table takes.
+#[test]
+fn misspellings_name_the_rule_and_the_nearest_name() {
+    use ConfigFormat::{Toml, Yaml};
+    let two_rules = "[[rules]]\nname = \"login\"\nrate = 5\nperiod = \"1m\"\n\n[[rules]]\nname = \"api\"\nrat = 100\nperiod = \"1m\"\n";
+    let cases = [
+        (Toml, two_rules, "line 8, column 1: rules[1].rat (rule \"api\"): unknown field (did you mean `rate`?)"),
+        (Yaml, "rules:\n  - name: login\n    rate: 5\n    period: 1m\n  - name: api\n    rat: 100\n    period: 1m\n", "line 6, column 5: rules[1].rat (rule \"api\"): unknown field (did you mean `rate`?)"),
+        // The name written after the mistake.
+        (Toml, "[[rules]]\nperod = \"1m\"\nname = \"api\"\nrate = 1", "line 2, column 1: rules[0].perod (rule \"api\"): unknown field (did you mean `period`?)"),
+        (Yaml, "rules:\n  - capactiy: 5\n    name: api\n", "line 2, column 5: rules[0].capactiy (rule \"api\"): unknown field (did you mean `capacity`?)"),
+        // No name: the index alone.
+        (Toml, "[[rules]]\nrat = 1", "line 2, column 1: rules[0].rat: unknown field (did you mean `rate`?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\n[rules.tiers.plans.free]\nunlimted = true", "line 9, column 1: rules[0].tiers.plans.free.unlimted (rule \"api\"): unknown field (did you mean `unlimited`?)"),
+        (Toml, "[store]\nkind = \"memory\"\nmax_key = 5\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"", "line 3, column 1: store.max_key: unknown field (did you mean `max_keys`?)"),
+        // Nothing near: a long list is not repeated, a short one is.
+        (Toml, "[[rules]]\nname = \"api\"\ncolour = \"red\"", "line 3, column 1: rules[0].colour (rule \"api\"): unknown field (none of this table's 26 fields is spelled like it; the configuration reference lists them)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size (rule \"api\"): unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
+        // Values.
+        (Toml, "[[rules]]\nname = \"api\"\nalgorithm = \"sliding-window\"\nlimit = 5\nperiod = \"1m\"", "line 3, column 13: rules[0].algorithm (rule \"api\"): unknown value \"sliding-window\" (did you mean \"sliding_window\"?)"),
+        (Yaml, "rules:\n  - name: api\n    algorithm: fixedwindow\n    limit: 5\n    period: 1m\n", "line 3, column 16: rules[0].algorithm (rule \"api\"): unknown value \"fixedwindow\" (did you mean \"fixed_window\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nalgorithm = \"leaky_bucket\"\nrate = 1\nperiod = \"1s\"", "line 3, column 13: rules[0].algorithm (rule \"api\"): unknown value \"leaky_bucket\" (expected one of `token_bucket`, `fixed_window`, `sliding_window`, `sliding_log`)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nkey = \"peerip\"", "line 5, column 7: rules[0].key (rule \"api\"): unknown key source \"peerip\" (did you mean \"peer_ip\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nkey = { heder = \"x-api-key\" }", "line 5, column 7: rules[0].key (rule \"api\"): unknown key source \"heder\" (did you mean \"header\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\non_missing_key = \"skp\"", "line 5, column 18: rules[0].on_missing_key (rule \"api\"): unknown action \"skp\" (did you mean \"skip\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\ncount_if = \"failure\"", "line 5, column 12: rules[0].count_if (rule \"api\"): unknown response class \"failure\" (did you mean \"failures\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extention\"\ndefault = \"free\"\nplans.free = {}", "line 6, column 8: rules[0].tiers.from (rule \"api\"): unknown plan source \"extention\" (did you mean \"extension\"?)"),
+        (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nkey = { client_ip = { header = \"x-forwarded-fro\" } }", "line 5, column 32: rules[0].key.client_ip.header (rule \"api\"): unknown value \"x-forwarded-fro\" (did you mean \"x-forwarded-for\"?)"),
+        (Toml, "[store]\nkind = \"rediss\"\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: unknown value \"rediss\" (did you mean \"redis\"?)"),
+    ];
+    let mut wrong = Vec::new();
+    for (format, text, expected) in cases {
+        let got = match format {
+            Toml => toml_error(text),
+            Yaml => yaml_error(text),
+        };
+        if got != expected {
+            wrong.push(format!(
+                "{text:?}\n  expected: {expected}\n       got: {got}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // From a file: the file, line and column lead.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.toml");
+    write(&path, two_rules);
+    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    assert_eq!(
+        (error.path(), error.rule(), error.line(), error.column()),
+        ("rules[1].rat", Some("api"), Some(8), Some(1))
+    );
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "{}:8:1: rules[1].rat (rule \"api\"): unknown field (did you mean `rate`?)",
+            path.display()
+        )
+    );
+}
+
+/// YAML forbids tabs in indentation: the error gives the line and column of the tab and says
+/// so, rather than the parser's view of where it was ("while scanning a plain scalar at ...").
+#[test]
+fn a_tab_in_yaml_indentation_is_named_at_the_tab() {
+    let tab =
+        "found a tab character: YAML does not allow tabs for indentation (indent with spaces)";
+    let cases = [
+        ("rules:\n  - name: a\n\trate: 1\n    period: 1s\n", 3, 1),
+        (
+            "rules:\n  - name: a\n    rate: 1\n    period: 1s\n\tkey: peer_ip\n",
+            5,
+            1,
+        ),
+        (
+            "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key:\n  \t    header: x\n",
+            6,
+            3,
+        ),
+        (
+            "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    key:\n\t\theader: x\n",
+            6,
+            1,
+        ),
+        (
+            "store:\n\tkind: memory\nrules:\n  - name: a\n    rate: 1\n    period: 1s\n",
+            2,
+            1,
+        ),
+        (
+            "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    methods:\n    - GET\n\t- POST\n",
+            7,
+            1,
+        ),
+        (
+            "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    paths:\n    \t- /x\n",
+            6,
+            5,
+        ),
+    ];
+    for (text, line, column) in cases {
+        assert_eq!(
+            yaml_error(text),
+            format!("line {line}, column {column}: {tab}"),
+            "{text:?}"
+        );
+    }
+    // A tab elsewhere (separating a value) is allowed.
+    yaml("rules:\n  - name: a\n    rate:\t1\n    period: 1s\n");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    write(&path, "rules:\n  - name: a\n\trate: 1\n    period: 1s\n");
+    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    assert_eq!(error.to_string(), format!("{}:3:1: {tab}", path.display()));
+    assert_eq!((error.path(), error.rule()), ("", None));
+}
+
 #[test]
 fn file_errors_name_the_file_and_the_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -1359,7 +1545,7 @@ fn file_errors_name_the_file_and_the_line() {
     assert_eq!(
         error.to_string(),
         format!(
-            "{}:9:10: rules[1].period: invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")",
+            "{}:9:10: rules[1].period (rule \"b\"): invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")",
             path.display()
         )
     );
@@ -1391,9 +1577,12 @@ fn file_errors_name_the_file_and_the_line() {
     let error = RateLimitLayer::from_config_file(&yaml_path).unwrap_err();
     assert_eq!((error.line(), error.column()), (Some(5), Some(5)));
     assert_eq!(error.path(), "rules[0].colour");
-    assert!(error
-        .message()
-        .starts_with("unknown field (expected one of `name`, "));
+    assert_eq!(error.rule(), Some("a"));
+    assert_eq!(
+        error.message(),
+        "unknown field (none of this table's 26 fields is spelled like it; the configuration \
+         reference lists them)"
+    );
 
     let error = RateLimitLayer::from_config_file(dir.path().join("none.toml")).unwrap_err();
     assert!(error
