@@ -86,6 +86,7 @@ fn key_words(described: &str) -> String {
     match described.split_once(':') {
         Some(("header", name)) => format!("{name} header value"),
         Some(("cookie", name)) => format!("{name} cookie value"),
+        Some(("path-param", name)) => format!("route's {name} path parameter (percent-decoded)"),
         Some(("extension", type_name)) => {
             format!("{type_name} the application puts in the request (an extension)")
         }
@@ -108,6 +109,7 @@ fn without(described: &str) -> String {
     match described.split_once(':') {
         Some(("header", name)) => format!("requests without the {name} header"),
         Some(("cookie", name)) => format!("requests without the {name} cookie"),
+        Some(("path-param", name)) => format!("requests whose route has no {name} parameter"),
         Some(("extension", type_name)) => format!("requests without the {type_name} extension"),
         _ => match described {
             "bearer" => "requests without a bearer token".into(),

@@ -647,6 +647,20 @@ fn count_if(spec: &CountIfSpec, at: &str) -> Result<CountIf, Invalid> {
     })
 }
 
+/// A route's path parameter: read through axum's router, so only with the `axum` feature.
+fn path_param(name: &str, at: &str) -> Result<Key, Invalid> {
+    if name.is_empty() {
+        return invalid(format!("{at}.path_param"), "names no path parameter");
+    }
+    #[cfg(feature = "axum")]
+    return Ok(Key::path_param(name));
+    #[cfg(not(feature = "axum"))]
+    invalid(
+        format!("{at}.path_param"),
+        "path parameters are read from axum's router: build tollgate with its `axum` feature",
+    )
+}
+
 fn key(spec: &KeySpec, at: &str) -> Result<Key, Invalid> {
     Ok(match spec {
         KeySpec::Global => Key::global(),
@@ -659,6 +673,7 @@ fn key(spec: &KeySpec, at: &str) -> Result<Key, Invalid> {
             }
             Key::cookie(name)
         }
+        KeySpec::PathParam(name) => path_param(name, at)?,
         KeySpec::ClientIp(spec) => client_ip(spec, &format!("{at}.client_ip"))?,
         KeySpec::FirstOf(keys) => {
             if keys.is_empty() {

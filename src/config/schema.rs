@@ -474,17 +474,20 @@ pub(crate) enum KeySpec {
     Header(HeaderName),
     Bearer,
     Cookie(String),
+    PathParam(String),
     FirstOf(Vec<KeySpec>),
 }
 
-const KEY_SOURCES: &str = "global, peer_ip, client_ip, bearer, header, cookie or first_of";
-const KEY_SOURCE_NAMES: [&str; 7] = [
+const KEY_SOURCES: &str =
+    "global, peer_ip, client_ip, bearer, header, cookie, path_param or first_of";
+const KEY_SOURCE_NAMES: [&str; 8] = [
     "global",
     "peer_ip",
     "client_ip",
     "bearer",
     "header",
     "cookie",
+    "path_param",
     "first_of",
 ];
 
@@ -502,7 +505,7 @@ impl<'de> Deserialize<'de> for KeySpec {
                     "peer_ip" => Ok(KeySpec::PeerIp),
                     "client_ip" => Ok(KeySpec::ClientIp(ClientIpSpec::default())),
                     "bearer" => Ok(KeySpec::Bearer),
-                    "header" | "cookie" | "first_of" => Err(E::custom(format!(
+                    "header" | "cookie" | "path_param" | "first_of" => Err(E::custom(format!(
                         "the {v} key source needs a setting: a table with `{v} = ...`"
                     ))),
                     other => Err(E::custom(unknown(
@@ -517,6 +520,7 @@ impl<'de> Deserialize<'de> for KeySpec {
                 let key = match one_entry_key(&mut map, "a key source")?.as_str() {
                     "header" => KeySpec::Header(map.next_value::<HeaderNameSpec>()?.0),
                     "cookie" => KeySpec::Cookie(map.next_value()?),
+                    "path_param" => KeySpec::PathParam(map.next_value()?),
                     "client_ip" => KeySpec::ClientIp(map.next_value()?),
                     "first_of" => KeySpec::FirstOf(map.next_value()?),
                     plain @ ("global" | "peer_ip" | "bearer") => {

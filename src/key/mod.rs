@@ -408,6 +408,9 @@ impl Key {
             | Source::Extension { .. }
             | Source::Cookie(_)
             | Source::Fn(_) => true,
+            // A route without the parameter has none.
+            #[cfg(feature = "axum")]
+            Source::PathParam(_) => true,
         }
     }
 

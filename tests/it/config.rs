@@ -660,6 +660,39 @@ period = "1m"
 
 /// Every way a file can be wrong, with the message it gets: the place of the value (with the
 /// line and column when the parser knows them) and what is wrong with it.
+/// `{ path_param = "user" }`: the route's parameter as the handler sees it, every spelling of an
+/// account one key.
+#[tokio::test(start_paused = true)]
+async fn a_path_parameter_key_from_a_file() {
+    use axum::routing::post;
+    let layer = toml_paused(
+        "[[rules]]\nname = \"account\"\nrate = 2\nperiod = \"1m\"\nkey = { path_param = \"user\" }\n",
+    );
+    let app = axum::Router::new()
+        .route("/login/{user}", post(|| async { "welcome" }))
+        .route_layer(layer);
+    let mut statuses = Vec::new();
+    for path in [
+        "/login/alice",
+        "/login/%61lice",
+        "/login/a%6Cice",
+        "/login/bob",
+    ] {
+        let request = http::Request::post(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        statuses.push(
+            app.clone()
+                .oneshot(request)
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429, 200]);
+}
+
 #[test]
 fn every_error_names_its_place() {
     use ConfigFormat::{Toml, Yaml};
@@ -675,7 +708,8 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"", "line 4, column 10: rules[0].period (rule \"a\"): invalid duration \"1 fortnight\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = 60", "line 4, column 10: rules[0].period (rule \"a\"): a duration needs a unit: write \"60s\" or \"60ms\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"peer-ip\"", "line 5, column 7: rules[0].key (rule \"a\"): unknown key source \"peer-ip\" (did you mean \"peer_ip\"?)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { query = \"user\" }", "line 5, column 7: rules[0].key (rule \"a\"): unknown key source \"query\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { query = \"user\" }", "line 5, column 7: rules[0].key (rule \"a\"): unknown key source \"query\" (expected global, peer_ip, client_ip, bearer, header, cookie, path_param or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { path_param = \"\" }", "line 5, column 22: rules[0].key.path_param (rule \"a\"): names no path parameter"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { peer_ip = true }", "line 5, column 7: rules[0].key (rule \"a\"): the peer_ip key source takes no settings: write it as a plain string"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = \"header\"", "line 5, column 7: rules[0].key (rule \"a\"): the header key source needs a setting: a table with `header = ...`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nkey = { header = \"x-a\", cookie = \"b\" }", "line 5, column 7: rules[0].key (rule \"a\"): a key source is a table with exactly one entry (found another: `header`)"),
@@ -703,7 +737,7 @@ fn every_error_names_its_place() {
         (Toml, "[[rules]]\nname = \"a\"\nlimit = 1\nalgorithm = \"sliding_window\"\nperiod = \"1s\"\nsettle = { header = \"x-used\" }", "line 6, column 10: rules[0].settle (rule \"a\"): needs a token bucket or a fixed window: a settlement may leave a debt, which only they can hold"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nblock = 10", "line 5, column 9: rules[0].block (rule \"a\"): expected a duration such as \"10m\", or a table { escalate = [DURATIONS], forget_after = DURATION }, found integer `10`"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { drop = 1 }", "line 5, column 18: rules[0].on_missing_key (rule \"a\"): unknown action \"drop\" (expected reject or fallback)"),
-        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback (rule \"a\"): unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie or first_of)"),
+        (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\non_missing_key = { fallback = \"nobody\" }", "line 5, column 31: rules[0].on_missing_key.fallback (rule \"a\"): unknown key source \"nobody\" (expected global, peer_ip, client_ip, bearer, header, cookie, path_param or first_of)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = -1", "line 5, column 8: rules[0].cost (rule \"a\"): must not be negative (got -1)"),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = \"5\"", "line 5, column 8: rules[0].cost (rule \"a\"): expected a whole number of units or a table { header = NAME, default = UNITS }, found string \"5\""),
         (Toml, "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncost = { header = \"x-cost\", defualt = 1 }", "line 5, column 29: rules[0].cost.defualt (rule \"a\"): unknown field (did you mean `default`?)"),
