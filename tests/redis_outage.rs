@@ -4,8 +4,12 @@
 //! Redis sees no call), the number of warning lines, the store-health gauge, and recovery with
 //! no restart of the app.
 //!
-//! One test in this binary on purpose: it installs the global `tracing` subscriber that counts
-//! the lines (the breaker's probe logs from a background task, on any thread).
+//! Also what a probe must be: after a restart on the same port the first probe after Redis is back
+//! closes the breaker.
+//!
+//! The tests of this binary share the global `tracing` subscriber that counts the lines (the
+//! breaker's probe logs from a background task, on any thread) and the global metrics recorder
+//! (the health gauge has no labels), so they run one at a time.
 
 #![cfg(feature = "redis")]
 
@@ -18,6 +22,7 @@ use log_lines::Lines;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,6 +36,33 @@ use tollgate::{
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use redis_server::RedisServer;
+
+/// The captured lines and the metrics, installed once for the whole binary.
+fn globals() -> &'static (Lines, Snapshotter) {
+    static GLOBALS: OnceLock<(Lines, Snapshotter)> = OnceLock::new();
+    GLOBALS.get_or_init(|| {
+        let lines = Lines::default();
+        tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).unwrap();
+        (lines, snapshotter)
+    })
+}
+
+/// Held by each test for its whole run: one test at a time sees the lines and the gauge.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
 type Body = Full<Bytes>;
 
@@ -55,6 +87,16 @@ fn ok(_req: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallib
 /// its defaults except one warning line per hour (so that the count does not depend on how
 /// many recovery attempts the test makes).
 async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -> App {
+    app_warning_every(server, clock, policy, Duration::from_secs(3_600)).await
+}
+
+/// [`app`] with one warning line per `warn_every`.
+async fn app_warning_every(
+    server: &RedisServer,
+    clock: &ManualClock,
+    policy: FailurePolicy,
+    warn_every: Duration,
+) -> App {
     let store = RedisStore::builder()
         .url(server.url())
         .timeout(Duration::from_millis(100))
@@ -68,7 +110,7 @@ async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -
         .circuit_breaker(
             CircuitBreaker::new()
                 .clock(clock.clone())
-                .warn_interval(Duration::from_secs(3_600)),
+                .warn_interval(warn_every),
         )
         .build()
         .unwrap();
@@ -123,20 +165,12 @@ fn healthy(snapshotter: &Snapshotter) -> f64 {
 #[test]
 fn outages_paused_killed_restarted_5_failures_open_the_breaker_then_100_requests_wait_for_nothing()
 {
-    let lines = Lines::default();
-    tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        paused_fail_closed(&lines, &snapshotter).await;
-        killed_fail_open(&lines, &snapshotter).await;
-        restarted_fail_to_local(&lines, &snapshotter).await;
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        paused_fail_closed(lines, snapshotter).await;
+        killed_fail_open(lines, snapshotter).await;
+        restarted_fail_to_local(lines, snapshotter).await;
     });
 }
 
@@ -253,4 +287,87 @@ async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
     assert_eq!(healthy(snapshotter), 1.0);
     assert_eq!(lines.take_warnings().len(), 1);
+}
+
+/// What the breaker made of a probe.
+#[derive(Debug, PartialEq)]
+enum Probed {
+    /// It closed: requests reach Redis again.
+    Closed,
+    /// It stays open, and probes again this many seconds later.
+    Failed(u64),
+}
+
+/// Moves the breaker's clock `due` seconds on, to its next probe, and sends requests until the
+/// breaker has the probe's answer, bounded by 10 s of real time. The first request starts the
+/// probe; with fail closed, each answer is `503` with `Retry-After: due` while the probe runs.
+/// Counts the requests in `sent`.
+async fn probe(
+    app: &App,
+    clock: &ManualClock,
+    snapshotter: &Snapshotter,
+    due: u64,
+    sent: &mut u64,
+) -> Probed {
+    clock.advance(Duration::from_secs(due));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the probe did not finish");
+        if healthy(snapshotter) == 1.0 {
+            return Probed::Closed;
+        }
+        let response = send(app).await;
+        *sent += 1;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let wait: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if wait != due {
+            return Probed::Failed(wait);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis killed, then started again on the same port: a probe while it is down fails, and the
+/// first probe after it is back closes the breaker (no second, doubled wait while Redis is
+/// ready and requests go unlimited).
+#[test]
+fn restarted_on_the_same_port_the_first_probe_after_redis_is_back_closes_the_breaker() {
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        let mut server = RedisServer::start();
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let app = app(&server, &clock, FailurePolicy::Closed).await;
+        assert_eq!(send(&app).await.status(), StatusCode::OK);
+        server.kill();
+        for _ in 0..5 {
+            let response = send(&app).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(healthy(snapshotter), 0.0);
+        let mut sent = 0;
+        assert_eq!(
+            probe(&app, &clock, snapshotter, 1, &mut sent).await,
+            Probed::Failed(2)
+        );
+        // Down for longer than the Redis client's own attempts to reconnect (well under a
+        // second), as in a real outage: its last attempt has failed when Redis comes back.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        lines.take_warnings();
+        server.restart();
+        assert_eq!(
+            probe(&app, &clock, snapshotter, 2, &mut sent).await,
+            Probed::Closed
+        );
+        // Redis decides again (restarted empty: a new count).
+        let response = send(&app).await;
+        assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
+        let warnings = lines.take_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert!(warnings[0].contains("circuit breaker closed after 3.0 s"));
+    });
 }

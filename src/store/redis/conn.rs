@@ -97,6 +97,16 @@ impl Conn {
     }
 }
 
+/// Whether the connection starts over after `e`: the connection manager then opens a new one
+/// (the cluster client refreshes its own), so a second call reaches Redis as it is now.
+///
+/// This matters after an outage. The manager keeps the result of its last attempt to reconnect
+/// and hands it to the next caller, who gets that failure at once while a new attempt starts: the
+/// first call after Redis is back fails with an error from the time it was down.
+pub(super) fn reconnects(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_unrecoverable_error()
+}
+
 /// A Redis failure as the layer's failure policy sees it.
 pub(super) fn error(e: RedisError) -> StoreError {
     let kind = if e.is_timeout() {

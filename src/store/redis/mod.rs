@@ -590,15 +590,25 @@ impl Store for RedisStore {
     fn probe(&self) -> StoreFuture<()> {
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            inner
-                .timed(async {
-                    let mut conn = inner.conn.clone();
-                    conn.query::<String>(&::redis::cmd("PING"))
-                        .await
-                        .map_err(conn::error)?;
-                    Ok(())
-                })
-                .await
+            // No request waits for a probe, and it may have to connect afresh: it gets the time
+            // a connection gets.
+            let wait = conn::connect_timeout(inner.timeout);
+            let probe = async {
+                let mut conn = inner.conn.clone();
+                let ping = ::redis::cmd("PING");
+                // A failure of the connection itself may be stale (see `conn::reconnects`): the
+                // answer is the one on the new connection.
+                match conn.query::<String>(&ping).await {
+                    Err(e) if conn::reconnects(&e) => conn.query::<String>(&ping).await,
+                    other => other,
+                }
+                .map_err(conn::error)?;
+                Ok(())
+            };
+            match tokio::time::timeout(wait, probe).await {
+                Ok(result) => result,
+                Err(_) => Err(conn::timed_out(wait)),
+            }
         })
     }
 
