@@ -5,7 +5,8 @@
 //! no restart of the app.
 //!
 //! Also what a probe must be: after a restart on the same port the first probe after Redis is back
-//! closes the breaker.
+//! closes the breaker, and out of memory (every write refused, `PING` still answered) the probe
+//! fails like the requests do, so the breaker stays open instead of flapping.
 //!
 //! The tests of this binary share the global `tracing` subscriber that counts the lines (the
 //! breaker's probe logs from a background task, on any thread) and the global metrics recorder
@@ -331,6 +332,20 @@ async fn probe(
     }
 }
 
+/// The count of a warning line saying "… N failed decision(s) since the last warning …".
+fn failed_in(line: &str) -> u64 {
+    let before = line
+        .split(" failed decision(s) since the last warning")
+        .next()
+        .filter(|before| before.len() < line.len())
+        .unwrap_or_else(|| panic!("not a count: {line}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a count: {line}"))
+}
+
 /// Redis killed, then started again on the same port: a probe while it is down fails, and the
 /// first probe after it is back closes the breaker (no second, doubled wait while Redis is
 /// ready and requests go unlimited).
@@ -369,5 +384,62 @@ fn restarted_on_the_same_port_the_first_probe_after_redis_is_back_closes_the_bre
         let warnings = lines.take_warnings();
         assert_eq!(warnings.len(), 1, "{warnings:#?}");
         assert!(warnings[0].contains("circuit breaker closed after 3.0 s"));
+    });
+}
+
+/// Redis out of memory (`maxmemory` below what it uses, `noeviction`): every charge is refused
+/// with `OOM`, while `PING` still answers. The probe charges like a request, so it fails too: the
+/// breaker stays open and probes at 1, 2, 4, 8, 16 s, each probe a write Redis refuses, and the
+/// warnings stay at one line per 10 s, each with its count.
+#[test]
+fn out_of_memory_the_probe_is_refused_like_a_charge_and_the_breaker_stays_open() {
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let every = Duration::from_secs(10);
+        let app = app_warning_every(&server, &clock, FailurePolicy::Closed, every).await;
+        assert_eq!(send(&app).await.status(), StatusCode::OK);
+        lines.take_warnings();
+        server.run("CONFIG SET maxmemory 1");
+        assert!(server.run("SET filler 1").starts_with("-OOM"));
+        assert!(server.run("PING").starts_with("+PONG"));
+        // A charge is one `PSETEX` in the script: Redis counts those it refuses.
+        let refused_writes = || redis_server::command_stat(server.port, "psetex", 7);
+        let mut failed = 0;
+        for _ in 0..5 {
+            let response = send(&app).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            failed += 1;
+        }
+        assert_eq!(healthy(snapshotter), 0.0);
+        assert_eq!(refused_writes(), 5);
+        for (due, next) in [(1, 2), (2, 4), (4, 8), (8, 16), (16, 30)] {
+            for _ in 0..10 {
+                let response = at_once(&app);
+                assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+                assert_eq!(response.headers()["retry-after"], due.to_string().as_str());
+                failed += 1;
+            }
+            assert_eq!(
+                probe(&app, &clock, snapshotter, due, &mut failed).await,
+                Probed::Failed(next)
+            );
+        }
+        // Five probes reached Redis, each a write it refused; no request did.
+        assert_eq!(refused_writes(), 5 + 5);
+        // 10 s after the last line, one more: every failed decision is in some line's count.
+        clock.advance(every);
+        at_once(&app);
+        failed += 1;
+        let warnings = lines.take_warnings();
+        // The first failure, the opening, then one line per 10 s (at 15, 31 and 41 s).
+        assert_eq!(warnings.len(), 5, "{warnings:#?}");
+        assert_eq!(failed_in(&warnings[0]), 1, "{}", warnings[0]);
+        assert!(warnings[1].contains("opened after 5 consecutive failures"));
+        let counted: u64 = warnings[2..].iter().map(|line| failed_in(line)).sum();
+        assert_eq!(counted, failed - 1, "{warnings:#?}");
+        assert_eq!(healthy(snapshotter), 0.0);
     });
 }

@@ -95,6 +95,20 @@ impl Conn {
             other => other,
         }
     }
+
+    /// [`eval`](Self::eval) on a connection as Redis is now: when the call fails on the
+    /// connection itself, which may be a failure kept from an earlier attempt (see
+    /// [`reconnects`]), once more on the connection the failure started.
+    pub(super) async fn eval_afresh<T: FromRedisValue>(
+        &mut self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, RedisError> {
+        match self.eval(script, cmd).await {
+            Err(e) if reconnects(&e) => self.eval(script, cmd).await,
+            other => other,
+        }
+    }
 }
 
 /// Whether the connection starts over after `e`: the connection manager then opens a new one
