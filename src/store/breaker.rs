@@ -7,8 +7,15 @@
 //! [`failures`](CircuitBreaker::failures) of them it opens: calls are answered at once with a
 //! [`CircuitOpen`](StoreErrorKind::CircuitOpen) error (or by the local fallback) without touching
 //! the store, so no request waits for the store's timeout. While open, the first call after each
-//! probe time starts one probe in the background ([`Store::probe`]); the probe interval doubles
-//! after each failed probe, up to a maximum. The first probe that succeeds closes the breaker.
+//! probe time starts one probe in the background ([`Store::probe`]: a call that fails when
+//! requests fail, on a connection as the store is now); the probe interval doubles after each
+//! failed probe, up to a maximum. The first probe that succeeds closes the breaker.
+//!
+//! A breaker that opens again within the longest probe interval of closing is still in the same
+//! outage (the store answers probes but fails requests): it goes on doubling the interval from
+//! the one that closed it, instead of probing after the first interval again, and tells its
+//! reopenings and closings on the warning interval instead of with lines of their own. The
+//! interval starts over at the first only once the store has stayed healthy that long.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -78,6 +85,18 @@ impl FailurePolicy {
 ///
 /// Defaults: opens after 5 consecutive failures; first probe 1 s after opening, then every 2, 4,
 /// … up to 30 s; at most one warning line per 10 s.
+///
+/// A probe asks the store what a request asks ([`Store::probe`]; the Redis store charges a key
+/// of its own through the same script, on a connection opened again if the last one failed), so
+/// a store that fails requests fails its probes too: `PING` would still answer while Redis,
+/// out of memory, refuses every charge.
+///
+/// The probe interval starts over at the first one only once the store has stayed healthy for
+/// the longest interval (30 s by default) after the breaker closed. A breaker that opens again
+/// sooner (a probe succeeded, but requests still fail) takes the doubling up where it stopped,
+/// so such a store is probed at most once per longest interval in the end rather than every
+/// second; that reopening and the closings after it are counted in the warning line of the
+/// interval rather than written one line each.
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct CircuitBreaker {
@@ -113,7 +132,8 @@ impl CircuitBreaker {
     }
 
     /// The first probe comes `first` after the breaker opens; each failed probe doubles the
-    /// interval, up to `max` (defaults 1 s and 30 s).
+    /// interval, up to `max` (defaults 1 s and 30 s). Opening again within `max` of closing
+    /// doubles the interval that closed it instead of starting over at `first`.
     pub fn probe_interval(mut self, first: Duration, max: Duration) -> Self {
         self.first_probe = first;
         self.max_probe = max.max(first);
@@ -121,7 +141,10 @@ impl CircuitBreaker {
     }
 
     /// At most one warning line per `every` while the store fails, with the number of failed
-    /// decisions since the last line (default 10 s).
+    /// decisions since the last line (default 10 s). Besides, the breaker's opening and its
+    /// closing each get a line of their own, except when it opens again within the longest probe
+    /// interval of closing: that line then counts the reopenings, and a closing after them is
+    /// told once a line is due.
     pub fn warn_interval(mut self, every: Duration) -> Self {
         self.warn_every = every;
         self
@@ -160,6 +183,8 @@ struct Breaker {
     open: AtomicBool,
     /// Consecutive failures while closed.
     failures: AtomicU32,
+    /// The breaker closed, and no line has said so yet (see [`Breaker::probed`]).
+    untold_close: AtomicBool,
     cold: Mutex<Cold>,
     healthy: metrics::Gauge,
 }
@@ -168,13 +193,22 @@ struct Breaker {
 #[derive(Default)]
 struct Cold {
     next_probe: Micros,
+    /// The interval before the next probe, or of the probe that closed the breaker.
     backoff: Duration,
     probing: bool,
+    /// When the breaker opened after being healthy (a reopening soon after closing keeps it).
     opened_at: Micros,
+    /// When the breaker last closed: opening again within `max_probe` of it is the same outage.
+    closed_at: Option<Micros>,
+    /// The breaker opened again soon after closing in this outage: the store answers probes but
+    /// fails requests, and its closings wait for the warning interval like the failures.
+    flapping: bool,
     /// Failed decisions since the breaker opened (for the line that says it closed).
     failed_while_open: u64,
-    /// Failed decisions since the last warning line, and when that line was written.
+    /// Failed decisions since the last warning line, the times the breaker opened again soon
+    /// after closing since then, and when that line was written.
     unreported: u64,
+    reopened: u64,
     last_warning: Option<Micros>,
 }
 
@@ -202,6 +236,7 @@ impl Guarded {
                 policy,
                 open: AtomicBool::new(false),
                 failures: AtomicU32::new(0),
+                untold_close: AtomicBool::new(false),
                 cold: Mutex::new(Cold::default()),
                 healthy,
             }),
@@ -312,6 +347,9 @@ impl Breaker {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
+        if self.untold_close.load(Ordering::Relaxed) {
+            self.tell_close();
+        }
     }
 
     /// The store failed a call: count it, open after `threshold` in a row, warn at most once per
@@ -324,20 +362,40 @@ impl Breaker {
             .saturating_add(1);
         let mut cold = self.cold();
         if failures >= self.threshold && !self.open.load(Ordering::Relaxed) {
-            cold.next_probe = now.saturating_add(micros(self.first_probe));
-            cold.backoff = self.first_probe;
-            cold.opened_at = now;
-            cold.failed_while_open = 0;
+            let untold_close = self.untold_close.swap(false, Ordering::Relaxed);
+            let again = cold
+                .closed_at
+                .is_some_and(|closed| now.saturating_sub(closed) < micros(self.max_probe));
+            if again {
+                // The closing was no recovery: the line counting reopenings tells it.
+                // The same outage: the backoff goes on from the interval that closed the
+                // breaker, and no line of its own.
+                cold.backoff = (cold.backoff * 2).min(self.max_probe);
+                cold.flapping = true;
+                cold.reopened += 1;
+            } else {
+                if untold_close {
+                    // A closing long ago that no line has told yet (no call succeeded since).
+                    self.closed_line(&mut cold, now);
+                }
+                cold.backoff = self.first_probe;
+                cold.opened_at = now;
+                cold.failed_while_open = 0;
+                cold.flapping = false;
+                cold.reopened = 0;
+                cold.last_warning = Some(now);
+                tracing::warn!(
+                    %error,
+                    failures,
+                    next_probe_ms = self.first_probe.as_millis() as u64,
+                    "rate-limit store: circuit breaker opened after {failures} consecutive \
+                     failures; the store is not asked until it answers a probe, and {}",
+                    self.policy.what_happens()
+                );
+            }
+            cold.next_probe = now.saturating_add(micros(cold.backoff));
             self.open.store(true, Ordering::Relaxed);
             self.healthy.set(0.0);
-            tracing::warn!(
-                %error,
-                failures,
-                next_probe_ms = self.first_probe.as_millis() as u64,
-                "rate-limit store: circuit breaker opened after {failures} consecutive failures; \
-                 the store is not asked until it answers a probe, and {}",
-                self.policy.what_happens()
-            );
         }
         self.report(&mut cold, now, error);
     }
@@ -364,25 +422,71 @@ impl Breaker {
         error
     }
 
+    /// Whether a warning line may be written: one per interval.
+    fn due(&self, cold: &Cold, now: Micros) -> bool {
+        cold.last_warning
+            .is_none_or(|last| now.saturating_sub(last) >= self.warn_every)
+    }
+
     /// One warning line per interval, with the failures since the last one.
     fn report(&self, cold: &mut Cold, now: Micros, error: &StoreError) {
         cold.unreported += 1;
         if self.open.load(Ordering::Relaxed) {
             cold.failed_while_open += 1;
         }
-        let due = cold
-            .last_warning
-            .is_none_or(|last| now.saturating_sub(last) >= self.warn_every);
-        if due {
+        if self.due(cold, now) {
             let failed = std::mem::take(&mut cold.unreported);
+            let reopened = std::mem::take(&mut cold.reopened);
             cold.last_warning = Some(now);
+            let flaps = match reopened {
+                0 => String::new(),
+                n => format!(
+                    "; the circuit breaker closed after a successful probe and opened again {n} \
+                     time(s) (the store answers probes but fails requests)"
+                ),
+            };
             tracing::warn!(
                 %error,
                 failed,
-                "rate-limit store failing: {failed} failed decision(s) since the last warning; {}",
+                reopened,
+                "rate-limit store failing: {failed} failed decision(s) since the last \
+                 warning{flaps}; {}",
                 self.policy.what_happens()
             );
         }
+    }
+
+    /// The line saying the breaker closed, when it was left for later and one is due.
+    #[cold]
+    fn tell_close(&self) {
+        let now = self.now();
+        let mut cold = self.cold();
+        if self.untold_close.load(Ordering::Relaxed) && self.due(&cold, now) {
+            self.untold_close.store(false, Ordering::Relaxed);
+            self.closed_line(&mut cold, now);
+        }
+    }
+
+    /// The line saying the breaker closed, and how long the store failed.
+    fn closed_line(&self, cold: &mut Cold, now: Micros) {
+        let closed = cold.closed_at.unwrap_or(now);
+        let down = duration(closed.saturating_sub(cold.opened_at));
+        let reopened = std::mem::take(&mut cold.reopened);
+        let flaps = match reopened {
+            0 => String::new(),
+            n => format!(" (it had closed and opened again {n} time(s) since the last warning)"),
+        };
+        cold.unreported = 0;
+        cold.last_warning = Some(now);
+        tracing::warn!(
+            failed = cold.failed_while_open,
+            down_ms = down.as_millis() as u64,
+            reopened,
+            "rate-limit store answers again: circuit breaker closed after {:.1} s and {} failed \
+             decision(s){flaps}; the shared store decides again",
+            down.as_secs_f64(),
+            cold.failed_while_open
+        );
     }
 
     /// Starts a probe in the background (a caller holds `cold`).
@@ -408,17 +512,15 @@ impl Breaker {
         cold.probing = false;
         match result {
             Ok(()) => {
-                cold.unreported = 0;
-                cold.last_warning = None;
-                let down = duration(now.saturating_sub(cold.opened_at));
-                tracing::warn!(
-                    failed = cold.failed_while_open,
-                    down_ms = down.as_millis() as u64,
-                    "rate-limit store answers again: circuit breaker closed after {:.1} s and {} \
-                     failed decision(s); the shared store decides again",
-                    down.as_secs_f64(),
-                    cold.failed_while_open
-                );
+                cold.closed_at = Some(now);
+                if cold.flapping {
+                    // Flapping: the next failures will likely open it again, and the line
+                    // counting those tells this closing too. Only if the store keeps answering is
+                    // it told on its own, by a call that succeeds once a line is due.
+                    self.untold_close.store(true, Ordering::Relaxed);
+                } else {
+                    self.closed_line(&mut cold, now);
+                }
                 // Last: whoever sees the gauge or the calls go through also sees the line.
                 self.failures.store(0, Ordering::Relaxed);
                 self.open.store(false, Ordering::Relaxed);
@@ -605,10 +707,12 @@ mod tests {
         assert_eq!((scaled.limit(), scaled.capacity()), (5, 5));
     }
 
-    /// A store that fails while `down` is set and counts the calls that reach it.
+    /// A store that fails while `down` is set (its probes too, unless `answers_probes` is set)
+    /// and counts the calls that reach it.
     #[derive(Debug, Default)]
     struct Flaky {
         down: AtomicBool,
+        answers_probes: AtomicBool,
         calls: AtomicU32,
         memory: MemoryStore,
     }
@@ -628,7 +732,7 @@ mod tests {
             self.memory.reset(rule, algorithm, key)
         }
         fn probe(&self) -> StoreFuture<()> {
-            if self.down.load(Ordering::Relaxed) {
+            if self.down.load(Ordering::Relaxed) && !self.answers_probes.load(Ordering::Relaxed) {
                 return StoreFuture::ready(Err(StoreError::new(StoreErrorKind::Timeout, "late")));
             }
             StoreFuture::ready(Ok(()))
@@ -797,6 +901,83 @@ mod tests {
         clock.advance(Duration::from_secs(1));
         apply(&guarded, &algorithm).unwrap_err();
         assert_eq!(lines(), (Some(1_010_000_000), 0));
+    }
+
+    /// The store answers probes but fails every request: each probe closes the breaker and five
+    /// failures open it again. The backoff holds across these cycles (1, 2, 4, … 30 s between
+    /// probes, not 1 s each time), and the warnings stay at one line per 10 s, counting the
+    /// reopenings; once the store has answered for 30 s, a new outage is probed after 1 s again.
+    #[tokio::test]
+    async fn a_breaker_that_opens_again_soon_after_closing_keeps_its_backoff_and_its_warning_interval(
+    ) {
+        let (clock, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Open);
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
+        let breaker = &guarded.breaker;
+        let is_open = || breaker.open.load(Ordering::Relaxed);
+        flaky.down.store(true, Ordering::Relaxed);
+        flaky.answers_probes.store(true, Ordering::Relaxed);
+        for _ in 0..5 {
+            apply(&guarded, &algorithm).unwrap_err();
+        }
+        assert!(is_open());
+        let start = clock.now();
+        let mut intervals = Vec::new();
+        let mut lines = vec![breaker.cold().last_warning];
+        while clock.now() - start < 200_000_000 {
+            let wait = apply(&guarded, &algorithm)
+                .unwrap_err()
+                .retry_after()
+                .unwrap();
+            intervals.push(wait.as_secs());
+            clock.advance(wait);
+            apply(&guarded, &algorithm).unwrap_err();
+            tokio::task::yield_now().await;
+            assert!(!is_open(), "the probe closed it");
+            for _ in 0..5 {
+                let error = apply(&guarded, &algorithm).unwrap_err();
+                assert_eq!(error.kind(), StoreErrorKind::Timeout);
+            }
+            assert!(is_open(), "five failures opened it again");
+            let last = breaker.cold().last_warning;
+            if lines.last() != Some(&last) {
+                lines.push(last);
+            }
+        }
+        assert_eq!(intervals, [1, 2, 4, 8, 16, 30, 30, 30, 30, 30, 30]);
+        // The first failure and the opening at the start, the first closing 1 s later (a
+        // recovery, for all the breaker knew), then one line per 10 s at most.
+        let lines: Vec<u64> = lines
+            .into_iter()
+            .map(|at| (at.unwrap() - start) / 1_000_000)
+            .collect();
+        assert_eq!(lines, [0, 1, 15, 31, 61, 91, 121, 151, 181, 211]);
+        // Each line counted the reopenings before it; the one after the last waits for the next.
+        assert_eq!(breaker.cold().reopened, 1);
+        // The store answers again. The call that starts the probe fails (the breaker is open)
+        // and its line is due: the closing waits for the next, written by a call that succeeds.
+        flaky.down.store(false, Ordering::Relaxed);
+        clock.advance(Duration::from_secs(30));
+        apply(&guarded, &algorithm).unwrap_err();
+        tokio::task::yield_now().await;
+        assert!(!is_open());
+        assert_eq!(breaker.cold().last_warning, Some(clock.now()));
+        assert!(apply(&guarded, &algorithm).is_ok());
+        assert!(breaker.untold_close.load(Ordering::Relaxed));
+        clock.advance(Duration::from_secs(10));
+        assert!(apply(&guarded, &algorithm).is_ok());
+        assert!(!breaker.untold_close.load(Ordering::Relaxed));
+        assert_eq!(breaker.cold().last_warning, Some(clock.now()));
+        // Healthy for the longest interval (30 s) since it closed: the next outage starts over
+        // at 1 s.
+        clock.advance(Duration::from_secs(20));
+        flaky.down.store(true, Ordering::Relaxed);
+        flaky.answers_probes.store(false, Ordering::Relaxed);
+        for _ in 0..5 {
+            apply(&guarded, &algorithm).unwrap_err();
+        }
+        let error = apply(&guarded, &algorithm).unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::CircuitOpen);
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(1)));
     }
 
     #[test]

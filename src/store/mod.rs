@@ -116,8 +116,12 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Asks whether the store answers again, for the circuit breaker in front of a remote store
-    /// (see [`CircuitBreaker`]): a cheap call with the store's own timeout (the Redis store sends
-    /// `PING`). The default answers yes at once, which lets requests through again to find out.
+    /// (see [`CircuitBreaker`]): a cheap call that fails when requests would, on a connection as
+    /// the store is now rather than one kept from before it failed. The Redis store charges one
+    /// unit on a key of its own (`<prefix>:probe`) through the same script as requests: a `PING`
+    /// would answer while Redis refuses every write, out of memory. No request waits for a probe;
+    /// the Redis store gives it the time it gives a connection (its timeout, at least 1 s). The
+    /// default answers yes at once, which lets requests through again to find out.
     fn probe(&self) -> StoreFuture<()> {
         StoreFuture::ready(Ok(()))
     }

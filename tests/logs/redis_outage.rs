@@ -4,8 +4,13 @@
 //! Redis sees no call), the number of warning lines, the store-health gauge, and recovery with
 //! no restart of the app.
 //!
-//! One test in this binary on purpose: it installs the global `tracing` subscriber that counts
-//! the lines (the breaker's probe logs from a background task, on any thread).
+//! Also what a probe must be: after a restart on the same port the first probe after Redis is back
+//! closes the breaker, and out of memory (every write refused, `PING` still answered) the probe
+//! fails like the requests do, so the breaker stays open instead of flapping.
+//!
+//! The tests of this binary share the global `tracing` subscriber that counts the lines (the
+//! breaker's probe logs from a background task, on any thread) and the global metrics recorder
+//! (the health gauge has no labels), so they run one at a time.
 
 #![cfg(feature = "redis")]
 
@@ -16,6 +21,7 @@ use log_lines::Lines;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,6 +35,33 @@ use tollgate::{
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use redis_server::RedisServer;
+
+/// The captured lines and the metrics, installed once for the whole binary.
+fn globals() -> &'static (Lines, Snapshotter) {
+    static GLOBALS: OnceLock<(Lines, Snapshotter)> = OnceLock::new();
+    GLOBALS.get_or_init(|| {
+        let lines = Lines::default();
+        tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).unwrap();
+        (lines, snapshotter)
+    })
+}
+
+/// Held by each test for its whole run: one test at a time sees the lines and the gauge.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
 
 type Body = Full<Bytes>;
 
@@ -53,6 +86,16 @@ fn ok(_req: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallib
 /// its defaults except one warning line per hour (so that the count does not depend on how
 /// many recovery attempts the test makes).
 async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -> App {
+    app_warning_every(server, clock, policy, Duration::from_secs(3_600)).await
+}
+
+/// [`app`] with one warning line per `warn_every`.
+async fn app_warning_every(
+    server: &RedisServer,
+    clock: &ManualClock,
+    policy: FailurePolicy,
+    warn_every: Duration,
+) -> App {
     let store = RedisStore::builder()
         .url(server.url())
         .timeout(Duration::from_millis(100))
@@ -66,7 +109,7 @@ async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -
         .circuit_breaker(
             CircuitBreaker::new()
                 .clock(clock.clone())
-                .warn_interval(Duration::from_secs(3_600)),
+                .warn_interval(warn_every),
         )
         .build()
         .unwrap();
@@ -121,20 +164,12 @@ fn healthy(snapshotter: &Snapshotter) -> f64 {
 #[test]
 fn outages_paused_killed_restarted_5_failures_open_the_breaker_then_100_requests_wait_for_nothing()
 {
-    let lines = Lines::default();
-    tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        paused_fail_closed(&lines, &snapshotter).await;
-        killed_fail_open(&lines, &snapshotter).await;
-        restarted_fail_to_local(&lines, &snapshotter).await;
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        paused_fail_closed(lines, snapshotter).await;
+        killed_fail_open(lines, snapshotter).await;
+        restarted_fail_to_local(lines, snapshotter).await;
     });
 }
 
@@ -251,4 +286,158 @@ async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
     assert_eq!(healthy(snapshotter), 1.0);
     assert_eq!(lines.take_warnings().len(), 1);
+}
+
+/// What the breaker made of a probe.
+#[derive(Debug, PartialEq)]
+enum Probed {
+    /// It closed: requests reach Redis again.
+    Closed,
+    /// It stays open, and probes again this many seconds later.
+    Failed(u64),
+}
+
+/// Moves the breaker's clock `due` seconds on, to its next probe, and sends requests until the
+/// breaker has the probe's answer, bounded by 10 s of real time. The first request starts the
+/// probe; with fail closed, each answer is `503` with `Retry-After: due` while the probe runs.
+/// Counts the requests in `sent`.
+async fn probe(
+    app: &App,
+    clock: &ManualClock,
+    snapshotter: &Snapshotter,
+    due: u64,
+    sent: &mut u64,
+) -> Probed {
+    clock.advance(Duration::from_secs(due));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the probe did not finish");
+        if healthy(snapshotter) == 1.0 {
+            return Probed::Closed;
+        }
+        let response = send(app).await;
+        *sent += 1;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let wait: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        if wait != due {
+            return Probed::Failed(wait);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The count of a warning line saying "… N failed decision(s) since the last warning …".
+fn failed_in(line: &str) -> u64 {
+    let before = line
+        .split(" failed decision(s) since the last warning")
+        .next()
+        .filter(|before| before.len() < line.len())
+        .unwrap_or_else(|| panic!("not a count: {line}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a count: {line}"))
+}
+
+/// Redis killed, then started again on the same port: a probe while it is down fails, and the
+/// first probe after it is back closes the breaker (no second, doubled wait while Redis is
+/// ready and requests go unlimited).
+#[test]
+fn restarted_on_the_same_port_the_first_probe_after_redis_is_back_closes_the_breaker() {
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        let mut server = RedisServer::start();
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let app = app(&server, &clock, FailurePolicy::Closed).await;
+        assert_eq!(send(&app).await.status(), StatusCode::OK);
+        server.kill();
+        for _ in 0..5 {
+            let response = send(&app).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(healthy(snapshotter), 0.0);
+        let mut sent = 0;
+        assert_eq!(
+            probe(&app, &clock, snapshotter, 1, &mut sent).await,
+            Probed::Failed(2)
+        );
+        // Down for longer than the Redis client's own attempts to reconnect (well under a
+        // second), as in a real outage: its last attempt has failed when Redis comes back.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        lines.take_warnings();
+        server.restart();
+        assert_eq!(
+            probe(&app, &clock, snapshotter, 2, &mut sent).await,
+            Probed::Closed
+        );
+        // Redis decides again (restarted empty: a new count).
+        let response = send(&app).await;
+        assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
+        let warnings = lines.take_warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:#?}");
+        assert!(warnings[0].contains("circuit breaker closed after 3.0 s"));
+    });
+}
+
+/// Redis out of memory (`maxmemory` below what it uses, `noeviction`): every charge is refused
+/// with `OOM`, while `PING` still answers. The probe charges like a request, so it fails too: the
+/// breaker stays open and probes at 1, 2, 4, 8, 16 s, each probe a write Redis refuses, and the
+/// warnings stay at one line per 10 s, each with its count.
+#[test]
+fn out_of_memory_the_probe_is_refused_like_a_charge_and_the_breaker_stays_open() {
+    let (lines, snapshotter) = globals();
+    let _serial = one_at_a_time();
+    runtime().block_on(async {
+        let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let every = Duration::from_secs(10);
+        let app = app_warning_every(&server, &clock, FailurePolicy::Closed, every).await;
+        assert_eq!(send(&app).await.status(), StatusCode::OK);
+        lines.take_warnings();
+        server.run("CONFIG SET maxmemory 1");
+        assert!(server.run("SET filler 1").starts_with("-OOM"));
+        assert!(server.run("PING").starts_with("+PONG"));
+        // A charge is one `PSETEX` in the script: Redis counts those it refuses.
+        let refused_writes = || redis_server::command_stat(server.port, "psetex", 7);
+        let mut failed = 0;
+        for _ in 0..5 {
+            let response = send(&app).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            failed += 1;
+        }
+        assert_eq!(healthy(snapshotter), 0.0);
+        assert_eq!(refused_writes(), 5);
+        for (due, next) in [(1, 2), (2, 4), (4, 8), (8, 16), (16, 30)] {
+            for _ in 0..10 {
+                let response = at_once(&app);
+                assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+                assert_eq!(response.headers()["retry-after"], due.to_string().as_str());
+                failed += 1;
+            }
+            assert_eq!(
+                probe(&app, &clock, snapshotter, due, &mut failed).await,
+                Probed::Failed(next)
+            );
+        }
+        // Five probes reached Redis, each a write it refused; no request did.
+        assert_eq!(refused_writes(), 5 + 5);
+        // 10 s after the last line, one more: every failed decision is in some line's count.
+        clock.advance(every);
+        at_once(&app);
+        failed += 1;
+        let warnings = lines.take_warnings();
+        // The first failure, the opening, then one line per 10 s (at 15, 31 and 41 s).
+        assert_eq!(warnings.len(), 5, "{warnings:#?}");
+        assert_eq!(failed_in(&warnings[0]), 1, "{}", warnings[0]);
+        assert!(warnings[1].contains("opened after 5 consecutive failures"));
+        let counted: u64 = warnings[2..].iter().map(|line| failed_in(line)).sum();
+        assert_eq!(counted, failed - 1, "{warnings:#?}");
+        assert_eq!(healthy(snapshotter), 0.0);
+    });
 }

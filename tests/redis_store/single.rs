@@ -677,6 +677,23 @@ async fn a_paused_redis_times_out_and_recovers() {
     }
 }
 
+/// The circuit breaker's probe asks what a request asks: one charge through the script, whose
+/// `PSETEX` writes the key `<prefix>:probe` for a millisecond (gone again at once), and no `PING`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_is_one_charge_on_its_own_key_gone_within_a_millisecond() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    // The test's own PING found the server up.
+    let pings = server.command_calls("ping");
+    store.probe().await.unwrap();
+    assert_eq!(server.command_calls("evalsha"), 1);
+    assert_eq!(server.command_calls("psetex"), 1);
+    assert_eq!(server.command_calls("ping"), pings);
+    // The key's time to live, in ms: at most 1, or -2 when it has gone already.
+    let ttl = server.run("PTTL tollgate:probe");
+    assert!(matches!(ttl.trim(), ":-2" | ":1" | ":0"), "{ttl}");
+}
+
 /// A limiter of `rules` over a Redis store (its defaults, deny cache included) on `clock`.
 async fn on_clock(server: &RedisServer, clock: &ManualClock, rules: Vec<Rule>) -> Limiter {
     let store = RedisStore::builder()

@@ -95,6 +95,30 @@ impl Conn {
             other => other,
         }
     }
+
+    /// [`eval`](Self::eval) on a connection as Redis is now: when the call fails on the
+    /// connection itself, which may be a failure kept from an earlier attempt (see
+    /// [`reconnects`]), once more on the connection the failure started.
+    pub(super) async fn eval_afresh<T: FromRedisValue>(
+        &mut self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, RedisError> {
+        match self.eval(script, cmd).await {
+            Err(e) if reconnects(&e) => self.eval(script, cmd).await,
+            other => other,
+        }
+    }
+}
+
+/// Whether the connection starts over after `e`: the connection manager then opens a new one
+/// (the cluster client refreshes its own), so a second call reaches Redis as it is now.
+///
+/// This matters after an outage. The manager keeps the result of its last attempt to reconnect
+/// and hands it to the next caller, who gets that failure at once while a new attempt starts: the
+/// first call after Redis is back fails with an error from the time it was down.
+pub(super) fn reconnects(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_unrecoverable_error()
 }
 
 /// A Redis failure as the layer's failure policy sees it.

@@ -37,6 +37,12 @@ pub(super) fn block_name(prefix: &str, rule: &str, key: &[u8]) -> Vec<u8> {
     key_name(&format!("{prefix}:block"), rule, key, None)
 }
 
+/// The key the circuit breaker's probes charge: `<prefix>:probe`, apart from every limit's key
+/// (theirs have a hash tag right after the prefix).
+pub(super) fn probe_name(prefix: &str) -> Vec<u8> {
+    format!("{prefix}:probe").into_bytes()
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn is_plain(key: &[u8]) -> bool {

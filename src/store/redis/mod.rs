@@ -23,7 +23,9 @@ use self::fast::Fast;
 use self::leases::Leases;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
-use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, Verdict};
+use crate::algorithm::{
+    duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
 
@@ -70,6 +72,9 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
 /// same script call; a sharded rule cannot have one.
 ///
+/// The circuit breaker's probes (below) charge `<prefix>:probe`, which is full again, and gone,
+/// within a millisecond.
+///
 /// # Redis Cluster
 /// [`cluster`](RedisStoreBuilder::cluster) connects to a cluster. A request whose keys share a
 /// slot is one script call, as above. Rules counting by different values (a per-user rule and a
@@ -91,7 +96,11 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// back, without a restart. The [`Limiter`](crate::Limiter) puts a
 /// [`CircuitBreaker`](crate::CircuitBreaker) in front of the store: after consecutive failures,
 /// requests stop waiting for the timeout and are answered by the failure policy at once while
-/// the store is probed (`PING`) in the background, with backoff.
+/// the store is probed in the background, with backoff. A probe is a charge like a request's
+/// (one unit on `<prefix>:probe`, through the same script), so Redis out of memory, which still
+/// answers `PING` but refuses every charge, keeps the breaker open; and a probe whose connection
+/// fails tries once more on the connection opened in its place, so the first probe after Redis
+/// comes back closes the breaker. On a cluster, the probe asks the node holding its key.
 ///
 /// **Which failure policy?** The layer's default, fail open, suits most users of a shared Redis: a
 /// rate limiter protects a service from overload and abuse, and an outage of the limiter's Redis
@@ -590,15 +599,13 @@ impl Store for RedisStore {
     fn probe(&self) -> StoreFuture<()> {
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            inner
-                .timed(async {
-                    let mut conn = inner.conn.clone();
-                    conn.query::<String>(&::redis::cmd("PING"))
-                        .await
-                        .map_err(conn::error)?;
-                    Ok(())
-                })
-                .await
+            // No request waits for a probe, and it may have to connect afresh: it gets the time
+            // a connection gets.
+            let wait = conn::connect_timeout(inner.timeout);
+            match tokio::time::timeout(wait, inner.probe()).await {
+                Ok(result) => result,
+                Err(_) => Err(conn::timed_out(wait)),
+            }
         })
     }
 
@@ -922,15 +929,50 @@ impl Inner {
         Ok((outcomes, missing))
     }
 
-    /// One call of a fast path (see `fast`): the outcome, and whether the key held no state
-    /// before the call.
-    async fn fast(&self, fast: &Fast, packed: Packed) -> Result<(Outcome, bool), StoreError> {
+    /// The `EVALSHA` of a fast path's call.
+    fn fast_command(&self, fast: &Fast, packed: Packed) -> Cmd {
         let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
         cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(1);
         cmd.arg(&fast.name).arg(packed.0.as_slice());
+        cmd
+    }
+
+    /// One call of a fast path (see `fast`): the outcome, and whether the key held no state
+    /// before the call.
+    async fn fast(&self, fast: &Fast, packed: Packed) -> Result<(Outcome, bool), StoreError> {
+        let cmd = self.fast_command(fast, packed);
         let mut conn = self.conn.clone();
         let reply: Value = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
         fast.outcome(&reply)
+    }
+
+    /// The circuit breaker's probe: what a request does, so that it fails when requests fail.
+    /// One unit of a bucket refilling a million a second (never denied, so always written, and
+    /// full again within a millisecond) on the probe key, through the script's fast path: the
+    /// script must be there (or is loaded again), and Redis must take a write (a `PING` still
+    /// answers when Redis is out of memory and refuses every charge). On a stale connection
+    /// failure it tries again on the new connection (see `Conn::eval_afresh`).
+    async fn probe(&self) -> Result<(), StoreError> {
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(1_000_000, Duration::from_secs(1)));
+        let charge = Charge {
+            rule: "probe",
+            algorithm: &bucket,
+            key: b"probe",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+        };
+        let mut fast =
+            Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
+        fast.name = keys::probe_name(&self.prefix);
+        let cmd = self.fast_command(&fast, fast.packed(&charge, self.injected_now()?));
+        let mut conn = self.conn.clone();
+        let reply: Value = conn
+            .eval_afresh(&self.script, &cmd)
+            .await
+            .map_err(conn::error)?;
+        fast.outcome(&reply)?;
+        Ok(())
     }
 
     /// One script call; the outcome of each item, with the candidate it chose.
