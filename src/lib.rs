@@ -7,18 +7,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
-mod body;
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod cost;
 mod decision;
 mod error;
-mod future;
 mod key;
-mod layer;
 mod limit;
 mod limiter;
+mod middleware;
 mod observe;
 mod offenders;
 mod per_request;
@@ -26,24 +24,24 @@ mod queue;
 mod response;
 mod rule;
 mod ruleset;
-mod service;
 mod settle;
 mod slot;
 pub mod store;
 
 pub use algorithm::{Outcome, Penalty, Verdict};
-pub use body::ResponseBody;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision, Ruling};
 pub use error::ConfigError;
-pub use future::ResponseFuture;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use middleware::body::ResponseBody;
+pub use middleware::future::ResponseFuture;
+pub use middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
+pub use middleware::service::RateLimit;
 pub use offenders::{Offender, TopOffenders};
 pub use per_request::LimitResolver;
 pub use queue::Queue;
@@ -55,7 +53,6 @@ pub use response::headers::{
 pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
-pub use service::RateLimit;
 pub use settle::{CountIf, ResponseHead, Settle};
 pub use slot::SlotGuard;
 #[cfg(feature = "redis")]

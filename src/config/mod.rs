@@ -11,8 +11,8 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::limiter::Limiter;
+use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::store::Store;
 
 pub use error::ConfigFileError;

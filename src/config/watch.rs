@@ -11,7 +11,8 @@ use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
 use super::{build_only, format_of, reload, BuildOnly, ConfigFileError, ConfigFormat};
-use crate::layer::{RateLimitLayer, Shared};
+use crate::middleware::layer::RateLimitLayer;
+use crate::middleware::shared::Shared;
 
 /// A running watch of a configuration file, from
 /// [`RateLimitLayer::watch_config_file`](crate::RateLimitLayer::watch_config_file).

@@ -7,13 +7,14 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
+use super::service::RateLimit;
+use super::shared::Shared;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::limiter::{Limiter, LimiterBuilder};
 use crate::response::{Rejection, Responder};
 use crate::rule::Rule;
 use crate::ruleset::AccessList;
-use crate::service::RateLimit;
 use crate::store::{CircuitBreaker, FailurePolicy, Store};
 
 /// Rate-limits the services it wraps.
@@ -32,24 +33,6 @@ use crate::store::{CircuitBreaker, FailurePolicy, Store};
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     pub(crate) shared: Arc<Shared>,
-}
-
-/// What every service of one layer shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) limiter: Limiter,
-    pub(crate) responder: Responder,
-    pub(crate) failure: FailurePolicy,
-    /// Every rule decides and records but none blocks.
-    pub(crate) shadow_all: bool,
-    /// Logs show a hash of each key instead of the key.
-    pub(crate) redact_keys: bool,
-    /// An allowed request carries its `Decision` in its extensions.
-    pub(crate) decision_in_extensions: bool,
-    /// A missing peer address is logged once per layer, not once per request.
-    pub(crate) no_peer_logged: std::sync::atomic::AtomicBool,
-    /// Whether the missing route of a path-parameter key was logged (once per layer).
-    pub(crate) no_route_logged: std::sync::atomic::AtomicBool,
 }
 
 impl RateLimitLayer {
@@ -91,6 +74,13 @@ impl RateLimitLayer {
     /// atomically, and rules that keep their name keep their state.
     pub fn reload(&self, rules: impl IntoIterator<Item = Rule>) -> Result<(), ConfigError> {
         self.shared.limiter.reload(rules)
+    }
+}
+
+impl<S> RateLimit<S> {
+    /// A layer with one rule and an in-memory store (see [`RateLimitLayer::new`]).
+    pub fn layer(rule: impl Into<Rule>) -> RateLimitLayer {
+        RateLimitLayer::new(rule)
     }
 }
 

@@ -11,14 +11,14 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use super::body::ResponseBody;
+use super::decide::{decide, AwaitSlot, Hold, Next};
+use super::shared::Shared;
 use crate::decision::Decision;
-use crate::layer::Shared;
 use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::ruleset::Answer;
 use crate::ruleset::RuleSet;
-use crate::service::{decide, AwaitSlot, Hold};
 use crate::settle::Settlement;
 use crate::slot::{Slots, Ticket, Woken};
 use crate::store::{Outcomes, StoreFuture};
@@ -345,5 +345,60 @@ where
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl Next {
+    /// The future's state that carries this out. (The request is moved once, here, into the
+    /// inner service or the queue: the decision itself only borrows it.) `ticket` is the place
+    /// in line of a request that already waited for a slot.
+    #[inline]
+    pub(crate) fn into_state<S, B>(
+        self,
+        inner: &mut S,
+        request: Request<B>,
+        ticket: Option<Ticket>,
+    ) -> State<S, B>
+    where
+        S: Service<Request<B>> + Clone,
+    {
+        match self {
+            Next::Forward(headers, settlement, slots) => {
+                let mut state = State::calling(inner.call(request), headers, settlement, slots);
+                // Admitted after waiting for a slot: `Tollgate-Delay` says how long.
+                if let (State::Calling { delayed, .. }, Some(ticket)) = (&mut state, ticket) {
+                    *delayed = Some(ticket.waited());
+                }
+                state
+            }
+            Next::Respond(response) => State::respond(response),
+            Next::Wait {
+                wait,
+                headers,
+                hold,
+                settlement,
+                slots,
+            } => {
+                // The ready service goes with the request (a clone takes its place): the contract
+                // of `poll_ready` is per instance.
+                let clone = inner.clone();
+                let ready = std::mem::replace(inner, clone);
+                State::waiting(wait, ready, request, headers, hold, settlement, slots)
+            }
+            Next::AwaitSlot(waiting) => {
+                let (index, key) = &waiting.line;
+                let ticket = match ticket {
+                    Some(ticket) if ticket.waits_for(&waiting.rules, *index, key) => Some(ticket),
+                    _ => Ticket::join(&waiting.shared.limiter, &waiting.rules, *index, key.clone()),
+                };
+                let Some(ticket) = ticket else {
+                    // The line is full (the queue's burst): denied at once.
+                    return State::respond(waiting.denied(Protocol::of(&request)));
+                };
+                let clone = inner.clone();
+                let ready = std::mem::replace(inner, clone);
+                State::awaiting_slot(ticket, ready, request, *waiting)
+            }
+        }
     }
 }
