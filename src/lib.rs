@@ -14,7 +14,6 @@ mod cost;
 mod decision;
 mod error;
 mod key;
-mod limit;
 mod limiter;
 mod middleware;
 mod observe;
@@ -28,6 +27,7 @@ mod settle;
 mod slot;
 pub mod store;
 
+pub use algorithm::Limit;
 pub use algorithm::{Outcome, Penalty, Verdict};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
@@ -36,7 +36,6 @@ pub use cost::{Cost, CostError};
 pub use decision::{Decision, RuleDecision, Ruling};
 pub use error::ConfigError;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use limit::Limit;
 pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use middleware::body::ResponseBody;
 pub use middleware::future::ResponseFuture;

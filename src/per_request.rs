@@ -14,9 +14,9 @@ use std::time::Duration;
 use http::Extensions;
 use tokio::time::Instant;
 
+use crate::algorithm::Limit;
 use crate::algorithm::{Algorithm, Mode};
 use crate::key::KeyValue;
-use crate::limit::Limit;
 use crate::store::Store;
 
 /// The limit a request's charge of a per-request rule uses: filled in when the request is

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use http::{Method, StatusCode, Uri};
 
+use crate::algorithm::Limit;
 use crate::algorithm::{Algorithm, Mode, Penalty};
 use crate::cost::Cost;
 use crate::error::ConfigError;
 use crate::key::{Key, RequestHead};
-use crate::limit::Limit;
 use crate::per_request::{LimitResolver, LimitSource};
 use crate::queue::Queue;
 use crate::settle::{CountIf, Settle};
@@ -55,6 +55,25 @@ pub enum MissingKey {
     Skip,
     /// Use this key instead (e.g. the client IP when there is no API key).
     Fallback(Key),
+}
+
+/// The shortcuts from a limit to a rule (`Limit::per_minute(60).key(Key::peer_ip())`), kept with
+/// the rule: the algorithm stage knows nothing of rules.
+impl Limit {
+    /// A rule with this limit, keyed by `key`.
+    pub fn key(self, key: impl Into<Key>) -> Rule {
+        Rule::from(self).key(key)
+    }
+
+    /// A rule with this limit and `cost` per request.
+    pub fn cost(self, cost: impl Into<Cost>) -> Rule {
+        Rule::from(self).cost(cost)
+    }
+
+    /// A rule with this limit, named `name` (the name appears in headers and logs).
+    pub fn named(self, name: impl Into<String>) -> Rule {
+        Rule::new(name, self)
+    }
 }
 
 impl Rule {

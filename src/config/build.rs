@@ -16,10 +16,10 @@ use super::schema::{
     PlanSource, QueueSpec, ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
+use crate::algorithm::Limit;
 use crate::algorithm::Penalty;
 use crate::error::ConfigError;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
-use crate::limit::Limit;
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::queue::Queue;
 use crate::rule::{MissingKey, Rule};

@@ -2,13 +2,10 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{
+use super::{
     Algorithm, BurstPool, Concurrency, FixedWindow, SlidingLog, SlidingWindow, TokenBucket,
     WindowStart,
 };
-use crate::cost::Cost;
-use crate::key::Key;
-use crate::rule::Rule;
 
 /// How much traffic a rule lets through: an algorithm and its numbers.
 ///
@@ -187,21 +184,6 @@ impl Limit {
     /// The algorithm and its parameters.
     pub fn algorithm(&self) -> &Algorithm {
         &self.algorithm
-    }
-
-    /// A rule with this limit, keyed by `key`.
-    pub fn key(self, key: impl Into<Key>) -> Rule {
-        Rule::from(self).key(key)
-    }
-
-    /// A rule with this limit and `cost` per request.
-    pub fn cost(self, cost: impl Into<Cost>) -> Rule {
-        Rule::from(self).cost(cost)
-    }
-
-    /// A rule with this limit, named `name` (the name appears in headers and logs).
-    pub fn named(self, name: impl Into<String>) -> Rule {
-        Rule::new(name, self)
     }
 }
 
