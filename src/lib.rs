@@ -11,10 +11,9 @@ mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod cost;
-mod decision;
+mod engine;
 mod error;
 mod key;
-mod limiter;
 mod middleware;
 mod observe;
 mod offenders;
@@ -24,7 +23,6 @@ mod response;
 mod rule;
 mod ruleset;
 mod settle;
-mod slot;
 pub mod store;
 
 pub use algorithm::Limit;
@@ -33,10 +31,11 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
 pub use cost::{Cost, CostError};
-pub use decision::{Decision, RuleDecision, Ruling};
+pub use engine::decision::{Decision, RuleDecision, Ruling};
+pub use engine::limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
+pub use engine::slot::SlotGuard;
 pub use error::ConfigError;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use middleware::body::ResponseBody;
 pub use middleware::future::ResponseFuture;
 pub use middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
@@ -53,7 +52,6 @@ pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
 pub use rule::{MissingKey, Rule, RuleSummary};
 pub use ruleset::AccessList;
 pub use settle::{CountIf, ResponseHead, Settle};
-pub use slot::SlotGuard;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};

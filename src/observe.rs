@@ -23,7 +23,7 @@ use metrics::{Counter, Gauge, Histogram};
 
 use crate::algorithm::stable_key_hash;
 use crate::algorithm::{Outcome, Verdict};
-use crate::decision::RuleDecision;
+use crate::engine::decision::RuleDecision;
 use crate::key::KeyValue;
 use crate::offenders::{TopKeys, DEFAULT_CAPACITY};
 

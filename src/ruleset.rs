@@ -12,10 +12,10 @@ use smallvec::SmallVec;
 
 use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
-use crate::decision::{Decision, RuleDecision};
+use crate::engine::decision::{Decision, RuleDecision};
+use crate::engine::limiter::Limiter;
 use crate::error::ConfigError;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
-use crate::limiter::Limiter;
 use crate::observe::RuleMetrics;
 use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
 use crate::response::grpc::Protocol;
@@ -84,7 +84,7 @@ pub(crate) enum Refusal {
     },
 }
 
-impl From<Refusal> for crate::decision::Ruling {
+impl From<Refusal> for crate::engine::decision::Ruling {
     fn from(refusal: Refusal) -> Self {
         let (status, rule, reason) = match refusal {
             Refusal::MissingKey { rule, key, status } => (
@@ -119,7 +119,7 @@ impl From<Refusal> for crate::decision::Ruling {
                 format!("on a deny list ({list})"),
             ),
         };
-        crate::decision::Ruling::Refused {
+        crate::engine::decision::Ruling::Refused {
             status,
             rule,
             reason,

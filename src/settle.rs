@@ -15,13 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, StatusCode};
-use smallvec::SmallVec;
 
 use crate::cost::parse_units;
-use crate::decision::Decision;
-use crate::key::KeyValue;
-use crate::limiter::Limiter;
-use crate::ruleset::RuleSet;
 
 /// What the predicates and settlements of a rule see of a response.
 #[derive(Debug)]
@@ -208,100 +203,14 @@ impl fmt::Debug for Settle {
     }
 }
 
-/// What a forwarded request whose rules count by outcome or settle carries until its response
-/// is known. Dropped unused (the client went away before the response), it changes nothing:
-/// the charge on arrival stays.
-pub(crate) struct Settlement {
-    limiter: Limiter,
-    rules: Arc<RuleSet>,
-    charged: SmallVec<[(usize, KeyValue, u64); 1]>,
-}
-
-impl Settlement {
-    /// The settlement of an admitted decision, if any of its rules needs one.
-    pub(crate) fn of(
-        limiter: &Limiter,
-        rules: &Arc<RuleSet>,
-        decision: &Decision,
-    ) -> Option<Box<Settlement>> {
-        let charged: SmallVec<[(usize, KeyValue, u64); 1]> = decision
-            .rules()
-            .iter()
-            .filter(|r| rules.rules[r.index].settles())
-            .map(|r| (r.index, r.key.clone(), r.cost))
-            .collect();
-        (!charged.is_empty()).then(|| {
-            Box::new(Settlement {
-                limiter: limiter.clone(),
-                rules: rules.clone(),
-                charged,
-            })
-        })
-    }
-
-    /// Settles on the response head, or, for a gRPC response whose status is still to come in
-    /// the trailers, gives itself back to wait for them.
-    pub(crate) fn on_head(
-        self: Box<Self>,
-        status: StatusCode,
-        headers: &HeaderMap,
-    ) -> Option<Box<Self>> {
-        let grpc_status = grpc_status(headers);
-        if grpc_status.is_none() && is_grpc(headers) {
-            return Some(self);
-        }
-        self.settle(&ResponseHead {
-            status,
-            headers,
-            grpc_status,
-        });
-        None
-    }
-
-    /// Settles on a gRPC response's trailers.
-    pub(crate) fn on_trailers(&self, status: StatusCode, trailers: &HeaderMap) {
-        self.settle(&ResponseHead {
-            status,
-            headers: trailers,
-            grpc_status: grpc_status(trailers),
-        });
-    }
-
-    fn settle(&self, head: &ResponseHead<'_>) {
-        for (index, key, cost) in &self.charged {
-            let Some(rule) = self.rules.rules.get(*index) else {
-                continue;
-            };
-            if let Some(count_if) = &rule.count_if {
-                if !count_if.matches(head) {
-                    self.limiter
-                        .refund_now(&self.rules, &[(*index, key.clone(), *cost)]);
-                    continue;
-                }
-            }
-            let Some(settle) = &rule.settle else { continue };
-            let capacity = rule.algorithm().capacity();
-            let Some(real) = settle.real_cost(&rule.name, head, capacity) else {
-                continue;
-            };
-            if real < *cost {
-                self.limiter
-                    .refund_now(&self.rules, &[(*index, key.clone(), cost - real)]);
-            } else if real > *cost {
-                self.limiter.owe_now(&self.rules, *index, key, real - cost);
-            }
-        }
-    }
-}
-
-fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+pub(crate) fn grpc_status(headers: &HeaderMap) -> Option<u32> {
     headers
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))

@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::limiter::Limiter;
+use crate::engine::limiter::Limiter;
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::store::Store;
 

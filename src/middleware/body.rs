@@ -8,8 +8,8 @@ use http::StatusCode;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::settle::Settlement;
-use crate::slot::Slots;
+use crate::engine::settlement::Settlement;
+use crate::engine::slot::Slots;
 
 pin_project! {
     /// The body of a [`RateLimit`](crate::RateLimit) response.

@@ -11,14 +11,14 @@ use smallvec::SmallVec;
 
 use super::shared::Shared;
 use crate::algorithm::Algorithm;
-use crate::decision::{Decision, RuleDecision};
-use crate::limiter::Limiter;
+use crate::engine::decision::{Decision, RuleDecision};
+use crate::engine::ledger::Ledger;
+use crate::engine::settlement::Settlement;
+use crate::engine::slot::{Slots, Ticket};
 use crate::observe;
 use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::ruleset::RuleSet;
-use crate::settle::Settlement;
-use crate::slot::{Slots, Ticket};
 use crate::store::{FailurePolicy, StoreError};
 
 /// What happens to a request once the store has answered.
@@ -135,18 +135,22 @@ pub(crate) fn decide<B>(
     }
     let headers = shared.responder.allowed(rules, decision);
     let settlement = if rules.settles {
-        Settlement::of(&shared.limiter, rules, decision)
+        Settlement::of(shared.limiter.ledger(), rules, decision)
     } else {
         None
     };
-    let slots = Slots::of(&shared.limiter, rules, decision).map(Box::new);
+    let slots = Slots::of(shared.limiter.ledger(), rules, decision).map(Box::new);
     let wait = decision.wait();
     if wait.is_zero() {
         hand_over(shared, request, decision);
         return Next::Forward(headers, settlement, slots);
     }
     // Queue mode: the units go back to the store if the request is dropped while it waits.
-    let hold = Box::new(Hold::new(shared.limiter.clone(), rules.clone(), decision));
+    let hold = Box::new(Hold::new(
+        shared.limiter.ledger().clone(),
+        rules.clone(),
+        decision,
+    ));
     hand_over(shared, request, decision);
     Next::Wait {
         wait,
@@ -177,14 +181,14 @@ fn hand_over<B>(shared: &Shared, request: &mut Request<B>, decision: &mut Decisi
 
 /// The units a queued request holds; given back unless the request reaches the inner service.
 pub(crate) struct Hold {
-    limiter: Limiter,
+    ledger: Ledger,
     rules: Arc<RuleSet>,
     /// (Whole entries: a per-request limit is given back under the limit it was charged under.)
     charged: SmallVec<[RuleDecision; 2]>,
 }
 
 impl Hold {
-    fn new(limiter: Limiter, rules: Arc<RuleSet>, decision: &Decision) -> Self {
+    fn new(ledger: Ledger, rules: Arc<RuleSet>, decision: &Decision) -> Self {
         // A concurrency slot is given back by the request's `Slots`, not here.
         let charged = decision
             .rules()
@@ -193,7 +197,7 @@ impl Hold {
             .cloned()
             .collect();
         Hold {
-            limiter,
+            ledger,
             rules,
             charged,
         }
@@ -209,7 +213,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if !self.charged.is_empty() {
             tracing::debug!("rate limit: queued request cancelled, units given back");
-            self.limiter.refund_decided_now(&self.rules, &self.charged);
+            self.ledger.refund_decided_now(&self.rules, &self.charged);
         }
     }
 }

@@ -14,13 +14,13 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::Shared;
-use crate::decision::Decision;
+use crate::engine::decision::Decision;
+use crate::engine::settlement::Settlement;
+use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::response::grpc::Protocol;
 use crate::response::AllowedHeaders;
 use crate::ruleset::Answer;
 use crate::ruleset::RuleSet;
-use crate::settle::Settlement;
-use crate::slot::{Slots, Ticket, Woken};
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
@@ -389,7 +389,12 @@ impl Next {
                 let (index, key) = &waiting.line;
                 let ticket = match ticket {
                     Some(ticket) if ticket.waits_for(&waiting.rules, *index, key) => Some(ticket),
-                    _ => Ticket::join(&waiting.shared.limiter, &waiting.rules, *index, key.clone()),
+                    _ => Ticket::join(
+                        waiting.shared.limiter.ledger(),
+                        &waiting.rules,
+                        *index,
+                        key.clone(),
+                    ),
                 };
                 let Some(ticket) = ticket else {
                     // The line is full (the queue's burst): denied at once.

@@ -11,12 +11,12 @@ use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Next};
 use super::future::{ResponseFuture, State};
 use super::shared::Shared;
-use crate::decision::Decision;
-use crate::limiter::Limiter;
+use crate::engine::decision::Decision;
+use crate::engine::limiter::Limiter;
+use crate::engine::slot::Ticket;
 use crate::observe;
 use crate::response::grpc::Protocol;
 use crate::ruleset::{Answer, Refusal, Route, RuleSet};
-use crate::slot::Ticket;
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -120,7 +120,7 @@ where
         if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None, None, None));
         }
-        if let Some(line) = Ticket::behind(&shared.limiter, &rules, &enforced) {
+        if let Some(line) = Ticket::behind(shared.limiter.ledger(), &rules, &enforced) {
             // Others already wait for a slot of this key: queue behind them.
             let rules = arc_swap::Guard::into_inner(rules);
             let next = Next::AwaitSlot(Box::new(AwaitSlot {

@@ -1,7 +1,7 @@
 //! What every service of one layer shares: the limiter, the responder, the failure policy and the
 //! layer's switches. The layer builds it; the service, the decision and the future read it.
 
-use crate::limiter::Limiter;
+use crate::engine::limiter::Limiter;
 use crate::response::Responder;
 use crate::store::FailurePolicy;
 

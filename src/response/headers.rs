@@ -16,7 +16,7 @@ use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
 use crate::algorithm::{Algorithm, Outcome};
-use crate::decision::{Decision, RuleDecision};
+use crate::engine::decision::{Decision, RuleDecision};
 use crate::error::ConfigError;
 
 /// `RateLimit-Policy`.

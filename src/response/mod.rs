@@ -24,7 +24,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 use self::prepared::Fingerprint;
-use crate::decision::Decision;
+use crate::engine::decision::Decision;
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 

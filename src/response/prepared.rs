@@ -14,7 +14,7 @@ use http::{HeaderMap, Response, StatusCode};
 use smallvec::SmallVec;
 
 use super::headers;
-use crate::decision::Decision;
+use crate::engine::decision::Decision;
 
 /// Distinct refusals kept at once (e.g. several clients refused in the same second).
 const SLOTS: usize = 8;

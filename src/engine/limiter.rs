@@ -10,15 +10,16 @@ use arc_swap::ArcSwap;
 use http::Request;
 use smallvec::SmallVec;
 
+use super::decision::{Decision, Ruling};
+use super::ledger::Ledger;
+use super::slot::{SlotGuard, Slots};
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
-use crate::decision::{Decision, RuleDecision, Ruling};
 use crate::error::ConfigError;
 use crate::key::KeyValue;
 use crate::observe::LoggedKey;
 use crate::offenders::{self, Offender, TopOffenders};
 use crate::rule::{MissingKey, Rule, RuleSummary};
 use crate::ruleset::{AccessList, Answer, Route, RuleSet, StoreRef};
-use crate::slot::{Lines, SlotGuard, Slots};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };
@@ -52,13 +53,9 @@ pub struct Limiter {
 
 struct Inner {
     rules: ArcSwap<RuleSet>,
-    store: Arc<dyn Store>,
-    /// The same store when it is the memory store, held by its type: requests then reach its
-    /// decision without a virtual call, and the compiler can build it into the request path.
-    memory: Option<MemoryStore>,
+    /// The store, and the lines of requests waiting for its slots.
+    ledger: Ledger,
     failure: FailurePolicy,
-    /// Requests waiting for a concurrency slot, on this instance.
-    lines: Lines,
     /// Counters per rule of the top-offender sketches.
     top_capacity: usize,
     /// Top-offender lists show the logs' hash of each key: set by the builder, or by any layer
@@ -162,10 +159,8 @@ impl LimiterBuilder {
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: ArcSwap::from_pointee(rules),
-                store,
-                memory,
+                ledger: Ledger::new(store, memory),
                 failure: self.failure,
-                lines: Lines::default(),
                 top_capacity,
                 redact: AtomicBool::new(self.redact),
             }),
@@ -336,16 +331,18 @@ impl Limiter {
     }
 
     pub(crate) fn store(&self) -> &dyn Store {
-        &*self.inner.store
+        self.inner.ledger.store()
+    }
+
+    /// What requests leave behind for the store once decided goes through this.
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.inner.ledger
     }
 
     /// The store, by type when it is the memory store.
     #[inline]
     pub(crate) fn store_ref(&self) -> StoreRef<'_> {
-        match &self.inner.memory {
-            Some(memory) => StoreRef::Memory(memory),
-            None => StoreRef::Dyn(&*self.inner.store),
-        }
+        self.inner.ledger.store_ref()
     }
 
     /// The keys `rule` denied most, from a sketch of fixed size kept per rule (see
@@ -674,7 +671,7 @@ impl Limiter {
         pending.await?;
         if let Some(name) = slots {
             // A slot given back by hand lets the first waiter of the key in, as any other.
-            self.lines().wake(&name, &key);
+            self.ledger().lines().wake(&name, &key);
         }
         Ok(())
     }
@@ -695,7 +692,7 @@ impl Limiter {
         };
         pending.await?;
         if let Some(name) = slots {
-            self.lines().wake(&name, &key);
+            self.ledger().lines().wake(&name, &key);
         }
         Ok(())
     }
@@ -752,7 +749,7 @@ impl Limiter {
         if enforced.is_allowed() {
             // No response holds a concurrency slot here: it is given back at once.
             let rules = arc_swap::Guard::into_inner(self.rules());
-            drop(Slots::of(self, &rules, &enforced));
+            drop(Slots::of(self.ledger(), &rules, &enforced));
         }
         Ok(Ruling::Decided { enforced, shadow })
     }
@@ -837,7 +834,7 @@ impl Limiter {
         let outcome = pending.await?;
         Ok(outcome
             .is_allowed()
-            .then(|| SlotGuard::new(Slots::one(self, rules, index, key))))
+            .then(|| SlotGuard::new(Slots::one(self.ledger(), rules, index, key))))
     }
 
     /// Decides one charge; a `mode` of `None` uses the rule's own.
@@ -867,113 +864,6 @@ impl Limiter {
             self.store_ref().apply_one(&charge)
         };
         Ok(pending.await?)
-    }
-
-    /// Gives back what one request was charged, without waiting: used when a queued request is
-    /// dropped (its client went away). A store that needs I/O finishes the refund on the current
-    /// tokio runtime.
-    pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[(usize, KeyValue, u64)]) {
-        for (index, key, cost) in charged {
-            if *index < rules.rules.len() {
-                self.refund_charge_now(&rules.charge(*index, key, *cost));
-            }
-        }
-    }
-
-    /// [`refund_now`](Self::refund_now) for a queued request's decided entries: a per-request
-    /// limit's units go back under the limit they were charged under.
-    pub(crate) fn refund_decided_now(&self, rules: &RuleSet, charged: &[RuleDecision]) {
-        for entry in charged {
-            if entry.index < rules.rules.len() {
-                self.refund_charge_now(&rules.charge_of(entry));
-            }
-        }
-    }
-
-    /// Gives back the slot one request held under concurrency rule `index`, without waiting,
-    /// and then wakes the first request waiting for a slot of the key on this instance.
-    pub(crate) fn release_slot_now(&self, rules: &RuleSet, index: usize, key: &KeyValue) {
-        let Some(rule) = rules.rules.get(index) else {
-            return;
-        };
-        let charge = Charge {
-            mode: Mode::Charge,
-            ..rules.charge(index, key, 1)
-        };
-        match self.store().refund(&charge).into_ready() {
-            Ok(result) => {
-                if let Err(error) = result {
-                    tracing::warn!(%error, rule = %rule.name, "rate limit: giving a slot back failed");
-                }
-                self.lines().wake(&rule.name, key);
-            }
-            Err(pending) => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let (limiter, name, key) = (self.clone(), rule.name.clone(), key.clone());
-                    runtime.spawn(async move {
-                        if let Err(error) = pending.await {
-                            tracing::warn!(%error, rule = %name, "rate limit: giving a slot back failed");
-                        }
-                        limiter.lines().wake(&name, &key);
-                    });
-                }
-                // The store's lease (Redis) gives the slot back when it expires.
-                Err(_) => tracing::warn!("rate limit: no runtime to give a slot back"),
-            },
-        }
-    }
-
-    /// The requests waiting for a concurrency slot on this instance.
-    pub(crate) fn lines(&self) -> &Lines {
-        &self.inner.lines
-    }
-
-    /// Whether the store is this process's memory store (every slot given back is seen here).
-    pub(crate) fn is_memory(&self) -> bool {
-        self.inner.memory.is_some()
-    }
-
-    fn refund_charge_now(&self, charge: &Charge<'_>) {
-        if let Err(pending) = self.store().refund(charge).into_ready() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        if let Err(error) = pending.await {
-                            tracing::warn!(%error, "refund of a cancelled queued request failed");
-                        }
-                    });
-                }
-                Err(_) => tracing::warn!("no runtime to refund a cancelled queued request"),
-            }
-        }
-    }
-}
-
-impl Limiter {
-    /// Charges `units` more to `key` under a settled rule, into debt if need be, without
-    /// waiting: a settlement after the response has left. A store that needs I/O finishes on
-    /// the current tokio runtime.
-    pub(crate) fn owe_now(&self, rules: &RuleSet, index: usize, key: &KeyValue, units: u64) {
-        if index >= rules.rules.len() {
-            return;
-        }
-        let charge = Charge {
-            mode: Mode::Reserve(crate::algorithm::ReserveBound::default()),
-            penalty: None,
-            ..rules.charge(index, key, units)
-        };
-        if let Err(pending) = self.store_ref().apply_one(&charge).into_ready() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        if let Err(error) = pending.await {
-                            tracing::warn!(%error, "rate limit: settlement charge failed");
-                        }
-                    });
-                }
-                Err(_) => tracing::warn!("rate limit: no runtime to settle a charge"),
-            }
-        }
     }
 }
 
@@ -1052,7 +942,7 @@ impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
             .field("rules", &*self.inner.rules.load())
-            .field("store", &self.inner.store)
+            .field("store", &self.inner.ledger.store())
             .finish()
     }
 }

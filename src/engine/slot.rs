@@ -18,16 +18,16 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::decision::Decision;
+use super::ledger::Ledger;
 use crate::algorithm::Mode;
-use crate::decision::Decision;
 use crate::key::KeyValue;
-use crate::limiter::Limiter;
 use crate::ruleset::RuleSet;
 
 /// The slots one request holds; each is given back (and the next waiter woken) when this is
 /// dropped.
 pub(crate) struct Slots {
-    limiter: Limiter,
+    ledger: Ledger,
     rules: Arc<RuleSet>,
     held: SmallVec<[(usize, KeyValue); 1]>,
 }
@@ -36,14 +36,14 @@ impl Slots {
     /// The slots an admitted decision took: its entries under concurrency rules; `None` when
     /// there are none (the rule set's flag spares other requests the look).
     #[inline]
-    pub(crate) fn of(limiter: &Limiter, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
+    pub(crate) fn of(ledger: &Ledger, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
         if !rules.slots {
             return None;
         }
-        Self::taken(limiter, rules, decision)
+        Self::taken(ledger, rules, decision)
     }
 
-    fn taken(limiter: &Limiter, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
+    fn taken(ledger: &Ledger, rules: &Arc<RuleSet>, decision: &Decision) -> Option<Self> {
         let held: SmallVec<[(usize, KeyValue); 1]> = decision
             .rules()
             .iter()
@@ -51,16 +51,16 @@ impl Slots {
             .map(|entry| (entry.index, entry.key.clone()))
             .collect();
         (!held.is_empty()).then(|| Slots {
-            limiter: limiter.clone(),
+            ledger: ledger.clone(),
             rules: rules.clone(),
             held,
         })
     }
 
     /// The one slot taken under rule `index` for `key` through the limiter handle.
-    pub(crate) fn one(limiter: &Limiter, rules: Arc<RuleSet>, index: usize, key: KeyValue) -> Self {
+    pub(crate) fn one(ledger: &Ledger, rules: Arc<RuleSet>, index: usize, key: KeyValue) -> Self {
         Slots {
-            limiter: limiter.clone(),
+            ledger: ledger.clone(),
             rules,
             held: smallvec::smallvec![(index, key)],
         }
@@ -84,7 +84,7 @@ impl SlotGuard {
 impl Drop for Slots {
     fn drop(&mut self) {
         for (index, key) in &self.held {
-            self.limiter.release_slot_now(&self.rules, *index, key);
+            self.ledger.release_slot_now(&self.rules, *index, key);
         }
     }
 }
@@ -209,7 +209,7 @@ impl Lines {
 /// A request's place in a line: it asks the store again each time it is woken, and leaves the
 /// line when dropped (admitted, refused or cancelled).
 pub(crate) struct Ticket {
-    limiter: Limiter,
+    ledger: Ledger,
     line: LineOf,
     waiter: Arc<Waiter>,
     since: tokio::time::Instant,
@@ -253,24 +253,24 @@ impl Ticket {
     /// asking the store, so it cannot pass those already waiting.
     #[inline]
     pub(crate) fn behind(
-        limiter: &Limiter,
+        ledger: &Ledger,
         rules: &RuleSet,
         plan: &Decision,
     ) -> Option<(usize, KeyValue)> {
         if !rules.slots {
             return None;
         }
-        Self::busy_line(limiter, rules, plan)
+        Self::busy_line(ledger, rules, plan)
     }
 
-    fn busy_line(limiter: &Limiter, rules: &RuleSet, plan: &Decision) -> Option<(usize, KeyValue)> {
+    fn busy_line(ledger: &Ledger, rules: &RuleSet, plan: &Decision) -> Option<(usize, KeyValue)> {
         plan.rules()
             .iter()
             .find(|e| {
                 let rule = &rules.rules[e.index];
                 rule.algorithm().is_concurrency()
                     && matches!(rule.mode, Mode::Reserve(_))
-                    && limiter.lines().busy(&rule.name, &e.key)
+                    && ledger.lines().busy(&rule.name, &e.key)
             })
             .map(|e| (e.index, e.key.clone()))
     }
@@ -279,7 +279,7 @@ impl Ticket {
     /// request is then denied). A ticket first in line is woken at once: the slot it waits for
     /// may have been given back between its denial and its joining.
     pub(crate) fn join(
-        limiter: &Limiter,
+        ledger: &Ledger,
         rules: &RuleSet,
         index: usize,
         key: KeyValue,
@@ -290,14 +290,14 @@ impl Ticket {
         };
         let line = (rule.name.clone(), key);
         let waiter = Arc::new(Waiter::default());
-        let first = limiter.lines().join(&line, &waiter, bound.max_units)?;
+        let first = ledger.lines().join(&line, &waiter, bound.max_units)?;
         if first {
             waiter.wake();
         }
         let poll =
-            (!limiter.is_memory()).then(|| (Box::pin(tokio::time::sleep(FIRST_POLL)), FIRST_POLL));
+            (!ledger.is_memory()).then(|| (Box::pin(tokio::time::sleep(FIRST_POLL)), FIRST_POLL));
         Some(Ticket {
-            limiter: limiter.clone(),
+            ledger: ledger.clone(),
             line,
             waiter,
             since: tokio::time::Instant::now(),
@@ -338,7 +338,7 @@ impl Ticket {
                 let next = tokio::time::Instant::now() + *every;
                 sleep.as_mut().reset(next);
                 // Only the first in line looks: the others would pass it.
-                if self.limiter.lines().is_first(&self.line, &self.waiter) {
+                if self.ledger.lines().is_first(&self.line, &self.waiter) {
                     return Poll::Ready(Woken::Retry);
                 }
             }
@@ -349,7 +349,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.limiter.lines().leave(&self.line, &self.waiter);
+        self.ledger.lines().leave(&self.line, &self.waiter);
     }
 }
 

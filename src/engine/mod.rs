@@ -1,0 +1,13 @@
+//! The engine: a request's plan → the store → a [`Decision`](decision::Decision). The public
+//! [`Limiter`](limiter::Limiter) handle (check, charge, reserve, refund, reset, block, acquire),
+//! reservations, concurrency slots and the lines that wait for them, settlements, and the ledger
+//! through which whatever a decided request leaves behind reaches the store.
+//!
+//! It reads the rules, keys, algorithms and stores above it; it never touches responses,
+//! metrics or Tower.
+
+pub(crate) mod decision;
+pub(crate) mod ledger;
+pub(crate) mod limiter;
+pub(crate) mod settlement;
+pub(crate) mod slot;
