@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::decision::RuleDecision;
-use super::slot::Lines;
+use super::lines::Lines;
 use crate::algorithm::{Mode, ReserveBound};
 use crate::key::KeyValue;
 use crate::ruleset::{RuleSet, StoreRef};

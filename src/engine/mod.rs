@@ -9,5 +9,6 @@
 pub(crate) mod decision;
 pub(crate) mod ledger;
 pub(crate) mod limiter;
+pub(crate) mod lines;
 pub(crate) mod settlement;
 pub(crate) mod slot;

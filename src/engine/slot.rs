@@ -6,20 +6,20 @@
 //! on a [`Slots`] guard owns it: the middleware moves the guard from the decision into the
 //! response future and then into the response body, so the slot is given back when the body
 //! ends or is dropped, when the service fails, or when the request's future is dropped — by the
-//! guard's `Drop`, so no path can forget it.
+//! guard's `Drop`, so no path can forget it. A request that waits for a slot holds a ticket in
+//! one of the [`lines`](super::lines).
 
-use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::decision::Decision;
 use super::ledger::Ledger;
+use super::lines::{LineOf, Waiter};
 use crate::algorithm::Mode;
 use crate::key::KeyValue;
 use crate::ruleset::RuleSet;
@@ -94,115 +94,6 @@ impl std::fmt::Debug for Slots {
         f.debug_struct("Slots")
             .field("held", &self.held.len())
             .finish()
-    }
-}
-
-/// A line's name: the rule's and the key.
-type LineOf = (Arc<str>, KeyValue);
-
-/// The lines of requests waiting for a slot, per (rule, key), on this instance.
-#[derive(Default)]
-pub(crate) struct Lines {
-    lines: Mutex<HashMap<LineOf, VecDeque<Arc<Waiter>>>>,
-}
-
-/// One waiting request: woken when a slot may be free for it.
-#[derive(Default)]
-pub(crate) struct Waiter {
-    woken: AtomicBool,
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Waiter {
-    fn wake(&self) {
-        self.woken.store(true, Ordering::Release);
-        if let Some(waker) = lock(&self.waker).take() {
-            waker.wake();
-        }
-    }
-
-    fn poll_woken(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.woken.swap(false, Ordering::AcqRel) {
-            return Poll::Ready(());
-        }
-        *lock(&self.waker) = Some(cx.waker().clone());
-        // A wake between the first look and storing the waker would be lost without this one.
-        if self.woken.swap(false, Ordering::AcqRel) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
-}
-
-/// A poisoned lock only means another thread panicked while holding it; the data (a line of
-/// waiters, a waker) is still consistent, so carry on rather than spread the panic.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Lines {
-    /// Wakes the first waiter for `(rule, key)`, if any: a slot was given back.
-    pub(crate) fn wake(&self, rule: &str, key: &KeyValue) {
-        let lines = lock(&self.lines);
-        if let Some(first) = lines
-            .get(&(Arc::from(rule), key.clone()))
-            .and_then(|l| l.front())
-        {
-            first.wake();
-        }
-    }
-
-    /// Whether requests already wait for `(rule, key)`: a newcomer then queues behind them
-    /// instead of taking a slot first.
-    fn busy(&self, rule: &Arc<str>, key: &KeyValue) -> bool {
-        let lines = lock(&self.lines);
-        lines
-            .get(&(rule.clone(), key.clone()))
-            .is_some_and(|line| !line.is_empty())
-    }
-
-    /// Puts `waiter` at the end of the line, unless `max` already wait; whether it went in, and
-    /// whether it is first.
-    fn join(&self, line: &LineOf, waiter: &Arc<Waiter>, max: Option<u64>) -> Option<bool> {
-        let mut lines = lock(&self.lines);
-        let queue = lines.entry(line.clone()).or_default();
-        if max.is_some_and(|max| queue.len() as u64 >= max) {
-            if queue.is_empty() {
-                lines.remove(line);
-            }
-            return None;
-        }
-        queue.push_back(waiter.clone());
-        Some(queue.len() == 1)
-    }
-
-    fn is_first(&self, line: &LineOf, waiter: &Arc<Waiter>) -> bool {
-        let lines = lock(&self.lines);
-        lines
-            .get(line)
-            .and_then(|queue| queue.front())
-            .is_some_and(|first| Arc::ptr_eq(first, waiter))
-    }
-
-    /// Takes `waiter` out of the line; if it was first, the next one is woken (a slot may be
-    /// free, and the one leaving will not take it).
-    fn leave(&self, line: &LineOf, waiter: &Arc<Waiter>) {
-        let mut lines = lock(&self.lines);
-        let Some(queue) = lines.get_mut(line) else {
-            return;
-        };
-        let first = queue.front().is_some_and(|w| Arc::ptr_eq(w, waiter));
-        queue.retain(|w| !Arc::ptr_eq(w, waiter));
-        match queue.front() {
-            None => {
-                lines.remove(line);
-            }
-            Some(next) if first => next.wake(),
-            Some(_) => {}
-        }
     }
 }
 
