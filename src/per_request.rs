@@ -332,7 +332,7 @@ pub(crate) fn usable(
         }
         _ => {}
     }
-    let checked = crate::rule::check_algorithm(rule, limit.algorithm())
+    let checked = crate::algorithm::check_algorithm(rule, limit.algorithm())
         .and_then(|()| store.validate(rule, limit.algorithm()));
     checked.map_err(|e| e.to_string())?;
     if let Some((cost, mode)) = cost {

@@ -10,11 +10,11 @@ use http::{Request, StatusCode};
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{CostTooLarge, Outcome};
 use crate::cost::CostError;
 use crate::engine::decision::{Decision, RuleDecision};
 use crate::engine::limiter::Limiter;
-use crate::error::ConfigError;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
 use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::error::ConfigError;
 use super::{
     Algorithm, BurstPool, Concurrency, FixedWindow, SlidingLog, SlidingWindow, TokenBucket,
     WindowStart,
@@ -190,5 +191,79 @@ impl Limit {
 impl From<Algorithm> for Limit {
     fn from(algorithm: Algorithm) -> Self {
         Limit { algorithm }
+    }
+}
+
+/// Checks that an algorithm's numbers can work; the error names the rule and the field.
+pub(crate) fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+    let err = |field: &'static str, message: String| Err(ConfigError::new(name, field, message));
+    match algorithm {
+        Algorithm::TokenBucket(tb) => {
+            positive(name, "rate", tb.rate())?;
+            positive(name, "period", tb.period().as_micros())?;
+            positive(name, "capacity", tb.capacity())?;
+            if tb.initial() > tb.capacity() {
+                return err(
+                    "initial",
+                    format!("must be at most the capacity ({})", tb.capacity()),
+                );
+            }
+        }
+        Algorithm::FixedWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            const MAX_OFFSET: i64 = 18 * 3_600_000_000;
+            if w.months().is_some_and(|utc| utc.abs() > MAX_OFFSET) {
+                return err("utc_offset", "must be within 18 hours of UTC".into());
+            }
+            positive(name, "period", w.period().as_micros())?;
+            if w.capacity() < w.limit() {
+                return err(
+                    "capacity",
+                    format!("must be at least the per-window limit ({})", w.limit()),
+                );
+            }
+        }
+        Algorithm::SlidingWindow(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::SlidingLog(w) => {
+            positive(name, "limit", w.limit())?;
+            positive(name, "period", w.period().as_micros())?;
+        }
+        Algorithm::BurstPool(p) => {
+            for (part, tb) in [("steady", p.steady()), ("pool", p.pool())] {
+                positive(name, field_of(part, "rate"), tb.rate())?;
+                positive(name, field_of(part, "period"), tb.period().as_micros())?;
+                positive(name, field_of(part, "capacity"), tb.capacity())?;
+            }
+        }
+        Algorithm::Concurrency(c) => positive(name, "concurrent", c.max())?,
+    }
+    Ok(())
+}
+
+fn field_of(part: &'static str, field: &'static str) -> &'static str {
+    match (part, field) {
+        ("steady", "rate") => "rate",
+        ("steady", "period") => "period",
+        ("steady", _) => "capacity",
+        (_, "rate") => "pool.rate",
+        (_, "period") => "pool.period",
+        _ => "pool.capacity",
+    }
+}
+
+fn positive(rule: &str, field: &'static str, value: impl Into<u128>) -> Result<(), ConfigError> {
+    if value.into() == 0 {
+        // Periods are counted in whole microseconds.
+        let what = if field.ends_with("period") {
+            "must be at least 1 µs"
+        } else {
+            "must be greater than 0"
+        };
+        Err(ConfigError::new(rule, field, what))
+    } else {
+        Ok(())
     }
 }

@@ -24,6 +24,7 @@
 mod burst_pool;
 mod calendar;
 mod concurrency;
+pub(crate) mod error;
 mod fixed_window;
 mod limit;
 mod penalty;
@@ -36,6 +37,7 @@ use std::time::Duration;
 pub use burst_pool::{BurstPool, BurstPoolState};
 pub use concurrency::{Concurrency, SLOT_RETRY_AFTER};
 pub use fixed_window::{FixedWindow, FixedWindowState};
+pub(crate) use limit::check_algorithm;
 pub use limit::Limit;
 pub use penalty::{Block, Penalty};
 pub use sliding_log::{SlidingLog, SlidingLogState};

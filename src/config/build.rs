@@ -16,9 +16,9 @@ use super::schema::{
     PlanSource, QueueSpec, ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
 use crate::algorithm::Penalty;
-use crate::error::ConfigError;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::queue::Queue;

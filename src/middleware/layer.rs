@@ -9,9 +9,9 @@ use tower_layer::Layer;
 
 use super::service::RateLimit;
 use super::shared::Shared;
+use crate::algorithm::error::ConfigError;
 use crate::engine::decision::Decision;
 use crate::engine::limiter::{Limiter, LimiterBuilder};
-use crate::error::ConfigError;
 use crate::response::{Rejection, Responder};
 use crate::rule::Rule;
 use crate::ruleset::AccessList;

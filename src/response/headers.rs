@@ -15,9 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Outcome};
 use crate::engine::decision::{Decision, RuleDecision};
-use crate::error::ConfigError;
 
 /// `RateLimit-Policy`.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

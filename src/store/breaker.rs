@@ -25,12 +25,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
     duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Micros, Mode, Penalty,
     SlidingLog, SlidingWindow, TokenBucket,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::error::ConfigError;
 
 /// What the layer does when its store fails, times out, or its circuit breaker is open.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -16,8 +16,8 @@ use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
-use crate::error::ConfigError;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};

@@ -23,11 +23,11 @@ use self::fast::Fast;
 use self::leases::Leases;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
     duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::error::ConfigError;
 
 const SCRIPT: &str = include_str!("script.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);

@@ -8,8 +8,8 @@
 
 use smallvec::SmallVec;
 
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{micros, Algorithm, Concurrency, Micros, Mode, Penalty, TokenBucket};
-use crate::error::ConfigError;
 
 /// One candidate's parameters (seven numbers at most).
 pub(super) type Args = SmallVec<[u64; 8]>;

@@ -7,8 +7,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, BurstPool, FixedWindow, SlidingLog, SlidingWindow, TokenBucket};
-use crate::error::ConfigError;
 
 /// A sharded rule: its shard count, and the units each shard had when this instance last saw it
 /// (the cluster-mode choice uses them; `u64::MAX` means not seen yet).
