@@ -34,6 +34,7 @@ pub use cost::{Cost, CostError};
 pub use engine::decision::{Decision, RuleDecision, Ruling};
 pub use engine::limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use engine::slot::SlotGuard;
+pub use key::protocol::Protocol;
 pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
 pub use middleware::body::ResponseBody;
 pub use middleware::future::ResponseFuture;
@@ -42,7 +43,7 @@ pub use middleware::service::RateLimit;
 pub use offenders::{Offender, TopOffenders};
 pub use per_request::LimitResolver;
 pub use queue::Queue;
-pub use response::grpc::{Protocol, GRPC_RETRY_PUSHBACK_MS};
+pub use response::grpc::GRPC_RETRY_PUSHBACK_MS;
 pub use response::headers::{
     RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,

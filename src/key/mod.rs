@@ -7,6 +7,7 @@
 
 mod client_ip;
 mod forwarded;
+pub(crate) mod protocol;
 
 use std::any::type_name;
 use std::fmt;

@@ -17,7 +17,7 @@ use super::shared::Shared;
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
-use crate::response::grpc::Protocol;
+use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
 use crate::ruleset::Answer;
 use crate::ruleset::RuleSet;

@@ -14,8 +14,8 @@ use super::shared::Shared;
 use crate::engine::decision::Decision;
 use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
+use crate::key::protocol::Protocol;
 use crate::observe;
-use crate::response::grpc::Protocol;
 use crate::ruleset::{Answer, Refusal, Route, RuleSet};
 use crate::store::StoreError;
 

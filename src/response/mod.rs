@@ -28,7 +28,8 @@ use crate::engine::decision::Decision;
 use crate::ruleset::{Refusal, RuleSet};
 use crate::store::StoreError;
 
-use self::grpc::{Code, Protocol};
+use self::grpc::Code;
+use crate::key::protocol::Protocol;
 
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a denied request.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
