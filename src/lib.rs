@@ -10,18 +10,13 @@ pub mod algorithm;
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
-mod cost;
 mod engine;
 mod key;
 mod middleware;
 mod observe;
 mod offenders;
-mod per_request;
-mod queue;
 mod response;
-mod rule;
-mod ruleset;
-mod settle;
+mod rules;
 pub mod store;
 
 pub use algorithm::error::ConfigError;
@@ -30,7 +25,6 @@ pub use algorithm::{Outcome, Penalty, Verdict};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "config")]
 pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
-pub use cost::{Cost, CostError};
 pub use engine::decision::{Decision, RuleDecision, Ruling};
 pub use engine::limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
 pub use engine::slot::SlotGuard;
@@ -41,17 +35,18 @@ pub use middleware::future::ResponseFuture;
 pub use middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use middleware::service::RateLimit;
 pub use offenders::{Offender, TopOffenders};
-pub use per_request::LimitResolver;
-pub use queue::Queue;
 pub use response::grpc::GRPC_RETRY_PUSHBACK_MS;
 pub use response::headers::{
     RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
 pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
-pub use rule::{MissingKey, Rule, RuleSummary};
-pub use ruleset::AccessList;
-pub use settle::{CountIf, ResponseHead, Settle};
+pub use rules::cost::{Cost, CostError};
+pub use rules::per_request::LimitResolver;
+pub use rules::queue::Queue;
+pub use rules::rule::{MissingKey, Rule, RuleSummary};
+pub use rules::set::AccessList;
+pub use rules::settle::{CountIf, ResponseHead, Settle};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::key::KeyValue;
-use crate::ruleset::RuleSet;
+use crate::rules::set::RuleSet;
 
 /// Counters per rule when nothing else is said: enough for a dashboard's top list.
 pub(crate) const DEFAULT_CAPACITY: usize = 64;

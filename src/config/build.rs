@@ -21,10 +21,10 @@ use crate::algorithm::Limit;
 use crate::algorithm::Penalty;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
-use crate::queue::Queue;
-use crate::rule::{MissingKey, Rule};
-use crate::ruleset::AccessList;
-use crate::settle::{CountIf, Settle};
+use crate::rules::queue::Queue;
+use crate::rules::rule::{MissingKey, Rule};
+use crate::rules::set::AccessList;
+use crate::rules::settle::{CountIf, Settle};
 use crate::store::FailurePolicy;
 use crate::store::MemoryStore;
 use crate::Cost;
@@ -186,7 +186,7 @@ impl Common {
             }
         }
         for (i, pattern) in spec.grpc.iter().enumerate() {
-            if let Err(message) = crate::rule::check_grpc_pattern(pattern) {
+            if let Err(message) = crate::rules::rule::check_grpc_pattern(pattern) {
                 return invalid(format!("{at}.grpc[{i}]"), message);
             }
         }

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use crate::algorithm::{Outcome, Verdict};
 use crate::key::KeyValue;
-use crate::per_request::Applied;
+use crate::rules::per_request::Applied;
 use crate::store::{Outcomes, StoreError, StoreErrorKind};
 
 /// What the limiter decided for a request: one entry per rule that applied.

@@ -11,7 +11,7 @@ use super::decision::RuleDecision;
 use super::lines::Lines;
 use crate::algorithm::{Mode, ReserveBound};
 use crate::key::KeyValue;
-use crate::ruleset::{RuleSet, StoreRef};
+use crate::rules::set::{RuleSet, StoreRef};
 use crate::store::{Charge, MemoryStore, Store, StoreError, StoreFuture};
 
 /// The store behind a limiter, and the lines of requests waiting for its slots on this instance.

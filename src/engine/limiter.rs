@@ -18,8 +18,8 @@ use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::key::KeyValue;
 use crate::observe::LoggedKey;
 use crate::offenders::{self, Offender, TopOffenders};
-use crate::rule::{MissingKey, Rule, RuleSummary};
-use crate::ruleset::{AccessList, Answer, Route, RuleSet, StoreRef};
+use crate::rules::rule::{MissingKey, Rule, RuleSummary};
+use crate::rules::set::{AccessList, Answer, Route, RuleSet, StoreRef};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };

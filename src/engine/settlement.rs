@@ -10,8 +10,8 @@ use smallvec::SmallVec;
 use super::decision::Decision;
 use super::ledger::Ledger;
 use crate::key::KeyValue;
-use crate::ruleset::RuleSet;
-use crate::settle::{grpc_status, is_grpc, ResponseHead};
+use crate::rules::set::RuleSet;
+use crate::rules::settle::{grpc_status, is_grpc, ResponseHead};
 
 /// What a forwarded request whose rules count by outcome or settle carries until its response
 /// is known. Dropped unused (the client went away before the response), it changes nothing:

@@ -22,7 +22,7 @@ use super::ledger::Ledger;
 use super::lines::{LineOf, Waiter};
 use crate::algorithm::Mode;
 use crate::key::KeyValue;
-use crate::ruleset::RuleSet;
+use crate::rules::set::RuleSet;
 
 /// The slots one request holds; each is given back (and the next waiter woken) when this is
 /// dropped.

@@ -18,7 +18,7 @@ use crate::engine::slot::{Slots, Ticket};
 use crate::key::protocol::Protocol;
 use crate::observe;
 use crate::response::AllowedHeaders;
-use crate::ruleset::RuleSet;
+use crate::rules::set::RuleSet;
 use crate::store::{FailurePolicy, StoreError};
 
 /// What happens to a request once the store has answered.

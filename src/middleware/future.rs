@@ -19,8 +19,8 @@ use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
-use crate::ruleset::Answer;
-use crate::ruleset::RuleSet;
+use crate::rules::set::Answer;
+use crate::rules::set::RuleSet;
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {

@@ -13,8 +13,8 @@ use crate::algorithm::error::ConfigError;
 use crate::engine::decision::Decision;
 use crate::engine::limiter::{Limiter, LimiterBuilder};
 use crate::response::{Rejection, Responder};
-use crate::rule::Rule;
-use crate::ruleset::AccessList;
+use crate::rules::rule::Rule;
+use crate::rules::set::AccessList;
 use crate::store::{CircuitBreaker, FailurePolicy, Store};
 
 /// Rate-limits the services it wraps.

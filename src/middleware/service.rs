@@ -16,7 +16,7 @@ use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
 use crate::key::protocol::Protocol;
 use crate::observe;
-use crate::ruleset::{Answer, Refusal, Route, RuleSet};
+use crate::rules::set::{Answer, Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].

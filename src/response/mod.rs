@@ -25,7 +25,7 @@ use http::{HeaderMap, Response, StatusCode};
 use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 use self::prepared::Fingerprint;
 use crate::engine::decision::Decision;
-use crate::ruleset::{Refusal, RuleSet};
+use crate::rules::set::{Refusal, RuleSet};
 use crate::store::StoreError;
 
 use self::grpc::Code;

@@ -12,16 +12,16 @@ use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{CostTooLarge, Outcome};
-use crate::cost::CostError;
 use crate::engine::decision::{Decision, RuleDecision};
 use crate::engine::limiter::Limiter;
 use crate::key::protocol::Protocol;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
-use crate::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
 use crate::response::headers::{self, PolicyItem};
 use crate::response::Prepared;
-use crate::rule::{CompiledRule, MissingKey, Rule};
+use crate::rules::cost::CostError;
+use crate::rules::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
+use crate::rules::rule::{CompiledRule, MissingKey, Rule};
 use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 
 /// Rules, compiled, with everything per rule that never changes between requests.

@@ -8,11 +8,11 @@ use http::{Method, StatusCode, Uri};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
 use crate::algorithm::{Algorithm, Mode, Penalty};
-use crate::cost::Cost;
 use crate::key::{Key, RequestHead};
-use crate::per_request::{LimitResolver, LimitSource};
-use crate::queue::Queue;
-use crate::settle::{CountIf, Settle};
+use crate::rules::cost::Cost;
+use crate::rules::per_request::{LimitResolver, LimitSource};
+use crate::rules::queue::Queue;
+use crate::rules::settle::{CountIf, Settle};
 
 /// A named limit applied per key to the requests in its scope.
 ///

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, StatusCode};
 
-use crate::cost::parse_units;
+use crate::rules::cost::parse_units;
 
 /// What the predicates and settlements of a rule see of a response.
 #[derive(Debug)]
