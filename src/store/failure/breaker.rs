@@ -2,9 +2,9 @@
 //! machine that opens after consecutive failures, the probes with backoff that close it, and the
 //! store's health gauge.
 //!
-//! The breaker wraps a remote store inside the [`Limiter`](crate::Limiter) (a
-//! [`MemoryStore`](crate::MemoryStore) is never wrapped: it cannot fail, and its requests pay
-//! nothing for this module). Closed, it passes every call through and counts consecutive
+//! The breaker stands in front of a remote store inside the [`Limiter`](crate::Limiter) (a
+//! [`MemoryStore`](crate::MemoryStore) never gets one: it cannot fail, and its requests pay
+//! nothing for this module). Closed, it lets every call through and counts consecutive
 //! failures. After [`failures`](CircuitBreaker::failures) of them it opens: calls are answered at
 //! once with a [`CircuitOpen`](StoreErrorKind::CircuitOpen) error (or by the local fallback)
 //! without touching the store, so no request waits for the store's timeout. While open, the first
@@ -139,6 +139,7 @@ struct Cold {
     /// The breaker opened again soon after closing in this outage: the store answers probes but
     /// fails requests, and its closings wait for the warning interval like the failures.
     flapping: bool,
+    /// The lines' counts, under the same lock.
     warnings: Warnings,
 }
 

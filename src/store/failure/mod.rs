@@ -9,8 +9,8 @@
 //! - `guarded`: the store wrapper routing each call through the breaker to the store or the
 //!   fallback.
 //!
-//! The [`MemoryStore`](crate::MemoryStore) is never wrapped: it cannot fail. Nothing here knows
-//! rules, HTTP or the responses a failure turns into.
+//! Nothing here knows rules, HTTP or the responses a failure turns into (the `503` of fail closed
+//! is the response stage's).
 
 mod breaker;
 mod fallback;
