@@ -4,7 +4,7 @@
 //! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
 //! (feature `redis`) shares limits between the instances of an app through the same trait.
 
-mod breaker;
+mod failure;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -21,8 +21,8 @@ use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
-pub(crate) use breaker::Guarded;
-pub use breaker::{CircuitBreaker, FailurePolicy};
+pub(crate) use failure::Guarded;
+pub use failure::{CircuitBreaker, FailurePolicy};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
