@@ -10,6 +10,7 @@ use http::StatusCode;
 use crate::algorithm::{Outcome, Verdict};
 use crate::key::KeyValue;
 use crate::rules::per_request::Applied;
+use crate::rules::set::{Charges, Refusal};
 use crate::store::{Outcomes, StoreError, StoreErrorKind};
 
 /// What the limiter decided for a request: one entry per rule that applied.
@@ -251,5 +252,71 @@ mod extract {
                  `decision_in_extensions(false)`?",
             ))
         }
+    }
+}
+
+impl From<Refusal> for Ruling {
+    fn from(refusal: Refusal) -> Self {
+        let (status, rule, reason) = match refusal {
+            Refusal::MissingKey { rule, key, status } => (
+                status,
+                Some(rule),
+                format!("no key: the rule counts by {key}"),
+            ),
+            Refusal::BadCost { rule, error } => {
+                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
+            }
+            Refusal::CostTooLarge { rule, error } => {
+                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
+            }
+            Refusal::NoPeer { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(rule),
+                format!("no peer address: the rule counts by {key}"),
+            ),
+            Refusal::NoRoute { rule, key } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(rule),
+                format!("no route matched yet: the rule counts by {key}"),
+            ),
+            Refusal::BadKey { rule, key } => (
+                StatusCode::BAD_REQUEST,
+                Some(rule),
+                format!("unreadable key: the rule counts by {key}, not UTF-8 once decoded"),
+            ),
+            Refusal::Denied { list } => (
+                StatusCode::FORBIDDEN,
+                None,
+                format!("on a deny list ({list})"),
+            ),
+        };
+        Ruling::Refused {
+            status,
+            rule,
+            reason,
+        }
+    }
+}
+
+impl Charges for Decision {
+    #[inline]
+    fn push(
+        &mut self,
+        index: usize,
+        rule: Arc<str>,
+        key: KeyValue,
+        cost: u64,
+        applied: Option<Applied>,
+    ) {
+        self.plan(index, rule, key, cost, applied);
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    fn set_grpc_method(&mut self, method: Arc<str>) {
+        Decision::set_grpc_method(self, method);
     }
 }

@@ -9,10 +9,36 @@ use std::sync::Arc;
 
 use super::decision::RuleDecision;
 use super::lines::Lines;
-use crate::algorithm::{Mode, ReserveBound};
+use crate::algorithm::{Mode, Outcome, ReserveBound};
 use crate::key::KeyValue;
-use crate::rules::set::{RuleSet, StoreRef};
+use crate::rules::set::RuleSet;
 use crate::store::{Charge, MemoryStore, Store, StoreError, StoreFuture};
+
+/// The store a plan goes to: the memory store by its type (its decision can then be compiled
+/// into the request path), any other through its trait object.
+#[derive(Clone, Copy)]
+pub(crate) enum StoreRef<'a> {
+    Memory(&'a MemoryStore),
+    Dyn(&'a dyn Store),
+}
+
+impl<'a> StoreRef<'a> {
+    /// [`Store::apply_one`], called by type when the store is the memory store.
+    #[inline]
+    pub(crate) fn apply_one(self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        match self {
+            StoreRef::Memory(memory) => memory.apply_one(charge),
+            StoreRef::Dyn(store) => store.apply_one(charge),
+        }
+    }
+
+    pub(crate) fn as_dyn(self) -> &'a dyn Store {
+        match self {
+            StoreRef::Memory(memory) => memory,
+            StoreRef::Dyn(store) => store,
+        }
+    }
+}
 
 /// The store behind a limiter, and the lines of requests waiting for its slots on this instance.
 /// Cheap to clone.

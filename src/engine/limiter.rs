@@ -10,8 +10,10 @@ use arc_swap::ArcSwap;
 use http::Request;
 use smallvec::SmallVec;
 
+use super::ask::Answer;
 use super::decision::{Decision, Ruling};
 use super::ledger::Ledger;
+use super::ledger::StoreRef;
 use super::slot::{SlotGuard, Slots};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
@@ -19,7 +21,7 @@ use crate::key::KeyValue;
 use crate::observe::LoggedKey;
 use crate::offenders::{self, Offender, TopOffenders};
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
-use crate::rules::set::{AccessList, Answer, Route, RuleSet, StoreRef};
+use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
     Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
 };
@@ -734,7 +736,7 @@ impl Limiter {
                 if plan.rules().is_empty() {
                     Answer::Now(Ok(()))
                 } else {
-                    rules.ask(self, plan)
+                    rules.ask(self.ledger(), plan)
                 }
             };
             [ask(&mut enforced), ask(&mut shadow)]

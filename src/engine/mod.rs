@@ -6,6 +6,7 @@
 //! It reads the rules, keys, algorithms and stores above it; it never touches responses,
 //! metrics or Tower.
 
+pub(crate) mod ask;
 pub(crate) mod decision;
 pub(crate) mod ledger;
 pub(crate) mod limiter;

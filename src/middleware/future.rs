@@ -14,12 +14,12 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::Shared;
+use crate::engine::ask::Answer;
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
-use crate::rules::set::Answer;
 use crate::rules::set::RuleSet;
 use crate::store::{Outcomes, StoreFuture};
 
@@ -251,7 +251,7 @@ where
                                 shared,
                                 line: _,
                             } = waiting;
-                            match rules.ask(&shared.limiter, &mut plan) {
+                            match rules.ask(shared.limiter.ledger(), &mut plan) {
                                 Answer::Now(result) => {
                                     let next =
                                         decide(&shared, &rules, &mut request, &mut plan, result);

@@ -11,12 +11,13 @@ use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Next};
 use super::future::{ResponseFuture, State};
 use super::shared::Shared;
+use crate::engine::ask::Answer;
 use crate::engine::decision::Decision;
 use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
 use crate::key::protocol::Protocol;
 use crate::observe;
-use crate::rules::set::{Answer, Refusal, Route, RuleSet};
+use crate::rules::set::{Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
@@ -131,7 +132,7 @@ where
             }));
             return ResponseFuture::new(next.into_state(&mut self.inner, request, None));
         }
-        match rules.ask(&shared.limiter, &mut enforced) {
+        match rules.ask(shared.limiter.ledger(), &mut enforced) {
             Answer::Now(result) => {
                 match decide(shared, &rules, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
@@ -214,7 +215,7 @@ fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision)
             tracing::debug!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(&shared.limiter, &mut plan) {
+    match rules.ask(shared.limiter.ledger(), &mut plan) {
         Answer::Now(result) => record(shared, rules, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -14,10 +14,9 @@ use std::time::Duration;
 use http::Extensions;
 use tokio::time::Instant;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::Limit;
-use crate::algorithm::{Algorithm, Mode};
 use crate::key::KeyValue;
-use crate::store::Store;
 
 /// The limit a request's charge of a per-request rule uses: filled in when the request is
 /// planned (an extension, a cached answer) or by the resolver before the store is asked; `None`
@@ -310,38 +309,6 @@ impl Warnings {
             );
         }
     }
-}
-
-/// Whether `limit` can decide, in place of the rule's `own` algorithm, a request of `cost` in
-/// `mode` on `store`; the reason if not.
-pub(crate) fn usable(
-    rule: &str,
-    own: &Algorithm,
-    limit: &Limit,
-    cost: Option<(u64, Mode)>,
-    store: &dyn Store,
-) -> Result<(), String> {
-    // A slot is given back by the guard of a concurrency rule only: a rate rule must not take
-    // one, nor a concurrency rule charge a quota over time.
-    match (own.is_concurrency(), limit.algorithm().is_concurrency()) {
-        (true, false) => {
-            return Err("a concurrency rule's limit must be `Limit::concurrent`".into())
-        }
-        (false, true) => {
-            return Err("`Limit::concurrent` can only replace a concurrency rule's limit".into())
-        }
-        _ => {}
-    }
-    let checked = crate::algorithm::check_algorithm(rule, limit.algorithm())
-        .and_then(|()| store.validate(rule, limit.algorithm()));
-    checked.map_err(|e| e.to_string())?;
-    if let Some((cost, mode)) = cost {
-        limit
-            .algorithm()
-            .check_cost(cost, mode)
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 /// The algorithm a charge uses: the applied limit's, else the rule's.

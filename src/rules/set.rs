@@ -3,26 +3,22 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
 
 use http::header::HeaderValue;
 use http::{Request, StatusCode};
 use ipnet::IpNet;
-use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{CostTooLarge, Outcome};
-use crate::engine::decision::{Decision, RuleDecision};
-use crate::engine::limiter::Limiter;
+use crate::algorithm::CostTooLarge;
 use crate::key::protocol::Protocol;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
 use crate::observe::RuleMetrics;
 use crate::response::headers::{self, PolicyItem};
 use crate::response::Prepared;
 use crate::rules::cost::CostError;
-use crate::rules::per_request::{algorithm_of, usable, LimitResolver, LimitSource};
+use crate::rules::per_request::Applied;
+
 use crate::rules::rule::{CompiledRule, MissingKey, Rule};
-use crate::store::{Charge, MemoryStore, Outcomes, Store, StoreError, StoreFuture};
 
 /// Rules, compiled, with everything per rule that never changes between requests.
 pub(crate) struct RuleSet {
@@ -84,81 +80,22 @@ pub(crate) enum Refusal {
     },
 }
 
-impl From<Refusal> for crate::engine::decision::Ruling {
-    fn from(refusal: Refusal) -> Self {
-        let (status, rule, reason) = match refusal {
-            Refusal::MissingKey { rule, key, status } => (
-                status,
-                Some(rule),
-                format!("no key: the rule counts by {key}"),
-            ),
-            Refusal::BadCost { rule, error } => {
-                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
-            }
-            Refusal::CostTooLarge { rule, error } => {
-                (StatusCode::BAD_REQUEST, Some(rule), error.to_string())
-            }
-            Refusal::NoPeer { rule, key } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some(rule),
-                format!("no peer address: the rule counts by {key}"),
-            ),
-            Refusal::NoRoute { rule, key } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some(rule),
-                format!("no route matched yet: the rule counts by {key}"),
-            ),
-            Refusal::BadKey { rule, key } => (
-                StatusCode::BAD_REQUEST,
-                Some(rule),
-                format!("unreadable key: the rule counts by {key}, not UTF-8 once decoded"),
-            ),
-            Refusal::Denied { list } => (
-                StatusCode::FORBIDDEN,
-                None,
-                format!("on a deny list ({list})"),
-            ),
-        };
-        crate::engine::decision::Ruling::Refused {
-            status,
-            rule,
-            reason,
-        }
-    }
-}
-
-/// The store a plan goes to: the memory store by its type (its decision can then be compiled
-/// into the request path), any other through its trait object.
-#[derive(Clone, Copy)]
-pub(crate) enum StoreRef<'a> {
-    Memory(&'a MemoryStore),
-    Dyn(&'a dyn Store),
-}
-
-impl<'a> StoreRef<'a> {
-    /// [`Store::apply_one`], called by type when the store is the memory store.
-    #[inline]
-    pub(crate) fn apply_one(self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
-        match self {
-            StoreRef::Memory(memory) => memory.apply_one(charge),
-            StoreRef::Dyn(store) => store.apply_one(charge),
-        }
-    }
-
-    fn as_dyn(self) -> &'a dyn Store {
-        match self {
-            StoreRef::Memory(memory) => memory,
-            StoreRef::Dyn(store) => store,
-        }
-    }
-}
-
-/// A store's answer to a planned decision.
-pub(crate) enum Answer {
-    /// Decided at once (the memory store): the outcomes are in the decision.
-    Now(Result<(), StoreError>),
-    /// Deciding needs I/O; [`Decision::answer`] takes the outcomes.
-    Later(StoreFuture<Outcomes>),
+/// Where routing writes the charges a request makes: the engine's decision, filled in place as the
+/// request goes through (the rules, then the store), so that it is moved once.
+pub(crate) trait Charges {
+    /// Adds rule `index`'s charge of `cost` to `key`, under a limit the request brought if any.
+    fn push(
+        &mut self,
+        index: usize,
+        rule: std::sync::Arc<str>,
+        key: KeyValue,
+        cost: u64,
+        applied: Option<Applied>,
+    );
+    /// Whether no charge was added.
+    fn is_empty(&self) -> bool;
+    /// Records the gRPC method the request calls.
+    fn set_grpc_method(&mut self, method: std::sync::Arc<str>);
 }
 
 /// What a request's way through the rules is.
@@ -233,12 +170,12 @@ impl RuleSet {
     /// Plans the charges a request makes: which rules apply, with which key and cost, into
     /// `enforced` and `shadow` (recorded, never blocking; `shadow_all` makes every rule one).
     /// (Filled in place: a decision is a few hundred bytes, and each move is a copy.)
-    pub(crate) fn route<B>(
+    pub(crate) fn route<B, C: Charges>(
         &self,
         request: &Request<B>,
         shadow_all: bool,
-        enforced: &mut Decision,
-        shadow: &mut Decision,
+        enforced: &mut C,
+        shadow: &mut C,
     ) -> Result<Route, Refusal> {
         if let Some(list) = self.deny.iter().find(|list| list.matches(request)) {
             return Err(Refusal::Denied {
@@ -305,149 +242,17 @@ impl RuleSet {
                 None => None,
                 Some(source) => source.applied(request.extensions(), &key),
             };
-            plan.plan(index, rule.name.clone(), key, cost, applied);
+            plan.push(index, rule.name.clone(), key, cost, applied);
         }
         if Protocol::of(request).is_grpc() {
             let method: std::sync::Arc<str> = request.uri().path().into();
             for plan in [enforced, shadow] {
-                if !plan.rules().is_empty() {
+                if !plan.is_empty() {
                     plan.set_grpc_method(method.clone());
                 }
             }
         }
         Ok(Route::Planned)
-    }
-
-    /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
-    /// arithmetic).
-    pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
-        self.rules.iter().try_for_each(|rule| {
-            store.validate(&rule.name, rule.algorithm())?;
-            match &rule.penalty {
-                Some(penalty) => store.validate_penalty(&rule.name, penalty),
-                None => Ok(()),
-            }
-        })
-    }
-
-    /// Asks the limiter's store for the outcomes of a planned decision: filled in now, or the
-    /// future of a store that needs I/O (or of a per-request limit still being looked up). A
-    /// plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(self: &Arc<Self>, limiter: &Limiter, plan: &mut Decision) -> Answer {
-        let store = limiter.store_ref();
-        if plan.has_applied() {
-            if let Some(later) = self.per_request(limiter, plan) {
-                return Answer::Later(later);
-            }
-        }
-        if let [one] = plan.rules() {
-            return match store.apply_one(&self.charge_of(one)).into_ready() {
-                Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
-                Err(pending) => Answer::Later(StoreFuture::pending(async move {
-                    pending.await.map(|outcome| smallvec::smallvec![outcome])
-                })),
-            };
-        }
-        let answer = store.as_dyn().apply(&self.charges(plan));
-        match answer.into_ready() {
-            Ok(result) => Answer::Now(result.and_then(|outcomes| plan.answer(outcomes))),
-            Err(pending) => Answer::Later(pending),
-        }
-    }
-
-    /// Per-request limits: a limit the request brought that cannot work is replaced by the
-    /// rule's own; limits still to be looked up give the future that looks them up, then asks
-    /// the store.
-    #[cold]
-    fn per_request(
-        self: &Arc<Self>,
-        limiter: &Limiter,
-        plan: &mut Decision,
-    ) -> Option<StoreFuture<Outcomes>> {
-        let mut waiting = false;
-        for entry in plan.rules_mut() {
-            let rule = &self.rules[entry.index];
-            let cost = Some((entry.cost, rule.mode));
-            match entry.applied.as_ref().map(|cell| cell.get()) {
-                Some(Some(Some(limit))) => {
-                    if let Err(why) =
-                        usable(&rule.name, rule.algorithm(), limit, cost, limiter.store())
-                    {
-                        LimitResolver::unusable(&rule.name, &why);
-                        entry.applied = None;
-                    }
-                }
-                Some(None) => waiting = true,
-                Some(Some(None)) | None => {}
-            }
-        }
-        if !waiting {
-            return None;
-        }
-        // The charges, owned by the future (their cells are shared with the plan).
-        let owned: SmallVec<[RuleDecision; 2]> = plan.rules().iter().cloned().collect();
-        let (rules, limiter) = (self.clone(), limiter.clone());
-        Some(StoreFuture::pending(async move {
-            for entry in &owned {
-                let Some(cell) = entry.applied.as_ref().filter(|cell| cell.get().is_none()) else {
-                    continue;
-                };
-                let rule = &rules.rules[entry.index];
-                let Some(LimitSource::Resolver(resolver)) = &rule.source else {
-                    continue;
-                };
-                let store = limiter.store();
-                let resolved = resolver
-                    .resolve(&rule.name, &entry.key, |limit| {
-                        usable(&rule.name, rule.algorithm(), limit, None, store)
-                    })
-                    .await;
-                // A cost the key's limit cannot take falls back too (the rule's own limit takes
-                // every cost that reached the store).
-                let limit = resolved.filter(|limit| {
-                    usable(
-                        &rule.name,
-                        rule.algorithm(),
-                        limit,
-                        Some((entry.cost, rule.mode)),
-                        store,
-                    )
-                    .map_err(|why| LimitResolver::unusable(&rule.name, &why))
-                    .is_ok()
-                });
-                let _ = cell.set(limit);
-            }
-            let charges: SmallVec<[Charge<'_>; 2]> =
-                owned.iter().map(|entry| rules.charge_of(entry)).collect();
-            limiter.store().apply(&charges).await
-        }))
-    }
-
-    /// The store's view of a planned decision.
-    pub(crate) fn charges<'a>(&'a self, plan: &'a Decision) -> SmallVec<[Charge<'a>; 2]> {
-        plan.rules().iter().map(|p| self.charge_of(p)).collect()
-    }
-
-    /// The store's view of one planned charge, under the limit that applies to it.
-    #[inline]
-    pub(crate) fn charge_of<'a>(&'a self, entry: &'a RuleDecision) -> Charge<'a> {
-        let rule = &self.rules[entry.index];
-        Charge {
-            algorithm: algorithm_of(&entry.applied, rule.algorithm()),
-            ..self.charge(entry.index, &entry.key, entry.cost)
-        }
-    }
-
-    pub(crate) fn charge<'a>(&'a self, index: usize, key: &'a KeyValue, cost: u64) -> Charge<'a> {
-        let rule = &self.rules[index];
-        Charge {
-            rule: &rule.name,
-            algorithm: rule.algorithm(),
-            key: key.as_bytes(),
-            cost,
-            mode: rule.mode,
-            penalty: rule.penalty.as_ref(),
-        }
     }
 }
 
