@@ -14,7 +14,6 @@ mod engine;
 mod key;
 mod middleware;
 mod observe;
-mod offenders;
 mod response;
 mod rules;
 pub mod store;
@@ -34,7 +33,7 @@ pub use middleware::body::ResponseBody;
 pub use middleware::future::ResponseFuture;
 pub use middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use middleware::service::RateLimit;
-pub use offenders::{Offender, TopOffenders};
+pub use observe::offenders::{Offender, TopOffenders};
 pub use response::grpc::GRPC_RETRY_PUSHBACK_MS;
 pub use response::headers::{
     RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,

@@ -18,8 +18,8 @@ use super::slot::{SlotGuard, Slots};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::key::KeyValue;
+use crate::observe::offenders::{self, Offender, TopOffenders};
 use crate::observe::LoggedKey;
-use crate::offenders::{self, Offender, TopOffenders};
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{

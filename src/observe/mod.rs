@@ -14,18 +14,21 @@
 //! | `tollgate_top_offender_utilisation` | gauge | `rule` (how much of its limit the key the rule denied most has used, 0 to 1; set when the top list is read) |
 //!
 //! Counters and the histogram are registered when the rules are built (and again on reload), so the
-//! application's metrics recorder must be installed before the layer is built.
+//! application's metrics recorder must be installed before the layer is built. The stage reads
+//! decisions and never changes them; the keys denied most are kept in [`offenders`].
+
+pub(crate) mod offenders;
 
 use std::fmt;
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram};
 
+use self::offenders::{TopKeys, DEFAULT_CAPACITY};
 use crate::algorithm::stable_key_hash;
 use crate::algorithm::{Outcome, Verdict};
 use crate::engine::decision::RuleDecision;
 use crate::key::KeyValue;
-use crate::offenders::{TopKeys, DEFAULT_CAPACITY};
 
 /// One rule's counters.
 pub(crate) struct RuleMetrics {
