@@ -67,7 +67,7 @@ impl Slots {
     }
 }
 
-/// A concurrency slot taken with [`Limiter::acquire`]: held until this is dropped, then given
+/// A concurrency slot taken with [`Limiter::acquire`](crate::Limiter::acquire): held until this is dropped, then given
 /// back (and the first request waiting for a slot of the key on this instance woken).
 #[derive(Debug)]
 #[must_use = "the slot is given back as soon as this is dropped"]

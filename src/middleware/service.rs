@@ -20,7 +20,7 @@ use crate::observe;
 use crate::rules::set::{Refusal, Route, RuleSet};
 use crate::store::StoreError;
 
-/// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`].
+/// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
 /// For each request it finds the rules that apply, derives their keys and costs, charges the store
 /// in one atomic step, and then calls the inner service (adding `RateLimit` fields to its response)
