@@ -12,6 +12,10 @@ use crate::algorithm::error::ConfigError;
 use crate::algorithm::CostTooLarge;
 use crate::key::protocol::Protocol;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
+// The two imports that run back up the stages: the rule set carries, per rule, what the later
+// stages prepare once per reload (metric handles, `RateLimit-Policy` items, the last 429s), so a
+// request finds them with the rules it was routed by. They belong in the stages that use them,
+// cached there per rule-set generation (ARCHITECTURE.md).
 use crate::observe::RuleMetrics;
 use crate::response::headers::{self, PolicyItem};
 use crate::response::Prepared;
