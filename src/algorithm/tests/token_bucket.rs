@@ -232,7 +232,8 @@ fn three_per_second_over_three_seconds() {
     assert_eq!(tb.interval(), 333_334);
     assert_eq!(tb.refill_time(), us(1_000_002));
     let fresh = tb.fresh(T0);
-    assert_eq!(fresh, T0);
+    // Full: it was empty one refill time ago.
+    assert_eq!(fresh, (T0 - 1_000_002) as i64);
     assert_eq!(
         tb.evaluate(fresh, T0, 3, Mode::Charge),
         allowed(3, 0, us(333_334))
@@ -435,7 +436,8 @@ proptest! {
     ) {
         let mode = if reserving { Mode::Reserve(bound) } else { Mode::Charge };
         let max = tb.max_cost(mode);
-        let full = tb.fresh(T0).min(T0); // a full bucket: the best state there is
+        // A full bucket, the best state there is: empty at least a refill time ago.
+        let full = tb.fresh(T0).min((T0 - micros(tb.refill_time())) as i64);
         let cost = if raw % 2 == 0 { max.min(10_000) } else { raw % (max.min(10_000) + 1) };
         let out = tb.evaluate(full, T0, cost, mode);
         prop_assert!(out.verdict.is_admitted(), "cost {} (max {}) {:?}", cost, max, out);

@@ -1038,11 +1038,6 @@ impl Packed {
         self.0.extend_from_slice(&(value as f64).to_le_bytes());
     }
 
-    /// Like `push`, for a number that may be negative.
-    fn push_signed(&mut self, value: i64) {
-        self.0.extend_from_slice(&(value as f64).to_le_bytes());
-    }
-
     fn pad(&mut self) {
         while self.0.len() < 8 * Self::MIN {
             self.push(0);
