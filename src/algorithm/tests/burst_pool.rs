@@ -125,6 +125,23 @@ fn expires_when_both_buckets_are_full() {
 }
 
 #[test]
+fn a_smaller_pool_keeps_what_fits() {
+    // 70 left in the pool of 100; then a pool of 20 (DESIGN §13): 20 at once, not 0 for 50 s.
+    let bp = ten_plus_pool();
+    let mut run = Run::fresh(&bp, T0);
+    assert_eq!(run.charge(T0, 40), allowed(110, 70, ms(100)));
+    let smaller = BurstPool::new(
+        TokenBucket::new(10, secs(1)),
+        TokenBucket::new(1, secs(1)).with_capacity(20),
+    );
+    assert_eq!(smaller.evaluate(run.state, T0, 0), allowed(30, 20, ms(100)));
+    assert_eq!(
+        smaller.evaluate(run.state, T0, 20).verdict,
+        Verdict::Allowed
+    );
+}
+
+#[test]
 fn clock_skew_admits_nothing_more() {
     check_clock_skew(&ten_plus_pool(), T0 + MS, 5 * MS);
 }
