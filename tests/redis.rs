@@ -122,6 +122,84 @@ async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays
     );
 }
 
+/// DESIGN §13 on both stores: a key keeps what it has when the request brings another limit, at
+/// most the new capacity (10 a minute: 40 of 100 left, then a capacity of 20, is 20 at once, not
+/// a lockout of four minutes), and the time accrued is read at a new rate (40 of 100 a minute,
+/// then 20 a minute, is 8). Through the general code (a check, a reservation, a batch) and the
+/// fast path (a single charge), with the stores' defaults (the deny cache on) and without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, ReserveBound, TokenBucket};
+    let server = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    let bucket = |rate, capacity| {
+        Algorithm::TokenBucket(TokenBucket::new(rate, minute).with_capacity(capacity))
+    };
+    let (plan, small, large) = (bucket(10, 100), bucket(10, 20), bucket(10, 200));
+    let (hundred, twenty) = (bucket(100, 100), bucket(20, 20));
+    let check = |limit: &Algorithm| Step::ApplyUnder(vec![(0, 1, 0, Mode::Check, limit.clone())]);
+    let charge =
+        |cost, limit: &Algorithm| Step::ApplyUnder(vec![(0, 1, cost, Mode::Charge, limit.clone())]);
+    let steps = vec![
+        // Capacity only: 40 of 100, then 20 at once, then one more unit every 6 s.
+        charge(60, &plan),
+        check(&large),
+        check(&small),
+        charge(20, &small),
+        charge(1, &small),
+        Step::ApplyUnder(vec![(
+            0,
+            1,
+            1,
+            Mode::Reserve(ReserveBound::default()),
+            small.clone(),
+        )]),
+        Step::Advance(12_000_000),
+        check(&plan),
+        // Idle: full under the smaller limit.
+        Step::Advance(600_000_000),
+        check(&small),
+        check(&plan),
+        // Rate and capacity together: 40 of 100 a minute, then 20 a minute: 8.
+        Step::Reset(0, 1),
+        charge(60, &hundred),
+        check(&twenty),
+        Step::ApplyUnder(vec![(0, 1, 8, Mode::Charge, twenty.clone())]),
+        charge(1, &twenty),
+    ];
+    let scenario = (1_750_000_000_000_000, vec![(plan.clone(), None)], steps);
+    for cache in [true, false] {
+        let redis = RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("limits{cache}"))
+            .deny_cache(cache);
+        let answers = differential::run(redis, &scenario).await;
+        let seen: Vec<(bool, u64, i64)> = answers
+            .iter()
+            .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (true, 40, 40),
+                (true, 40, 40),
+                (true, 20, 20),
+                (true, 0, 0),
+                (false, 0, 0),
+                (true, 0, -1),
+                (true, 1, 1),
+                (true, 20, 20),
+                (true, 100, 100),
+                (true, 40, 40),
+                (true, 8, 8),
+                (true, 0, 0),
+                (false, 0, 0),
+            ]
+        );
+    }
+}
+
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
 /// test might take long to find (a sliding log at the edge of its window, a burst pool split).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@ use super::{duration, Micros, Mode, Outcome, TokenBucket, Verdict};
 /// A steady token bucket with a fallback pool: units come from the steady bucket first and from the
 /// pool only for what the steady one cannot pay (e.g. 10/s always, plus a pool of 100 refilling at
 /// 1/s for bursts).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BurstPool {
     steady: TokenBucket,
     pool: TokenBucket,

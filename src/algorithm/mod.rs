@@ -153,7 +153,7 @@ impl std::fmt::Display for CostTooLarge {
 impl std::error::Error for CostTooLarge {}
 
 /// Where a window-based limit starts its windows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum WindowStart {
     /// Each key gets its own start, derived from a stable hash of (rule, key): every instance
     /// computes the same start, and keys don't all reset at the same instant.
@@ -165,7 +165,7 @@ pub enum WindowStart {
 }
 
 /// Every algorithm, as a store sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Continuous refill with a burst capacity.
     TokenBucket(TokenBucket),

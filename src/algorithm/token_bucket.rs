@@ -17,7 +17,7 @@ use super::{duration, micros, Micros, Mode, Outcome, ReserveBound, Verdict};
 /// idle key is full under the smaller limit, a larger capacity keeps the 40), and the time accrued
 /// since the bucket was empty is read at the new rate (40 of 100 a minute, then 20 a minute with a
 /// capacity of 20, leaves 8).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TokenBucket {
     rate: u64,
     period: Micros,

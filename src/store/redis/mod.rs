@@ -110,7 +110,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// again, so this instance answers that charge itself until then, without a Redis call, with the
 /// fields Redis would give: the `Retry-After` for that cost and the `remaining` it reported. A
 /// client hammering a limit costs Redis one call per refill interval instead of one per request;
-/// a request of another cost goes to Redis. The deadlines are kept on this process's monotonic
+/// a request of another cost, or under another limit (chosen per request), goes to Redis. The deadlines are kept on this process's monotonic
 /// clock from the moment the answer arrived, so the local answer can be later than Redis's only
 /// by the network delay of the call that filled the cache, never earlier. A
 /// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
@@ -399,6 +399,7 @@ impl RedisStore {
                     hash: cache.hash(charge.rule, charge.key),
                     cost: charge.cost,
                     mode: charge.mode,
+                    limit_id: cache.limit_id(charge.algorithm),
                     // A penalised rule's denials are cached only once the key is blocked (a
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
@@ -412,8 +413,7 @@ impl RedisStore {
             None => SmallVec::new(),
         };
         if let Some(cache) = &inner.cache {
-            let hashes: SmallVec<[u64; 2]> = views.iter().map(|v| v.hash).collect();
-            if let Some(outcomes) = cache.answer(batch, &hashes, inner.local.now()) {
+            if let Some(outcomes) = cache.answer(batch, &views, inner.local.now()) {
                 return StoreFuture::ready(finish(outcomes));
             }
         }
