@@ -319,7 +319,7 @@ async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
     assert_eq!(server.command_calls("evalsha") - calls_before, 7);
 }
 
-/// A value the store cannot read — written by an earlier version in its text format, or by a
+/// A value the store cannot read — written by an earlier version in its format, or by a
 /// rule of another algorithm under the same name (a hash where a string is expected, or the
 /// reverse) — is a new key: the charge is decided as for a key never seen, never an error, and
 /// the key is written again in its own format, with its expiry.
@@ -329,6 +329,10 @@ async fn values_of_another_format_or_type_are_new_keys() {
     let redis = store(&server).await;
     let limiter = Limiter::builder()
         .rule(Rule::new("bucket", Limit::per_minute(10)))
+        .rule(Rule::new(
+            "pool",
+            Limit::per_minute(10).pool(5, 1, Duration::from_secs(60)),
+        ))
         .rule(Rule::new(
             "window",
             Limit::fixed_window(5, Duration::from_secs(60)),
@@ -343,31 +347,52 @@ async fn values_of_another_format_or_type_are_new_keys() {
     let name = |rule: &str, key: &str| {
         String::from_utf8(redis.key_names(rule, key.as_bytes()).remove(0)).unwrap()
     };
-    // The earlier text formats, each an exhausted key there.
+    // The earlier formats, each an exhausted key there: the token bucket's time as text, then
+    // (before it kept the moment it was empty) a tag `T` and the moment it is full again as a
+    // double; the burst pool's two such moments.
     let far = 4_000_000_000_000_000u64;
     server.run(&format!("SET {} {far}", name("bucket", "old")));
+    let full_again: String = [b'T']
+        .into_iter()
+        .chain((far as f64).to_le_bytes())
+        .map(|b| format!("\\x{b:02x}"))
+        .collect();
+    server.run(&format!(
+        "SET {} \"{full_again}\"",
+        name("bucket", "previous")
+    ));
+    let strlen = server.run(&format!("STRLEN {}", name("bucket", "previous")));
+    assert_eq!(strlen.trim(), ":9", "a tag byte and a double");
+    server.run(&format!("SET {} p{far},{far}", name("pool", "old")));
     server.run(&format!("SET {} w{far},0", name("window", "old")));
     server.run(&format!("SET {} s{far},5,5", name("sliding", "old")));
     // Another algorithm's type of value.
     server.run(&format!("HSET {} field 7", name("bucket", "other")));
+    server.run(&format!("SET {} 12345", name("pool", "other")));
     server.run(&format!("SET {} 12345", name("window", "other")));
     server.run(&format!("HSET {} field 7", name("sliding", "other")));
-    for key in ["old", "other"] {
-        for (rule, limit) in [("bucket", 10), ("window", 5), ("sliding", 5)] {
-            // A check goes through the script's general code; a charge, through its fast path.
-            let checked = limiter.check(rule, key, limit).await.unwrap();
-            assert!(checked.is_allowed(), "{rule} {key}: {checked:?}");
-            let outcome = limiter.charge(rule, key, 1).await.unwrap();
-            assert!(outcome.is_allowed(), "{rule} {key}: {outcome:?}");
-            assert_eq!(outcome.remaining, limit - 1, "{rule} {key}");
-            let ttl: i64 = server.run(&format!("PTTL {}", name(rule, key)))[1..]
-                .trim()
-                .parse()
-                .unwrap();
-            assert!((1..=120_000).contains(&ttl), "{rule} {key} expires: {ttl}");
-            let again = limiter.charge(rule, key, 1).await.unwrap();
-            assert_eq!(again.remaining, limit - 2, "{rule} {key}: counted on");
-        }
+    let earlier = [("bucket", "previous", 10)].into_iter();
+    for (rule, key, limit) in ["old", "other"]
+        .into_iter()
+        .flat_map(|key| {
+            [("bucket", 10), ("pool", 15), ("window", 5), ("sliding", 5)]
+                .map(|(rule, limit)| (rule, key, limit))
+        })
+        .chain(earlier)
+    {
+        // A check goes through the script's general code; a charge, through its fast path.
+        let checked = limiter.check(rule, key, limit).await.unwrap();
+        assert!(checked.is_allowed(), "{rule} {key}: {checked:?}");
+        let outcome = limiter.charge(rule, key, 1).await.unwrap();
+        assert!(outcome.is_allowed(), "{rule} {key}: {outcome:?}");
+        assert_eq!(outcome.remaining, limit - 1, "{rule} {key}");
+        let ttl: i64 = server.run(&format!("PTTL {}", name(rule, key)))[1..]
+            .trim()
+            .parse()
+            .unwrap();
+        assert!((1..=120_000).contains(&ttl), "{rule} {key} expires: {ttl}");
+        let again = limiter.charge(rule, key, 1).await.unwrap();
+        assert_eq!(again.remaining, limit - 2, "{rule} {key}: counted on");
     }
 }
 
