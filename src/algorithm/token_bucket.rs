@@ -121,10 +121,12 @@ impl TokenBucket {
 
     /// The state of a key never seen before, at `now`: empty its initial balance's span ago.
     pub fn fresh(&self, now: Micros) -> i64 {
-        self.owing(
-            self.cost_micros(self.capacity - self.initial.min(self.capacity)),
-            now,
-        )
+        self.owing(self.fresh_debt(), now)
+    }
+
+    /// The [`debt`](Self::debt) of a key never seen before: the capacity it misses.
+    fn fresh_debt(&self) -> Micros {
+        self.cost_micros(self.capacity - self.initial.min(self.capacity))
     }
 
     /// The capacity's span: the time to refill from empty, in µs (saturating).
@@ -134,26 +136,31 @@ impl TokenBucket {
     }
 
     /// The time the bucket owes at `now`: how far it is from full under this limit,
-    /// `empty_at + capacity·interval − now`, at least zero.
-    // i128: exact for any state, span and time; the debt saturates only past 2^64 µs.
+    /// `empty_at + capacity·interval − now`, at least zero. Exact while times and refill spans
+    /// stay below 2^63 µs (292,000 years); saturating beyond, never panicking.
     #[inline]
     pub(crate) fn debt(&self, empty_at: i64, now: Micros) -> Micros {
-        let debt = i128::from(empty_at) + i128::from(self.full) - i128::from(now);
-        debt.clamp(0, i128::from(u64::MAX)) as u64
+        biased(empty_at)
+            .saturating_add(self.full)
+            .saturating_sub(biased_now(now))
     }
 
-    /// The state that owes `debt` at `now`: `now − capacity·interval + debt`. Exact while times and
-    /// spans stay below 2^63 µs (292,000 years); beyond, it saturates.
+    /// The state that owes `debt` at `now`: `now − capacity·interval + debt`.
     #[inline]
     fn owing(&self, debt: Micros, now: Micros) -> i64 {
-        let empty_at = i128::from(now) - i128::from(self.full) + i128::from(debt);
-        empty_at.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+        unbiased(
+            biased_now(now)
+                .saturating_sub(self.full)
+                .saturating_add(debt),
+        )
     }
 
     /// The moment the state equals a fresh key's, when fresh keys start full: the bucket is full
     /// again. A store may forget the key from then on.
     pub fn expires_at(&self, empty_at: i64) -> Micros {
-        (i128::from(empty_at) + i128::from(self.full)).clamp(0, i128::from(u64::MAX)) as u64
+        biased(empty_at)
+            .saturating_add(self.full)
+            .saturating_sub(BIAS)
     }
 
     /// `units` whole intervals. 64-bit arithmetic saturates only past 2^64 µs (584,000 years),
@@ -321,6 +328,24 @@ impl TokenBucket {
         let debt = self.debt(empty_at, now);
         self.owing(debt.saturating_sub(self.cost_micros(units)), now)
     }
+}
+
+// Bias: the state's arithmetic runs on `empty_at + 2^63` as a `u64`, exact before the epoch too.
+const BIAS: u64 = 1 << 63;
+
+#[inline]
+fn biased(empty_at: i64) -> u64 {
+    (empty_at as u64) ^ BIAS
+}
+
+#[inline]
+fn unbiased(biased: u64) -> i64 {
+    (biased ^ BIAS) as i64
+}
+
+#[inline]
+fn biased_now(now: Micros) -> u64 {
+    now.saturating_add(BIAS)
 }
 
 fn clamp(units: u64) -> i64 {
