@@ -47,6 +47,8 @@ const MIN_SWEEP: usize = 64;
 ///
 /// Clones share the same state. Idle keys — those whose state has become equal to a new key's, so
 /// forgetting them changes no decision — are dropped as the tables grow, with no background task.
+/// (A token bucket is idle once full under the limit that last charged it; a larger limit that a
+/// later request brings finds a dropped key new, as the Redis store does once the key expired.)
 ///
 /// # Memory bound
 /// At most [`max_keys`](MemoryStoreBuilder::max_keys) keys are tracked per table (token buckets in

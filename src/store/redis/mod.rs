@@ -52,7 +52,9 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// Each key gets an expiry at the moment its state becomes equal to a new key's (a bucket that
 /// has refilled, a window that has passed), so Redis holds no dead keys. A token bucket with an
 /// [`initial`](crate::Limit::initial) balance below its capacity starts from that balance again
-/// once its key has expired, as with the memory store's cleanup.
+/// once its key has expired, as with the memory store's cleanup; so does a bucket whose limit
+/// comes from the request and grows after the key expired (refilled under the limit that last
+/// charged it).
 ///
 /// # Keys
 /// `<prefix>:{<key value>}:<rule>`, prefix `tollgate` by default
