@@ -656,15 +656,18 @@ struct Item<'r> {
 }
 
 /// What one record's charge took: the candidate it chose, what a burst pool took from its steady
-/// bucket, when, and whether the key held no state (for a charge: before it, so that an undo of a
+/// bucket, when, whether the key held no state (for a charge: before it, so that an undo of a
 /// charge that created the key removes it again while any other undo keeps the key; for a check
-/// or an undo: after it).
+/// or an undo: after it), and the state a token bucket's or burst pool's charge found, which an
+/// undo restores when nothing changed the key since (a charge from full forgets how long the
+/// bucket had been full, which a larger limit chosen per request would read).
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
     chosen: usize,
     steady: u64,
     at: Micros,
     missing: bool,
+    found: [i64; 2],
 }
 
 /// Per outcome of a batch: whether its key holds no state (see [`Inner::decide`]).
@@ -958,7 +961,7 @@ impl Inner {
         let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
             + blocks().map(|(name, _)| name.len()).sum::<usize>();
         let numbers = 4
-            + 6 * items.len()
+            + 8 * items.len()
             + candidates().map(|c| c.args.len()).sum::<usize>()
             + blocks().map(|(_, args)| args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
@@ -988,17 +991,18 @@ impl Inner {
             packed.push(candidates.len() as u64);
             packed.push(params::mode_code(item.mode));
             packed.push(params::units_arg(item.cost));
-            // Deciding, the three undo numbers give way to the penalty's count (0: none).
+            // Deciding, the five undo numbers give way to the penalty's count (0: none).
             match (deciding, penalty(item)) {
                 (true, found) => {
                     packed.push(found.map_or(0, |(_, args)| args.len() as u64));
-                    packed.push(0);
-                    packed.push(0);
+                    packed.0.extend_from_slice(&[0; 32]);
                 }
                 (false, _) => {
                     packed.push(item.undo.steady);
                     packed.push(item.undo.at);
                     packed.push(u64::from(item.undo.missing));
+                    packed.push_signed(item.undo.found[0]);
+                    packed.push_signed(item.undo.found[1]);
                 }
             }
             for candidate in candidates {
@@ -1040,6 +1044,11 @@ impl Packed {
         self.0.extend_from_slice(&(value as f64).to_le_bytes());
     }
 
+    /// Like `push`, for a number that may be negative.
+    fn push_signed(&mut self, value: i64) {
+        self.0.extend_from_slice(&(value as f64).to_le_bytes());
+    }
+
     fn pad(&mut self) {
         while self.0.len() < 8 * Self::MIN {
             self.push(0);
@@ -1047,10 +1056,10 @@ impl Packed {
     }
 }
 
-/// Reads the script's reply: ten integers per item, then the time the script used, as
+/// Reads the script's reply: twelve integers per item, then the time the script used, as
 /// little-endian doubles.
 fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (10 * items.len() + 1) {
+    if reply.len() != 8 * (12 * items.len() + 1) {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -1083,7 +1092,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
     let at = number(reply[reply.len() - 1])?;
     items
         .iter()
-        .zip(reply.chunks_exact(10))
+        .zip(reply.chunks_exact(12))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
             let verdict = match number(values[0])? {
@@ -1115,6 +1124,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 steady: number(values[6])?,
                 at,
                 missing: number(values[9])? == 1,
+                found: [signed(values[10])?, signed(values[11])?],
             };
             Ok((outcome, taken))
         })

@@ -23,20 +23,23 @@
 --              units a burst pool took from its steady bucket; apply and check: how many
 --              penalty numbers follow the candidates, 0 for a rule without a penalty), at
 --              (undo: the time of the charge), created (undo: 1 when the charge found no key,
---              which it then created), then n times: algorithm code and parameters (see `read`),
---              then the penalty's numbers: forget_after, then the block durations in order of
+--              which it then created), two numbers (undo: the state the charge found, as its
+--              reply gave it), then n times: algorithm code and parameters (see `read`), then
+--              the penalty's numbers: forget_after, then the block durations in order of
 --              offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (apply
 --          and check, rules with a penalty).
 -- Reply    (the general code's; each fast path says its own) one string of little-endian
---          doubles, like ARGV[1] (cheaper to build and to read than an array reply): ten
+--          doubles, like ARGV[1] (cheaper to build and to read than an array reply): twelve
 --          integers per record: verdict (0 allowed, 1 reserved, 2 denied,
 --          3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
 --          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
 --          burst pool charge took from its steady bucket), the signed balance, time until full
 --          (µs), missing (op 1: 1 when the chosen key held no state before the call, so that an
 --          undo of the charge removes the key again; ops 2 to 4: 1 when it holds none after the
---          call, so that the answer does not move with the clock); then the time used.
+--          call, so that the answer does not move with the clock), and for a token bucket's or
+--          burst pool's charge (op 1) the state it found (a bucket's, 0; a pool's two), which an
+--          undo restores when nothing changed the key since; then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (the fast paths below) therefore comes first and
@@ -475,7 +478,13 @@ local function make_bucket()
     return struct.pack('<Bd', 69, e)
   end
 
-  bucket.undo = bucket.refund
+  -- Takes back a charge: the state it found, when nothing changed the key since (exactly: a
+  -- bucket full for longer than its refill time was charged from full, and a larger capacity
+  -- would read the difference), or else the units given back.
+  function bucket.undo(p, e, now, units, aux, at, before)
+    if e == bucket.commit(p, before, at, units) then return before end
+    return tb_refund(p, e, now, units)
+  end
 
   return bucket
 end
@@ -986,8 +995,12 @@ local function make_pool()
     }
   end
 
-  -- Takes back a charge exactly: `aux` units to the steady bucket, the rest to the pool.
-  function pool.undo(p, st, now, units, aux, at)
+  -- Takes back a charge: the state it found, when nothing changed the key since (see
+  -- `bucket.undo`), or else `aux` units to the steady bucket and the rest to the pool.
+  function pool.undo(p, st, now, units, aux, at, before_s, before_p)
+    local before = { s = before_s, p = before_p }
+    local again = pool.commit(p, before, at, units)
+    if again.s == st.s and again.p == st.p then return before end
     return {
       s = tb_refund(p.steady, st.s, now, aux),
       p = tb_refund(p.pool, st.p, now, units - aux),
@@ -1149,10 +1162,10 @@ for r = 1, count do
   local n = argv[a]
   local rec = {
     n = n, mode = argv[a + 1], cost = argv[a + 2],
-    aux = argv[a + 3], at = argv[a + 4], created = argv[a + 5], c = {}, res = false,
-    chosen = 1, aux_out = 0,
+    aux = argv[a + 3], at = argv[a + 4], created = argv[a + 5], b1 = argv[a + 6],
+    b2 = argv[a + 7], c = {}, res = false, chosen = 1, aux_out = 0, found = false,
   }
-  a = a + 6
+  a = a + 8
   for j = 1, n do rec.c[j] = read() end
   if (op == 1 or op == 2) and rec.aux > 0 then
     local ds = {}
@@ -1197,9 +1210,12 @@ local function answer(rec, res)
   -- A blocked key's answer moves with the clock (the block ends) even when its counter is gone.
   local created = 0
   if rec.c[rec.chosen].missing and not rec.blocked then created = 1 end
+  -- The state a bucket's or pool's charge found, for an exact undo.
+  local b1, b2, found = 0, 0, rec.found
+  if type(found) == 'table' then b1, b2 = found.s, found.p elseif found then b1 = found end
   reply[#reply + 1] = struct.pack(
-    '<dddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
-    res[6], res[7], created
+    '<dddddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
+    res[6], res[7], created, b1, b2
   )
 end
 
@@ -1244,6 +1260,7 @@ if op == 1 or op == 2 then
       if rec.mode ~= 1 then
         local s, aux = p.alg.commit(p, p.state, now, rec.cost)
         rec.aux_out = aux
+        if p.code == 1 or p.code == 5 then rec.found = p.state end
         save(p, s)
       end
     elseif rec.res[1] ~= 2 then
@@ -1292,7 +1309,7 @@ elseif op == 3 or op == 4 then
       -- capacity). A key that existed before keeps its undone state, even one equal to a fresh
       -- key's at that instant: a refund or a charge of 0 may have created it earlier at that instant,
       -- and from then on it refills.
-      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
+      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at, rec.b1, rec.b2)
       local encoded = p.alg.encode(p.state)
       if rec.created == 1 and encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
         redis.call('DEL', p.key)
