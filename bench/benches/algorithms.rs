@@ -35,7 +35,8 @@ trait Decide {
     fn decide(&mut self, now: Micros) -> Outcome;
 }
 
-struct Bucket(TokenBucket, Micros);
+/// A token bucket and its state, the moment it was empty.
+struct Bucket(TokenBucket, i64);
 
 impl Decide for Bucket {
     fn decide(&mut self, now: Micros) -> Outcome {
@@ -120,13 +121,13 @@ fn run(c: &mut Criterion, name: &str, allowed: bool, step: Micros, mut limiter: 
 fn token_bucket(c: &mut Criterion) {
     // 100/s refills a unit every 10 ms; 20 ms per step keeps the bucket full.
     let tb = TokenBucket::new(100, SEC);
-    let tat = tb.fresh(START);
-    run(c, "token_bucket", true, 20 * MS, Bucket(tb, tat));
+    let empty_at = tb.fresh(START);
+    run(c, "token_bucket", true, 20 * MS, Bucket(tb, empty_at));
 
     // One per hour, already spent.
     let tb = TokenBucket::new(1, HOUR);
-    let tat = tb.commit(tb.fresh(START), START, 1);
-    run(c, "token_bucket", false, DENIED_STEP, Bucket(tb, tat));
+    let empty_at = tb.commit(tb.fresh(START), START, 1);
+    run(c, "token_bucket", false, DENIED_STEP, Bucket(tb, empty_at));
 }
 
 fn fixed_window(c: &mut Criterion) {

@@ -424,13 +424,13 @@ impl Rows {
 
     /// `row` (an index of `NAMES`) for `phase`.
     async fn run(&self, server: &Target, row: usize, phase: Duration) -> Run {
-        // The store's rules (see `roomy`): a bucket of 10^8 refilled one a second (a fresh key's
-        // debt 0, a unit's span 1 s, the room 10^8 s less that); windows of 10^9 per minute and
-        // per second.
+        // The store's rules (see `roomy`): a bucket of 10^8 refilled one a second (a fresh key
+        // was empty 10^8 s ago: full; a unit's span 1 s; the capacity's span 10^8 s); windows of
+        // 10^9 per minute and per second.
         let bucket_call = |caller: usize| {
             (
                 vec![format!("direct-bucket-{caller}")],
-                bucket_args(&[0.0, 1e6, 1e14 - 1e6]),
+                bucket_args(&[1e14, 1e6, 1e14]),
             )
         };
         let fixed_call = |caller: usize| {
@@ -511,9 +511,9 @@ impl Rows {
 /// The token bucket's write with its expiry in the store's script (on the server's time), and
 /// the same write without.
 const BUCKET_EXPIRY: (&str, &str) = (
-    "redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000),\n    \
-     struct.pack('<Bd', 84, tat))",
-    "redis.call('SET', key, struct.pack('<Bd', 84, tat))",
+    "redis.call('PSETEX', key, string.format('%d', (after + 999) / 1000),\n    \
+     struct.pack('<Bd', 69, e + cost_span))",
+    "redis.call('SET', key, struct.pack('<Bd', 69, e + cost_span))",
 );
 
 /// Allowed decisions: limits far above what the run can use. Each call reads a state: the

@@ -5,19 +5,20 @@ use super::{duration, Micros, Mode, Outcome, TokenBucket, Verdict};
 /// A steady token bucket with a fallback pool: units come from the steady bucket first and from the
 /// pool only for what the steady one cannot pay (e.g. 10/s always, plus a pool of 100 refilling at
 /// 1/s for bursts).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BurstPool {
     steady: TokenBucket,
     pool: TokenBucket,
 }
 
-/// The state of one key under a [`BurstPool`]: the `tat` of each bucket.
+/// The state of one key under a [`BurstPool`]: each bucket's [`TokenBucket`] state, the moment it
+/// was (or will be) empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BurstPoolState {
-    /// The steady bucket's theoretical arrival time.
-    pub steady: Micros,
-    /// The pool's theoretical arrival time.
-    pub pool: Micros,
+    /// The moment the steady bucket was empty (µs since the Unix epoch, signed).
+    pub steady: i64,
+    /// The moment the pool was empty (µs since the Unix epoch, signed).
+    pub pool: i64,
 }
 
 impl BurstPool {
@@ -51,8 +52,9 @@ impl BurstPool {
 
     /// Whole units each bucket has at `now`.
     fn available(&self, state: BurstPoolState, now: Micros) -> (u64, u64) {
-        let units =
-            |bucket: &TokenBucket, tat: Micros| bucket.evaluate(tat, now, 0, Mode::Check).remaining;
+        let units = |bucket: &TokenBucket, empty_at: i64| {
+            bucket.evaluate(empty_at, now, 0, Mode::Check).remaining
+        };
         (
             units(&self.steady, state.steady),
             units(&self.pool, state.pool),
@@ -68,14 +70,14 @@ impl BurstPool {
     }
 
     /// The wait until `units` whole units of `bucket` are available.
-    fn wait_in(bucket: &TokenBucket, tat: Micros, now: Micros, units: u64) -> Micros {
+    fn wait_in(bucket: &TokenBucket, empty_at: i64, now: Micros, units: u64) -> Micros {
         if units == 0 {
             return 0;
         }
         if units > bucket.capacity() {
             return Micros::MAX;
         }
-        match bucket.evaluate(tat, now, units, Mode::Check).verdict {
+        match bucket.evaluate(empty_at, now, units, Mode::Check).verdict {
             Verdict::Denied { retry_after } => super::micros(retry_after),
             _ => 0,
         }
@@ -126,7 +128,11 @@ impl BurstPool {
             remaining,
             balance: i64::try_from(remaining).unwrap_or(i64::MAX),
             next_unit_in: reset,
-            full_in: duration(left.steady.max(left.pool).saturating_sub(now)),
+            full_in: duration(
+                self.steady
+                    .debt(left.steady, now)
+                    .max(self.pool.debt(left.pool, now)),
+            ),
             offence: false,
         }
     }
@@ -143,7 +149,7 @@ impl BurstPool {
     /// Gives `units` back: to the pool first (it refills slower), the rest to the steady bucket.
     pub fn refund(&self, state: BurstPoolState, now: Micros, units: u64) -> BurstPoolState {
         // The whole units the pool misses, rounded down so that none is lost to its cap.
-        let room = state.pool.saturating_sub(now) / self.pool.interval();
+        let room = self.pool.debt(state.pool, now) / self.pool.interval();
         let to_pool = units.min(room.min(self.pool.capacity()));
         BurstPoolState {
             steady: self.steady.refund(state.steady, now, units - to_pool),
@@ -153,6 +159,8 @@ impl BurstPool {
 
     /// The moment both buckets are full again.
     pub fn expires_at(&self, state: BurstPoolState) -> Micros {
-        state.steady.max(state.pool)
+        self.steady
+            .expires_at(state.steady)
+            .max(self.pool.expires_at(state.pool))
     }
 }

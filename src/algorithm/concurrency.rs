@@ -7,7 +7,7 @@ use super::{Outcome, Verdict};
 /// Not a quota over time: a slot is taken when a request is admitted and given back when its
 /// response ends, however long that takes. The state is the number of slots taken; a charge of
 /// `cost` takes `cost` slots (the middleware always takes one per request).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Concurrency {
     max: u64,
 }

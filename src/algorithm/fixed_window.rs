@@ -7,7 +7,7 @@ use super::{
 
 /// Fixed window: `limit` units per window of `period`; with a capacity above the limit, unused units
 /// roll over into later windows (up to the capacity).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
     limit: u64,
     /// The window length; for calendar months, the longest month (31 days).

@@ -10,15 +10,16 @@
 //! or none of them: [`evaluate`](TokenBucket::evaluate) looks at a state without changing it, and
 //! `commit` applies an allowed (or reserved) charge.
 //!
-//! All arithmetic is integer. Token buckets keep their state as an absolute time (GCRA's theoretical
-//! arrival time), so there is no drift; when `period / rate` is not a whole number of microseconds,
-//! the time one unit takes to refill is rounded up to the next microsecond, which errs on the strict
-//! side and keeps bursts exact.
+//! All arithmetic is integer. Token buckets keep their state as an absolute time (the moment the
+//! bucket was empty: GCRA's theoretical arrival time less the capacity's span), so there is no
+//! drift, and a key whose limit changes reads the same moment under the new one; when
+//! `period / rate` is not a whole number of microseconds, the time one unit takes to refill is
+//! rounded up to the next microsecond, which errs on the strict side and keeps bursts exact.
 //!
 //! A `now` earlier than a state's own time (a clock that stepped back) never panics and never
 //! refills anything: windows read it as their window's start, the log as its newest entry's time
-//! — the time in between counts as none. A bucket's state is only the moment it is full again,
-//! so an earlier `now` reads as more debt: never more admitted, but possibly less. That is why
+//! — the time in between counts as none. A bucket's state is only the moment it was empty, so
+//! an earlier `now` reads as less time refilled: never more admitted, but possibly less. That is why
 //! stores never hand an earlier time than one they handed before (see the memory store's clock).
 
 mod burst_pool;
@@ -156,7 +157,7 @@ impl std::fmt::Display for CostTooLarge {
 impl std::error::Error for CostTooLarge {}
 
 /// Where a window-based limit starts its windows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub enum WindowStart {
     /// Each key gets its own start, derived from a stable hash of (rule, key): every instance
     /// computes the same start, and keys don't all reset at the same instant.
@@ -168,7 +169,7 @@ pub enum WindowStart {
 }
 
 /// Every algorithm, as a store sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Continuous refill with a burst capacity.
     TokenBucket(TokenBucket),

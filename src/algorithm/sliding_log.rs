@@ -8,7 +8,7 @@ use super::{duration, micros, Micros, Outcome, Verdict};
 ///
 /// Exact, but memory per key grows with the limit (one entry per admitted instant); prefer
 /// [`SlidingWindow`](super::SlidingWindow) for large limits.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlidingLog {
     limit: u64,
     period: Micros,

@@ -7,7 +7,7 @@ use super::{duration, micros, window_containing, Micros, Outcome, Verdict, Windo
 ///
 /// `estimate = previous·(1 − elapsed/period) + current`; a cost `n` fits when
 /// `estimate + n ≤ limit`. Denied requests are not counted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlidingWindow {
     limit: u64,
     period: Micros,

@@ -106,12 +106,12 @@ trait Limiter {
     /// From this moment on the state behaves exactly like a fresh key's.
     fn expiry(&self, state: &Self::State) -> Micros;
     /// The time the state records, before which a `now` counts as that time; `None` for the
-    /// buckets, whose one number is the moment they are full again.
+    /// buckets, whose one number is the moment they were empty.
     fn stored_time(&self, state: &Self::State) -> Option<Micros>;
 }
 
 impl Limiter for TokenBucket {
-    type State = Micros;
+    type State = i64;
     fn quota(&self) -> u64 {
         self.capacity()
     }
@@ -121,10 +121,10 @@ impl Limiter for TokenBucket {
     fn max_cost_in(&self, mode: Mode) -> u64 {
         self.max_cost(mode)
     }
-    fn fresh_state(&self, now: Micros, _offset: Micros) -> Micros {
+    fn fresh_state(&self, now: Micros, _offset: Micros) -> i64 {
         self.fresh(now)
     }
-    fn eval(&self, state: &Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
+    fn eval(&self, state: &i64, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let out = self.evaluate(*state, now, cost, mode);
         // The memory store decides with `admits` under its lock: it must agree, always.
         assert_eq!(
@@ -133,18 +133,18 @@ impl Limiter for TokenBucket {
         );
         out
     }
-    fn apply(&self, state: &mut Micros, now: Micros, cost: u64) {
+    fn apply(&self, state: &mut i64, now: Micros, cost: u64) {
         *state = self.commit(*state, now, cost);
     }
-    fn give_back(&self, state: &mut Micros, now: Micros, units: u64) {
+    fn give_back(&self, state: &mut i64, now: Micros, units: u64) {
         *state = self.refund(*state, now, units);
     }
-    /// A bucket has no `expires_at`: its state is the moment it is full again. (Equal to a fresh
-    /// key's only when the initial balance is the capacity.)
-    fn expiry(&self, state: &Micros) -> Micros {
-        *state
+    /// When the bucket is full again. (Equal to a fresh key's only when the initial balance is
+    /// the capacity.)
+    fn expiry(&self, state: &i64) -> Micros {
+        self.expires_at(*state)
     }
-    fn stored_time(&self, _state: &Micros) -> Option<Micros> {
+    fn stored_time(&self, _state: &i64) -> Option<Micros> {
         None
     }
 }

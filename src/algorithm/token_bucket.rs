@@ -5,10 +5,19 @@ use super::{duration, micros, Micros, Mode, Outcome, ReserveBound, Verdict};
 
 /// Token bucket with continuous refill: `rate` units per `period`, holding at most `capacity`.
 ///
-/// The state is one number, the theoretical arrival time (GCRA's `tat`): the moment the bucket will
-/// be full again. The bucket's debt at `now` is `tat - now` (never negative), and its balance is
-/// `capacity - debt / interval`. Reservations let the balance go negative.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The state is one number, `empty_at`: the moment the bucket was (or, while reservations are owed,
+/// will be) empty, in µs since the Unix epoch. It is GCRA's theoretical arrival time (the moment the
+/// bucket is full again) less the capacity's span, and signed: a bucket already full at time zero
+/// (a test clock) was empty before the epoch. The balance at `now` is
+/// `min(capacity, (now − empty_at) / interval)`, negative while reservations are owed, and a charge
+/// of `n` moves the state to `max(empty_at, now − capacity·interval) + n·interval`.
+///
+/// Nothing in the state depends on the capacity, so a key whose limit changes (DESIGN §13) keeps
+/// what it has, at most the new capacity: 40 of 100 left, then a capacity of 20, leaves 20 (an
+/// idle key is full under the smaller limit, a larger capacity keeps the 40), and the time accrued
+/// since the bucket was empty is read at the new rate (40 of 100 a minute, then 20 a minute with a
+/// capacity of 20, leaves 8).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TokenBucket {
     rate: u64,
     period: Micros,
@@ -110,9 +119,48 @@ impl TokenBucket {
         units.saturating_mul(self.interval())
     }
 
-    /// The state of a key never seen before, at `now`.
-    pub fn fresh(&self, now: Micros) -> Micros {
-        now.saturating_add(self.cost_micros(self.capacity - self.initial.min(self.capacity)))
+    /// The state of a key never seen before, at `now`: empty its initial balance's span ago.
+    pub fn fresh(&self, now: Micros) -> i64 {
+        self.owing(self.fresh_debt(), now)
+    }
+
+    /// The [`debt`](Self::debt) of a key never seen before: the capacity it misses.
+    fn fresh_debt(&self) -> Micros {
+        self.cost_micros(self.capacity - self.initial.min(self.capacity))
+    }
+
+    /// The capacity's span: the time to refill from empty, in µs (saturating).
+    #[inline]
+    pub(crate) fn full_span(&self) -> Micros {
+        self.full
+    }
+
+    /// The time the bucket owes at `now`: how far it is from full under this limit,
+    /// `empty_at + capacity·interval − now`, at least zero. Exact while times and refill spans
+    /// stay below 2^63 µs (292,000 years); saturating beyond, never panicking.
+    #[inline]
+    pub(crate) fn debt(&self, empty_at: i64, now: Micros) -> Micros {
+        biased(empty_at)
+            .saturating_add(self.full)
+            .saturating_sub(biased_now(now))
+    }
+
+    /// The state that owes `debt` at `now`: `now − capacity·interval + debt`.
+    #[inline]
+    fn owing(&self, debt: Micros, now: Micros) -> i64 {
+        unbiased(
+            biased_now(now)
+                .saturating_sub(self.full)
+                .saturating_add(debt),
+        )
+    }
+
+    /// The moment the state equals a fresh key's, when fresh keys start full: the bucket is full
+    /// again. A store may forget the key from then on.
+    pub fn expires_at(&self, empty_at: i64) -> Micros {
+        biased(empty_at)
+            .saturating_add(self.full)
+            .saturating_sub(BIAS)
     }
 
     /// `units` whole intervals. 64-bit arithmetic saturates only past 2^64 µs (584,000 years),
@@ -164,12 +212,18 @@ impl TokenBucket {
         }
     }
 
-    /// The outcome of charging `cost` at `now` to a bucket in `tat`, without changing it.
+    /// The outcome of charging `cost` at `now` to a bucket in state `empty_at`, without changing
+    /// it.
     ///
     /// The caller has checked `cost` against [`max_cost`](Self::max_cost).
     #[inline]
-    pub fn evaluate(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> Outcome {
-        let debt = tat.saturating_sub(now);
+    pub fn evaluate(&self, empty_at: i64, now: Micros, cost: u64, mode: Mode) -> Outcome {
+        self.evaluate_owing(self.debt(empty_at, now), cost, mode)
+    }
+
+    /// [`evaluate`](Self::evaluate) for a bucket that owes `debt` (its state read at its time).
+    #[inline]
+    pub(crate) fn evaluate_owing(&self, debt: Micros, cost: u64, mode: Mode) -> Outcome {
         let after = debt.saturating_add(self.span(cost));
         if after <= self.full {
             return self.outcome(Verdict::Allowed, after);
@@ -230,10 +284,10 @@ impl TokenBucket {
 
     /// Whether charging `cost` at `now` is admitted (allowed or reserved): the verdict of
     /// [`evaluate`](Self::evaluate) alone. A store decides this while it holds the key and
-    /// builds the full outcome, a pure function of the same `tat`, after letting go.
+    /// builds the full outcome, a pure function of the same state, after letting go.
     #[inline]
-    pub(crate) fn admits(&self, tat: Micros, now: Micros, cost: u64, mode: Mode) -> bool {
-        let after = tat.saturating_sub(now).saturating_add(self.span(cost));
+    pub(crate) fn admits(&self, empty_at: i64, now: Micros, cost: u64, mode: Mode) -> bool {
+        let after = self.debt(empty_at, now).saturating_add(self.span(cost));
         after <= self.full || matches!(mode, Mode::Reserve(bound) if self.within(after, bound))
     }
 
@@ -260,16 +314,38 @@ impl TokenBucket {
         units_ok && wait_ok
     }
 
-    /// Applies an admitted charge: the new `tat`.
+    /// Applies an admitted charge: the new state,
+    /// `max(empty_at, now − capacity·interval) + cost·interval`.
     #[inline]
-    pub fn commit(&self, tat: Micros, now: Micros, cost: u64) -> Micros {
-        tat.max(now).saturating_add(self.cost_micros(cost))
+    pub fn commit(&self, empty_at: i64, now: Micros, cost: u64) -> i64 {
+        let debt = self.debt(empty_at, now);
+        self.owing(debt.saturating_add(self.cost_micros(cost)), now)
     }
 
-    /// Gives `units` back, never above capacity: the new `tat`.
-    pub fn refund(&self, tat: Micros, now: Micros, units: u64) -> Micros {
-        tat.saturating_sub(self.cost_micros(units)).max(now)
+    /// Gives `units` back, never above capacity: the new state,
+    /// `max(empty_at − units·interval, now − capacity·interval)`.
+    pub fn refund(&self, empty_at: i64, now: Micros, units: u64) -> i64 {
+        let debt = self.debt(empty_at, now);
+        self.owing(debt.saturating_sub(self.cost_micros(units)), now)
     }
+}
+
+// Bias: the state's arithmetic runs on `empty_at + 2^63` as a `u64`, exact before the epoch too.
+const BIAS: u64 = 1 << 63;
+
+#[inline]
+fn biased(empty_at: i64) -> u64 {
+    (empty_at as u64) ^ BIAS
+}
+
+#[inline]
+fn unbiased(biased: u64) -> i64 {
+    (biased ^ BIAS) as i64
+}
+
+#[inline]
+fn biased_now(now: Micros) -> u64 {
+    now.saturating_add(BIAS)
 }
 
 fn clamp(units: u64) -> i64 {

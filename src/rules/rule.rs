@@ -202,9 +202,11 @@ impl Rule {
     /// customer's plan into `Limit::per_minute(plan.rpm)`). A request without a `T`, or for which
     /// `read` gives `None`, is charged under the rule's own limit.
     ///
-    /// A key keeps its state when its limit changes: a token bucket's state is the moment it is
-    /// full again, and that moment carries over, read at the new rate — the balance is never above
-    /// the new capacity, an idle key is full under its new limit, and a change refills nothing.
+    /// A key keeps its state when its limit changes, and is never locked out by the change: a
+    /// token bucket keeps what it has, at most the new capacity (with 40 of 100 left, a capacity of
+    /// 20 leaves 20 at once; a larger capacity keeps the 40; an idle key is full under the smaller
+    /// limit), and the time accrued since it was empty is read at the new rate (40 of 100 a
+    /// minute, then 20 a minute, leaves 8). A change refills nothing.
     /// `RateLimit-Policy` reports the limit that applied. The rule's own limit is
     /// also the fallback for a limit that cannot work (zero rate or period, numbers the store
     /// cannot count, a capacity below the request's cost, a limit of the other kind than the

@@ -6,9 +6,10 @@
 //! an await. (A concurrent map such as DashMap gives no way to hold several shards at once in a
 //! fixed order, which all-or-nothing batches need, hence this small table of its own.)
 //!
-//! Token-bucket states are a single `u64` (the bucket's `tat`) in a table of their own, so a tracked
-//! key costs about as much memory as in governor's keyed limiter; the other algorithms share a
-//! second table.
+//! Token-bucket states are a single `u64` (the moment the bucket was empty, and in 7 of its bits
+//! the refill span it was written under, for the sweep: see `spans`) in a table of their own, so a
+//! tracked key costs about as much memory as in governor's keyed limiter; the other algorithms
+//! share a second table.
 //!
 //! Keys are identified by a 64-bit hash of `(rule, key)`, seeded at random per store so nobody can
 //! aim a collision at another client's key.
@@ -31,6 +32,9 @@ use crate::algorithm::{
 };
 use crate::clock::{Clock, Latest, SystemClock};
 
+mod spans;
+use spans::{BucketEntry, Spans};
+
 /// The expiry of a state that must never be forgotten: a concurrency limit's taken slots.
 const PINNED: Micros = Micros::MAX;
 /// The default bound on tracked keys per table.
@@ -43,6 +47,8 @@ const MIN_SWEEP: usize = 64;
 ///
 /// Clones share the same state. Idle keys — those whose state has become equal to a new key's, so
 /// forgetting them changes no decision — are dropped as the tables grow, with no background task.
+/// (A token bucket is idle once full under the limit that last charged it; a larger limit that a
+/// later request brings finds a dropped key new, as the Redis store does once the key expired.)
 ///
 /// # Memory bound
 /// At most [`max_keys`](MemoryStoreBuilder::max_keys) keys are tracked per table (token buckets in
@@ -62,7 +68,9 @@ pub struct MemoryStore {
 struct Inner {
     clock: StoreClock,
     hasher: foldhash::fast::RandomState,
-    buckets: Table<Micros>,
+    /// The refill spans the bucket entries name.
+    spans: Arc<Spans>,
+    buckets: Table<BucketEntry>,
     others: Table<Timed>,
     /// The blocks of rules with a penalty, beside the counters (only those rules look here).
     blocks: Table<Blocked>,
@@ -98,13 +106,15 @@ impl MemoryStoreBuilder {
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
         let per_shard = self.max_keys.div_ceil(self.shards);
+        let spans = Arc::new(Spans::new());
         MemoryStore {
             inner: Arc::new(Inner {
                 clock: self.clock,
                 hasher: foldhash::fast::RandomState::default(),
-                buckets: Table::new(self.shards, per_shard),
-                others: Table::new(self.shards, per_shard),
-                blocks: Table::new(self.shards, per_shard),
+                buckets: Table::new(self.shards, per_shard, &spans),
+                others: Table::new(self.shards, per_shard, &spans),
+                blocks: Table::new(self.shards, per_shard, &spans),
+                spans,
             }),
         }
     }
@@ -164,8 +174,8 @@ impl MemoryStore {
 /// Either way the store never reads a time earlier than one it read before: the system clock
 /// sees to that itself, and any other clock (a test's manual clock, your own) is held to the
 /// latest time read. So no algorithm is handed a `now` before a key's stored time — a clock
-/// that steps back reads as standing still — which the buckets, keeping only the moment they are
-/// full again, could not tell from a debt.
+/// that steps back reads as standing still — which the buckets, keeping only the moment they were
+/// empty, could not tell from time not yet refilled.
 #[derive(Clone)]
 enum StoreClock {
     System(SystemClock),
@@ -378,21 +388,24 @@ impl MemoryStore {
         now: Micros,
     ) -> Outcome {
         let (cost, mode) = (charge.cost, charge.mode);
-        let charges = |tat: Micros| mode != Mode::Check && tb.admits(tat, now, cost, mode);
+        let charges = |empty_at: i64| mode != Mode::Check && tb.admits(empty_at, now, cost, mode);
+        // Outside the lock: the code of the span a written entry records.
+        let code = self.inner.spans.code(tb.full_span());
         let seen = {
             let mut shard = self.inner.buckets.shard(hash);
             match shard.map.get_mut(&hash) {
-                Some(tat) => {
-                    let seen = *tat;
+                Some(entry) => {
+                    let seen = entry.empty_at();
                     if charges(seen) {
-                        *tat = tb.commit(seen, now, cost);
+                        *entry = BucketEntry::new(tb.commit(seen, now, cost), code);
                     }
                     seen
                 }
                 None => {
                     let seen = tb.fresh(now);
                     if charges(seen) {
-                        shard.put(hash, tb.commit(seen, now, cost), now);
+                        let entry = BucketEntry::new(tb.commit(seen, now, cost), code);
+                        shard.put(hash, entry, now);
                     }
                     seen
                 }
@@ -431,7 +444,7 @@ struct Blocked {
 }
 
 impl Expiring for Blocked {
-    fn expires(&self) -> Micros {
+    fn expires(&self, _: &Spans) -> Micros {
         self.expires
     }
 }
@@ -460,18 +473,18 @@ enum Slot {
 
 /// What the sweeper needs to know about a state.
 trait Expiring {
-    /// The moment the state equals a fresh key's.
-    fn expires(&self) -> Micros;
+    /// The moment the state equals a fresh key's (a bucket entry reads its span in `spans`).
+    fn expires(&self, spans: &Spans) -> Micros;
 }
 
-impl Expiring for Micros {
-    fn expires(&self) -> Micros {
-        *self
+impl Expiring for BucketEntry {
+    fn expires(&self, spans: &Spans) -> Micros {
+        self.idle_at(spans)
     }
 }
 
 impl Expiring for Timed {
-    fn expires(&self) -> Micros {
+    fn expires(&self, _: &Spans) -> Micros {
         self.expires
     }
 }
@@ -519,8 +532,9 @@ impl<'c, 'a> Cell<'c, 'a> {
         let (now, mode) = (self.now, self.charge.mode);
         match self.charge.algorithm {
             Algorithm::TokenBucket(tb) => {
-                let tat = locked.buckets(self.hash).map.get(&self.hash).copied();
-                tb.evaluate(tat.unwrap_or_else(|| tb.fresh(now)), now, cost, mode)
+                let entry = locked.buckets(self.hash).map.get(&self.hash).copied();
+                let empty_at = entry.map_or_else(|| tb.fresh(now), BucketEntry::empty_at);
+                tb.evaluate(empty_at, now, cost, mode)
             }
             algorithm => {
                 let shard = locked.others(self.hash);
@@ -551,12 +565,13 @@ impl<'c, 'a> Cell<'c, 'a> {
         match self.charge.algorithm {
             Algorithm::TokenBucket(tb) => {
                 let shard = locked.buckets(self.hash);
-                let tat = shard
+                let code = shard.spans.code(tb.full_span());
+                let empty_at = shard
                     .map
                     .get(&self.hash)
-                    .copied()
-                    .unwrap_or_else(|| tb.fresh(now));
-                shard.put(self.hash, tb.commit(tat, now, cost), now);
+                    .map_or_else(|| tb.fresh(now), |entry| entry.empty_at());
+                let entry = BucketEntry::new(tb.commit(empty_at, now, cost), code);
+                shard.put(self.hash, entry, now);
             }
             algorithm => self.update(locked, |slot| {
                 change_slot(algorithm, slot, now, Change::Charge(cost))
@@ -570,8 +585,9 @@ impl<'c, 'a> Cell<'c, 'a> {
         match self.charge.algorithm {
             Algorithm::TokenBucket(tb) => {
                 let shard = locked.buckets(self.hash);
-                if let Some(tat) = shard.map.get_mut(&self.hash) {
-                    *tat = tb.refund(*tat, now, units);
+                let code = shard.spans.code(tb.full_span());
+                if let Some(entry) = shard.map.get_mut(&self.hash) {
+                    *entry = BucketEntry::new(tb.refund(entry.empty_at(), now, units), code);
                 }
             }
             algorithm => self.update(locked, |slot| {
@@ -686,7 +702,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
 /// The shards one batch holds, locked in (table, shard index) order.
 struct Locked<'s> {
     shift: u32,
-    buckets: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Micros>>); 2]>,
+    buckets: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<BucketEntry>>); 2]>,
     others: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Timed>>); 2]>,
     blocks: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Blocked>>); 1]>,
 }
@@ -739,7 +755,7 @@ impl<'s> Locked<'s> {
         find(&mut self.blocks, index)
     }
 
-    fn buckets(&mut self, hash: u64) -> &mut ShardMap<Micros> {
+    fn buckets(&mut self, hash: u64) -> &mut ShardMap<BucketEntry> {
         let index = shard_index(hash, self.shift);
         find(&mut self.buckets, index)
     }
@@ -804,16 +820,19 @@ struct ShardMap<S> {
     map: HashMap<u64, S, BuildHasherDefault<PreHashed>>,
     sweep_at: usize,
     max: usize,
+    /// The store's refill spans, which a bucket entry's expiry reads.
+    spans: Arc<Spans>,
 }
 
 impl<S: Expiring> Table<S> {
-    fn new(shards: usize, max_per_shard: usize) -> Self {
+    fn new(shards: usize, max_per_shard: usize, spans: &Arc<Spans>) -> Self {
         let shards: Box<[Shard<S>]> = (0..shards)
             .map(|_| {
                 Shard(Spinlock::new(ShardMap {
                     map: HashMap::default(),
                     sweep_at: MIN_SWEEP.min(max_per_shard),
                     max: max_per_shard,
+                    spans: spans.clone(),
                 }))
             })
             .collect();
@@ -881,7 +900,8 @@ impl<S: Expiring> ShardMap<S> {
         if self.map.len() < self.sweep_at {
             return;
         }
-        self.map.retain(|_, state| state.expires() > now);
+        let spans = &*self.spans;
+        self.map.retain(|_, state| state.expires(spans) > now);
         if self.map.len() >= self.max {
             self.evict_least_limited();
         }
@@ -894,12 +914,13 @@ impl<S: Expiring> ShardMap<S> {
     /// Forgets the eighth of the keys that become idle soonest.
     fn evict_least_limited(&mut self) {
         let count = (self.map.len() / 8).max(1);
-        let mut expiries: Vec<Micros> = self.map.values().map(Expiring::expires).collect();
+        let spans = &*self.spans;
+        let mut expiries: Vec<Micros> = self.map.values().map(|s| s.expires(spans)).collect();
         let (below, &mut cutoff, _) = expiries.select_nth_unstable(count - 1);
         let strictly_below = below.iter().filter(|&&e| e < cutoff).count();
         let mut at_cutoff = count - strictly_below;
         self.map.retain(|_, state| {
-            let expires = state.expires();
+            let expires = state.expires(spans);
             if expires == PINNED {
                 true
             } else if expires < cutoff {

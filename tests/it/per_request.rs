@@ -95,9 +95,9 @@ async fn a_limit_from_the_extensions_applies_and_is_reported() {
     assert_eq!(header(&denied, "ratelimit-policy"), "\"customer\";q=2;w=60");
 }
 
-/// A key keeps its state when its limit changes: the time its token bucket owes carries over,
-/// read at the new rate, so the balance is never above the new capacity, an idle key is full under
-/// its new limit, and changing the limit refills nothing.
+/// A key keeps its state when its limit changes: the moment its token bucket was empty carries
+/// over, the time since read at the new rate, so the balance is never above the new capacity, an
+/// idle key is full under its new limit, and changing the limit refills nothing.
 #[tokio::test(start_paused = true)]
 async fn a_key_whose_limit_changes_keeps_its_state() {
     let service = service(from_plan(Rule::new("customer", Limit::per_minute(2))));
@@ -106,18 +106,67 @@ async fn a_key_whose_limit_changes_keeps_its_state() {
         let ok = send(&service, request("k", Some(10))).await;
         assert_eq!(ratelimit(&ok), format!("\"customer\";r={left};t=6"));
     }
-    // The key owes 18 s (3 units at 6 s). At 5 a minute (12 s a unit, capacity 5) that is 1.5
-    // units: 3.5 left, 2.5 after this request.
+    // The key was empty 42 s ago (7 units at 6 s). At 5 a minute (12 s a unit, capacity 5) that
+    // is 3.5 units, 2.5 after this request.
     let shrunk = send(&service, request("k", Some(5))).await;
     assert_eq!(ratelimit(&shrunk), "\"customer\";r=2;t=6");
     assert_eq!(header(&shrunk, "ratelimit-policy"), "\"customer\";q=5;w=60");
-    // Back to 10 a minute: it owes 30 s, 5 units; this request leaves 4.
+    // Back to 10 a minute: empty 30 s ago, 5 units; this request leaves 4.
     let grown = send(&service, request("k", Some(10))).await;
     assert_eq!(ratelimit(&grown), "\"customer\";r=4;t=6");
     // Idle for a minute, then at 2 a minute: full at its new capacity of 2, never above it.
     tokio::time::advance(Duration::from_secs(60)).await;
     let small = send(&service, request("k", Some(2))).await;
     assert_eq!(ratelimit(&small), "\"customer\";r=1;t=30");
+}
+
+/// What an auth layer put in the request: the customer's tier, 10 a minute with this capacity.
+#[derive(Clone)]
+struct Tier {
+    capacity: u64,
+}
+
+fn tiered(capacity: u64) -> Request<Body> {
+    let mut request = Request::get("/")
+        .header(&API_KEY, "customer-a")
+        .body(Body::default())
+        .unwrap();
+    request.extensions_mut().insert(Tier { capacity });
+    request
+}
+
+/// Issue 24 (DESIGN §13): 10 a minute with a capacity of 100, customer A spends 60 (40 left);
+/// then the auth layer hands the rule a capacity of 20. A has 20 at once — not 0 for four
+/// minutes — and then one more every 6 s, like any key of that tier.
+#[tokio::test(start_paused = true)]
+async fn a_downgraded_customer_has_what_fits_at_once() {
+    let rule = Rule::new("customer", Limit::per_minute(10))
+        .key(Key::header(API_KEY.clone()))
+        .limit_from_extension(|tier: &Tier| Some(Limit::per_minute(10).capacity(tier.capacity)));
+    let service = service(rule);
+    for left in (40..100).rev() {
+        let ok = send(&service, tiered(100)).await;
+        assert_eq!(
+            header(&ok, "ratelimit"),
+            format!("\"customer\";r={left};t=6")
+        );
+    }
+    for left in (0..20).rev() {
+        let ok = send(&service, tiered(20)).await;
+        assert_eq!(ok.status(), StatusCode::OK, "{left} left");
+        assert_eq!(header(&ok, "ratelimit-policy"), "\"customer\";q=20;w=120");
+        assert_eq!(
+            header(&ok, "ratelimit"),
+            format!("\"customer\";r={left};t=6")
+        );
+    }
+    let denied = send(&service, tiered(20)).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "retry-after"), "6");
+    // Upgraded back to 100 after a minute: 10 refilled, no more (the change refills nothing).
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let ok = send(&service, tiered(100)).await;
+    assert_eq!(header(&ok, "ratelimit"), "\"customer\";r=9;t=6");
 }
 
 #[tokio::test(start_paused = true)]

@@ -318,6 +318,45 @@ async fn undoing_a_charge_keeps_a_key_a_refund_created_and_8_more_leave_18() {
     }
 }
 
+/// Found by the differential test once requests brought their own limits (DESIGN §13): a
+/// cross-slot batch denied in one slot undoes the charge made in another, and that undo must
+/// leave the state the charge found. A bucket full for longer than its refill time (10 a
+/// second, idle for 5 s) is charged from full; given the units back, it read as full since the
+/// undo, and a capacity of 20 then found 10 there instead of the 20 the memory store has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undone_charge_leaves_the_state_it_found_for_a_larger_limit_to_read() {
+    use differential::Step;
+    let cluster = RedisCluster::start();
+    let second = Duration::from_secs(1);
+    let bucket = Algorithm::TokenBucket(TokenBucket::new(10, second));
+    let larger = Algorithm::TokenBucket(TokenBucket::new(10, second).with_capacity(20));
+    let single = Algorithm::TokenBucket(TokenBucket::new(1, Duration::from_secs(60)));
+    // Both orders of the two key values: in one, the bucket's slot comes first and is undone.
+    for (case, (a, b)) in [(1, 2), (2, 1)].into_iter().enumerate() {
+        let steps = vec![
+            Step::Apply(vec![(0, b, 1, Mode::Charge)]),
+            Step::Advance(5_000_000),
+            Step::Apply(vec![(1, a, 1, Mode::Charge)]),
+            Step::Apply(vec![(1, a, 1, Mode::Charge), (0, b, 1, Mode::Charge)]),
+            Step::ApplyUnder(vec![(0, b, 0, Mode::Check, larger.clone())]),
+        ];
+        let scenario = (
+            1_750_000_000_000_000,
+            vec![(bucket.clone(), None), (single.clone(), None)],
+            steps,
+        );
+        for cache in [true, false] {
+            let redis = RedisStore::builder()
+                .cluster(cluster.urls())
+                .prefix(format!("found{case}{cache}"))
+                .deny_cache(cache);
+            let outcomes = differential::run(redis, &scenario).await;
+            assert!(!outcomes[2][0].verdict.is_admitted());
+            assert_eq!(outcomes.last().unwrap()[0].remaining, 20);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_global_rule_spreads_over_nodes() {
     let cluster = RedisCluster::start();

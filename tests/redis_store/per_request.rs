@@ -117,8 +117,8 @@ async fn per_request_limits_give_the_same_answers_on_redis_and_in_memory() {
         .expect("connect");
     let on_redis = scenario(&service(redis), &clock).await;
 
-    // The exact numbers: "plan" as in the memory tests (the time a key owes carries over when
-    // its limit changes; a refused request charges no rule, which report their balance),
+    // The exact numbers: "plan" as in the memory tests (the moment a key was empty carries over
+    // when its limit changes; a refused request charges no rule, which report their balance),
     // "lookup" 3 per aligned minute for acme, the rule's own 1 for a key the resolver does not
     // know (the clock starts on a minute boundary).
     let expected = [
@@ -157,4 +157,87 @@ async fn a_limit_redis_cannot_count_falls_back_to_the_rules_own() {
         huge.headers().get("ratelimit").unwrap(),
         "\"plan\";r=1;t=30, \"lookup\";r=2;t=60"
     );
+}
+
+/// What an auth layer put in the request: the customer's tier, 10 a minute with this capacity.
+#[derive(Clone)]
+struct Tier {
+    capacity: u64,
+}
+
+fn tiered_service(store: impl Store) -> impl Limited<Body> {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("customer", Limit::per_minute(10))
+                .key(Key::header(API_KEY.clone()))
+                .limit_from_extension(|tier: &Tier| {
+                    Some(Limit::per_minute(10).capacity(tier.capacity))
+                }),
+        )
+        .store(store)
+        .build()
+        .expect("valid rules");
+    layer.layer(service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }))
+}
+
+/// Status, `RateLimit-Policy` and `RateLimit` of customer A's requests: 60 spent of 100, then
+/// 21 under a capacity of 20.
+async fn downgrade(service: &impl Limited<Body>) -> Vec<String> {
+    let mut seen = Vec::new();
+    for capacity in [100; 60].into_iter().chain([20; 21]) {
+        let mut request = Request::get("/")
+            .header(&API_KEY, "customer-a")
+            .body(Body::default())
+            .unwrap();
+        request.extensions_mut().insert(Tier { capacity });
+        let response = send(service, request).await;
+        let field = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+        };
+        seen.push(format!(
+            "{} | {} | {}",
+            response.status().as_u16(),
+            field("ratelimit-policy"),
+            field("ratelimit")
+        ));
+    }
+    seen
+}
+
+/// Issue 24 (DESIGN §13) on a real `redis-server` and in memory: 10 a minute with a capacity of
+/// 100, customer A spends 60; handed a capacity of 20, A has 20 at once (not 0 for four
+/// minutes), then is refused until the next unit, 6 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgraded_customer_has_what_fits_at_once_on_redis_and_in_memory() {
+    let server = RedisServer::start();
+    let start = Duration::from_secs(1_750_000_020);
+    let clock = ManualClock::new(start);
+    let memory = MemoryStore::builder().clock(clock).build();
+    let in_memory = downgrade(&tiered_service(memory)).await;
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(ManualClock::new(start))
+        .build()
+        .await
+        .expect("connect");
+    let on_redis = downgrade(&tiered_service(redis)).await;
+
+    let spent = (40..100)
+        .rev()
+        .map(|left| format!("200 | \"customer\";q=100;w=600 | \"customer\";r={left};t=6"));
+    let downgraded = (0..20)
+        .rev()
+        .map(|left| format!("200 | \"customer\";q=20;w=120 | \"customer\";r={left};t=6"));
+    let refused = "429 | \"customer\";q=20;w=120 | \"customer\";r=0;t=6".to_owned();
+    let expected: Vec<String> = spent
+        .chain(downgraded)
+        .chain(std::iter::once(refused))
+        .collect();
+    assert_eq!(in_memory, expected);
+    assert_eq!(on_redis, expected);
 }

@@ -117,6 +117,84 @@ async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays
     );
 }
 
+/// DESIGN §13 on both stores: a key keeps what it has when the request brings another limit, at
+/// most the new capacity (10 a minute: 40 of 100 left, then a capacity of 20, is 20 at once, not
+/// a lockout of four minutes), and the time accrued is read at a new rate (40 of 100 a minute,
+/// then 20 a minute, is 8). Through the general code (a check, a reservation, a batch) and the
+/// fast path (a single charge), with the stores' defaults (the deny cache on) and without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, ReserveBound, TokenBucket};
+    let server = RedisServer::start();
+    let minute = Duration::from_secs(60);
+    let bucket = |rate, capacity| {
+        Algorithm::TokenBucket(TokenBucket::new(rate, minute).with_capacity(capacity))
+    };
+    let (plan, small, large) = (bucket(10, 100), bucket(10, 20), bucket(10, 200));
+    let (hundred, twenty) = (bucket(100, 100), bucket(20, 20));
+    let check = |limit: &Algorithm| Step::ApplyUnder(vec![(0, 1, 0, Mode::Check, limit.clone())]);
+    let charge =
+        |cost, limit: &Algorithm| Step::ApplyUnder(vec![(0, 1, cost, Mode::Charge, limit.clone())]);
+    let steps = vec![
+        // Capacity only: 40 of 100, then 20 at once, then one more unit every 6 s.
+        charge(60, &plan),
+        check(&large),
+        check(&small),
+        charge(20, &small),
+        charge(1, &small),
+        Step::ApplyUnder(vec![(
+            0,
+            1,
+            1,
+            Mode::Reserve(ReserveBound::default()),
+            small.clone(),
+        )]),
+        Step::Advance(12_000_000),
+        check(&plan),
+        // Idle: full under the smaller limit.
+        Step::Advance(600_000_000),
+        check(&small),
+        check(&plan),
+        // Rate and capacity together: 40 of 100 a minute, then 20 a minute: 8.
+        Step::Reset(0, 1),
+        charge(60, &hundred),
+        check(&twenty),
+        Step::ApplyUnder(vec![(0, 1, 8, Mode::Charge, twenty.clone())]),
+        charge(1, &twenty),
+    ];
+    let scenario = (1_750_000_000_000_000, vec![(plan.clone(), None)], steps);
+    for cache in [true, false] {
+        let redis = RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("limits{cache}"))
+            .deny_cache(cache);
+        let answers = differential::run(redis, &scenario).await;
+        let seen: Vec<(bool, u64, i64)> = answers
+            .iter()
+            .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (true, 40, 40),
+                (true, 40, 40),
+                (true, 20, 20),
+                (true, 0, 0),
+                (false, 0, 0),
+                (true, 0, -1),
+                (true, 1, 1),
+                (true, 20, 20),
+                (true, 100, 100),
+                (true, 40, 40),
+                (true, 8, 8),
+                (true, 0, 0),
+                (false, 0, 0),
+            ]
+        );
+    }
+}
+
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
 /// test might take long to find (a sliding log at the edge of its window, a burst pool split).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +314,7 @@ async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
     assert_eq!(server.command_calls("evalsha") - calls_before, 7);
 }
 
-/// A value the store cannot read — written by an earlier version in its text format, or by a
+/// A value the store cannot read — written by an earlier version in its format, or by a
 /// rule of another algorithm under the same name (a hash where a string is expected, or the
 /// reverse) — is a new key: the charge is decided as for a key never seen, never an error, and
 /// the key is written again in its own format, with its expiry.
@@ -246,6 +324,10 @@ async fn values_of_another_format_or_type_are_new_keys() {
     let redis = store(&server).await;
     let limiter = Limiter::builder()
         .rule(Rule::new("bucket", Limit::per_minute(10)))
+        .rule(Rule::new(
+            "pool",
+            Limit::per_minute(10).pool(5, 1, Duration::from_secs(60)),
+        ))
         .rule(Rule::new(
             "window",
             Limit::fixed_window(5, Duration::from_secs(60)),
@@ -260,31 +342,52 @@ async fn values_of_another_format_or_type_are_new_keys() {
     let name = |rule: &str, key: &str| {
         String::from_utf8(redis.key_names(rule, key.as_bytes()).remove(0)).unwrap()
     };
-    // The earlier text formats, each an exhausted key there.
+    // The earlier formats, each an exhausted key there: the token bucket's time as text, then
+    // (before it kept the moment it was empty) a tag `T` and the moment it is full again as a
+    // double; the burst pool's two such moments.
     let far = 4_000_000_000_000_000u64;
     server.run(&format!("SET {} {far}", name("bucket", "old")));
+    let full_again: String = [b'T']
+        .into_iter()
+        .chain((far as f64).to_le_bytes())
+        .map(|b| format!("\\x{b:02x}"))
+        .collect();
+    server.run(&format!(
+        "SET {} \"{full_again}\"",
+        name("bucket", "previous")
+    ));
+    let strlen = server.run(&format!("STRLEN {}", name("bucket", "previous")));
+    assert_eq!(strlen.trim(), ":9", "a tag byte and a double");
+    server.run(&format!("SET {} p{far},{far}", name("pool", "old")));
     server.run(&format!("SET {} w{far},0", name("window", "old")));
     server.run(&format!("SET {} s{far},5,5", name("sliding", "old")));
     // Another algorithm's type of value.
     server.run(&format!("HSET {} field 7", name("bucket", "other")));
+    server.run(&format!("SET {} 12345", name("pool", "other")));
     server.run(&format!("SET {} 12345", name("window", "other")));
     server.run(&format!("HSET {} field 7", name("sliding", "other")));
-    for key in ["old", "other"] {
-        for (rule, limit) in [("bucket", 10), ("window", 5), ("sliding", 5)] {
-            // A check goes through the script's general code; a charge, through its fast path.
-            let checked = limiter.check(rule, key, limit).await.unwrap();
-            assert!(checked.is_allowed(), "{rule} {key}: {checked:?}");
-            let outcome = limiter.charge(rule, key, 1).await.unwrap();
-            assert!(outcome.is_allowed(), "{rule} {key}: {outcome:?}");
-            assert_eq!(outcome.remaining, limit - 1, "{rule} {key}");
-            let ttl: i64 = server.run(&format!("PTTL {}", name(rule, key)))[1..]
-                .trim()
-                .parse()
-                .unwrap();
-            assert!((1..=120_000).contains(&ttl), "{rule} {key} expires: {ttl}");
-            let again = limiter.charge(rule, key, 1).await.unwrap();
-            assert_eq!(again.remaining, limit - 2, "{rule} {key}: counted on");
-        }
+    let earlier = [("bucket", "previous", 10)].into_iter();
+    for (rule, key, limit) in ["old", "other"]
+        .into_iter()
+        .flat_map(|key| {
+            [("bucket", 10), ("pool", 15), ("window", 5), ("sliding", 5)]
+                .map(|(rule, limit)| (rule, key, limit))
+        })
+        .chain(earlier)
+    {
+        // A check goes through the script's general code; a charge, through its fast path.
+        let checked = limiter.check(rule, key, limit).await.unwrap();
+        assert!(checked.is_allowed(), "{rule} {key}: {checked:?}");
+        let outcome = limiter.charge(rule, key, 1).await.unwrap();
+        assert!(outcome.is_allowed(), "{rule} {key}: {outcome:?}");
+        assert_eq!(outcome.remaining, limit - 1, "{rule} {key}");
+        let ttl: i64 = server.run(&format!("PTTL {}", name(rule, key)))[1..]
+            .trim()
+            .parse()
+            .unwrap();
+        assert!((1..=120_000).contains(&ttl), "{rule} {key} expires: {ttl}");
+        let again = limiter.charge(rule, key, 1).await.unwrap();
+        assert_eq!(again.remaining, limit - 2, "{rule} {key}: counted on");
     }
 }
 

@@ -19,6 +19,9 @@ use tollgate::{ManualClock, MemoryStore};
 pub enum Step {
     /// A request: (rule, key, cost, mode) per charge, rules distinct.
     Apply(Vec<(usize, usize, u64, Mode)>),
+    /// A request whose limits come from the request (DESIGN §13): (rule, key, cost, mode, limit)
+    /// per charge, rules distinct, each charged under the limit it brings instead of its rule's.
+    ApplyUnder(Vec<(usize, usize, u64, Mode, Algorithm)>),
     Refund(usize, usize, u64),
     Reset(usize, usize),
     Advance(u64),
@@ -128,7 +131,10 @@ fn mode(algorithm: &Algorithm) -> BoxedStrategy<Mode> {
 }
 
 fn charge(rules: &[Algorithm], rule: usize) -> BoxedStrategy<(usize, usize, u64, Mode)> {
-    let algorithm = rules[rule].clone();
+    charge_under(rules[rule].clone(), rule)
+}
+
+fn charge_under(algorithm: Algorithm, rule: usize) -> BoxedStrategy<(usize, usize, u64, Mode)> {
     mode(&algorithm)
         .prop_flat_map(move |mode| {
             let max = algorithm.max_cost(mode).min(algorithm.capacity() * 2 + 2);
@@ -138,8 +144,58 @@ fn charge(rules: &[Algorithm], rule: usize) -> BoxedStrategy<(usize, usize, u64,
         .boxed()
 }
 
+/// A limit a request may bring instead of its rule's own token bucket: the same rate with
+/// another capacity, rate and capacity scaled together, or any other bucket.
+fn other_bucket(own: &TokenBucket) -> BoxedStrategy<TokenBucket> {
+    let (rate, period, capacity) = (own.rate(), own.period(), own.capacity());
+    prop_oneof![
+        (1..=2 * capacity + 2).prop_map(move |c| TokenBucket::new(rate, period).with_capacity(c)),
+        (1u64..=4, 1u64..=4).prop_map(move |(times, by)| {
+            let scale = |n: u64| (n * times / by).max(1);
+            TokenBucket::new(scale(rate), period).with_capacity(scale(capacity))
+        }),
+        bucket(),
+    ]
+    .boxed()
+}
+
+/// The limits a request may bring for a rule of this algorithm; `None` for the algorithms whose
+/// per-request limits these scenarios leave out.
+fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
+    match own {
+        Algorithm::TokenBucket(tb) => {
+            Some(other_bucket(tb).prop_map(Algorithm::TokenBucket).boxed())
+        }
+        Algorithm::BurstPool(bp) => Some(
+            (other_bucket(bp.steady()), other_bucket(bp.pool()))
+                .prop_map(|(steady, pool)| Algorithm::BurstPool(BurstPool::new(steady, pool)))
+                .boxed(),
+        ),
+        _ => None,
+    }
+}
+
+/// A charge of `rule` under a limit the request brings, or under its own.
+fn limited_charge(
+    rules: &[Algorithm],
+    rule: usize,
+) -> BoxedStrategy<(usize, usize, u64, Mode, Algorithm)> {
+    let own = rules[rule].clone();
+    let limit = match other_limit(&own) {
+        Some(other) => prop_oneof![1 => Just(own), 3 => other].boxed(),
+        None => Just(own).boxed(),
+    };
+    limit
+        .prop_flat_map(move |limit| {
+            charge_under(limit.clone(), rule)
+                .prop_map(move |(rule, key, cost, mode)| (rule, key, cost, mode, limit.clone()))
+        })
+        .boxed()
+}
+
 fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
     let n = rules.len();
+    let limited = rules.clone();
     let block = prop_oneof![Just(None), (1u64..3_000_000).prop_map(Some),];
     let apply = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
         .prop_flat_map(move |chosen| {
@@ -149,8 +205,17 @@ fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
                 .collect::<Vec<_>>()
         })
         .prop_map(Step::Apply);
+    let apply_under = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
+        .prop_flat_map(move |chosen| {
+            chosen
+                .into_iter()
+                .map(|rule| limited_charge(&limited, rule))
+                .collect::<Vec<_>>()
+        })
+        .prop_map(Step::ApplyUnder);
     prop_oneof![
         8 => apply,
+        4 => apply_under,
         4 => prop_oneof![
             Just(0u64),
             1u64..2_000,
@@ -223,6 +288,26 @@ pub async fn run(
                         cost,
                         mode,
                         penalty: penalties[rule].as_ref(),
+                    })
+                    .collect();
+                let expected = apply(memory, &batch).await;
+                let got = apply(redis, &batch).await;
+                assert_eq!(
+                    got, expected,
+                    "step {i} {step:?} differs (left: Redis, right: memory)"
+                );
+                answers.push(got);
+            }
+            Step::ApplyUnder(charges) => {
+                let batch: Vec<Charge<'_>> = charges
+                    .iter()
+                    .map(|(rule, key, cost, mode, limit)| Charge {
+                        rule: &names[*rule],
+                        algorithm: limit,
+                        key: KEYS[*key],
+                        cost: *cost,
+                        mode: *mode,
+                        penalty: penalties[*rule].as_ref(),
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;

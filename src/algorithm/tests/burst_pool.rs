@@ -16,15 +16,17 @@ fn the_steady_bucket_pays_first_then_the_pool() {
     let mut run = Run::fresh(&bp, T0);
     assert_eq!(run.peek(T0), allowed(110, 110, Duration::ZERO));
     assert_eq!(run.charge(T0, 10), allowed(110, 100, ms(100)));
+    // Each bucket's state is the moment it was empty: the steady one now, the full pool (100 s
+    // of refill) 100 s ago.
     assert_eq!(
         run.state,
         BurstPoolState {
-            steady: T0 + SEC,
-            pool: T0
+            steady: T0 as i64,
+            pool: (T0 - 100 * SEC) as i64
         }
     );
     assert_eq!(run.charge(T0, 1), allowed(110, 99, ms(100)));
-    assert_eq!(run.state.pool, T0 + SEC);
+    assert_eq!(run.state.pool, (T0 - 99 * SEC) as i64);
     assert_eq!(run.charge(T0, 99), allowed(110, 0, ms(100)));
     // The steady bucket comes back first.
     assert_eq!(run.charge(T0, 1), denied(110, 0, ms(100), ms(100)));
@@ -42,8 +44,8 @@ fn one_charge_may_take_from_both() {
     assert_eq!(
         run.state,
         BurstPoolState {
-            steady: T0 + SEC,
-            pool: T0 + 5 * SEC
+            steady: T0 as i64,
+            pool: (T0 - 95 * SEC) as i64
         }
     );
     // Both refill: after 2 s the steady bucket is full and the pool has 97.
@@ -58,13 +60,13 @@ fn retry_after_is_exact_when_only_the_pool_refills() {
     let steady = TokenBucket::new(3, secs(1));
     let pool = TokenBucket::new(1, secs(1));
     let bp = BurstPool::new(steady.clone(), pool.clone());
-    let mut steady_tat = steady.fresh(T0);
+    let mut steady_state = steady.fresh(T0);
     for _ in 0..3 {
-        steady_tat = steady.commit(steady_tat, T0, 1);
+        steady_state = steady.commit(steady_state, T0, 1);
     }
     let earlier = T0 - SEC + 1;
     let state = BurstPoolState {
-        steady: steady_tat,
+        steady: steady_state,
         pool: pool.commit(pool.fresh(earlier), earlier, 1),
     };
     assert_eq!(bp.evaluate(state, T0, 1), denied(4, 0, us(1), us(1)));
@@ -80,8 +82,8 @@ fn refunds_go_to_the_pool_first_and_are_capped() {
     assert_eq!(
         run.state,
         BurstPoolState {
-            steady: T0 + SEC,
-            pool: T0 + 15 * SEC
+            steady: T0 as i64,
+            pool: (T0 - 85 * SEC) as i64
         }
     );
     run.state = bp.refund(run.state, T0, 1_000);
@@ -97,15 +99,15 @@ fn a_refund_is_not_lost_to_the_pool_cap() {
         TokenBucket::new(1, secs(1)).with_capacity(2),
     );
     let state = BurstPoolState {
-        steady: T0 + SEC,
-        pool: T0 + 1500 * MS,
+        steady: T0 as i64,
+        pool: (T0 - 500 * MS) as i64,
     };
     let refunded = bp.refund(state, T0, 2);
     assert_eq!(
         refunded,
         BurstPoolState {
-            steady: T0 + 900 * MS,
-            pool: T0 + 500 * MS
+            steady: (T0 - 100 * MS) as i64,
+            pool: (T0 - 1500 * MS) as i64
         }
     );
     // Half a second later: 1 + 5 steady, 2 in the pool.
@@ -120,6 +122,23 @@ fn expires_when_both_buckets_are_full() {
     assert_eq!(bp.expires_at(run.state), T0 + 5 * SEC);
     assert_eq!(run.peek(T0 + 5 * SEC - 1).remaining, 109);
     assert_eq!(run.peek(T0 + 5 * SEC), allowed(110, 110, Duration::ZERO));
+}
+
+#[test]
+fn a_smaller_pool_keeps_what_fits() {
+    // 70 left in the pool of 100; then a pool of 20 (DESIGN §13): 20 at once, not 0 for 50 s.
+    let bp = ten_plus_pool();
+    let mut run = Run::fresh(&bp, T0);
+    assert_eq!(run.charge(T0, 40), allowed(110, 70, ms(100)));
+    let smaller = BurstPool::new(
+        TokenBucket::new(10, secs(1)),
+        TokenBucket::new(1, secs(1)).with_capacity(20),
+    );
+    assert_eq!(smaller.evaluate(run.state, T0, 0), allowed(30, 20, ms(100)));
+    assert_eq!(
+        smaller.evaluate(run.state, T0, 20).verdict,
+        Verdict::Allowed
+    );
 }
 
 #[test]

@@ -232,7 +232,8 @@ fn three_per_second_over_three_seconds() {
     assert_eq!(tb.interval(), 333_334);
     assert_eq!(tb.refill_time(), us(1_000_002));
     let fresh = tb.fresh(T0);
-    assert_eq!(fresh, T0);
+    // Full: it was empty one refill time ago.
+    assert_eq!(fresh, (T0 - 1_000_002) as i64);
     assert_eq!(
         tb.evaluate(fresh, T0, 3, Mode::Charge),
         allowed(3, 0, us(333_334))
@@ -313,6 +314,114 @@ fn a_reservation_past_its_bound_retries_when_it_would_be_queued() {
     );
     assert_eq!(run.charge(T0, 2).retry_after(), Some(us(666_668)));
     assert!(run.step(T0 + 666_668, 2, no_wait).is_allowed());
+}
+
+/// 10 a minute with a capacity of `capacity`.
+fn ten_a_minute(capacity: u64) -> TokenBucket {
+    TokenBucket::new(10, secs(60)).with_capacity(capacity)
+}
+
+/// A key that had 100 and spent 60 (40 left, at 6 s a unit).
+fn spent_60_of_100(tb: &TokenBucket) -> i64 {
+    tb.commit(tb.fresh(T0), T0, 60)
+}
+
+#[test]
+fn a_smaller_capacity_leaves_what_fits_at_once_never_a_lockout() {
+    // DESIGN §13: 40 of 100 left, then a capacity of 20 (a downgrade, same rate): 20 at once.
+    let (plan, downgraded) = (ten_a_minute(100), ten_a_minute(20));
+    let state = spent_60_of_100(&plan);
+    assert_eq!(
+        plan.evaluate(state, T0, 0, Mode::Check),
+        allowed(100, 40, secs(6))
+    );
+    assert_eq!(
+        downgraded.evaluate(state, T0, 0, Mode::Check),
+        allowed(20, 20, Duration::ZERO)
+    );
+    let mut run = Run::new(&downgraded, state);
+    for left in (0..20).rev() {
+        assert_eq!(run.charge(T0, 1), allowed(20, left, secs(6)));
+    }
+    // Then the new rate, as for any key of that limit.
+    assert_eq!(run.charge(T0, 1), denied(20, 0, secs(6), secs(6)));
+    assert_eq!(run.peek(T0 + 60 * SEC), allowed(20, 10, secs(6)));
+    // Exactly 20, not more: reserving 21 owes one.
+    assert_eq!(
+        downgraded
+            .evaluate(state, T0, 21, reserve(None, None))
+            .balance,
+        -1
+    );
+}
+
+#[test]
+fn a_larger_capacity_keeps_the_balance_and_an_idle_key_is_full_under_a_smaller_one() {
+    let (plan, upgraded, downgraded) = (ten_a_minute(100), ten_a_minute(200), ten_a_minute(20));
+    let state = spent_60_of_100(&plan);
+    // A larger capacity keeps the 40 (nothing is refilled by the change), and refills at the rate.
+    assert_eq!(
+        upgraded.evaluate(state, T0, 0, Mode::Check),
+        allowed(200, 40, secs(6))
+    );
+    assert_eq!(
+        upgraded.evaluate(state, T0 + 60 * SEC, 0, Mode::Check),
+        allowed(200, 50, secs(6))
+    );
+    // Idle long enough to be full under 100: full under 20, 20 at once.
+    let idle = T0 + 360 * SEC;
+    assert_eq!(
+        plan.evaluate(state, idle, 0, Mode::Check),
+        allowed(100, 100, Duration::ZERO)
+    );
+    assert_eq!(
+        downgraded.evaluate(state, idle, 0, Mode::Check),
+        allowed(20, 20, Duration::ZERO)
+    );
+    // A fresh key of the larger limit is full under the smaller one too.
+    assert_eq!(
+        downgraded.evaluate(plan.fresh(T0), T0, 0, Mode::Check),
+        allowed(20, 20, Duration::ZERO)
+    );
+}
+
+#[test]
+fn a_new_rate_reads_the_time_accrued_since_the_bucket_was_empty() {
+    // DESIGN §13: 40 of 100 a minute, moving to 20 a minute with a capacity of 20 (rate and
+    // capacity together, Bucket4j's PROPORTIONALLY): the 24 s accrued are 8 units at 3 s a unit.
+    let plan = TokenBucket::new(100, secs(60));
+    let state = plan.commit(plan.fresh(T0), T0, 60);
+    assert_eq!(
+        plan.evaluate(state, T0, 0, Mode::Check),
+        allowed(100, 40, ms(600))
+    );
+    let slower = TokenBucket::new(20, secs(60));
+    assert_eq!(
+        slower.evaluate(state, T0, 0, Mode::Check),
+        allowed(20, 8, secs(3))
+    );
+    // The same 8 whatever the new capacity holds above it (the rate alone changing included),
+    // and at most the capacity below it.
+    for (capacity, left) in [(10, 8), (100, 8), (5, 5)] {
+        let other = slower.clone().with_capacity(capacity);
+        let next = if left == capacity {
+            Duration::ZERO
+        } else {
+            secs(3)
+        };
+        assert_eq!(
+            other.evaluate(state, T0, 0, Mode::Check),
+            allowed(capacity, left, next),
+            "capacity {capacity}"
+        );
+    }
+    // And back: 8 units of 20 a minute (24 s) are 40 units of 100 a minute.
+    let mut run = Run::new(&slower, state);
+    assert_eq!(run.charge(T0, 2), allowed(20, 6, secs(3)));
+    assert_eq!(
+        plan.evaluate(run.state, T0, 0, Mode::Check),
+        allowed(100, 30, ms(600))
+    );
 }
 
 #[test]
@@ -435,7 +544,8 @@ proptest! {
     ) {
         let mode = if reserving { Mode::Reserve(bound) } else { Mode::Charge };
         let max = tb.max_cost(mode);
-        let full = tb.fresh(T0).min(T0); // a full bucket: the best state there is
+        // A full bucket, the best state there is: empty at least a refill time ago.
+        let full = tb.fresh(T0).min((T0 - micros(tb.refill_time())) as i64);
         let cost = if raw % 2 == 0 { max.min(10_000) } else { raw % (max.min(10_000) + 1) };
         let out = tb.evaluate(full, T0, cost, mode);
         prop_assert!(out.verdict.is_admitted(), "cost {} (max {}) {:?}", cost, max, out);
@@ -458,6 +568,36 @@ proptest! {
         events in events(),
     ) {
         check_refunds(&tb, start, 0, &events, true)?;
+    }
+
+    #[test]
+    fn another_capacity_at_the_same_rate_keeps_what_fits(
+        tb in bucket(),
+        capacity in 1u64..100,
+        start in start(),
+        events in events(),
+        later in 0u64..3 * SEC,
+    ) {
+        // DESIGN §13 (Bucket4j's AS_IS): whatever a key went through, another capacity leaves it
+        // what it has, at most the new capacity; one in credit stays in credit.
+        let other = TokenBucket::new(tb.rate(), tb.period()).with_capacity(capacity);
+        let run = drive(&tb, start, 0, &events, |e| {
+            if e.mode_raw % 4 == 0 { Mode::Reserve(ReserveBound::default()) } else { Mode::Charge }
+        })?;
+        let t = run.steps.last().map_or(start, |s| s.at) + later;
+        let (before, after) = (run.peek(t), other.evaluate(run.state, t, 0, Mode::Check));
+        prop_assert!(after.remaining <= capacity);
+        if before.remaining < tb.capacity() {
+            prop_assert_eq!(after.remaining, before.remaining.min(capacity));
+        } else {
+            // Full under the old capacity: at least as much, up to the time since it was empty.
+            prop_assert!(after.remaining >= before.remaining.min(capacity));
+        }
+        if before.balance >= 0 {
+            prop_assert!(after.balance >= 0, "{:?} became {:?}", before, after);
+        } else {
+            prop_assert_eq!(after.balance, before.balance, "a debt is the same time owed");
+        }
     }
 
     #[test]

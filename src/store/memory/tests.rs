@@ -309,6 +309,78 @@ fn idle_keys_are_dropped_as_the_table_grows() {
 }
 
 #[test]
+fn idle_keys_are_swept_by_the_refill_time_of_the_limit_that_wrote_them() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build();
+    // One unit refills in 100 ms under the first rule, in 6 s under the second.
+    let (fast, slow) = (bucket(10, SECOND), bucket(10, Duration::from_secs(60)));
+    for i in 0..1_000u32 {
+        let (rule, limit) = if i % 2 == 0 {
+            ("fast", &fast)
+        } else {
+            ("slow", &slow)
+        };
+        assert!(admitted(
+            &store,
+            &[charge(rule, limit, &i.to_le_bytes(), 1)]
+        ));
+    }
+    clock.advance(Duration::from_millis(100));
+    for i in 1_000..2_100u32 {
+        assert!(admitted(
+            &store,
+            &[charge("fast", &fast, &i.to_le_bytes(), 1)]
+        ));
+    }
+    assert!(store.len() < 2_000, "{} tracked", store.len());
+    // The slow rule's keys were kept: each still misses its unit.
+    for i in (1..1_000u32).step_by(2) {
+        let out = apply(&store, &[charge("slow", &slow, &i.to_le_bytes(), 1)]);
+        assert_eq!(out[0].remaining, 8, "key {i}");
+    }
+}
+
+#[test]
+fn a_smaller_capacity_leaves_what_fits_through_the_store() {
+    // DESIGN §13: 10 a minute, 40 of 100 left, then a capacity of 20: 20 at once, on the
+    // single-charge path and in a batch.
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = store_at(&clock);
+    let minute = Duration::from_secs(60);
+    let plan = Algorithm::TokenBucket(TokenBucket::new(10, minute).with_capacity(100));
+    let small = Algorithm::TokenBucket(TokenBucket::new(10, minute).with_capacity(20));
+    let large = Algorithm::TokenBucket(TokenBucket::new(10, minute).with_capacity(200));
+    let other = bucket(1, SECOND);
+    for key in [b"single", b"batch_"] {
+        assert_eq!(
+            apply(&store, &[charge("r", &plan, key, 60)])[0].remaining,
+            40
+        );
+        assert_eq!(
+            apply(&store, &[charge("r", &large, key, 0)])[0].remaining,
+            40
+        );
+    }
+    for left in (0..20).rev() {
+        let one = apply(&store, &[charge("r", &small, b"single", 1)]);
+        assert_eq!((one[0].verdict, one[0].remaining), (Verdict::Allowed, left));
+        let batch = [
+            charge("r", &small, b"batch_", 1),
+            charge("o", &other, b"k", 0),
+        ];
+        let both = apply(&store, &batch);
+        assert_eq!(
+            (both[0].verdict, both[0].remaining),
+            (Verdict::Allowed, left)
+        );
+    }
+    assert!(!admitted(&store, &[charge("r", &small, b"single", 1)]));
+}
+
+#[test]
 fn a_flood_of_new_keys_stays_within_the_bound() {
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let store = MemoryStore::builder()
@@ -400,9 +472,10 @@ mod single_charge_fast_path {
 
 #[test]
 fn table_entries_are_as_small_as_the_readme_says() {
-    // A token-bucket key is a `u64` hash and a `u64` tat; the other algorithms' entries are the
-    // hash and a `Timed` state (the README's "48-byte table entry").
-    assert_eq!(std::mem::size_of::<(u64, Micros)>(), 16);
+    // A token-bucket key is a `u64` hash and a `u64` entry (the moment it was empty, and its
+    // span's code); the other algorithms' entries are the hash and a `Timed` state (the README's
+    // "48-byte table entry").
+    assert_eq!(std::mem::size_of::<(u64, BucketEntry)>(), 16);
     assert_eq!(std::mem::size_of::<(u64, Timed)>(), 48);
 }
 

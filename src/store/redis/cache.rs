@@ -8,7 +8,8 @@
 //! locally with exactly the fields Redis would report: `retry_after`, `next_unit_in` and `full_in`
 //! shrink as time passes, `remaining` and `balance` stay. A key in debt (a negative balance, owed
 //! to reservations) is not cached: its balance grows before its `remaining` does. A request with
-//! another cost or mode goes to Redis.
+//! another cost or mode goes to Redis, and so does one under another limit (a limit chosen per
+//! request, DESIGN §13, may change between two requests of a key).
 //!
 //! A local answer must still carry an outcome for every rule of the request, so the other charges
 //! of a cached denial are kept too, as "last seen" entries valid while their own fields stay
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::algorithm::{duration, micros, Micros, Mode, Outcome, Verdict};
+use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Verdict};
 use crate::store::{Charge, Outcomes};
 
 const SHARDS: usize = 16;
@@ -50,9 +51,11 @@ pub(super) struct DenyCache {
 struct Entry {
     /// The entry answers until then (local clock).
     until: Micros,
-    /// The charge it answers: the fields depend on the cost and the mode.
+    /// The charge it answers: the fields depend on the cost, the mode and the limit (its
+    /// [`limit_id`](DenyCache::limit_id)).
     cost: u64,
     mode: Mode,
+    limit_id: u64,
     limit: u64,
     remaining: u64,
     /// The signed balance; it moves only with `remaining`, as no entry is kept for a key in debt.
@@ -69,8 +72,8 @@ struct Entry {
 }
 
 impl Entry {
-    fn matches(&self, charge: &Charge<'_>) -> bool {
-        self.cost == charge.cost && self.mode == charge.mode
+    fn matches(&self, view: &CacheView) -> bool {
+        self.cost == view.cost && self.mode == view.mode && self.limit_id == view.limit_id
     }
 
     fn outcome(&self, now: Micros) -> Outcome {
@@ -111,6 +114,11 @@ impl DenyCache {
         h.finish()
     }
 
+    /// The cache's identity of a limit, so that an answer under one is never given under another.
+    pub(super) fn limit_id(&self, algorithm: &Algorithm) -> u64 {
+        self.hasher.hash_one(algorithm)
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.len.load(Ordering::Relaxed) == 0
     }
@@ -132,7 +140,7 @@ impl DenyCache {
     pub(super) fn answer(
         &self,
         batch: &[Charge<'_>],
-        hashes: &[u64],
+        views: &[CacheView],
         now: Micros,
     ) -> Option<Outcomes> {
         if self.is_empty() {
@@ -140,8 +148,8 @@ impl DenyCache {
         }
         let mut denied = false;
         let mut outcomes = Outcomes::new();
-        for (charge, &hash) in batch.iter().zip(hashes) {
-            let entry = self.get(hash, now).filter(|e| e.matches(charge))?;
+        for (charge, view) in batch.iter().zip(views) {
+            let entry = self.get(view.hash, now).filter(|e| e.matches(view))?;
             let denies = entry.anchor && entry.retry_at.is_some();
             if !denies && charge.penalty.is_some() {
                 // A last-seen value cannot say whether this charge would be an offence.
@@ -206,6 +214,7 @@ impl DenyCache {
                 until: exact_until.map_or(until, |exact| exact.min(until)),
                 cost: view.cost,
                 mode: view.mode,
+                limit_id: view.limit_id,
                 limit: outcome.limit,
                 remaining: outcome.remaining,
                 balance: outcome.balance,
@@ -247,6 +256,8 @@ pub(super) struct CacheView {
     pub(super) hash: u64,
     pub(super) cost: u64,
     pub(super) mode: Mode,
+    /// [`DenyCache::limit_id`] of the charge's limit.
+    pub(super) limit_id: u64,
     pub(super) cacheable: bool,
 }
 
@@ -281,11 +292,17 @@ mod tests {
         }
     }
 
+    /// The limit of these tests' charges.
+    fn ten_a_second() -> Algorithm {
+        Algorithm::TokenBucket(TokenBucket::new(10, SECOND))
+    }
+
     fn view(cache: &DenyCache, rule: &str, cost: u64, mode: Mode) -> CacheView {
         CacheView {
             hash: cache.hash(rule, b"k"),
             cost,
             mode,
+            limit_id: cache.limit_id(&ten_a_second()),
             cacheable: true,
         }
     }
@@ -293,7 +310,7 @@ mod tests {
     #[test]
     fn a_denied_charge_is_answered_with_the_fields_redis_would_give_until_one_changes() {
         let cache = DenyCache::new(100);
-        let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, SECOND));
+        let algorithm = ten_a_second();
         let charge = |rule, cost| Charge {
             rule,
             algorithm: &algorithm,
@@ -303,12 +320,11 @@ mod tests {
             penalty: None,
         };
         let batch = [charge("tight", 5), charge("roomy", 1)];
-        let hashes = [cache.hash("tight", b"k"), cache.hash("roomy", b"k")];
         let views = [
             view(&cache, "tight", 5, Mode::Charge),
             view(&cache, "roomy", 1, Mode::Charge),
         ];
-        assert!(cache.answer(&batch, &hashes, 0).is_none());
+        assert!(cache.answer(&batch, &views, 0).is_none());
         // Five units missing at one per 100 ms; the next whole unit in 100 ms.
         let ms = Duration::from_millis;
         cache.learn(
@@ -317,7 +333,7 @@ mod tests {
             &[],
             1_000,
         );
-        let answer = cache.answer(&batch, &hashes, 61_000).unwrap();
+        let answer = cache.answer(&batch, &views, 61_000).unwrap();
         assert_eq!(answer[0], denied(ms(440), 0, ms(40)));
         assert_eq!(
             answer[1],
@@ -328,15 +344,15 @@ mod tests {
             }
         );
         // Another cost, a peek, or the roomy rule alone are not known: Redis is asked.
-        assert!(cache
-            .answer(&[charge("tight", 4)], &hashes[..1], 61_000)
-            .is_none());
-        assert!(cache
-            .answer(&[charge("tight", 0)], &hashes[..1], 61_000)
-            .is_none());
-        assert!(cache.answer(&batch[1..], &hashes[1..], 61_000).is_none());
+        for cost in [4, 0] {
+            let other = [view(&cache, "tight", cost, Mode::Charge)];
+            assert!(cache
+                .answer(&[charge("tight", cost)], &other, 61_000)
+                .is_none());
+        }
+        assert!(cache.answer(&batch[1..], &views[1..], 61_000).is_none());
         // Once a unit is back, `remaining` would be 1: Redis is asked again.
-        assert!(cache.answer(&batch, &hashes, 101_000).is_none());
+        assert!(cache.answer(&batch, &views, 101_000).is_none());
         // An admitted answer or a forget drops the entries.
         cache.learn(
             &views,
@@ -345,21 +361,48 @@ mod tests {
             2_000_000,
         );
         cache.learn(&views, &[allowed(1), allowed(7)], &[], 2_000_001);
-        assert!(cache.answer(&batch, &hashes, 2_000_002).is_none());
+        assert!(cache.answer(&batch, &views, 2_000_002).is_none());
         cache.learn(
             &views,
             &[denied(ms(500), 0, ms(100)), allowed(7)],
             &[],
             3_000_000,
         );
-        cache.forget(hashes[0]);
-        assert!(cache.answer(&batch, &hashes, 3_000_001).is_none());
+        cache.forget(views[0].hash);
+        assert!(cache.answer(&batch, &views, 3_000_001).is_none());
+    }
+
+    #[test]
+    fn a_denial_under_one_limit_never_answers_a_request_under_another() {
+        // A limit chosen per request (DESIGN §13): denied under 10 a second, then asked under a
+        // capacity of 20, whose answer Redis gives.
+        let cache = DenyCache::new(100);
+        let (own, other) = (
+            ten_a_second(),
+            Algorithm::TokenBucket(TokenBucket::new(10, SECOND).with_capacity(20)),
+        );
+        let charge = |algorithm| Charge {
+            rule: "r",
+            algorithm,
+            key: b"k",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+        };
+        let under_own = [view(&cache, "r", 1, Mode::Charge)];
+        let under_other = [CacheView {
+            limit_id: cache.limit_id(&other),
+            ..under_own[0]
+        }];
+        cache.learn(&under_own, &[denied(SECOND, 0, SECOND)], &[], 0);
+        assert!(cache.answer(&[charge(&own)], &under_own, 1).is_some());
+        assert!(cache.answer(&[charge(&other)], &under_other, 1).is_none());
     }
 
     #[test]
     fn a_denial_with_units_left_is_exact_until_its_reset() {
         let cache = DenyCache::new(100);
-        let algorithm = Algorithm::TokenBucket(TokenBucket::new(10, SECOND));
+        let algorithm = ten_a_second();
         let charge = Charge {
             rule: "r",
             algorithm: &algorithm,
@@ -368,14 +411,13 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
         };
-        let hash = [cache.hash("r", b"k")];
         let v = [view(&cache, "r", 5, Mode::Charge)];
         cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);
         assert_eq!(
-            cache.answer(&[charge], &hash, 100_000).unwrap()[0],
+            cache.answer(&[charge], &v, 100_000).unwrap()[0],
             denied(Duration::from_millis(900), 2, Duration::from_millis(200))
         );
-        assert!(cache.answer(&[charge], &hash, 300_000).is_none());
+        assert!(cache.answer(&[charge], &v, 300_000).is_none());
     }
 
     #[test]
@@ -430,6 +472,7 @@ mod tests {
                 hash: cache.hash("r", &i.to_le_bytes()),
                 cost: 1,
                 mode: Mode::Charge,
+                limit_id: 0,
                 cacheable: true,
             };
             cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 0);
@@ -440,6 +483,7 @@ mod tests {
             hash: cache.hash("r", b"late"),
             cost: 1,
             mode: Mode::Charge,
+            limit_id: 0,
             cacheable: true,
         };
         cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 10_000_000);

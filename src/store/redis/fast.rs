@@ -76,10 +76,11 @@ impl Fast {
                 let span = |units: u64| u128::from(units) * u128::from(tb.interval());
                 // Beyond the capacity's span a cost never fits: clamping keeps the numbers exact.
                 let cost_span = span(cost).min(u128::from(params::MAX_SPAN) + 1) as u64;
-                packed.push(tb.fresh(0));
+                // A new key was empty its initial balance's span ago; the capacity's span is the
+                // most a key may owe after a charge (both at most `MAX_SPAN`).
+                packed.push(span(tb.initial().min(tb.capacity())) as u64);
                 packed.push(cost_span);
-                // The most debt the charge fits on (the capacity's span is at most `MAX_SPAN`).
-                packed.push_signed(span(tb.capacity()) as i64 - cost_span as i64);
+                packed.push(tb.full_span());
             }
             Kind::Sliding(w) => {
                 let period = w.period_micros();
@@ -106,7 +107,7 @@ impl Fast {
             // The debt before the charge × 4, + 2 when denied, + 1 when the key was missing.
             (Kind::Bucket(tb), &Value::Int(v)) if v >= 0 => {
                 let debt = (v >> 2) as u64;
-                (v & 3, tb.evaluate(debt, 0, self.cost, Mode::Charge))
+                (v & 3, tb.evaluate_owing(debt, self.cost, Mode::Charge))
             }
             (Kind::Sliding(w), Value::BulkString(bytes)) => {
                 let [flags, into, current, previous] = numbers(bytes)?;

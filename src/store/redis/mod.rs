@@ -54,7 +54,9 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// Each key gets an expiry at the moment its state becomes equal to a new key's (a bucket that
 /// has refilled, a window that has passed), so Redis holds no dead keys. A token bucket with an
 /// [`initial`](crate::Limit::initial) balance below its capacity starts from that balance again
-/// once its key has expired, as with the memory store's cleanup.
+/// once its key has expired, as with the memory store's cleanup; so does a bucket whose limit
+/// comes from the request and grows after the key expired (refilled under the limit that last
+/// charged it).
 ///
 /// # Keys
 /// `<prefix>:{<key value>}:<rule>`, prefix `tollgate` by default
@@ -119,7 +121,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// again, so this instance answers that charge itself until then, without a Redis call, with the
 /// fields Redis would give: the `Retry-After` for that cost and the `remaining` it reported. A
 /// client hammering a limit costs Redis one call per refill interval instead of one per request;
-/// a request of another cost goes to Redis. The deadlines are kept on this process's monotonic
+/// a request of another cost, or under another limit (chosen per request), goes to Redis. The deadlines are kept on this process's monotonic
 /// clock from the moment the answer arrived, so the local answer can be later than Redis's only
 /// by the network delay of the call that filled the cache, never earlier. A
 /// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
@@ -408,6 +410,7 @@ impl RedisStore {
                     hash: cache.hash(charge.rule, charge.key),
                     cost: charge.cost,
                     mode: charge.mode,
+                    limit_id: cache.limit_id(charge.algorithm),
                     // A penalised rule's denials are cached only once the key is blocked (a
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
@@ -421,8 +424,7 @@ impl RedisStore {
             None => SmallVec::new(),
         };
         if let Some(cache) = &inner.cache {
-            let hashes: SmallVec<[u64; 2]> = views.iter().map(|v| v.hash).collect();
-            if let Some(outcomes) = cache.answer(batch, &hashes, inner.local.now()) {
+            if let Some(outcomes) = cache.answer(batch, &views, inner.local.now()) {
                 return StoreFuture::ready(finish(outcomes));
             }
         }
@@ -661,15 +663,18 @@ struct Item<'r> {
 }
 
 /// What one record's charge took: the candidate it chose, what a burst pool took from its steady
-/// bucket, when, and whether the key held no state (for a charge: before it, so that an undo of a
+/// bucket, when, whether the key held no state (for a charge: before it, so that an undo of a
 /// charge that created the key removes it again while any other undo keeps the key; for a check
-/// or an undo: after it).
+/// or an undo: after it), and the state a token bucket's or burst pool's charge found, which an
+/// undo restores when nothing changed the key since (a charge from full forgets how long the
+/// bucket had been full, which a larger limit chosen per request would read).
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
     chosen: usize,
     steady: u64,
     at: Micros,
     missing: bool,
+    found: [i64; 2],
 }
 
 /// Per outcome of a batch: whether its key holds no state (see [`Inner::decide`]).
@@ -998,7 +1003,7 @@ impl Inner {
         let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
             + blocks().map(|(name, _)| name.len()).sum::<usize>();
         let numbers = 4
-            + 6 * items.len()
+            + 8 * items.len()
             + candidates().map(|c| c.args.len()).sum::<usize>()
             + blocks().map(|(_, args)| args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
@@ -1028,17 +1033,18 @@ impl Inner {
             packed.push(candidates.len() as u64);
             packed.push(params::mode_code(item.mode));
             packed.push(params::units_arg(item.cost));
-            // Deciding, the three undo numbers give way to the penalty's count (0: none).
+            // Deciding, the five undo numbers give way to the penalty's count (0: none).
             match (deciding, penalty(item)) {
                 (true, found) => {
                     packed.push(found.map_or(0, |(_, args)| args.len() as u64));
-                    packed.push(0);
-                    packed.push(0);
+                    packed.0.extend_from_slice(&[0; 32]);
                 }
                 (false, _) => {
                     packed.push(item.undo.steady);
                     packed.push(item.undo.at);
                     packed.push(u64::from(item.undo.missing));
+                    packed.push_signed(item.undo.found[0]);
+                    packed.push_signed(item.undo.found[1]);
                 }
             }
             for candidate in candidates {
@@ -1092,10 +1098,10 @@ impl Packed {
     }
 }
 
-/// Reads the script's reply: ten integers per item, then the time the script used, as
+/// Reads the script's reply: twelve integers per item, then the time the script used, as
 /// little-endian doubles.
 fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (10 * items.len() + 1) {
+    if reply.len() != 8 * (12 * items.len() + 1) {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -1128,7 +1134,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
     let at = number(reply[reply.len() - 1])?;
     items
         .iter()
-        .zip(reply.chunks_exact(10))
+        .zip(reply.chunks_exact(12))
         .map(|(item, values)| {
             let wait = duration(number(values[1])?);
             let verdict = match number(values[0])? {
@@ -1160,6 +1166,7 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
                 steady: number(values[6])?,
                 at,
                 missing: number(values[9])? == 1,
+                found: [signed(values[10])?, signed(values[11])?],
             };
             Ok((outcome, taken))
         })

@@ -243,10 +243,13 @@ pub(super) fn push_slots(args: &mut Args, slots: &Concurrency, lease: Micros, id
 }
 
 fn push_bucket(args: &mut Args, tb: &TokenBucket) {
-    // Validated rules keep this below 2^50; saturating keeps an unvalidated one from panicking.
-    let initial_debt =
-        (tb.capacity() - tb.initial().min(tb.capacity())).saturating_mul(tb.interval());
-    args.extend([tb.interval(), tb.capacity(), initial_debt]);
+    // The initial balance's span: a new key was empty that long ago. Validated rules keep it
+    // below 2^50; saturating keeps an unvalidated one from panicking.
+    let initial_span = tb
+        .initial()
+        .min(tb.capacity())
+        .saturating_mul(tb.interval());
+    args.extend([tb.interval(), tb.capacity(), initial_span]);
 }
 
 /// The mode's code in the script.

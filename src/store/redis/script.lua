@@ -23,20 +23,23 @@
 --              units a burst pool took from its steady bucket; apply and check: how many
 --              penalty numbers follow the candidates, 0 for a rule without a penalty), at
 --              (undo: the time of the charge), created (undo: 1 when the charge found no key,
---              which it then created), then n times: algorithm code and parameters (see `read`),
---              then the penalty's numbers: forget_after, then the block durations in order of
+--              which it then created), two numbers (undo: the state the charge found, as its
+--              reply gave it), then n times: algorithm code and parameters (see `read`), then
+--              the penalty's numbers: forget_after, then the block durations in order of
 --              offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (apply
 --          and check, rules with a penalty).
 -- Reply    (the general code's; each fast path says its own) one string of little-endian
---          doubles, like ARGV[1] (cheaper to build and to read than an array reply): ten
+--          doubles, like ARGV[1] (cheaper to build and to read than an array reply): twelve
 --          integers per record: verdict (0 allowed, 1 reserved, 2 denied,
 --          3 denied by an offence that blocked the key), wait or retry-after (µs), limit,
 --          remaining, time to the next unit (µs), chosen candidate (0 or 1), aux (the units a
 --          burst pool charge took from its steady bucket), the signed balance, time until full
 --          (µs), missing (op 1: 1 when the chosen key held no state before the call, so that an
 --          undo of the charge removes the key again; ops 2 to 4: 1 when it holds none after the
---          call, so that the answer does not move with the clock); then the time used.
+--          call, so that the answer does not move with the clock), and for a token bucket's or
+--          burst pool's charge (op 1) the state it found (a bucket's, 0; a pool's two), which an
+--          undo restores when nothing changed the key since; then the time used.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (the fast paths below) therefore comes first and
@@ -59,50 +62,51 @@ local redis, struct = redis, struct
 -- and divisions by a rule's period use `%`, exact below 2^53 for these operands (the float
 -- quotient inside it cannot round up to the next integer while the dividend is below 2^53).
 
--- Token bucket (`make_bucket`): a fresh key's debt (µs), the cost's span (cost × interval, at
--- least 1: a charge of 0 goes to the general code) and the room (the capacity's span less the
--- cost's: the most debt the charge fits on; negative when it never fits), on the server's time
+-- Token bucket (`make_bucket`): the initial balance's span (initial × interval: a new key was
+-- empty that long ago), the cost's span (cost × interval, at least 1: a charge of 0 goes to the
+-- general code) and the capacity's span (the most debt after a charge), on the server's time
 -- (`TIME`) when the call has these three numbers alone; on a time the caller sends (a test
--- clock), that time and the grace (ms) added to the expiry come first. State: 'T', tat.
--- Reply (an integer): the debt before the charge × 4, + 2 when denied, + 1 when the key was
--- missing.
+-- clock), that time and the grace (ms) added to the expiry come first. State: 'E', the moment the
+-- bucket was empty (µs, signed). Reply (an integer): the debt before the charge × 4, + 2 when
+-- denied, + 1 when the key was missing.
 -- The two blocks below are the same lines but for where `now` comes from and the grace (a unit
 -- test in fast.rs keeps them so): one block for both costs the server's time ~450 instructions
 -- a call (locals declared ahead, moves), and the tests on a test clock check the math of both.
 if size == 24 then
-  local init, cost_span, room = struct.unpack('<ddd', packed)
+  local init, cost_span, span = struct.unpack('<ddd', packed)
   local t = redis.call('TIME')
   local now = t[1] * 1000000 + t[2] -- Lua converts the strings (cheaper than calling tonumber)
   local key = KEYS[1]
   local raw = redis.pcall('GET', key) -- an error (another type of value) reads as a new key
-  local flags, tag, tat = 0
-  if not raw then flags = 1 elseif #raw == 9 then tag, tat = struct.unpack('<Bd', raw) end
-  if tag ~= 84 then tat = now + init end -- 'T': otherwise new, or another algorithm's state
-  local debt = tat - now
-  if debt < 0 then debt, tat = 0, now end
-  if debt > room then return debt * 4 + 2 + flags end
-  tat = tat + cost_span
-  -- The key expires when the bucket is full again: tat − now ≥ 1 µs, rounded up to whole ms
-  -- (≥ 1). `%d` truncates the quotient, whose float rounding cannot reach the next integer for
-  -- spans below 2^53 µs. (`PSETEX` is `SET … PX` with less to parse.)
-  redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000),
-    struct.pack('<Bd', 84, tat))
+  local flags, tag, e = 0
+  if not raw then flags = 1 elseif #raw == 9 then tag, e = struct.unpack('<Bd', raw) end
+  -- 'E': otherwise new, another algorithm's state, or an earlier version's ('T', its tat)
+  if tag ~= 69 then e = now - init end
+  local debt = e + span - now
+  if debt < 0 then debt, e = 0, now - span end
+  local after = debt + cost_span
+  if after > span then return debt * 4 + 2 + flags end
+  -- The key expires when the bucket is full again: after ≥ 1 µs, rounded up to whole ms (≥ 1).
+  -- `%d` truncates the quotient, whose float rounding cannot reach the next integer for spans
+  -- below 2^53 µs. (`PSETEX` is `SET … PX` with less to parse.)
+  redis.call('PSETEX', key, string.format('%d', (after + 999) / 1000),
+    struct.pack('<Bd', 69, e + cost_span))
   return debt * 4 + flags
 end
 
 if size == 40 then
-  local now, grace, init, cost_span, room = struct.unpack('<ddddd', packed)
+  local now, grace, init, cost_span, span = struct.unpack('<ddddd', packed)
   local key = KEYS[1]
   local raw = redis.pcall('GET', key) -- an error (another type of value) reads as a new key
-  local flags, tag, tat = 0
-  if not raw then flags = 1 elseif #raw == 9 then tag, tat = struct.unpack('<Bd', raw) end
-  if tag ~= 84 then tat = now + init end -- 'T': otherwise new, or another algorithm's state
-  local debt = tat - now
-  if debt < 0 then debt, tat = 0, now end
-  if debt > room then return debt * 4 + 2 + flags end
-  tat = tat + cost_span
-  redis.call('PSETEX', key, string.format('%d', (tat - now + 999) / 1000 + grace),
-    struct.pack('<Bd', 84, tat))
+  local flags, tag, e = 0
+  if not raw then flags = 1 elseif #raw == 9 then tag, e = struct.unpack('<Bd', raw) end
+  if tag ~= 69 then e = now - init end
+  local debt = e + span - now
+  if debt < 0 then debt, e = 0, now - span end
+  local after = debt + cost_span
+  if after > span then return debt * 4 + 2 + flags end
+  redis.call('PSETEX', key, string.format('%d', (after + 999) / 1000 + grace),
+    struct.pack('<Bd', 69, e + cost_span))
   return debt * 4 + flags
 end
 
@@ -369,14 +373,14 @@ local function max(a, b)
   return b
 end
 
--- Encoding: a token bucket's state is a tag byte ('T') and its number as a little-endian double;
+-- Encoding: a token bucket's state is a tag byte ('E') and its number as a little-endian double;
 -- a fixed window's and a sliding window's, a hash (see their fast paths); a sliding log's and a
--- burst pool's, a tag letter ('l', 'p') and decimal integers separated by commas. A value of
+-- burst pool's, a tag letter ('l', 'P') and decimal integers separated by commas. A value of
 -- another algorithm, format or type reads as a new key.
 
 local function numbers(raw)
   local out = {}
-  for digits in string.gmatch(raw, '%d+') do out[#out + 1] = tonumber(digits) end
+  for digits in string.gmatch(raw, '%-?%d+') do out[#out + 1] = tonumber(digits) end
   return out
 end
 
@@ -388,7 +392,13 @@ local function window_containing(now, offset, period)
 end
 
 ------------------------------------------------------------------------------------------------
--- Token bucket (GCRA): the state is `tat`. `b` holds T (emission interval), cap, span = cap * T.
+-- Token bucket (src/algorithm/token_bucket.rs): the state is `e`, the moment the bucket was (or
+-- will be) empty, GCRA's tat less the capacity's span; it owes `e + span - now` (at least 0).
+-- `b` holds T (emission interval), cap, span = cap * T, init = the initial balance * T.
+
+local function tb_debt(b, e, now)
+  return pos(e + b.span - now)
+end
 
 local function tb_available(b, debt)
   if debt >= b.span then return 0 end
@@ -407,20 +417,20 @@ local function tb_reset(b, debt)
   return tb_wait_for(b, debt, a + 1)
 end
 
-local function tb_refund(b, tat, now, units)
+local function tb_refund(b, e, now, units)
   -- units * T is exact below 2^53 and at least 2^53 otherwise: either way the max is right.
-  return max(tat - units * b.T, now)
+  return max(e - units * b.T, now - b.span)
 end
 
 local function make_bucket()
   local bucket = {}
 
   function bucket.fresh(p, now)
-    return now + p.init
+    return now - p.init
   end
 
-  function bucket.eval(p, tat, now, cost, mode)
-    local debt = pos(tat - now)
+  function bucket.eval(p, e, now, cost, mode)
+    local debt = tb_debt(p, e, now)
     local cost_span = 0
     if cost > 0 then cost_span = p.cost_span end
     local after = debt + cost_span
@@ -444,31 +454,37 @@ local function make_bucket()
     return kind, wait, p.cap, available, tb_reset(p, left), balance, left
   end
 
-  function bucket.commit(p, tat, now, cost)
-    if cost == 0 then return max(tat, now) end
-    return max(tat, now) + p.cost_span
+  function bucket.commit(p, e, now, cost)
+    if cost == 0 then return max(e, now - p.span) end
+    return max(e, now - p.span) + p.cost_span
   end
 
-  function bucket.refund(p, tat, now, units)
-    return tb_refund(p, tat, now, units)
+  function bucket.refund(p, e, now, units)
+    return tb_refund(p, e, now, units)
   end
 
-  function bucket.expires(p, tat)
-    return tat
+  function bucket.expires(p, e)
+    return e + p.span
   end
 
   function bucket.decode(p, raw)
     if #raw ~= 9 then return nil end
-    local tag, tat = struct.unpack('<Bd', raw)
-    if tag ~= 84 then return nil end -- 'T'
-    return tat
+    local tag, e = struct.unpack('<Bd', raw)
+    if tag ~= 69 then return nil end -- 'E' (an earlier version's 'T' reads as a new key)
+    return e
   end
 
-  function bucket.encode(tat)
-    return struct.pack('<Bd', 84, tat)
+  function bucket.encode(e)
+    return struct.pack('<Bd', 69, e)
   end
 
-  bucket.undo = bucket.refund
+  -- Takes back a charge: the state it found, when nothing changed the key since (exactly: a
+  -- bucket full for longer than its refill time was charged from full, and a larger capacity
+  -- would read the difference), or else the units given back.
+  function bucket.undo(p, e, now, units, aux, at, before)
+    if e == bucket.commit(p, before, at, units) then return before end
+    return tb_refund(p, e, now, units)
+  end
 
   return bucket
 end
@@ -902,17 +918,18 @@ local function make_log()
 end
 
 ------------------------------------------------------------------------------------------------
--- Burst pool: { s = steady tat, p = pool tat }; p.steady and p.pool are token buckets.
+-- Burst pool: { s = steady bucket's state, p = pool's }; p.steady and p.pool are token buckets.
 
 local function make_pool()
   local pool = {}
 
   function pool.fresh(p, now)
-    return { s = now + p.steady.init, p = now + p.pool.init }
+    return { s = now - p.steady.init, p = now - p.pool.init }
   end
 
   local function bp_available(p, st, now)
-    return tb_available(p.steady, pos(st.s - now)), tb_available(p.pool, pos(st.p - now))
+    return tb_available(p.steady, tb_debt(p.steady, st.s, now)),
+      tb_available(p.pool, tb_debt(p.pool, st.p, now))
   end
 
   local function bp_split(p, st, now, cost)
@@ -923,10 +940,10 @@ local function make_pool()
     return nil
   end
 
-  local function bp_wait_in(b, tat, now, units)
+  local function bp_wait_in(b, e, now, units)
     if units == 0 then return 0 end
     if units > b.cap then return math.huge end
-    return tb_wait_for(b, pos(tat - now), units)
+    return tb_wait_for(b, tb_debt(b, e, now), units)
   end
 
   local function bp_wait_for(p, st, now, units)
@@ -947,8 +964,8 @@ local function make_pool()
     local from_steady, from_pool = bp_split(p, st, now, cost)
     if from_steady == nil then from_steady, from_pool = cost, 0 end
     return {
-      s = max(st.s, now) + from_steady * p.steady.T,
-      p = max(st.p, now) + from_pool * p.pool.T,
+      s = max(st.s, now - p.steady.span) + from_steady * p.steady.T,
+      p = max(st.p, now - p.pool.span) + from_pool * p.pool.T,
     }, from_steady
   end
 
@@ -964,12 +981,13 @@ local function make_pool()
     local capacity = p.steady.cap + p.pool.cap
     local reset = 0
     if remaining < capacity then reset = bp_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, capacity, remaining, reset, remaining, pos(max(left.s, left.p) - now)
+    local full_in = max(tb_debt(p.steady, left.s, now), tb_debt(p.pool, left.p, now))
+    return kind, wait, capacity, remaining, reset, remaining, full_in
   end
 
   function pool.refund(p, st, now, units)
     -- The whole units the pool misses, rounded down so that none is lost to its cap.
-    local room = div(pos(st.p - now), p.pool.T)
+    local room = div(tb_debt(p.pool, st.p, now), p.pool.T)
     local to_pool = min(units, min(room, p.pool.cap))
     return {
       s = tb_refund(p.steady, st.s, now, units - to_pool),
@@ -977,8 +995,12 @@ local function make_pool()
     }
   end
 
-  -- Takes back a charge exactly: `aux` units to the steady bucket, the rest to the pool.
-  function pool.undo(p, st, now, units, aux, at)
+  -- Takes back a charge: the state it found, when nothing changed the key since (see
+  -- `bucket.undo`), or else `aux` units to the steady bucket and the rest to the pool.
+  function pool.undo(p, st, now, units, aux, at, before_s, before_p)
+    local before = { s = before_s, p = before_p }
+    local again = pool.commit(p, before, at, units)
+    if again.s == st.s and again.p == st.p then return before end
     return {
       s = tb_refund(p.steady, st.s, now, aux),
       p = tb_refund(p.pool, st.p, now, units - aux),
@@ -986,17 +1008,18 @@ local function make_pool()
   end
 
   function pool.expires(p, st)
-    return max(st.s, st.p)
+    return max(st.s + p.steady.span, st.p + p.pool.span)
   end
 
   function pool.decode(p, raw)
-    if string.sub(raw, 1, 1) ~= 'p' then return nil end
+    -- 'P' (an earlier version's 'p', its two tats, reads as a new key)
+    if string.sub(raw, 1, 1) ~= 'P' then return nil end
     local n = numbers(raw)
     return { s = n[1], p = n[2] }
   end
 
   function pool.encode(st)
-    return 'p' .. int(st.s) .. ',' .. int(st.p)
+    return 'P' .. int(st.s) .. ',' .. int(st.p)
   end
 
   return pool
@@ -1139,10 +1162,10 @@ for r = 1, count do
   local n = argv[a]
   local rec = {
     n = n, mode = argv[a + 1], cost = argv[a + 2],
-    aux = argv[a + 3], at = argv[a + 4], created = argv[a + 5], c = {}, res = false,
-    chosen = 1, aux_out = 0,
+    aux = argv[a + 3], at = argv[a + 4], created = argv[a + 5], b1 = argv[a + 6],
+    b2 = argv[a + 7], c = {}, res = false, chosen = 1, aux_out = 0, found = false,
   }
-  a = a + 6
+  a = a + 8
   for j = 1, n do rec.c[j] = read() end
   if (op == 1 or op == 2) and rec.aux > 0 then
     local ds = {}
@@ -1187,9 +1210,12 @@ local function answer(rec, res)
   -- A blocked key's answer moves with the clock (the block ends) even when its counter is gone.
   local created = 0
   if rec.c[rec.chosen].missing and not rec.blocked then created = 1 end
+  -- The state a bucket's or pool's charge found, for an exact undo.
+  local b1, b2, found = 0, 0, rec.found
+  if type(found) == 'table' then b1, b2 = found.s, found.p elseif found then b1 = found end
   reply[#reply + 1] = struct.pack(
-    '<dddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
-    res[6], res[7], created
+    '<dddddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
+    res[6], res[7], created, b1, b2
   )
 end
 
@@ -1234,6 +1260,7 @@ if op == 1 or op == 2 then
       if rec.mode ~= 1 then
         local s, aux = p.alg.commit(p, p.state, now, rec.cost)
         rec.aux_out = aux
+        if p.code == 1 or p.code == 5 then rec.found = p.state end
         save(p, s)
       end
     elseif rec.res[1] ~= 2 then
@@ -1282,7 +1309,7 @@ elseif op == 3 or op == 4 then
       -- capacity). A key that existed before keeps its undone state, even one equal to a fresh
       -- key's at that instant: a refund or a charge of 0 may have created it earlier at that instant,
       -- and from then on it refills.
-      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at)
+      p.state = p.alg.undo(p, p.state, now, rec.cost, rec.aux, rec.at, rec.b1, rec.b2)
       local encoded = p.alg.encode(p.state)
       if rec.created == 1 and encoded == p.alg.encode(p.alg.fresh(p, rec.at)) then
         redis.call('DEL', p.key)
