@@ -39,7 +39,7 @@ pub use response::headers::{
     RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
-pub use response::{Rejection, RejectionFn, RespondFn, QUOTA_EXCEEDED};
+pub use response::{Rejection, RespondFn, QUOTA_EXCEEDED};
 pub use rules::cost::{Cost, CostError};
 pub use rules::per_request::LimitResolver;
 pub use rules::queue::Queue;

@@ -133,12 +133,6 @@ impl Limit {
         self
     }
 
-    /// The capacity; renamed [`capacity`](Self::capacity).
-    #[deprecated(note = "renamed `capacity`: `burst` now means only what a `Queue` lets wait")]
-    pub fn burst(self, capacity: u64) -> Limit {
-        self.capacity(capacity)
-    }
-
     /// The balance a new key starts with (token buckets; default: full).
     pub fn initial(mut self, units: u64) -> Limit {
         if let Algorithm::TokenBucket(tb) = self.algorithm {

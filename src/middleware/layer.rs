@@ -10,7 +10,6 @@ use tower_layer::Layer;
 use super::service::RateLimit;
 use super::shared::Shared;
 use crate::algorithm::error::ConfigError;
-use crate::engine::decision::Decision;
 use crate::engine::limiter::{Limiter, LimiterBuilder};
 use crate::response::{Rejection, Responder};
 use crate::rules::rule::Rule;
@@ -162,32 +161,29 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Builds the rejection response of denied HTTP requests yourself (default: a problem+json
-    /// body with `violated-policies`). `Retry-After` and the `RateLimit` fields are still added
-    /// unless your response sets them.
-    ///
-    /// gRPC requests keep the layer's gRPC answer (an HTTP body would reach a gRPC client as an
-    /// `Internal` error); to answer both protocols yourself, use
-    /// [`on_rejection`](Self::on_rejection), which replaces this hook.
-    pub fn rejection<F>(mut self, build: F) -> Self
-    where
-        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
-    {
-        self.rejection = Some(Arc::new(move |rejected: &Rejection<'_>| {
-            if rejected.protocol().is_grpc() {
-                rejected.default_response()
-            } else {
-                build(rejected.decision())
-            }
-        }));
-        self
-    }
-
     /// Builds the rejection response of every denied request yourself, HTTP or gRPC: the hook
     /// gets a [`Rejection`] with the decision, the request's [`Protocol`](crate::Protocol), the
     /// wait, and the layer's own answer. The layer still adds the wait (`Retry-After`, or
     /// `grpc-retry-pushback-ms` for gRPC) and the `RateLimit` fields unless your response sets
-    /// them. Replaces [`rejection`](Self::rejection).
+    /// them. To answer HTTP requests only, return `rejected.default_response()` for the others:
+    ///
+    /// ```
+    /// use tollgate::{Limit, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Limit::per_minute(60))
+    ///     .on_rejection(|rejected| {
+    ///         if rejected.protocol().is_grpc() {
+    ///             return rejected.default_response();
+    ///         }
+    ///         let wait = rejected.retry_after().as_secs();
+    ///         http::Response::builder()
+    ///             .status(429)
+    ///             .body(bytes::Bytes::from(format!("slow down for {wait} s")))
+    ///             .unwrap()
+    ///     })
+    ///     .build();
+    /// ```
     pub fn on_rejection<F>(mut self, build: F) -> Self
     where
         F: Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,

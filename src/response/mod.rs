@@ -34,11 +34,6 @@ use crate::key::protocol::Protocol;
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a denied request.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// Builds the rejection response of an HTTP request from the decision (replaces the default
-/// problem+json 429; see [`RateLimitLayerBuilder::rejection`](crate::RateLimitLayerBuilder::rejection)).
-/// The layer still adds `Retry-After` and the `RateLimit` fields unless the response sets them.
-pub type RejectionFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
-
 /// Builds the rejection response of any request, HTTP or gRPC, from a [`Rejection`] (see
 /// [`RateLimitLayerBuilder::on_rejection`](crate::RateLimitLayerBuilder::on_rejection)).
 pub type RespondFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;

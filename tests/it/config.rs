@@ -539,9 +539,6 @@ fn capacity_and_its_old_spelling_burst_say_the_same() {
     let in_code = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).capacity(7)));
     assert_eq!(described(&new), described(&in_code));
     assert_eq!(described(&old), described(&in_code));
-    #[allow(deprecated)]
-    let deprecated = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).burst(7)));
-    assert_eq!(described(&deprecated), described(&in_code));
 }
 
 /// Calendar windows from a file: `calendar = "month"` or `"week"` with a `utc_offset`, the same

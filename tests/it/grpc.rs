@@ -556,11 +556,14 @@ async fn hooks_answer_in_either_protocol() {
     );
     assert_eq!(headers["retry-after"], "60");
 
-    // The older `rejection` hook answers HTTP requests only; gRPC calls keep the layer's answer.
+    // A hook that answers HTTP requests only hands gRPC calls the layer's answer.
     let layer = RateLimitLayer::builder()
         .store(frozen())
         .rule(Rule::new("one", Limit::per_minute(1)))
-        .rejection(|_decision: &Decision| {
+        .on_rejection(|rejected| {
+            if rejected.protocol().is_grpc() {
+                return rejected.default_response();
+            }
             http::Response::builder()
                 .status(StatusCode::SERVICE_UNAVAILABLE)
                 .body(Bytes::from_static(b"busy"))

@@ -455,10 +455,10 @@ async fn response_options() {
 
     let custom = paused::builder()
         .rule(Rule::new("one", Limit::per_minute(1)))
-        .rejection(|decision: &Decision| {
+        .on_rejection(|rejected| {
             let mut response = Response::new(Bytes::from(format!(
                 "slow down: {:?}",
-                decision.retry_after()
+                rejected.decision().retry_after()
             )));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             response
