@@ -75,6 +75,7 @@ pub struct LimiterBuilder {
     memory: Option<MemoryStore>,
     failure: FailurePolicy,
     breaker: CircuitBreaker,
+    breaker_given: bool,
     top_capacity: Option<usize>,
     redact: bool,
 }
@@ -108,7 +109,23 @@ impl LimiterBuilder {
     /// answers again.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = breaker;
+        self.breaker_given = true;
         self
+    }
+
+    /// The first setting given that only a limiter built by this builder would use (a layer
+    /// built on another limiter refuses it rather than ignore it).
+    pub(crate) fn first_setting(&self) -> Option<&'static str> {
+        [
+            ("rule", !self.rules.is_empty()),
+            ("store", self.store.is_some()),
+            ("allow", !self.allow.is_empty()),
+            ("deny", !self.deny.is_empty()),
+            ("circuit_breaker", self.breaker_given),
+            ("top_offenders", self.top_capacity.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(setting, given)| given.then_some(setting))
     }
 
     /// How many keys each rule's [`top_offenders`](Limiter::top_offenders) sketch holds

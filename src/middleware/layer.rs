@@ -121,7 +121,10 @@ impl RateLimitLayerBuilder {
     }
 
     /// Uses an existing limiter (its rules and store) instead of `rule` and `store`: several layers
-    /// can then share one limiter, or a handler can hold the same limiter as the layer.
+    /// can then share one limiter, or a handler can hold the same limiter as the layer. The
+    /// limiter's own settings (`rule`, `store`, `allow`, `deny`, `circuit_breaker`,
+    /// `top_offenders`) given to this builder too are an error from [`build`](Self::build), not
+    /// silently ignored.
     pub fn limiter(mut self, limiter: Limiter) -> Self {
         self.limiter_given = Some(limiter);
         self
@@ -252,6 +255,14 @@ impl RateLimitLayerBuilder {
         self.failure.validate()?;
         let limiter = match self.limiter_given {
             Some(limiter) => {
+                if let Some(setting) = self.limiter.first_setting() {
+                    return Err(ConfigError::new(
+                        "limiter",
+                        setting,
+                        "is set on a layer built on a given limiter, which has its own: set it \
+                         on that limiter's builder",
+                    ));
+                }
                 if matches!(self.failure, FailurePolicy::Local { .. })
                     && limiter.failure_policy() != self.failure
                 {
