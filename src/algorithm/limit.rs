@@ -19,6 +19,9 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
     algorithm: Algorithm,
+    /// The first setting given that does not apply to the algorithm (`capacity` on a sliding
+    /// window, …): an error when the rule is built, rather than a setting silently dropped.
+    misapplied: Option<&'static str>,
 }
 
 impl Limit {
@@ -45,6 +48,7 @@ impl Limit {
     /// A token bucket refilling `rate` units per `period` continuously; capacity `rate`.
     pub fn token_bucket(rate: u64, period: Duration) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::TokenBucket(TokenBucket::new(rate, period)),
         }
     }
@@ -53,6 +57,7 @@ impl Limit {
     /// unless [`aligned`](Self::aligned).
     pub fn fixed_window(limit: u64, period: Duration) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::FixedWindow(FixedWindow::new(limit, period)),
         }
     }
@@ -65,6 +70,7 @@ impl Limit {
     /// `RateLimit-Policy` reports `w` as 31 days (the longest month); `t` counts to the next 1st.
     pub fn calendar_month(limit: u64, utc_offset_secs: i32) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::FixedWindow(FixedWindow::calendar_months(
                 limit,
                 i64::from(utc_offset_secs) * 1_000_000,
@@ -85,6 +91,7 @@ impl Limit {
     /// A sliding window counter: about `limit` units in any `period` (weighted approximation).
     pub fn sliding_window(limit: u64, period: Duration) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::SlidingWindow(SlidingWindow::new(limit, period)),
         }
     }
@@ -93,6 +100,7 @@ impl Limit {
     /// with `limit`.
     pub fn sliding_log(limit: u64, period: Duration) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::SlidingLog(SlidingLog::new(limit, period)),
         }
     }
@@ -112,12 +120,15 @@ impl Limit {
     /// crashed come back by themselves.
     pub fn concurrent(n: u64) -> Limit {
         Limit {
+            misapplied: None,
             algorithm: Algorithm::Concurrency(Concurrency::new(n)),
         }
     }
 
     /// The capacity: the largest burst of a token bucket, or how far a fixed window may roll unused
-    /// units over. A burst pool's steady bucket takes it.
+    /// units over. A burst pool's steady bucket takes it. On another algorithm it would change
+    /// nothing: the rule is then an error when it is built (likewise `initial`, `pool` and
+    /// `aligned` where they do not apply).
     ///
     /// (Formerly `burst`: that word now means only what a [`Queue`](crate::Queue) lets wait.)
     pub fn capacity(mut self, capacity: u64) -> Limit {
@@ -128,17 +139,20 @@ impl Limit {
                 p.steady().clone().with_capacity(capacity),
                 p.pool().clone(),
             )),
-            other => other,
+            other => return Limit::from(other).misapplied(self.misapplied, "capacity"),
         };
         self
     }
 
     /// The balance a new key starts with (token buckets; default: full).
     pub fn initial(mut self, units: u64) -> Limit {
-        if let Algorithm::TokenBucket(tb) = self.algorithm {
-            self.algorithm = Algorithm::TokenBucket(tb.with_initial(units));
+        match self.algorithm {
+            Algorithm::TokenBucket(tb) => {
+                self.algorithm = Algorithm::TokenBucket(tb.with_initial(units));
+                self
+            }
+            other => Limit::from(other).misapplied(self.misapplied, "initial"),
         }
-        self
     }
 
     /// Adds a fallback pool to a token bucket: a pool of `capacity` units refilling `rate` per
@@ -150,7 +164,7 @@ impl Limit {
             Algorithm::BurstPool(p) => {
                 Algorithm::BurstPool(BurstPool::new(p.steady().clone(), pool))
             }
-            other => other,
+            other => return Limit::from(other).misapplied(self.misapplied, "pool"),
         };
         self
     }
@@ -171,9 +185,31 @@ impl Limit {
         self.algorithm = match self.algorithm {
             Algorithm::FixedWindow(w) => Algorithm::FixedWindow(w.with_start(start)),
             Algorithm::SlidingWindow(w) => Algorithm::SlidingWindow(w.with_start(start)),
-            other => other,
+            other => return Limit::from(other).misapplied(self.misapplied, "aligned"),
         };
         self
+    }
+
+    /// This limit, remembering the first setting given that does not apply to its algorithm.
+    fn misapplied(mut self, earlier: Option<&'static str>, setting: &'static str) -> Limit {
+        self.misapplied = earlier.or(Some(setting));
+        self
+    }
+
+    /// Checks that the numbers can work and that every setting given applies to the algorithm;
+    /// the error names the rule and the field.
+    pub(crate) fn check(&self, rule: &str) -> Result<(), ConfigError> {
+        if let Some(setting) = self.misapplied {
+            return Err(ConfigError::new(
+                rule,
+                setting,
+                format!(
+                    "does not apply to {}: it would change nothing",
+                    named(&self.algorithm)
+                ),
+            ));
+        }
+        check_algorithm(rule, &self.algorithm)
     }
 
     /// The algorithm and its parameters.
@@ -184,12 +220,27 @@ impl Limit {
 
 impl From<Algorithm> for Limit {
     fn from(algorithm: Algorithm) -> Self {
-        Limit { algorithm }
+        Limit {
+            algorithm,
+            misapplied: None,
+        }
+    }
+}
+
+/// An algorithm's name in a sentence.
+fn named(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::TokenBucket(_) => "a token bucket",
+        Algorithm::FixedWindow(_) => "a fixed window",
+        Algorithm::SlidingWindow(_) => "a sliding window",
+        Algorithm::SlidingLog(_) => "a sliding log",
+        Algorithm::BurstPool(_) => "a burst pool",
+        Algorithm::Concurrency(_) => "a concurrency limit",
     }
 }
 
 /// Checks that an algorithm's numbers can work; the error names the rule and the field.
-pub(crate) fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
+fn check_algorithm(name: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
     let err = |field: &'static str, message: String| Err(ConfigError::new(name, field, message));
     match algorithm {
         Algorithm::TokenBucket(tb) => {

@@ -38,7 +38,6 @@ use std::time::Duration;
 pub use burst_pool::{BurstPool, BurstPoolState};
 pub use concurrency::{Concurrency, SLOT_RETRY_AFTER};
 pub use fixed_window::{FixedWindow, FixedWindowState};
-pub(crate) use limit::check_algorithm;
 pub use limit::Limit;
 pub use penalty::{Block, Penalty};
 pub use sliding_log::{SlidingLog, SlidingLogState};

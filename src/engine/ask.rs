@@ -180,7 +180,8 @@ pub(crate) fn usable(
         }
         _ => {}
     }
-    let checked = crate::algorithm::check_algorithm(rule, limit.algorithm())
+    let checked = limit
+        .check(rule)
         .and_then(|()| store.validate(rule, limit.algorithm()));
     checked.map_err(|e| e.to_string())?;
     if let Some((cost, mode)) = cost {

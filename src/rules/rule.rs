@@ -325,7 +325,7 @@ impl Rule {
                 .saturating_add(queue.bound().max_units.unwrap_or(u64::MAX)),
             None => self.limit.algorithm().capacity(),
         };
-        crate::algorithm::check_algorithm(&name, self.limit.algorithm())?;
+        self.limit.check(&name)?;
         if self.limit.algorithm().is_concurrency() {
             self.check_concurrency(&name)?;
         }
@@ -758,6 +758,66 @@ mod tests {
 
     fn error_of(rule: Rule) -> String {
         rule.validate().unwrap_err().to_string()
+    }
+
+    /// A setting that does not apply to the algorithm would change nothing: an error naming it,
+    /// not a setting silently dropped.
+    #[test]
+    fn settings_that_do_not_apply_to_the_algorithm_are_errors() {
+        let minute = Duration::from_secs(60);
+        let cases = [
+            (
+                Limit::sliding_window(10, minute).capacity(20),
+                "capacity",
+                "a sliding window",
+            ),
+            (
+                Limit::sliding_log(10, minute).capacity(20),
+                "capacity",
+                "a sliding log",
+            ),
+            (
+                Limit::concurrent(4).capacity(8),
+                "capacity",
+                "a concurrency limit",
+            ),
+            (
+                Limit::fixed_window(10, minute).initial(5),
+                "initial",
+                "a fixed window",
+            ),
+            (
+                Limit::per_second(5).pool(10, 1, minute).initial(5),
+                "initial",
+                "a burst pool",
+            ),
+            (
+                Limit::sliding_window(10, minute).pool(10, 1, minute),
+                "pool",
+                "a sliding window",
+            ),
+            (Limit::per_second(5).aligned(), "aligned", "a token bucket"),
+            // The first one given is named.
+            (
+                Limit::sliding_log(10, minute).initial(1).capacity(20),
+                "initial",
+                "a sliding log",
+            ),
+        ];
+        for (limit, field, algorithm) in cases {
+            assert_eq!(
+                error_of(Rule::new("r", limit)),
+                format!(
+                    "rule \"r\": {field}: does not apply to {algorithm}: it would change nothing"
+                )
+            );
+        }
+        // Where they apply, they apply.
+        assert!(
+            Rule::new("r", Limit::fixed_window(10, minute).capacity(20).aligned())
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]
