@@ -53,6 +53,19 @@ fn line(ip: &str, s: u32, request: &str) -> String {
     )
 }
 
+/// `tollgate replay --config A --log LOG --compare B`, its text output.
+fn compare_text(a: &str, log: &Path, b: &str) -> String {
+    stdout(&tollgate(&[
+        "replay",
+        "--config",
+        a,
+        "--log",
+        log.to_str().unwrap(),
+        "--compare",
+        b,
+    ]))
+}
+
 fn replay_json(config: &str, log: &Path, extra: &[&str]) -> Value {
     let mut args = vec![
         "replay",
@@ -428,15 +441,7 @@ fn compare_shows_keys_limited_by_one_configuration_only() {
     );
     assert_eq!(per_ip["limited_only_by_a"]["count"], 0);
     assert_eq!(rule(&json["a"], "per-ip")["denied"], 0);
-    let text = stdout(&tollgate(&[
-        "replay",
-        "--config",
-        &data("api.toml"),
-        "--log",
-        log.to_str().unwrap(),
-        "--compare",
-        &data("strict.toml"),
-    ]));
+    let text = compare_text(&data("api.toml"), &log, &data("strict.toml"));
     assert!(
         text.contains(&format!(
             "  keys limited only by api.toml: 0\n  keys limited only by strict.toml: 1 ({denied} requests denied)\n    {denied:>10}  203.0.113.9\n"
@@ -514,15 +519,7 @@ fn compare_is_rule_by_rule_when_another_rule_limits_the_same_keys() {
         "{section}"
     );
 
-    let text = stdout(&tollgate(&[
-        "replay",
-        "--config",
-        &data("api.toml"),
-        "--log",
-        log.to_str().unwrap(),
-        "--compare",
-        &data("strict.toml"),
-    ]));
+    let text = compare_text(&data("api.toml"), &log, &data("strict.toml"));
     let per_ip_text = text
         .split("rule \"per-ip\"\n")
         .nth(1)
@@ -567,15 +564,7 @@ fn compare_shows_a_rule_only_one_configuration_has() {
         tight["limited_only_by_b"],
         serde_json::json!({"count": 1, "denied": 2, "keys": [{"key": "192.0.2.1", "denied": 2}]})
     );
-    let text = stdout(&tollgate(&[
-        "replay",
-        "--config",
-        a.to_str().unwrap(),
-        "--log",
-        log.to_str().unwrap(),
-        "--compare",
-        b.to_str().unwrap(),
-    ]));
+    let text = compare_text(a.to_str().unwrap(), &log, b.to_str().unwrap());
     assert!(text.contains("rule \"tight\" (only in b.toml)\n"), "{text}");
     assert!(
         text.ends_with(

@@ -71,23 +71,26 @@ fn request(key: &str, per_minute: u64) -> Request<Body> {
     request
 }
 
+/// A response as `status | RateLimit-Policy | RateLimit`.
+fn summary(response: &Response<Bytes>) -> String {
+    let field = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+    };
+    format!(
+        "{} | {} | {}",
+        response.status().as_u16(),
+        field("ratelimit-policy"),
+        field("ratelimit")
+    )
+}
+
 /// Status, `RateLimit-Policy` and `RateLimit` of each step of one scenario.
 async fn scenario(service: &impl Limited<Body>, clock: &ManualClock) -> Vec<String> {
     let mut seen = Vec::new();
-    let mut step = |response: Response<Bytes>| {
-        let field = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
-        };
-        seen.push(format!(
-            "{} | {} | {}",
-            response.status().as_u16(),
-            field("ratelimit-policy"),
-            field("ratelimit")
-        ));
-    };
+    let mut step = |response: Response<Bytes>| seen.push(summary(&response));
     for plan in [10, 10, 10, 5, 10] {
         step(send(service, request("acme", plan)).await);
     }
@@ -192,19 +195,7 @@ async fn downgrade(service: &impl Limited<Body>) -> Vec<String> {
             .body(Body::default())
             .unwrap();
         request.extensions_mut().insert(Tier { capacity });
-        let response = send(service, request).await;
-        let field = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
-        };
-        seen.push(format!(
-            "{} | {} | {}",
-            response.status().as_u16(),
-            field("ratelimit-policy"),
-            field("ratelimit")
-        ));
+        seen.push(summary(&send(service, request).await));
     }
     seen
 }

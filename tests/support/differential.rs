@@ -193,26 +193,22 @@ fn limited_charge(
         .boxed()
 }
 
+/// One charge of each of some distinct rules, in order, drawn by `charge`.
+fn batch<T: std::fmt::Debug>(
+    n: usize,
+    charge: impl Fn(usize) -> BoxedStrategy<T> + 'static,
+) -> impl Strategy<Value = Vec<T>> {
+    prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
+        .prop_flat_map(move |chosen| chosen.into_iter().map(&charge).collect::<Vec<_>>())
+}
+
 fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
     let n = rules.len();
     let limited = rules.clone();
     let block = prop_oneof![Just(None), (1u64..3_000_000).prop_map(Some),];
-    let apply = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
-        .prop_flat_map(move |chosen| {
-            chosen
-                .into_iter()
-                .map(|rule| charge(&rules, rule))
-                .collect::<Vec<_>>()
-        })
-        .prop_map(Step::Apply);
-    let apply_under = prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n)
-        .prop_flat_map(move |chosen| {
-            chosen
-                .into_iter()
-                .map(|rule| limited_charge(&limited, rule))
-                .collect::<Vec<_>>()
-        })
-        .prop_map(Step::ApplyUnder);
+    let apply = batch(n, move |rule| charge(&rules, rule)).prop_map(Step::Apply);
+    let apply_under =
+        batch(n, move |rule| limited_charge(&limited, rule)).prop_map(Step::ApplyUnder);
     prop_oneof![
         8 => apply,
         4 => apply_under,
