@@ -51,14 +51,14 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use tollgate::{ConfigFileError, ConfigWatch, Decision, Limiter, RateLimitLayer};
+use tollgate::{ConfigFileError, ConfigWatch, Decision, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
 pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
-    let limiter = limits.limiter().clone();
+    let layer = limits.clone();
     let limited = Router::new().fallback(answer).layer(limits);
-    let scraped = limiter.clone();
+    let scraped = layer.clone();
     Router::new()
         .route(
             "/metrics",
@@ -71,7 +71,7 @@ pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
         .route(
             "/_tollgate/top",
             get(move || async move {
-                let body = json!({ "rules": top_offenders(&limiter).await });
+                let body = json!({ "rules": top_offenders(&layer).await });
                 ([(CONTENT_TYPE, "application/json")], body.to_string())
             }),
         )
@@ -79,11 +79,11 @@ pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
 }
 
 /// Every rule's top offenders, as JSON values.
-async fn top_offenders(limiter: &Limiter) -> Vec<serde_json::Value> {
+async fn top_offenders(layer: &RateLimitLayer) -> Vec<serde_json::Value> {
     let mut rules = Vec::new();
-    for name in limiter.rule_names() {
+    for name in layer.limiter().rule_names() {
         // A reload between the two calls may have removed the rule: it is left out.
-        let Ok(top) = limiter.top_offenders(&name).await else {
+        let Ok(top) = layer.top_offenders(&name).await else {
             continue;
         };
         let offenders: Vec<_> = top

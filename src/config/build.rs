@@ -21,13 +21,13 @@ use crate::algorithm::Limit;
 use crate::algorithm::Penalty;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
+use crate::rules::cost::Cost;
 use crate::rules::queue::Queue;
 use crate::rules::rule::{MissingKey, Rule};
 use crate::rules::set::AccessList;
 use crate::rules::settle::{CountIf, Settle};
 use crate::store::FailurePolicy;
 use crate::store::MemoryStore;
-use crate::Cost;
 
 /// A value that cannot work, at its place in the file.
 #[derive(Debug)]

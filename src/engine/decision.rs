@@ -195,7 +195,7 @@ impl RuleDecision {
     /// ([`Rule::limit_from`](crate::Rule::limit_from),
     /// [`Rule::limit_from_extension`](crate::Rule::limit_from_extension)); `None` when the rule's
     /// own limit applied.
-    pub fn limit(&self) -> Option<&crate::Limit> {
+    pub fn limit(&self) -> Option<&crate::algorithm::Limit> {
         self.applied.as_ref().and_then(|cell| cell.get()?.as_ref())
     }
 }

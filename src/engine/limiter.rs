@@ -2,8 +2,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -18,8 +17,6 @@ use super::slot::{SlotGuard, Slots};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
 use crate::key::KeyValue;
-use crate::observe::offenders::{self, Offender, TopOffenders};
-use crate::observe::LoggedKey;
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
@@ -58,12 +55,13 @@ struct Inner {
     /// The store, and the lines of requests waiting for its slots.
     ledger: Ledger,
     failure: FailurePolicy,
-    /// Counters per rule of the top-offender sketches.
-    top_capacity: usize,
-    /// Top-offender lists show the logs' hash of each key: set by the builder, or by any layer
-    /// built on this limiter that redacts keys (never unset).
-    redact: AtomicBool,
+    /// Told of each new rule set in order, under this lock (see [`Limiter::follow_rules`]).
+    followers: Mutex<Vec<Follower>>,
 }
+
+/// Prepares what a later stage keeps per rule set, given the set now in force; answers `false`
+/// once it is no longer needed (its layer was dropped).
+pub(crate) type Follower = Box<dyn Fn(&Arc<RuleSet>) -> bool + Send + Sync>;
 
 /// Builds a [`Limiter`].
 #[derive(Debug, Default)]
@@ -76,8 +74,6 @@ pub struct LimiterBuilder {
     failure: FailurePolicy,
     breaker: CircuitBreaker,
     breaker_given: bool,
-    top_capacity: Option<usize>,
-    redact: bool,
 }
 
 impl LimiterBuilder {
@@ -122,26 +118,9 @@ impl LimiterBuilder {
             ("allow", !self.allow.is_empty()),
             ("deny", !self.deny.is_empty()),
             ("circuit_breaker", self.breaker_given),
-            ("top_offenders", self.top_capacity.is_some()),
         ]
         .into_iter()
         .find_map(|(setting, given)| given.then_some(setting))
-    }
-
-    /// How many keys each rule's [`top_offenders`](Limiter::top_offenders) sketch holds
-    /// (default 64; 0 turns the lists off). Memory is fixed by it: at most `capacity` keys per
-    /// rule, whatever the number of keys denied.
-    pub fn top_offenders(mut self, capacity: usize) -> Self {
-        self.top_capacity = Some(capacity);
-        self
-    }
-
-    /// [`top_offenders`](Limiter::top_offenders) lists show a short stable hash of each key, the
-    /// one the layer's logs show with [`redact_keys`](crate::RateLimitLayerBuilder::redact_keys)
-    /// (default: off).
-    pub fn redact_keys(mut self, on: bool) -> Self {
-        self.redact = on;
-        self
     }
 
     /// Requests matching `list` are never limited.
@@ -158,9 +137,7 @@ impl LimiterBuilder {
 
     /// Validates the rules and builds the limiter.
     pub fn build(self) -> Result<Limiter, ConfigError> {
-        let mut rules = RuleSet::new(self.rules, self.allow, self.deny)?;
-        let top_capacity = self.top_capacity.unwrap_or(offenders::DEFAULT_CAPACITY);
-        offenders::carry_over(&mut rules, top_capacity, None);
+        let rules = RuleSet::new(self.rules, self.allow, self.deny)?;
         self.failure.validate()?;
         let (store, memory) = match self.store {
             // The memory store cannot fail: only remote stores get the breaker.
@@ -180,8 +157,7 @@ impl LimiterBuilder {
                 rules: ArcSwap::from_pointee(rules),
                 ledger: Ledger::new(store, memory),
                 failure: self.failure,
-                top_capacity,
-                redact: AtomicBool::new(self.redact),
+                followers: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -297,13 +273,13 @@ impl Limiter {
         self.rules().rules.iter().map(|r| r.summary()).collect()
     }
 
-    /// The rules in force; a guard, cheap to take, not to be held across an await.
-    #[inline]
     /// The failure policy this limiter's store was built with.
     pub(crate) fn failure_policy(&self) -> FailurePolicy {
         self.inner.failure
     }
 
+    /// The rules in force; a guard, cheap to take, not to be held across an await.
+    #[inline]
     pub(crate) fn rules(&self) -> arc_swap::Guard<Arc<RuleSet>> {
         self.inner.rules.load()
     }
@@ -312,13 +288,36 @@ impl Limiter {
     /// the rules they started with, the next ones use the new set. State lives in the store under
     /// each rule's name, so rules that keep their name keep their counts.
     /// The store may still refuse a rule it cannot decide exactly; then nothing changes.
-    fn replace(&self, mut rules: RuleSet) -> Result<(), ConfigError> {
+    fn replace(&self, rules: RuleSet) -> Result<(), ConfigError> {
         rules.check_store(self.store())?;
-        let top_capacity = self.inner.top_capacity;
-        offenders::carry_over(&mut rules, top_capacity, Some(&self.inner.rules.load()));
-        self.inner.rules.store(Arc::new(rules));
+        let rules = Arc::new(rules);
+        {
+            // Under the followers' lock: two reloads at once reach every follower in the order
+            // they took effect.
+            let mut followers = self.followers();
+            self.inner.rules.store(rules.clone());
+            followers.retain(|follow| follow(&rules));
+        }
         tracing::info!(rules = ?self.rule_names(), "rate limit: rules reloaded");
         Ok(())
+    }
+
+    /// Has `follow` told of the rule set in force now and of every one that replaces it, in
+    /// order, until it answers `false`. The layer keeps what its response and observe stages
+    /// prepare per rule set this way (the limiter knows nothing of them).
+    pub(crate) fn follow_rules(&self, follow: Follower) {
+        let mut followers = self.followers();
+        if follow(&self.inner.rules.load_full()) {
+            followers.push(follow);
+        }
+    }
+
+    fn followers(&self) -> std::sync::MutexGuard<'_, Vec<Follower>> {
+        // A follower that panicked left the list whole: nothing to repair.
+        self.inner
+            .followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Replaces the rules with `rules` (validated first: on error nothing changes).
@@ -362,86 +361,6 @@ impl Limiter {
     #[inline]
     pub(crate) fn store_ref(&self) -> StoreRef<'_> {
         self.inner.ledger.store_ref()
-    }
-
-    /// The keys `rule` denied most, from a sketch of fixed size kept per rule (see
-    /// [`TopOffenders`] for its guarantees and [`LimiterBuilder::top_offenders`] for its size).
-    ///
-    /// The sketch counts the middleware's denials, and a shadow rule's "would deny" (every rule's
-    /// under the layer's [`shadow`](crate::RateLimitLayerBuilder::shadow) switch): the limiter's
-    /// own [`charge`](Self::charge), [`check`](Self::check) and [`decide`](Self::decide) are
-    /// not counted. Allowed requests never touch it. Keys are redacted as the logs redact them
-    /// when this limiter or a layer built on it has `redact_keys` on.
-    ///
-    /// Reading it also checks the most denied key in the store (cost 0: nothing is charged) for
-    /// [`utilisation`](TopOffenders::utilisation), and sets the gauge
-    /// `tollgate_top_offender_utilisation{rule}` to it (0 when the rule has denied nothing).
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower::{Layer, Service, ServiceExt};
-    /// use tollgate::{Key, Limit, RateLimitLayer, Rule};
-    ///
-    /// let key = Key::header(http::HeaderName::from_static("x-api-key"));
-    /// let layer = RateLimitLayer::new(Rule::new("per-key", Limit::per_minute(1)).key(key));
-    /// let mut app = layer.layer(tower::service_fn(|_: http::Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
-    /// }));
-    /// for _ in 0..3 {
-    ///     let request = http::Request::builder().header("x-api-key", "alice").body(())?;
-    ///     app.ready().await?.call(request).await?;
-    /// }
-    /// let top = layer.limiter().top_offenders("per-key").await?;
-    /// assert_eq!((top.offenders[0].key.as_str(), top.offenders[0].denied), ("alice", 2));
-    /// assert_eq!(top.utilisation, Some(1.0)); // alice has used all of her minute's request
-    /// # Ok(()) }
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
-    /// ```
-    pub async fn top_offenders(&self, rule: &str) -> Result<TopOffenders, LimitError> {
-        let (mut top, hottest, gauge) = {
-            let rules = self.rules();
-            let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
-            let metrics = &rules.metrics[index];
-            let (denials, counters) = metrics.offenders.snapshot();
-            let redact = self.inner.redact.load(Ordering::Relaxed);
-            let offenders = counters
-                .iter()
-                .map(|c| Offender {
-                    key: LoggedKey::new(&c.key, redact).to_string(),
-                    denied: c.count,
-                    error: c.error,
-                })
-                .collect();
-            let top = TopOffenders {
-                rule: compiled.name.to_string(),
-                denials,
-                capacity: metrics.offenders.capacity(),
-                offenders,
-                utilisation: None,
-            };
-            let hottest = counters.into_iter().next().map(|c| c.key);
-            (top, hottest, metrics.utilisation.clone())
-        };
-        let Some(hottest) = hottest else {
-            gauge.set(0.0);
-            return Ok(top);
-        };
-        if let Ok(now) = self
-            .one(rule, hottest.as_bytes(), 0, Some(Mode::Check))
-            .await
-        {
-            if now.limit > 0 {
-                let used = 1.0 - now.remaining.min(now.limit) as f64 / now.limit as f64;
-                gauge.set(used);
-                top.utilisation = Some(used);
-            }
-        }
-        Ok(top)
-    }
-
-    /// Top-offender lists show hashed keys from now on: a layer built on this limiter redacts.
-    pub(crate) fn redact_top_keys(&self) {
-        self.inner.redact.store(true, Ordering::Relaxed);
     }
 
     /// The key `rule` derives from `request` (what the middleware would charge), if present.
@@ -857,7 +776,7 @@ impl Limiter {
     }
 
     /// Decides one charge; a `mode` of `None` uses the rule's own.
-    async fn one(
+    pub(crate) async fn one(
         &self,
         rule: &str,
         key: &[u8],

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use smallvec::SmallVec;
 
-use super::shared::Shared;
+use super::shared::{InForce, Shared};
 use crate::algorithm::Algorithm;
 use crate::engine::decision::{Decision, RuleDecision};
 use crate::engine::ledger::Ledger;
@@ -49,7 +49,7 @@ pub(crate) enum Next {
 /// it waits in (rule index, key).
 pub(crate) struct AwaitSlot {
     pub(crate) plan: Decision,
-    pub(crate) rules: Arc<RuleSet>,
+    pub(crate) in_force: Arc<InForce>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) line: (usize, crate::key::KeyValue),
 }
@@ -62,19 +62,21 @@ impl AwaitSlot {
     pub(crate) fn denied(mut self, protocol: Protocol) -> Response<Bytes> {
         let (index, ref key) = self.line;
         self.plan.retain(|entry| entry.index == index);
-        if let Some(Algorithm::Concurrency(c)) = self.rules.rules.get(index).map(|r| r.algorithm())
+        let in_force = &self.in_force;
+        if let Some(Algorithm::Concurrency(c)) =
+            in_force.rules.rules.get(index).map(|r| r.algorithm())
         {
             let no_slot = c.evaluate(c.max(), 1);
             for entry in self.plan.rules_mut() {
                 entry.outcome = no_slot;
             }
-            if let Some(metrics) = self.rules.metrics.get(index) {
+            if let Some(metrics) = in_force.meters.rules.get(index) {
                 metrics.record(&no_slot, key);
             }
         }
         self.shared
             .responder
-            .denied(&self.rules, &self.plan, protocol)
+            .denied(&in_force.policies, &self.plan, protocol)
     }
 }
 
@@ -82,7 +84,7 @@ impl AwaitSlot {
 /// request's decision goes into its extensions for the handler.
 pub(crate) fn decide<B>(
     shared: &Arc<Shared>,
-    rules: &Arc<RuleSet>,
+    in_force: &Arc<InForce>,
     request: &mut Request<B>,
     decision: &mut Decision,
     result: Result<(), StoreError>,
@@ -91,7 +93,7 @@ pub(crate) fn decide<B>(
         Ok(()) => {}
         Err(error) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].store_error();
+                in_force.meters.rules[entry.index].store_error();
             }
             // The store's circuit breaker logs failures, one line per interval with a count.
             return match shared.failure {
@@ -109,6 +111,7 @@ pub(crate) fn decide<B>(
             };
         }
     }
+    let (rules, meters, policies) = (&in_force.rules, &in_force.meters, &in_force.policies);
     let allowed = decision.is_allowed();
     if !allowed {
         if let Some(line) = Ticket::line_for(rules, decision) {
@@ -116,7 +119,7 @@ pub(crate) fn decide<B>(
             // was charged) and asks again; it is counted once it is decided.
             return Next::AwaitSlot(Box::new(AwaitSlot {
                 plan: std::mem::take(decision),
-                rules: rules.clone(),
+                in_force: in_force.clone(),
                 shared: shared.clone(),
                 line,
             }));
@@ -125,15 +128,15 @@ pub(crate) fn decide<B>(
     for entry in decision.rules() {
         // A rule that would have admitted a request another rule denied was not charged.
         if allowed || !entry.outcome.is_allowed() {
-            rules.metrics[entry.index].record(&entry.outcome, &entry.key);
+            meters.rules[entry.index].record(&entry.outcome, &entry.key);
         }
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
     if !allowed {
         let protocol = Protocol::of(request);
-        return Next::Respond(shared.responder.denied(rules, decision, protocol));
+        return Next::Respond(shared.responder.denied(policies, decision, protocol));
     }
-    let headers = shared.responder.allowed(rules, decision);
+    let headers = shared.responder.allowed(policies, decision);
     let settlement = if rules.settles {
         Settlement::of(shared.limiter.ledger(), rules, decision)
     } else {

@@ -13,14 +13,13 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
-use super::shared::Shared;
+use super::shared::{InForce, Shared};
 use crate::engine::ask::Answer;
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
-use crate::rules::set::RuleSet;
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
@@ -95,7 +94,7 @@ pub(crate) struct Deciding<S, B> {
     inner: S,
     request: Request<B>,
     plan: Decision,
-    rules: Arc<RuleSet>,
+    in_force: Arc<InForce>,
     shared: Arc<Shared>,
     started: tokio::time::Instant,
     /// The place in line of a request that waited for a slot and asks again.
@@ -111,7 +110,7 @@ where
         inner: S,
         request: Request<B>,
         plan: Decision,
-        rules: Arc<RuleSet>,
+        in_force: Arc<InForce>,
         shared: Arc<Shared>,
         ticket: Option<Ticket>,
     ) -> Self {
@@ -121,7 +120,7 @@ where
                 inner,
                 request,
                 plan,
-                rules,
+                in_force,
                 shared,
                 started: tokio::time::Instant::now(),
                 ticket,
@@ -219,14 +218,15 @@ where
                         mut inner,
                         mut request,
                         mut plan,
-                        rules,
+                        in_force,
                         shared,
                         started,
                         ticket,
                     } = *deciding;
-                    rules.store_latency.record(started.elapsed().as_secs_f64());
+                    let latency = started.elapsed().as_secs_f64();
+                    in_force.meters.store_latency.record(latency);
                     let result = result.and_then(|outcomes| plan.answer(outcomes));
-                    decide(&shared, &rules, &mut request, &mut plan, result)
+                    decide(&shared, &in_force, &mut request, &mut plan, result)
                         .into_state(&mut inner, request, ticket)
                 }
                 StateProj::AwaitingSlot { ticket, waiting } => {
@@ -247,14 +247,14 @@ where
                         Woken::Retry => {
                             let AwaitSlot {
                                 mut plan,
-                                rules,
+                                in_force,
                                 shared,
                                 line: _,
                             } = waiting;
-                            match rules.ask(shared.limiter.ledger(), &mut plan) {
+                            match in_force.rules.ask(shared.limiter.ledger(), &mut plan) {
                                 Answer::Now(result) => {
                                     let next =
-                                        decide(&shared, &rules, &mut request, &mut plan, result);
+                                        decide(&shared, &in_force, &mut request, &mut plan, result);
                                     next.into_state(&mut inner, request, Some(ticket))
                                 }
                                 Answer::Later(store) => State::checking(
@@ -262,7 +262,7 @@ where
                                     inner,
                                     request,
                                     plan,
-                                    rules,
+                                    in_force,
                                     shared,
                                     Some(ticket),
                                 ),
@@ -388,10 +388,12 @@ impl Next {
             Next::AwaitSlot(waiting) => {
                 let (index, key) = &waiting.line;
                 let ticket = match ticket {
-                    Some(ticket) if ticket.waits_for(&waiting.rules, *index, key) => Some(ticket),
+                    Some(ticket) if ticket.waits_for(&waiting.in_force.rules, *index, key) => {
+                        Some(ticket)
+                    }
                     _ => Ticket::join(
                         waiting.shared.limiter.ledger(),
-                        &waiting.rules,
+                        &waiting.in_force.rules,
                         *index,
                         key.clone(),
                     ),

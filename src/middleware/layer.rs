@@ -8,9 +8,11 @@ use http::{Response, StatusCode};
 use tower_layer::Layer;
 
 use super::service::RateLimit;
-use super::shared::Shared;
+use super::shared::{InForce, Shared};
 use crate::algorithm::error::ConfigError;
-use crate::engine::limiter::{Limiter, LimiterBuilder};
+use crate::algorithm::Mode;
+use crate::engine::limiter::{LimitError, Limiter, LimiterBuilder};
+use crate::observe::offenders::{self, TopOffenders};
 use crate::response::{Rejection, Responder};
 use crate::rules::rule::Rule;
 use crate::rules::set::AccessList;
@@ -60,6 +62,7 @@ impl RateLimitLayer {
             failure: FailurePolicy::default(),
             shadow_all: false,
             redact_keys: false,
+            top_offenders: offenders::DEFAULT_CAPACITY,
             decision_in_extensions: true,
         }
     }
@@ -73,6 +76,69 @@ impl RateLimitLayer {
     /// atomically, and rules that keep their name keep their state.
     pub fn reload(&self, rules: impl IntoIterator<Item = Rule>) -> Result<(), ConfigError> {
         self.shared.limiter.reload(rules)
+    }
+
+    /// The keys `rule` denied most, from a sketch of fixed size kept per rule (see
+    /// [`TopOffenders`] for its guarantees and [`RateLimitLayerBuilder::top_offenders`] for its size).
+    ///
+    /// The sketch counts this layer's denials, and a shadow rule's "would deny" (every rule's
+    /// under the layer's [`shadow`](RateLimitLayerBuilder::shadow) switch): the limiter's own
+    /// [`charge`](Limiter::charge), [`check`](Limiter::check) and [`decide`](Limiter::decide)
+    /// are not counted, nor are other layers sharing the limiter (each keeps its own lists).
+    /// Allowed requests never touch it. Keys are redacted as the logs redact them when the layer
+    /// has [`redact_keys`](RateLimitLayerBuilder::redact_keys) on.
+    ///
+    /// Reading it also checks the most denied key in the store (cost 0: nothing is charged) for
+    /// [`utilisation`](TopOffenders::utilisation), and sets the gauge
+    /// `tollgate_top_offender_utilisation{rule}` to it (0 when the rule has denied nothing).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tollgate::{Key, Limit, RateLimitLayer, Rule};
+    ///
+    /// let key = Key::header(http::HeaderName::from_static("x-api-key"));
+    /// let layer = RateLimitLayer::new(Rule::new("per-key", Limit::per_minute(1)).key(key));
+    /// let mut app = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// }));
+    /// for _ in 0..3 {
+    ///     let request = http::Request::builder().header("x-api-key", "alice").body(())?;
+    ///     app.ready().await?.call(request).await?;
+    /// }
+    /// let top = layer.top_offenders("per-key").await?;
+    /// assert_eq!((top.offenders[0].key.as_str(), top.offenders[0].denied), ("alice", 2));
+    /// assert_eq!(top.utilisation, Some(1.0)); // alice has used all of her minute's request
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn top_offenders(&self, rule: &str) -> Result<TopOffenders, LimitError> {
+        let (mut top, hottest, gauge) = {
+            let in_force = self.shared.in_force.load();
+            let Some((index, compiled)) = in_force.rules.find(rule) else {
+                return Err(LimitError::UnknownRule(rule.to_owned()));
+            };
+            let metrics = &in_force.meters.rules[index];
+            let (top, hottest) = offenders::list(metrics, &compiled.name, self.shared.redact_keys);
+            (top, hottest, metrics.utilisation.clone())
+        };
+        let Some(hottest) = hottest else {
+            gauge.set(0.0);
+            return Ok(top);
+        };
+        let now = self
+            .shared
+            .limiter
+            .one(rule, hottest.as_bytes(), 0, Some(Mode::Check))
+            .await;
+        if let Ok(now) = now {
+            if now.limit > 0 {
+                let used = 1.0 - now.remaining.min(now.limit) as f64 / now.limit as f64;
+                gauge.set(used);
+                top.utilisation = Some(used);
+            }
+        }
+        Ok(top)
     }
 }
 
@@ -104,6 +170,7 @@ pub struct RateLimitLayerBuilder {
     failure: FailurePolicy,
     shadow_all: bool,
     redact_keys: bool,
+    top_offenders: usize,
     decision_in_extensions: bool,
 }
 
@@ -122,9 +189,8 @@ impl RateLimitLayerBuilder {
 
     /// Uses an existing limiter (its rules and store) instead of `rule` and `store`: several layers
     /// can then share one limiter, or a handler can hold the same limiter as the layer. The
-    /// limiter's own settings (`rule`, `store`, `allow`, `deny`, `circuit_breaker`,
-    /// `top_offenders`) given to this builder too are an error from [`build`](Self::build), not
-    /// silently ignored.
+    /// limiter's own settings (`rule`, `store`, `allow`, `deny`, `circuit_breaker`) given to this
+    /// builder too are an error from [`build`](Self::build), not silently ignored.
     pub fn limiter(mut self, limiter: Limiter) -> Self {
         self.limiter_given = Some(limiter);
         self
@@ -216,20 +282,18 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Logs, and the limiter's [`top_offenders`](Limiter::top_offenders) lists, show a short
-    /// stable hash of each key instead of the key itself (default: off). On a limiter given to
-    /// [`limiter`](Self::limiter), it turns the redaction of its lists on for every holder.
+    /// Logs, and the layer's [`top_offenders`](RateLimitLayer::top_offenders) lists, show a
+    /// short stable hash of each key instead of the key itself (default: off).
     pub fn redact_keys(mut self, on: bool) -> Self {
         self.redact_keys = on;
-        self.limiter = self.limiter.redact_keys(on);
         self
     }
 
-    /// How many keys each rule's [`top_offenders`](Limiter::top_offenders) list holds (default
-    /// 64; 0 turns the lists off; see [`LimiterBuilder::top_offenders`]). A limiter given to
-    /// [`limiter`](Self::limiter) keeps its own.
+    /// How many keys each rule's [`top_offenders`](RateLimitLayer::top_offenders) list holds
+    /// (default 64; 0 turns the lists off). Memory is fixed by it: at most `capacity` keys per
+    /// rule, whatever the number of keys denied.
     pub fn top_offenders(mut self, capacity: usize) -> Self {
-        self.limiter = self.limiter.top_offenders(capacity);
+        self.top_offenders = capacity;
         self
     }
 
@@ -273,9 +337,6 @@ impl RateLimitLayerBuilder {
                          was built with the same `on_store_failure(FailurePolicy::Local { .. })`",
                     ));
                 }
-                if self.redact_keys {
-                    limiter.redact_top_keys();
-                }
                 limiter
             }
             None => self.limiter.build()?,
@@ -286,13 +347,16 @@ impl RateLimitLayerBuilder {
         responder.legacy = self.legacy;
         responder.jitter = self.jitter;
         responder.rejection = self.rejection;
+        let in_force = InForce::follow(&limiter, self.top_offenders);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
+                in_force,
                 limiter,
                 responder,
                 failure: self.failure,
                 shadow_all: self.shadow_all,
                 redact_keys: self.redact_keys,
+                top_offenders: self.top_offenders,
                 decision_in_extensions: self.decision_in_extensions,
                 no_peer_logged: std::sync::atomic::AtomicBool::new(false),
                 no_route_logged: std::sync::atomic::AtomicBool::new(false),

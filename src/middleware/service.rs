@@ -10,14 +10,14 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Next};
 use super::future::{ResponseFuture, State};
-use super::shared::Shared;
+use super::shared::{InForce, Shared};
 use crate::engine::ask::Answer;
 use crate::engine::decision::Decision;
 use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
 use crate::key::protocol::Protocol;
 use crate::observe;
-use crate::rules::set::{Refusal, Route, RuleSet};
+use crate::rules::set::{Refusal, Route};
 use crate::store::StoreError;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -88,7 +88,8 @@ where
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
-        let rules = shared.limiter.rules();
+        let in_force = shared.in_force.load();
+        let rules = &in_force.rules;
         let (mut enforced, mut shadow) = (Decision::default(), Decision::default());
         match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
             Ok(Route::Planned) => {}
@@ -112,7 +113,7 @@ where
             }
         }
         if !shadow.rules().is_empty() {
-            record_shadow(shared, &rules, shadow);
+            record_shadow(shared, &in_force, shadow);
         } else if shadow.grpc_method().is_none() {
             // Without rules or a method it owns nothing: forgetting it spares the call to its
             // drop (measured: 27 instructions per request).
@@ -121,12 +122,11 @@ where
         if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None, None, None));
         }
-        if let Some(line) = Ticket::behind(shared.limiter.ledger(), &rules, &enforced) {
+        if let Some(line) = Ticket::behind(shared.limiter.ledger(), rules, &enforced) {
             // Others already wait for a slot of this key: queue behind them.
-            let rules = arc_swap::Guard::into_inner(rules);
             let next = Next::AwaitSlot(Box::new(AwaitSlot {
                 plan: enforced,
-                rules,
+                in_force: arc_swap::Guard::into_inner(in_force),
                 shared: shared.clone(),
                 line,
             }));
@@ -134,7 +134,7 @@ where
         }
         match rules.ask(shared.limiter.ledger(), &mut enforced) {
             Answer::Now(result) => {
-                match decide(shared, &rules, &mut request, &mut enforced, result) {
+                match decide(shared, &in_force, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
                     // into the returned one; through `into_state` it is built, then copied
                     // whole (measured: ~130 instructions per request, `#[inline(always)]` or not).
@@ -149,13 +149,12 @@ where
                 // takes its place (the contract of `poll_ready` is per instance).
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let rules = arc_swap::Guard::into_inner(rules);
                 ResponseFuture::new(State::checking(
                     store,
                     inner,
                     request,
                     enforced,
-                    rules,
+                    arc_swap::Guard::into_inner(in_force),
                     shared.clone(),
                     None,
                 ))
@@ -196,33 +195,34 @@ fn report_no_route(shared: &Shared, rule: &str, key: &str) {
 
 /// Decides shadow rules: counted and logged like the others, never blocking. A store that needs
 /// I/O answers in the background, so shadow rules add no latency.
-fn record_shadow(shared: &Arc<Shared>, rules: &Arc<RuleSet>, mut plan: Decision) {
+fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Decision) {
     let record = |shared: &Shared,
-                  rules: &RuleSet,
+                  in_force: &InForce,
                   decision: &Decision,
                   result: Result<(), StoreError>| match result {
         Ok(()) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].record_shadow(entry.outcome.verdict, &entry.key);
+                let metrics = &in_force.meters.rules[entry.index];
+                metrics.record_shadow(entry.outcome.verdict, &entry.key);
                 observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
             }
         }
         Err(error) => {
             for entry in decision.rules() {
-                rules.metrics[entry.index].store_error();
+                in_force.meters.rules[entry.index].store_error();
             }
             // The store's circuit breaker logs failures, one line per interval with a count.
             tracing::debug!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match rules.ask(shared.limiter.ledger(), &mut plan) {
-        Answer::Now(result) => record(shared, rules, &plan, result),
+    match in_force.rules.ask(shared.limiter.ledger(), &mut plan) {
+        Answer::Now(result) => record(shared, in_force, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let (shared, rules) = (shared.clone(), rules.clone());
+                let (shared, in_force) = (shared.clone(), in_force.clone());
                 runtime.spawn(async move {
                     let result = pending.await.and_then(|outcomes| plan.answer(outcomes));
-                    record(&shared, &rules, &plan, result)
+                    record(&shared, &in_force, &plan, result)
                 });
             }
         }

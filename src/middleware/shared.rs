@@ -1,24 +1,94 @@
-//! What every service of one layer shares: the limiter, the responder, the failure policy and the
-//! layer's switches. The layer builds it; the service, the decision and the future read it.
+//! What every service of one layer shares: the limiter, the rules in force with what the layer
+//! prepared for them, the responder, the failure policy and the layer's switches. The layer
+//! builds it; the service, the decision and the future read it.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use crate::engine::limiter::Limiter;
-use crate::response::Responder;
+use crate::observe::Meters;
+use crate::response::{Policies, Responder};
+use crate::rules::set::RuleSet;
 use crate::store::FailurePolicy;
 
 /// What every service of one layer shares.
-#[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
+    /// The limiter's rules with this layer's policies and meters for them, replaced together.
+    pub(crate) in_force: Arc<ArcSwap<InForce>>,
     pub(crate) responder: Responder,
     pub(crate) failure: FailurePolicy,
     /// Every rule decides and records but none blocks.
     pub(crate) shadow_all: bool,
-    /// Logs show a hash of each key instead of the key.
+    /// Logs and top-offender lists show a hash of each key instead of the key.
     pub(crate) redact_keys: bool,
+    /// Keys per rule in the top-offender lists.
+    pub(crate) top_offenders: usize,
     /// An allowed request carries its `Decision` in its extensions.
     pub(crate) decision_in_extensions: bool,
     /// A missing peer address is logged once per layer, not once per request.
-    pub(crate) no_peer_logged: std::sync::atomic::AtomicBool,
+    pub(crate) no_peer_logged: AtomicBool,
     /// Whether the missing route of a path-parameter key was logged (once per layer).
-    pub(crate) no_route_logged: std::sync::atomic::AtomicBool,
+    pub(crate) no_route_logged: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The rules in force show in the limiter's; what the layer prepared for them is derived.
+        f.debug_struct("Shared")
+            .field("limiter", &self.limiter)
+            .field("responder", &self.responder)
+            .field("failure", &self.failure)
+            .field("shadow_all", &self.shadow_all)
+            .field("redact_keys", &self.redact_keys)
+            .field("top_offenders", &self.top_offenders)
+            .field("decision_in_extensions", &self.decision_in_extensions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A rule set with what the response and observe stages prepared for it (each stage's own type:
+/// the rules hold neither), so that a request reads all three from one load and a reload
+/// replaces them together.
+pub(crate) struct InForce {
+    pub(crate) rules: Arc<RuleSet>,
+    /// Each rule's `RateLimit` items and the last 429s.
+    pub(crate) policies: Policies,
+    /// Each rule's counters and top-offender sketch.
+    pub(crate) meters: Meters,
+}
+
+impl InForce {
+    /// What a layer on `limiter` keeps: made now for its rules, and again for each rule set a
+    /// reload brings, as long as the layer lives. `top_offenders`: keys per rule's sketch.
+    pub(crate) fn follow(limiter: &Limiter, top_offenders: usize) -> Arc<ArcSwap<InForce>> {
+        let rules = limiter.rules().clone();
+        let first = InForce::new(rules, None, top_offenders);
+        let in_force = Arc::new(ArcSwap::from_pointee(first));
+        // Weak: the limiter outlives layers built on it, and must not keep them alive.
+        let followed = Arc::downgrade(&in_force);
+        limiter.follow_rules(Box::new(move |rules: &Arc<RuleSet>| {
+            let Some(in_force) = followed.upgrade() else {
+                return false;
+            };
+            let current = in_force.load();
+            if current.rules.generation != rules.generation {
+                let next = InForce::new(rules.clone(), Some(&current), top_offenders);
+                in_force.store(Arc::new(next));
+            }
+            true
+        }));
+        in_force
+    }
+
+    fn new(rules: Arc<RuleSet>, previous: Option<&InForce>, top_offenders: usize) -> Self {
+        let previous = previous.map(|p| (&*p.rules, &p.meters));
+        InForce {
+            policies: Policies::of(&rules),
+            meters: Meters::of(&rules, top_offenders, previous),
+            rules,
+        }
+    }
 }

@@ -13,9 +13,11 @@
 //! | `tollgate_store_healthy` | gauge | — (1 while a remote store answers, 0 while its circuit breaker is open) |
 //! | `tollgate_top_offender_utilisation` | gauge | `rule` (how much of its limit the key the rule denied most has used, 0 to 1; set when the top list is read) |
 //!
-//! Counters and the histogram are registered when the rules are built (and again on reload), so the
-//! application's metrics recorder must be installed before the layer is built. The stage reads
-//! decisions and never changes them; the keys denied most are kept in [`offenders`].
+//! Counters and the histogram are registered when the layer is built (and again when a reload
+//! brings new rules), so the application's metrics recorder must be installed before the layer is
+//! built. The stage reads decisions and never changes them; the keys denied most are kept in
+//! [`offenders`]. What it registers per rule set is a [`Meters`], which the middleware keeps beside
+//! the rules it was made for. It never touches responses or the Tower glue.
 
 pub(crate) mod offenders;
 
@@ -24,11 +26,49 @@ use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram};
 
-use self::offenders::{TopKeys, DEFAULT_CAPACITY};
+use self::offenders::TopKeys;
 use crate::algorithm::stable_key_hash;
 use crate::algorithm::{Outcome, Verdict};
 use crate::engine::decision::RuleDecision;
 use crate::key::KeyValue;
+use crate::rules::set::RuleSet;
+
+/// The observe stage's part of one rule set: each rule's counters and top-offender sketch, by
+/// rule index, and the store-latency histogram.
+pub(crate) struct Meters {
+    pub(crate) rules: Box<[RuleMetrics]>,
+    pub(crate) store_latency: Histogram,
+}
+
+impl Meters {
+    /// Registers the metrics of each rule of `rules`, each with a top-offender sketch of
+    /// `capacity` keys; a rule that keeps its name from `previous` (the rule set before a
+    /// reload, with its meters) keeps its sketch, so its counts go on.
+    pub(crate) fn of(
+        rules: &RuleSet,
+        capacity: usize,
+        previous: Option<(&RuleSet, &Meters)>,
+    ) -> Self {
+        let rules = rules
+            .rules
+            .iter()
+            .map(|rule| {
+                let kept = previous.and_then(|(set, meters)| {
+                    let (index, _) = set.find(&rule.name)?;
+                    Some(meters.rules[index].offenders.clone())
+                });
+                RuleMetrics::new(
+                    &rule.name,
+                    kept.unwrap_or_else(|| Arc::new(TopKeys::new(capacity))),
+                )
+            })
+            .collect();
+        Meters {
+            rules,
+            store_latency: store_latency(),
+        }
+    }
+}
 
 /// One rule's counters.
 pub(crate) struct RuleMetrics {
@@ -45,7 +85,7 @@ pub(crate) struct RuleMetrics {
 }
 
 impl RuleMetrics {
-    pub(crate) fn new(rule: &str) -> Self {
+    fn new(rule: &str, offenders: Arc<TopKeys>) -> Self {
         describe();
         let rule = rule.to_owned();
         RuleMetrics {
@@ -55,7 +95,7 @@ impl RuleMetrics {
             shadow_denied: metrics::counter!("tollgate_shadow_denied_total", "rule" => rule.clone()),
             blocked: metrics::counter!("tollgate_blocked_total", "rule" => rule.clone()),
             store_errors: metrics::counter!("tollgate_store_errors_total", "rule" => rule.clone()),
-            offenders: Arc::new(TopKeys::new(DEFAULT_CAPACITY)),
+            offenders,
             utilisation: metrics::gauge!("tollgate_top_offender_utilisation", "rule" => rule),
         }
     }
@@ -130,7 +170,7 @@ fn describe() {
 }
 
 /// The store-latency histogram, registered with the rules like the counters.
-pub(crate) fn store_latency() -> Histogram {
+fn store_latency() -> Histogram {
     describe();
     metrics::histogram!("tollgate_store_latency_seconds")
 }

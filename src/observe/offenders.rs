@@ -1,5 +1,5 @@
 //! The keys each rule denies most: a Space-Saving sketch per rule, fed by the middleware's
-//! denials only, read through [`Limiter::top_offenders`](crate::Limiter::top_offenders).
+//! denials only, read through [`RateLimitLayer::top_offenders`](crate::RateLimitLayer::top_offenders).
 //!
 //! Space-Saving (Metwally, Agrawal and El Abbadi, 2005) keeps `k` counters. A denied key that has
 //! a counter adds one to it; a new key takes over the smallest counter, adds one to it, and
@@ -8,28 +8,38 @@
 //! have been evicted, and every count is at most `error` above the key's true number.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
+use super::{LoggedKey, RuleMetrics};
 use crate::key::KeyValue;
-use crate::rules::set::RuleSet;
 
 /// Counters per rule when nothing else is said: enough for a dashboard's top list.
 pub(crate) const DEFAULT_CAPACITY: usize = 64;
 
-/// Gives each rule of `next` a sketch of `capacity` counters: the sketch of the rule of the same
-/// name in `previous` (the rules in force before a reload), so its counts go on, or a new one.
-pub(crate) fn carry_over(next: &mut RuleSet, capacity: usize, previous: Option<&RuleSet>) {
-    for (rule, metrics) in next.rules.iter().zip(next.metrics.iter_mut()) {
-        let kept = previous.and_then(|previous| {
-            let (index, _) = previous.find(&rule.name)?;
-            Some(previous.metrics[index].offenders.clone())
-        });
-        metrics.offenders = match kept {
-            Some(kept) => kept,
-            None if metrics.offenders.capacity() == capacity => continue,
-            None => Arc::new(TopKeys::new(capacity)),
-        };
-    }
+/// A rule's list as its sketch holds it now, without the utilisation (read from the store by
+/// the caller), and the key denied most.
+pub(crate) fn list(
+    metrics: &RuleMetrics,
+    rule: &str,
+    redact: bool,
+) -> (TopOffenders, Option<KeyValue>) {
+    let (denials, counters) = metrics.offenders.snapshot();
+    let offenders = counters
+        .iter()
+        .map(|c| Offender {
+            key: LoggedKey::new(&c.key, redact).to_string(),
+            denied: c.count,
+            error: c.error,
+        })
+        .collect();
+    let top = TopOffenders {
+        rule: rule.to_owned(),
+        denials,
+        capacity: metrics.offenders.capacity(),
+        offenders,
+        utilisation: None,
+    };
+    (top, counters.into_iter().next().map(|c| c.key))
 }
 
 /// One rule's sketch.
@@ -172,7 +182,7 @@ impl SpaceSaving {
     }
 }
 
-/// The keys a rule denied most, from [`Limiter::top_offenders`](crate::Limiter::top_offenders).
+/// The keys a rule denied most, from [`RateLimitLayer::top_offenders`](crate::RateLimitLayer::top_offenders).
 ///
 /// Counts come from a Space-Saving sketch of fixed size ([`capacity`](Self::capacity) keys per
 /// rule): it cannot miss a key denied more than [`guaranteed_above`](Self::guaranteed_above)

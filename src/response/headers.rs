@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
-use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Outcome};
 use crate::engine::decision::{Decision, RuleDecision};
 
@@ -54,14 +53,11 @@ pub(crate) struct PolicyItem {
 }
 
 impl PolicyItem {
-    pub(crate) fn new(rule: &str, algorithm: &Algorithm) -> Result<Self, ConfigError> {
-        let name = sfv::StringRef::from_str(rule).map_err(|e| {
-            ConfigError::new(
-                rule,
-                "name",
-                format!("is not a valid Structured Field string: {e}"),
-            )
-        })?;
+    /// `rule` is a validated rule's name: non-empty printable ASCII (`Rule::validate`), which is
+    /// always a Structured Field string.
+    pub(crate) fn new(rule: &str, algorithm: &Algorithm) -> Self {
+        let name = sfv::StringRef::from_str(rule)
+            .expect("a rule name is printable ASCII, checked when the rule is built");
         let windowed = !algorithm.is_concurrency();
         let q = sf_integer(algorithm.capacity());
         let policy = sfv::ItemSerializer::new().bare_item(name).parameter(Q, q);
@@ -75,13 +71,13 @@ impl PolicyItem {
         let ratelimit_head = format!("{name};r=").into_bytes().into_boxed_slice();
         let quoted = serde_json::Value::from(rule).to_string();
         let json_name = quoted[1..quoted.len() - 1].to_owned();
-        Ok(PolicyItem {
+        PolicyItem {
             name,
             ratelimit_head,
             policy,
             json_name,
             windowed,
-        })
+        }
     }
 }
 
@@ -295,11 +291,11 @@ mod tests {
     #[test]
     fn policy_items_are_structured_fields() {
         let bucket = Algorithm::TokenBucket(TokenBucket::new(60, Duration::from_secs(60)));
-        let item = PolicyItem::new("per-ip", &bucket).unwrap();
+        let item = PolicyItem::new("per-ip", &bucket);
         assert_eq!(item.name, "\"per-ip\"");
         assert_eq!(item.policy, "\"per-ip\";q=60;w=60");
         let window = Algorithm::FixedWindow(FixedWindow::new(1000, Duration::from_millis(1500)));
-        let quoted = PolicyItem::new("say \"hi\"", &window).unwrap();
+        let quoted = PolicyItem::new("say \"hi\"", &window);
         assert_eq!(quoted.policy, r#""say \"hi\"";q=1000;w=2"#);
         let parsed: sfv::List = sfv::Parser::new(&quoted.policy).parse().unwrap();
         assert_eq!(parsed.len(), 1);
@@ -308,7 +304,7 @@ mod tests {
     #[test]
     fn one_rule_values_match_the_general_writer() {
         let bucket = Algorithm::TokenBucket(TokenBucket::new(60, Duration::from_secs(60)));
-        let items = [PolicyItem::new("per \"ip\"", &bucket).unwrap()];
+        let items = [PolicyItem::new("per \"ip\"", &bucket)];
         let cases = [
             (0, Duration::ZERO, r#""per \"ip\"";r=0;t=0"#),
             (9, Duration::from_millis(1), r#""per \"ip\"";r=9;t=1"#),
@@ -321,7 +317,13 @@ mod tests {
         ];
         for (remaining, next_unit_in, expected) in cases {
             let mut decision = Decision::default();
-            decision.plan(0, "per \"ip\"".into(), crate::KeyValue::new(b"k"), 1, None);
+            decision.plan(
+                0,
+                "per \"ip\"".into(),
+                crate::key::KeyValue::new(b"k"),
+                1,
+                None,
+            );
             decision.answer_one(Outcome {
                 verdict: crate::algorithm::Verdict::Allowed,
                 limit: 60,
@@ -340,10 +342,10 @@ mod tests {
     #[test]
     fn concurrency_limits_are_quotas_in_the_drafts_concurrent_requests_unit() {
         let slots = Algorithm::Concurrency(crate::algorithm::Concurrency::new(8));
-        let item = PolicyItem::new("llm", &slots).unwrap();
+        let item = PolicyItem::new("llm", &slots);
         assert_eq!(item.policy, "\"llm\";q=8;qu=\"concurrent-requests\"");
         let mut decision = Decision::default();
-        decision.plan(0, "llm".into(), crate::KeyValue::new(b"k"), 1, None);
+        decision.plan(0, "llm".into(), crate::key::KeyValue::new(b"k"), 1, None);
         decision.answer_one(Outcome {
             verdict: crate::algorithm::Verdict::Allowed,
             limit: 8,
@@ -357,13 +359,6 @@ mod tests {
         let one = ratelimit_value(&items, &decision).unwrap();
         assert_eq!(one, "\"llm\";r=3");
         assert_eq!(Some(one), items_value(&items, decision.rules()));
-    }
-
-    #[test]
-    fn names_that_cannot_be_sent_are_config_errors() {
-        let bucket = Algorithm::TokenBucket(TokenBucket::new(1, Duration::from_secs(1)));
-        let err = PolicyItem::new("tab\there", &bucket).unwrap_err();
-        assert_eq!(err.field(), "name");
     }
 
     #[test]

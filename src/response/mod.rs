@@ -2,6 +2,7 @@
 //! it adds to the inner service's responses, in the shape of the request's protocol.
 //!
 //! - `headers`: the `RateLimit`, `RateLimit-Policy`, `Retry-After` and legacy fields;
+//! - `policies`: what is prepared once per rule set (each rule's items, the last 429s);
 //! - `prepared`: ready-made copies of recent identical 429s;
 //! - `grpc`: trailers-only gRPC answers, for requests whose `content-type` is gRPC's;
 //! - this module: the `Responder`, which picks the shape and builds HTTP problem+json answers.
@@ -10,9 +11,10 @@
 
 pub(crate) mod grpc;
 pub(crate) mod headers;
+mod policies;
 mod prepared;
 
-pub(crate) use prepared::Prepared;
+pub(crate) use policies::Policies;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use http::{HeaderMap, Response, StatusCode};
 use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
 use self::prepared::Fingerprint;
 use crate::engine::decision::Decision;
-use crate::rules::set::{Refusal, RuleSet};
+use crate::rules::set::Refusal;
 use crate::store::StoreError;
 
 use self::grpc::Code;
@@ -59,7 +61,7 @@ pub type RespondFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 /// ```
 pub struct Rejection<'a> {
     responder: &'a Responder,
-    rules: &'a RuleSet,
+    policies: &'a Policies,
     decision: &'a Decision,
     protocol: Protocol,
     wait: Duration,
@@ -86,7 +88,7 @@ impl Rejection<'_> {
     /// trailers-only `RESOURCE_EXHAUSTED` for gRPC; with every field.
     pub fn default_response(&self) -> Response<Bytes> {
         self.responder
-            .build_denied(self.rules, self.decision, self.protocol, self.wait)
+            .build_denied(self.policies, self.decision, self.protocol, self.wait)
     }
 
     /// A trailers-only gRPC answer in the request's flavour (gRPC or gRPC-Web): HTTP `200`,
@@ -154,17 +156,17 @@ impl Responder {
         }
     }
 
-    fn policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
+    fn policy(policies: &Policies, decision: &Decision) -> Option<HeaderValue> {
         if decision.has_applied() {
-            return per_request_policy(rules, decision);
+            return per_request_policy(policies, decision);
         }
-        if decision.rules().len() == rules.items.len() {
-            return rules.all_rules_policy.clone();
+        if decision.rules().len() == policies.items.len() {
+            return policies.all_rules.clone();
         }
         let items = decision
             .rules()
             .iter()
-            .filter_map(|r| rules.items.get(r.index));
+            .filter_map(|r| policies.items.get(r.index));
         headers::join(items.map(|i| i.policy.as_str()))
     }
 
@@ -172,7 +174,7 @@ impl Responder {
     /// set; the default rejection is the layer's own and has none yet, so it appends directly.
     fn insert_fields(
         &self,
-        rules: &RuleSet,
+        policies: &Policies,
         headers: &mut HeaderMap,
         decision: &Decision,
         own: bool,
@@ -184,14 +186,14 @@ impl Responder {
                 headers.entry(name.clone()).or_insert(value);
             }
         };
-        if let Some(policy) = Self::policy(rules, decision) {
+        if let Some(policy) = Self::policy(policies, decision) {
             add(&RATELIMIT_POLICY, policy);
         }
-        if let Some(value) = headers::ratelimit_value(&rules.items, decision) {
+        if let Some(value) = headers::ratelimit_value(&policies.items, decision) {
             add(&RATELIMIT, value);
         }
         if self.legacy {
-            if let Some(legacy) = Legacy::of(&rules.items, decision) {
+            if let Some(legacy) = Legacy::of(&policies.items, decision) {
                 legacy.insert(headers);
             }
         }
@@ -200,20 +202,24 @@ impl Responder {
     /// The fields for an allowed response, if the layer sends them. (The check is inlined: with
     /// the fields off it costs no call.)
     #[inline]
-    pub(crate) fn allowed(&self, rules: &RuleSet, decision: &Decision) -> Option<AllowedHeaders> {
+    pub(crate) fn allowed(
+        &self,
+        policies: &Policies,
+        decision: &Decision,
+    ) -> Option<AllowedHeaders> {
         if !self.on_allowed || decision.rules().is_empty() {
             return None;
         }
-        self.allowed_fields(rules, decision)
+        self.allowed_fields(policies, decision)
     }
 
-    fn allowed_fields(&self, rules: &RuleSet, decision: &Decision) -> Option<AllowedHeaders> {
+    fn allowed_fields(&self, policies: &Policies, decision: &Decision) -> Option<AllowedHeaders> {
         Some(AllowedHeaders {
-            policy: Self::policy(rules, decision)?,
-            ratelimit: headers::ratelimit_value(&rules.items, decision)?,
+            policy: Self::policy(policies, decision)?,
+            ratelimit: headers::ratelimit_value(&policies.items, decision)?,
             legacy: self
                 .legacy
-                .then(|| Legacy::of(&rules.items, decision))
+                .then(|| Legacy::of(&policies.items, decision))
                 .flatten(),
         })
     }
@@ -221,7 +227,7 @@ impl Responder {
     /// The response to a denied request, in the shape of its protocol.
     pub(crate) fn denied(
         &self,
-        rules: &RuleSet,
+        policies: &Policies,
         decision: &Decision,
         protocol: Protocol,
     ) -> Response<Bytes> {
@@ -229,30 +235,30 @@ impl Responder {
         if let Some(hook) = &self.rejection {
             let rejected = Rejection {
                 responder: self,
-                rules,
+                policies,
                 decision,
                 protocol,
                 wait,
             };
             let mut response = hook(&rejected);
-            self.complete(rules, decision, protocol, wait, &mut response, false);
+            self.complete(policies, decision, protocol, wait, &mut response, false);
             return response;
         }
         // (A per-request limit's policy is not in the fingerprint: such refusals are built.)
         if protocol == Protocol::Http && !self.legacy && !decision.has_applied() {
             let retry_seconds = headers::whole_seconds(wait).max(1);
             let fingerprint = Fingerprint::of(self.status, retry_seconds, decision);
-            return rules.prepared.get_or_build(fingerprint, || {
-                self.build_denied(rules, decision, protocol, wait)
+            return policies.prepared.get_or_build(fingerprint, || {
+                self.build_denied(policies, decision, protocol, wait)
             });
         }
-        self.build_denied(rules, decision, protocol, wait)
+        self.build_denied(policies, decision, protocol, wait)
     }
 
     /// The layer's own answer to a denied request, with every field.
     fn build_denied(
         &self,
-        rules: &RuleSet,
+        policies: &Policies,
         decision: &Decision,
         protocol: Protocol,
         wait: Duration,
@@ -262,14 +268,14 @@ impl Responder {
             grpc::trailers_only(protocol, Code::ResourceExhausted as i32, &message)
         } else {
             let body = quota_exceeded(
-                rules,
+                policies,
                 decision,
                 self.status,
                 headers::whole_seconds(wait).max(1),
             );
             problem(self.status, body)
         };
-        self.complete(rules, decision, protocol, wait, &mut response, true);
+        self.complete(policies, decision, protocol, wait, &mut response, true);
         response
     }
 
@@ -277,7 +283,7 @@ impl Responder {
     /// fields to a rejection; to a user's (`own` false), only those it does not set itself.
     fn complete(
         &self,
-        rules: &RuleSet,
+        policies: &Policies,
         decision: &Decision,
         protocol: Protocol,
         wait: Duration,
@@ -295,7 +301,7 @@ impl Responder {
         } else if own || !headers.contains_key(http::header::RETRY_AFTER) {
             headers::insert_retry_after(headers, wait);
         }
-        self.insert_fields(rules, headers, decision, own);
+        self.insert_fields(policies, headers, decision, own);
     }
 
     fn jitter(&self) -> Duration {
@@ -425,7 +431,7 @@ fn grpc_quota_exceeded(decision: &Decision, retry_seconds: u64) -> String {
 /// The problem+json body of a denial, written directly: names are escaped once when the rules are
 /// built, so a flood of 429s costs one allocation each.
 fn quota_exceeded(
-    rules: &RuleSet,
+    policies: &Policies,
     decision: &Decision,
     status: StatusCode,
     retry_seconds: u64,
@@ -435,7 +441,7 @@ fn quota_exceeded(
             .rules()
             .iter()
             .filter(|r| !r.outcome.is_allowed())
-            .filter_map(|r| rules.items.get(r.index))
+            .filter_map(|r| policies.items.get(r.index))
     };
     let mut numbers = itoa::Buffer::new();
     let mut body = String::with_capacity(256);
@@ -495,17 +501,16 @@ impl fmt::Debug for Responder {
 }
 
 /// `RateLimit-Policy` when some rule's limit came from the request: that limit's item.
-fn per_request_policy(rules: &RuleSet, decision: &Decision) -> Option<HeaderValue> {
+fn per_request_policy(policies: &Policies, decision: &Decision) -> Option<HeaderValue> {
     let mut items: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(decision.rules().len());
     for entry in decision.rules() {
         match entry.limit() {
             Some(limit) => items.push(
                 headers::PolicyItem::new(&entry.rule, limit.algorithm())
-                    .ok()?
                     .policy
                     .into(),
             ),
-            None => items.push(rules.items.get(entry.index)?.policy.as_str().into()),
+            None => items.push(policies.items.get(entry.index)?.policy.as_str().into()),
         }
     }
     headers::join(items.iter().map(|item| item.as_ref()))

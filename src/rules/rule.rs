@@ -859,6 +859,8 @@ mod tests {
             error_of(Rule::new("bad\nname", Limit::per_second(1))),
             "rule \"bad\\nname\": name: must be non-empty printable ASCII (it is sent in headers)"
         );
+        // A tab is no Structured Field string character either.
+        assert!(error_of(Rule::new("tab\there", Limit::per_second(1))).contains(": name: "));
         assert!(Rule::new("ok", Limit::per_second(1)).validate().is_ok());
     }
 

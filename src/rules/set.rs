@@ -1,10 +1,11 @@
-//! `RuleSet`: the rules in force — validated, with their header items serialized and their metrics
-//! registered — plus the allow and deny lists. A reload replaces the whole set atomically.
+//! `RuleSet`: the rules in force, validated and compiled, plus the allow and deny lists; it routes
+//! a request to its plan. A reload replaces the whole set atomically, under a new generation,
+//! by which the later stages know when to refresh what they prepared per rule.
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::header::HeaderValue;
 use http::{Request, StatusCode};
 use ipnet::IpNet;
 
@@ -12,13 +13,6 @@ use crate::algorithm::error::ConfigError;
 use crate::algorithm::CostTooLarge;
 use crate::key::protocol::Protocol;
 use crate::key::{peer_addr, Key, KeyFault, KeyValue, RequestHead};
-// The two imports that run back up the stages: the rule set carries, per rule, what the later
-// stages prepare once per reload (metric handles, `RateLimit-Policy` items, the last 429s), so a
-// request finds them with the rules it was routed by. They belong in the stages that use them,
-// cached there per rule-set generation (ARCHITECTURE.md).
-use crate::observe::RuleMetrics;
-use crate::response::headers::{self, PolicyItem};
-use crate::response::Prepared;
 use crate::rules::cost::CostError;
 use crate::rules::per_request::Applied;
 
@@ -27,13 +21,9 @@ use crate::rules::rule::{CompiledRule, MissingKey, Rule};
 /// Rules, compiled, with everything per rule that never changes between requests.
 pub(crate) struct RuleSet {
     pub(crate) rules: Box<[CompiledRule]>,
-    pub(crate) items: Box<[PolicyItem]>,
-    pub(crate) metrics: Box<[RuleMetrics]>,
-    pub(crate) store_latency: metrics::Histogram,
-    /// `RateLimit-Policy` when every rule applies (the common case), serialized once.
-    pub(crate) all_rules_policy: Option<HeaderValue>,
-    /// The last default 429s, for floods of identical refusals.
-    pub(crate) prepared: Prepared,
+    /// Unique to this set (counted per process): what the response and observe stages prepared
+    /// for a set is theirs to keep until the generation changes.
+    pub(crate) generation: u64,
     /// Whether any rule is corrected once the response is known (the others pay nothing).
     pub(crate) settles: bool,
     /// Whether any rule is a concurrency limit, whose slots are held until the response ends
@@ -110,6 +100,9 @@ pub(crate) enum Route {
     Planned,
 }
 
+/// The next rule set's generation.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+
 impl RuleSet {
     pub(crate) fn new(
         rules: Vec<Rule>,
@@ -128,26 +121,13 @@ impl RuleSet {
             }
             compiled.push(rule);
         }
-        let items = compiled
-            .iter()
-            .map(|rule| PolicyItem::new(&rule.name, rule.algorithm()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let all_rules_policy = headers::join(items.iter().map(|i| i.policy.as_str()));
-        let metrics = compiled
-            .iter()
-            .map(|rule| RuleMetrics::new(&rule.name))
-            .collect();
         let settles = compiled.iter().any(CompiledRule::settles);
         let slots = compiled
             .iter()
             .any(|rule| rule.algorithm().is_concurrency());
         Ok(RuleSet {
             rules: compiled.into_boxed_slice(),
-            items: items.into_boxed_slice(),
-            metrics,
-            store_latency: crate::observe::store_latency(),
-            all_rules_policy,
-            prepared: Prepared::new(),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
             settles,
             slots,
             allow,

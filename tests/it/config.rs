@@ -259,7 +259,7 @@ async fn top_offenders_sets_the_size_of_each_rules_list() {
         ("top_offenders = 0\n", 0),
     ] {
         let layer = toml(&format!("{setting}{rule}"));
-        let top = layer.limiter().top_offenders("a").await.unwrap();
+        let top = layer.top_offenders("a").await.unwrap();
         assert_eq!(top.capacity, capacity, "{setting}");
     }
     assert!(toml_error(&format!("top_offenders = -1\n{rule}")).contains("top_offenders"));

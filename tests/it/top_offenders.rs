@@ -1,4 +1,4 @@
-//! Top offenders: the keys each rule denied most, read from the limiter behind a layer, with the
+//! Top offenders: the keys each rule denied most, read from the layer that denied them, with the
 //! gauge of how much of its limit the most denied key has used.
 
 use std::convert::Infallible;
@@ -77,7 +77,7 @@ async fn denied_keys_are_listed_with_their_counts_and_allowed_ones_are_not() {
     assert_eq!(send_as(&service, "bob", 4).await, 2);
     assert_eq!(send_as(&service, "alice", 1).await, 1);
 
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(top.rule, "per-key");
     assert_eq!(top.denials, 6);
     assert_eq!(top.capacity, 64);
@@ -104,21 +104,21 @@ async fn the_gauge_reads_how_much_of_its_limit_the_most_denied_key_has_used() {
     // Registered with the rules, set only when a list is read.
     assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(0.0));
 
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(listed(&top)[0], ("alice", 2, 0));
     assert_eq!(top.utilisation, Some(1.0));
     assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(1.0));
 
     // Four a minute: half a minute later two units are back, half the limit.
     tokio::time::advance(Duration::from_secs(30)).await;
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(top.utilisation, Some(0.5));
     assert_eq!(gauge(&metrics, GAUGE, "per-key"), Some(0.5));
     // Reading charged nothing: alice still has exactly those two units.
     assert_eq!(send_as(&service, "alice", 3).await, 1);
 
     // A rule that denied nothing has no offender: no utilisation, and the gauge says 0.
-    let roomy = layer.limiter().top_offenders("roomy").await.unwrap();
+    let roomy = layer.top_offenders("roomy").await.unwrap();
     assert!(roomy.offenders.is_empty());
     assert_eq!((roomy.denials, roomy.utilisation), (0, None));
     assert_eq!(gauge(&metrics, GAUGE, "roomy"), Some(0.0));
@@ -132,7 +132,7 @@ async fn shadow_rules_list_the_keys_they_would_have_denied() {
         .unwrap();
     let service = app(&layer);
     assert_eq!(send_as(&service, "alice", 4).await, 0, "never enforced");
-    let top = layer.limiter().top_offenders("trial").await.unwrap();
+    let top = layer.top_offenders("trial").await.unwrap();
     assert_eq!(listed(&top), [("alice", 3, 0)]);
 
     // The layer's shadow switch: every rule would deny, none does, all are listed.
@@ -143,7 +143,7 @@ async fn shadow_rules_list_the_keys_they_would_have_denied() {
         .unwrap();
     let service = app(&layer);
     assert_eq!(send_as(&service, "bob", 5).await, 0);
-    let top = layer.limiter().top_offenders("new-limit").await.unwrap();
+    let top = layer.top_offenders("new-limit").await.unwrap();
     assert_eq!(listed(&top), [("bob", 3, 0)]);
 }
 
@@ -160,9 +160,8 @@ async fn a_rule_is_charged_with_the_denials_it_made_not_those_of_other_rules() {
     // while his own rule would admit him.
     assert_eq!(send_as(&service, "alice", 4).await, 2);
     assert_eq!(send_as(&service, "bob", 3).await, 2);
-    let limiter = layer.limiter();
-    let per_key = limiter.top_offenders("per-key").await.unwrap();
-    let everyone = limiter.top_offenders("everyone").await.unwrap();
+    let per_key = layer.top_offenders("per-key").await.unwrap();
+    let everyone = layer.top_offenders("everyone").await.unwrap();
     assert_eq!(listed(&per_key), [("alice", 2, 0)]);
     // The "everyone" rule has one key, the empty one.
     assert_eq!(listed(&everyone), [("", 2, 0)]);
@@ -180,7 +179,7 @@ async fn the_capacity_bounds_the_list_and_the_heavy_key_stays_in_it() {
         assert_eq!(send_as(&service, key, 2).await, 1);
     }
     assert_eq!(send_as(&service, "a", 11).await, 10);
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!((top.denials, top.capacity), (13, 2));
     // a was denied 10 times, more than 13 / 2 = 6: it must be listed. It took over a counter
     // holding 1 (c's, the error), so it reads 11. d took over b's: 2, error 1.
@@ -193,7 +192,7 @@ async fn the_capacity_bounds_the_list_and_the_heavy_key_stays_in_it() {
         .build()
         .unwrap();
     assert_eq!(send_as(&app(&layer), "a", 3).await, 2);
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert!(top.offenders.is_empty());
 }
 
@@ -209,11 +208,10 @@ async fn a_reload_keeps_the_lists_of_rules_that_keep_their_name() {
         ])
         .unwrap();
     assert_eq!(send_as(&service, "alice", 1).await, 1);
-    let limiter = layer.limiter();
-    let kept = limiter.top_offenders("per-key").await.unwrap();
+    let kept = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(listed(&kept), [("alice", 3, 0)]);
     // "new" would have admitted that request; per-key denied it, so only per-key counts it.
-    assert!(limiter
+    assert!(layer
         .top_offenders("new")
         .await
         .unwrap()
@@ -222,7 +220,7 @@ async fn a_reload_keeps_the_lists_of_rules_that_keep_their_name() {
     layer
         .reload([per_key("new", Limit::per_minute(1))])
         .unwrap();
-    match limiter.top_offenders("per-key").await {
+    match layer.top_offenders("per-key").await {
         Err(LimitError::UnknownRule(name)) => assert_eq!(name, "per-key"),
         other => panic!("expected an unknown rule, got {other:?}"),
     }
@@ -241,8 +239,7 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
         .build()
         .unwrap();
     assert_eq!(send_as(&app(&layer), "alice", 2).await, 1);
-    // The handle held apart from the layer shows the hash too.
-    let top = limiter.top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     let [offender] = &top.offenders[..] else {
         panic!("{top:?}")
     };
@@ -252,7 +249,7 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
     assert_eq!(hash.len(), 16);
     assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
     // The same key gets the same hash, so it can be followed in the logs.
-    let again = limiter.top_offenders("per-key").await.unwrap();
+    let again = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(again.offenders[0].key, offender.key);
 
     // Built redacting, without a layer.
@@ -262,8 +259,43 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
         .build()
         .unwrap();
     assert_eq!(send_as(&app(&layer), "alice", 2).await, 1);
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(top.offenders[0].key, offender.key);
+}
+
+#[tokio::test(start_paused = true)]
+async fn layers_sharing_a_limiter_list_their_own_denials() {
+    let limiter = Limiter::builder()
+        .store(paused::store())
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .build()
+        .unwrap();
+    let on_limiter = || {
+        RateLimitLayer::builder()
+            .limiter(limiter.clone())
+            .build()
+            .unwrap()
+    };
+    let (public, admin) = (on_limiter(), on_limiter());
+    // One budget: alice's one request of the minute goes through the public layer, and each
+    // layer then denies her its own number of times.
+    assert_eq!(send_as(&app(&public), "alice", 3).await, 2);
+    assert_eq!(send_as(&app(&admin), "alice", 1).await, 1);
+    let top = public.top_offenders("per-key").await.unwrap();
+    assert_eq!(listed(&top), [("alice", 2, 0)]);
+    let top = admin.top_offenders("per-key").await.unwrap();
+    assert_eq!(listed(&top), [("alice", 1, 0)]);
+    // A reload through the limiter reaches both layers' lists.
+    limiter
+        .reload([per_key("renamed", Limit::per_minute(1))])
+        .unwrap();
+    for layer in [&public, &admin] {
+        assert!(matches!(
+            layer.top_offenders("per-key").await,
+            Err(LimitError::UnknownRule(_))
+        ));
+        assert_eq!(layer.top_offenders("renamed").await.unwrap().denials, 0);
+    }
 }
 
 /// Denials from many tasks at once are all counted: the sum of the counts is the number of 429s.
@@ -289,7 +321,7 @@ async fn a_flood_of_denials_from_many_tasks_loses_no_count() {
     }
     // 2,000 requests over 40 keys, one admitted per key.
     assert_eq!(denied, 2_000 - 40);
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(top.denials, denied);
     assert_eq!(top.offenders.len(), 40);
     assert_eq!(top.offenders.iter().map(|o| o.denied).sum::<u64>(), denied);
@@ -314,7 +346,7 @@ async fn denials_decided_in_redis_are_listed_too() {
     let service = app(&layer);
     assert_eq!(send_as(&service, "alice", 4).await, 3);
     assert_eq!(send_as(&service, "bob", 1).await, 0);
-    let top = layer.limiter().top_offenders("per-key").await.unwrap();
+    let top = layer.top_offenders("per-key").await.unwrap();
     assert_eq!(listed(&top), [("alice", 3, 0)]);
     // One unit a minute: alice's is spent, read back from Redis.
     assert_eq!(top.utilisation, Some(1.0));

@@ -86,7 +86,7 @@ async fn top_offenders_show_the_hash_the_logs_show() {
     for _ in 0..3 {
         send(&service, from("198.51.100.7", "/", false)).await;
     }
-    let top = layer.limiter().top_offenders("per-ip").await.unwrap();
+    let top = layer.top_offenders("per-ip").await.unwrap();
     let key = &top.offenders[0].key;
     assert!(key.starts_with('#'), "{key}");
     let logged = lines.text();
