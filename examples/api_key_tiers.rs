@@ -72,7 +72,7 @@ async fn hello(decision: Decision) -> String {
         Some(plan) => {
             let left = plan.outcome.remaining;
             let noun = if left == 1 { "request" } else { "requests" };
-            format!("hello, {} customer: {left} {noun} left\n", plan.rule)
+            format!("hello, {} customer: {left} {noun} left\n", plan.rule())
         }
         None => "hello\n".to_owned(),
     }

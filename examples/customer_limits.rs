@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
 use axum::{routing::get, Router};
-use tollgate::{Decision, Key, Limit, LimitResolver, MissingKey, RateLimitLayer, Rule};
+use tollgate::rules::LimitResolver;
+use tollgate::{Decision, Key, Limit, MissingKey, RateLimitLayer, Rule};
 
 static API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 

@@ -44,7 +44,7 @@ pub(crate) fn app() -> Router {
 async fn quota(decision: Decision) -> String {
     let mut out = String::new();
     for rule in decision.rules() {
-        let _ = writeln!(out, "{}: {} left", rule.rule, rule.outcome.remaining);
+        let _ = writeln!(out, "{}: {} left", rule.rule(), rule.outcome.remaining);
     }
     out
 }

@@ -24,7 +24,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{routing::get, Router};
 use tokio::time::Instant;
-use tollgate::{Limit, MemoryStore, Queue, RateLimitLayer, Rule, TokioClock};
+use tollgate::clock::TokioClock;
+use tollgate::{Limit, MemoryStore, Queue, RateLimitLayer, Rule};
 
 /// The upstream's cap: at most this many calls in any one-second window.
 pub(crate) const CAP: usize = 5;

@@ -51,7 +51,9 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use tollgate::{ConfigFileError, ConfigWatch, Decision, RateLimitLayer};
+use tollgate::config::Config;
+use tollgate::config::{ConfigFileError, ConfigWatch};
+use tollgate::{Decision, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
@@ -112,7 +114,7 @@ async fn answer(request: Request) -> Response {
     match request.extensions().get::<Decision>() {
         Some(decision) if !decision.rules().is_empty() => {
             for rule in decision.rules() {
-                text += &format!("  {}: {} left\n", rule.rule, rule.outcome.remaining);
+                text += &format!("  {}: {} left\n", rule.rule(), rule.outcome.remaining);
             }
         }
         _ => text += "  no rule applied\n",
@@ -183,11 +185,11 @@ fn delay(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The layer the file describes, watched for changes. `load_config` is the loader that takes any
-/// store: it connects to Redis when the file names it (the synchronous `from_config_file` cannot).
+/// The layer the file describes, watched for changes. `Config::connect` builds it with any store:
+/// it connects to Redis when the file names it (the synchronous `Config::layer` cannot).
 pub(crate) async fn load(path: &Path) -> Result<(RateLimitLayer, ConfigWatch), ConfigFileError> {
-    let limits = RateLimitLayer::load_config(path).await?;
-    let watch = limits.watch_config_file(path, Duration::from_secs(2))?;
+    let limits = Config::read(path)?.connect().await?;
+    let watch = Config::watch(&limits, path, Duration::from_secs(2))?;
     Ok((limits, watch))
 }
 

@@ -6,51 +6,50 @@
 // On docs.rs, every item that needs a feature carries a badge naming it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The root holds what a user writes in a first week; everything else is in the module of its
+// stage (ARCHITECTURE.md), one path per item.
 pub mod algorithm;
-mod clock;
+pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
-mod engine;
-mod key;
-mod middleware;
+pub mod engine;
+pub mod key;
+pub mod middleware;
 mod observe;
 mod response;
-mod rules;
+pub mod rules;
 pub mod store;
 
 pub use algorithm::error::ConfigError;
-pub use algorithm::Limit;
-pub use algorithm::{Outcome, Penalty, Verdict};
-pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-#[cfg(feature = "config")]
-pub use config::{ConfigFileError, ConfigFormat, ConfigWatch, Plan};
-pub use engine::decision::{Decision, RuleDecision, Ruling};
-pub use engine::limiter::{LimitError, Limiter, LimiterBuilder, Reservation};
-pub use engine::slot::SlotGuard;
-pub use key::protocol::Protocol;
-pub use key::{CdnHeader, ClientIp, ForwardedHeader, Key, KeyValue, RequestHead, MAX_KEY_LEN};
-pub use middleware::body::ResponseBody;
-pub use middleware::future::ResponseFuture;
+pub use algorithm::limit::Limit;
+pub use algorithm::penalty::Penalty;
+pub use engine::decision::Decision;
+pub use engine::limiter::{LimitError, Limiter};
+pub use key::client_ip::ClientIp;
+pub use key::extract::Key;
 pub use middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use middleware::service::RateLimit;
-pub use observe::offenders::{Offender, TopOffenders};
-pub use response::grpc::GRPC_RETRY_PUSHBACK_MS;
-pub use response::headers::{
-    RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
-};
-pub use response::{Rejection, RespondFn, QUOTA_EXCEEDED};
-pub use rules::cost::{Cost, CostError};
-pub use rules::per_request::LimitResolver;
+pub use rules::cost::Cost;
 pub use rules::queue::Queue;
-pub use rules::rule::{MissingKey, Rule, RuleSummary};
+pub use rules::rule::{MissingKey, Rule};
 pub use rules::set::AccessList;
-pub use rules::settle::{CountIf, ResponseHead, Settle};
+pub use rules::settle::{CountIf, Settle};
+pub use store::failure::FailurePolicy;
+pub use store::memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use store::RedisStore;
-pub use store::{CircuitBreaker, FailurePolicy, MemoryStore, Store};
+pub use store::redis::RedisStore;
 
-/// The README's examples, compiled and run as doc tests so they cannot go stale.
+/// The names of the fields and values the layer writes: the `RateLimit` fields of
+/// draft-ietf-httpapi-ratelimit-headers, the legacy `X-RateLimit-*` ones, gRPC's pushback, and the
+/// problem type of a refusal.
+pub mod headers {
+    pub use crate::response::grpc::GRPC_RETRY_PUSHBACK_MS;
+    pub use crate::response::headers::{
+        RATELIMIT, RATELIMIT_POLICY, TOLLGATE_DELAY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+        X_RATELIMIT_RESET,
+    };
+    pub use crate::response::QUOTA_EXCEEDED;
+}
+
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -98,7 +98,7 @@ fn check_headers(layer: &RateLimitLayer, request: fn() -> Request<()>, expect: S
         .expect("infallible");
     assert_eq!(response.status(), expect);
     let header = if expect == StatusCode::OK {
-        tollgate::RATELIMIT.clone()
+        tollgate::headers::RATELIMIT.clone()
     } else {
         http::header::RETRY_AFTER
     };

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tollgate::{Limit, Limiter, RedisStore, Rule, SystemClock};
+use tollgate::clock::SystemClock;
+use tollgate::{Limit, Limiter, RedisStore, Rule};
 
 const CALLERS: usize = 64;
 

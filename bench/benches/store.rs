@@ -10,7 +10,7 @@
 //! answer governor gives. The scenarios are described in `support/rows.rs`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use tollgate::store::MemoryStore;
+use tollgate::MemoryStore;
 
 #[path = "support/peers.rs"]
 mod peers;

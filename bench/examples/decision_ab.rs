@@ -27,7 +27,8 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::Instant;
 
-use tollgate::store::{MemoryStore, Store};
+use tollgate::store::Store;
+use tollgate::MemoryStore;
 
 #[path = "../benches/support/peers.rs"]
 mod peers;

@@ -16,7 +16,7 @@
 
 use std::hint::black_box;
 
-use tollgate::store::MemoryStore;
+use tollgate::MemoryStore;
 
 #[path = "../benches/support/peers.rs"]
 mod peers;

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate::store::{Charge, Store};
+use tollgate::MemoryStore;
 
 /// 1000 per day: one unit refills in 86.4 s, longer than the run.
 const PER_DAY: u32 = 1_000;

@@ -5,13 +5,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use tollgate::algorithm::{Algorithm, TokenBucket, WindowStart};
+use tollgate::config::Config;
 use tollgate::config::ConfigFileError;
-use tollgate::{Cost, Key, MemoryStore, MissingKey, RateLimitLayer, RuleSummary};
+use tollgate::rules::RuleSummary;
+use tollgate::{Cost, Key, MemoryStore, MissingKey};
 
 /// Loads `path` as the layer would (every value checked, a Redis store's URL checked but not
 /// connected to) and describes its rules.
 pub fn check(path: &Path) -> Result<String, ConfigFileError> {
-    let layer = RateLimitLayer::from_config_file_with_store(path, MemoryStore::new())?;
+    let layer = Config::read(path)?.layer_with_store(MemoryStore::new())?;
     let rules = layer.limiter().rules_in_force();
     let mut out = format!("{}: OK, {} rule(s)\n", path.display(), rules.len());
     for rule in &rules {

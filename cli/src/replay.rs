@@ -6,8 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use tollgate::clock::ManualClock;
+use tollgate::config::Config;
 use tollgate::config::ConfigFileError;
-use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
+use tollgate::MemoryStore;
 
 use crate::log::Source;
 use crate::run::{Runner, Spreader};
@@ -21,7 +23,7 @@ type Column = fn(&RuleTally) -> u64;
 pub fn runner(path: &Path) -> Result<Runner, ConfigFileError> {
     let clock = ManualClock::new(Duration::ZERO);
     let store = MemoryStore::with_clock(clock.clone());
-    let layer = RateLimitLayer::from_config_file_with_store(path, store)?;
+    let layer = Config::read(path)?.layer_with_store(store)?;
     Ok(Runner::new(layer.limiter().clone(), clock))
 }
 

@@ -16,7 +16,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::Request;
-use tollgate::{Limiter, ManualClock, Ruling};
+use tollgate::clock::ManualClock;
+use tollgate::engine::Ruling;
+use tollgate::Limiter;
 
 use crate::log::{Entry, Skip};
 use crate::stats::Tally;

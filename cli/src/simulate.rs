@@ -9,8 +9,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use http::Method;
+use tollgate::clock::ManualClock;
+use tollgate::config::Config;
 use tollgate::config::{ConfigFileError, ConfigFormat};
-use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
+use tollgate::MemoryStore;
 
 use crate::log::Entry;
 use crate::run::Runner;
@@ -175,7 +177,8 @@ pub fn rule_toml(spec: &str) -> Result<String, String> {
 pub fn runner(text: &str) -> Result<Runner, ConfigFileError> {
     let clock = ManualClock::new(Duration::ZERO);
     let store = MemoryStore::with_clock(clock.clone());
-    let layer = RateLimitLayer::from_config_str_with_store(ConfigFormat::Toml, text, store)?;
+    let layer = Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.layer_with_store(store))?;
     Ok(Runner::new(layer.limiter().clone(), clock))
 }
 

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
-use tollgate::{Ruling, Verdict};
+use tollgate::algorithm::Verdict;
+use tollgate::engine::Ruling;
 
 use crate::log::Skip;
 use crate::time::Micros;
@@ -109,7 +110,7 @@ impl Tally {
             }
             Ruling::Decided { enforced, shadow } => {
                 for entry in enforced.rules().iter().chain(shadow.rules()) {
-                    let Some(tally) = self.rule_mut(&entry.rule) else {
+                    let Some(tally) = self.rule_mut(entry.rule()) else {
                         continue;
                     };
                     tally.requests += 1;

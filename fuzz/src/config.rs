@@ -12,17 +12,20 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;
-use tollgate::{ConfigFileError, ConfigFormat, RateLimitLayer};
+use tollgate::config::Config;
+use tollgate::config::{ConfigFileError, ConfigFormat};
+use tollgate::RateLimitLayer;
 use tower::{service_fn, Layer, ServiceExt};
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     for format in [ConfigFormat::Toml, ConfigFormat::Yaml] {
-        match RateLimitLayer::from_config_str(format, &text) {
-            Ok(layer) => {
+        let built = Config::parse(format, &text).and_then(|config| Ok((config.layer()?, config)));
+        match built {
+            Ok((layer, config)) => {
                 let _ = format!("{layer:?}");
-                if let Err(error) = layer.reload_config_str(format, &text) {
+                if let Err(error) = config.reload(&layer) {
                     panic!("{format:?}: built a layer but cannot reload it: {error}");
                 }
                 requests(&layer);

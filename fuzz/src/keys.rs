@@ -23,7 +23,8 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{AUTHORIZATION, COOKIE, FORWARDED};
 use http::{HeaderName, Request};
 use ipnet::IpNet;
-use tollgate::{ClientIp, ForwardedHeader, Key, KeyValue, MAX_KEY_LEN};
+use tollgate::key::{ForwardedHeader, KeyValue, MAX_KEY_LEN};
+use tollgate::{ClientIp, Key};
 
 const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 

@@ -26,9 +26,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
+use tollgate::clock::ManualClock;
+use tollgate::key::ForwardedHeader;
 use tollgate::{
-    AccessList, Cost, ForwardedHeader, Key, Limit, ManualClock, MemoryStore, MissingKey, Queue,
-    RateLimitLayer, Rule,
+    AccessList, Cost, Key, Limit, MemoryStore, MissingKey, Queue, RateLimitLayer, Rule,
 };
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -180,7 +181,7 @@ pub fn run(data: &[u8]) {
 }
 
 async fn check(
-    response: Response<tollgate::ResponseBody<Full<Bytes>>>,
+    response: Response<tollgate::middleware::ResponseBody<Full<Bytes>>>,
     called: bool,
     has_peer: bool,
 ) {

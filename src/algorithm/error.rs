@@ -11,7 +11,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    /// An error about `field` of the rule named `rule` (for [`Store::validate`](crate::Store::validate)
+    /// An error about `field` of the rule named `rule` (for [`Store::validate`](crate::store::Store::validate)
     /// implementations).
     pub fn new(rule: &str, field: &'static str, message: impl Into<String>) -> Self {
         ConfigError {

@@ -14,7 +14,7 @@ use super::{duration, micros, Micros, Outcome, Verdict};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::algorithm::Penalty;
+/// use tollgate::Penalty;
 ///
 /// let minute = Duration::from_secs(60);
 /// // 1 minute, then 10, then an hour for every further offence; forgiven after a quiet day.

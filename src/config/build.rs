@@ -69,7 +69,7 @@ pub(crate) fn builder(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
     match file.store.as_ref().map(|spec| spec.kind) {
         Some(StoreKind::Redis) => invalid(
             "store.kind",
-            "a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`",
+            "a Redis store connects asynchronously: build the layer with `Config::connect(..).await`",
         ),
         _ => Ok(builder),
     }
@@ -934,8 +934,8 @@ async fn redis_store(
     url: &str,
     timeout: Option<Duration>,
     lease: Option<Duration>,
-) -> Result<crate::store::RedisStore, String> {
-    let mut builder = crate::store::RedisStore::builder().url(url);
+) -> Result<crate::store::redis::RedisStore, String> {
+    let mut builder = crate::store::redis::RedisStore::builder().url(url);
     if let Some(timeout) = timeout {
         builder = builder.timeout(timeout);
     }

@@ -8,7 +8,7 @@ mod schema;
 mod watch;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::engine::limiter::Limiter;
@@ -75,134 +75,123 @@ impl ConfigFormat {
 
 /// Loading and reloading a layer from a configuration file (feature `config`).
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
-impl RateLimitLayer {
-    /// A layer configured by the file at `path`: TOML or YAML by its extension.
-    ///
-    /// Every value is checked before anything is built; the error names the file, the place in
-    /// it and, when known, the line (see [`ConfigFileError`]).
+/// A configuration (TOML or YAML), parsed and checked: the one way from a file to a layer.
+///
+/// [`read`](Self::read) or [`parse`](Self::parse) it, then build a [`layer`](Self::layer) — or a
+/// [`builder`](Self::builder) for settings that code adds — or [`reload`](Self::reload) a running
+/// layer with it. Every error names the file, the place in it and, when known, the line and the
+/// rule (see [`ConfigFileError`]).
+///
+/// ```
+/// use tollgate::config::{Config, ConfigFormat};
+///
+/// let config = Config::parse(ConfigFormat::Toml, r#"
+///     [[rules]]
+///     name = "per-ip"
+///     rate = 60
+///     period = "1m"
+///     key = "peer_ip"
+/// "#)?;
+/// let limits = config.layer()?;
+/// assert_eq!(limits.limiter().rule_names(), ["per-ip"]);
+/// # Ok::<(), tollgate::config::ConfigFileError>(())
+/// ```
+pub struct Config {
+    format: ConfigFormat,
+    text: String,
+    /// The file it was read from, named in every error.
+    path: Option<PathBuf>,
+    file: schema::File,
+}
+
+impl Config {
+    /// The file at `path`: TOML or YAML by its extension.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), tollgate::config::ConfigFileError> {
-    /// let limits = tollgate::RateLimitLayer::from_config_file("ratelimits.toml")?;
+    /// let limits = tollgate::config::Config::read("ratelimits.toml")?.layer()?;
     /// # Ok(()) }
     /// ```
-    pub fn from_config_file(path: impl AsRef<Path>) -> Result<RateLimitLayer, ConfigFileError> {
+    pub fn read(path: impl AsRef<Path>) -> Result<Config, ConfigFileError> {
         let path = path.as_ref();
         let (format, text) = read(path)?;
-        Self::from_config_str(format, &text).map_err(|error| error.in_file(path))
+        let mut config = Config::parse(format, &text).map_err(|error| error.in_file(path))?;
+        config.path = Some(path.to_owned());
+        Ok(config)
     }
 
-    /// A layer configured by `text`.
-    ///
-    /// ```
-    /// use tollgate::config::ConfigFormat;
-    /// use tollgate::RateLimitLayer;
-    ///
-    /// let limits = RateLimitLayer::from_config_str(ConfigFormat::Toml, r#"
-    ///     [[rules]]
-    ///     name = "per-ip"
-    ///     rate = 60
-    ///     period = "1m"
-    ///     key = "peer_ip"
-    /// "#)?;
-    /// assert_eq!(limits.limiter().rule_names(), ["per-ip"]);
-    /// # Ok::<(), tollgate::config::ConfigFileError>(())
-    /// ```
-    pub fn from_config_str(
-        format: ConfigFormat,
-        text: &str,
-    ) -> Result<RateLimitLayer, ConfigFileError> {
-        let file = parse(format, text)?;
-        build::layer(&file).map_err(|error| located(format, text, &file, error))
+    /// `text`, in `format`.
+    pub fn parse(format: ConfigFormat, text: &str) -> Result<Config, ConfigFileError> {
+        Ok(Config {
+            format,
+            file: parse(format, text)?,
+            text: text.to_owned(),
+            path: None,
+        })
     }
 
-    /// A builder configured by `text`, for settings that code adds or overrides before building —
-    /// e.g. a store the file cannot describe: `.store(MemoryStore::with_clock(TokioClock::new()))`.
-    pub fn config_builder(
-        format: ConfigFormat,
-        text: &str,
-    ) -> Result<RateLimitLayerBuilder, ConfigFileError> {
-        let file = parse(format, text)?;
-        build::builder(&file).map_err(|error| located(format, text, &file, error))
+    /// A layer with this configuration. A Redis store is refused here (building is synchronous):
+    /// [`connect`](Self::connect) builds one that connects.
+    pub fn layer(&self) -> Result<RateLimitLayer, ConfigFileError> {
+        build::layer(&self.file).map_err(|error| self.locate(error))
     }
 
-    /// A layer configured by the file at `path` that decides with `store`, whatever store the
-    /// file names (the file's store settings are still checked, and a Redis store is not
-    /// connected to). For running a configuration offline, e.g. over an access log with a
-    /// [`ManualClock`](crate::ManualClock), as the `tollgate` command does; errors as
-    /// [`from_config_file`](Self::from_config_file).
+    /// A layer with this configuration, with any store: connects to Redis when the file names a
+    /// Redis store.
+    pub async fn connect(&self) -> Result<RateLimitLayer, ConfigFileError> {
+        let builder = build::builder_connected(&self.file)
+            .await
+            .map_err(|error| self.locate(error))?;
+        build::finish(builder).map_err(|error| self.locate(error))
+    }
+
+    /// A builder with this configuration, for settings that code adds or overrides before
+    /// building — e.g. a store the file cannot describe:
+    /// `.store(MemoryStore::with_clock(TokioClock::new()))`.
+    pub fn builder(&self) -> Result<RateLimitLayerBuilder, ConfigFileError> {
+        build::builder(&self.file).map_err(|error| self.locate(error))
+    }
+
+    /// A layer with this configuration that decides with `store`, whatever store the file names
+    /// (the file's store settings are still checked, and a Redis store is not connected to). For
+    /// running a configuration offline, e.g. over an access log with a
+    /// [`ManualClock`](crate::clock::ManualClock), as the `tollgate` command does.
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use tollgate::{ManualClock, MemoryStore, RateLimitLayer};
+    /// use tollgate::clock::ManualClock;
+    /// use tollgate::config::Config;
+    /// use tollgate::MemoryStore;
     ///
     /// let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
     /// let store = MemoryStore::with_clock(clock.clone());
-    /// let limits = RateLimitLayer::from_config_file_with_store("ratelimits.toml", store)?;
+    /// let limits = Config::read("ratelimits.toml")?.layer_with_store(store)?;
     /// # Ok::<(), tollgate::config::ConfigFileError>(())
     /// ```
-    pub fn from_config_file_with_store(
-        path: impl AsRef<Path>,
-        store: impl Store,
-    ) -> Result<RateLimitLayer, ConfigFileError> {
-        let path = path.as_ref();
-        let (format, text) = read(path)?;
-        Self::from_config_str_with_store(format, &text, store).map_err(|error| error.in_file(path))
-    }
-
-    /// Like [`from_config_file_with_store`](Self::from_config_file_with_store), from `text`.
-    pub fn from_config_str_with_store(
-        format: ConfigFormat,
-        text: &str,
-        store: impl Store,
-    ) -> Result<RateLimitLayer, ConfigFileError> {
-        let file = parse(format, text)?;
-        if let Some(spec) = &file.store {
-            build::check_store(spec).map_err(|error| located(format, text, &file, error))?;
+    pub fn layer_with_store(&self, store: impl Store) -> Result<RateLimitLayer, ConfigFileError> {
+        if let Some(spec) = &self.file.store {
+            build::check_store(spec).map_err(|error| self.locate(error))?;
         }
-        let builder =
-            build::without_redis(&file).map_err(|error| located(format, text, &file, error))?;
-        build::finish(builder.store(store)).map_err(|error| located(format, text, &file, error))
+        let builder = build::without_redis(&self.file).map_err(|error| self.locate(error))?;
+        build::finish(builder.store(store)).map_err(|error| self.locate(error))
     }
 
-    /// A layer configured by the file at `path`, with any store, connecting to Redis when the file
-    /// names a Redis store (the other `from_config_*` functions are synchronous and refuse one).
-    pub async fn load_config(path: impl AsRef<Path>) -> Result<RateLimitLayer, ConfigFileError> {
-        let path = path.as_ref();
-        let (format, text) = read(path)?;
-        let file = parse(format, &text).map_err(|error| error.in_file(path))?;
-        let builder = build::builder_connected(&file)
-            .await
-            .map_err(|error| located(format, &text, &file, error).in_file(path))?;
-        build::finish(builder).map_err(|error| located(format, &text, &file, error).in_file(path))
-    }
-
-    /// Replaces the rules and the allow and deny lists with those of the file at `path`, while
+    /// Replaces `layer`'s rules and allow and deny lists with this configuration's, while
     /// requests flow.
     ///
-    /// The whole file is checked first; on error nothing changes. The new rules take over
-    /// atomically: a request in flight finishes under the rules it started with, the next one
-    /// sees the new set. Rules that keep their name keep their counts (a tiered rule's rules are
-    /// named `rule:plan`). The `store`, `response`, `shadow`, `redact_keys` and
+    /// The whole configuration is checked first; on error nothing changes. The new rules take
+    /// over atomically: a request in flight finishes under the rules it started with, the next
+    /// one sees the new set. Rules that keep their name keep their counts (a tiered rule's rules
+    /// are named `rule:plan`). The `store`, `response`, `shadow`, `redact_keys` and
     /// `top_offenders` settings are checked but only read when a layer is built.
-    pub fn reload_config_file(&self, path: impl AsRef<Path>) -> Result<(), ConfigFileError> {
-        let path = path.as_ref();
-        let (format, text) = read(path)?;
-        self.reload_config_str(format, &text)
-            .map_err(|error| error.in_file(path))
+    pub fn reload(&self, layer: &RateLimitLayer) -> Result<(), ConfigFileError> {
+        reload(layer.limiter(), self)
+            .map(drop)
+            .map_err(|error| self.in_file(error))
     }
 
-    /// Like [`reload_config_file`](Self::reload_config_file), from `text`.
-    pub fn reload_config_str(
-        &self,
-        format: ConfigFormat,
-        text: &str,
-    ) -> Result<(), ConfigFileError> {
-        reload(self.limiter(), format, text).map(drop)
-    }
-
-    /// Watches the file at `path`: every `interval` it is read again, and when its content has
-    /// changed the layer reloads it (as [`reload_config_file`](Self::reload_config_file)).
+    /// Watches the file at `path` for `layer`: every `interval` it is read again, and when its
+    /// content has changed the layer reloads it (as [`reload`](Self::reload)).
     ///
     /// A file that cannot be read or is invalid is reported with a `tracing` warning, once per
     /// change, and the rules in force stay. The watch ends by itself once every clone of the
@@ -214,12 +203,50 @@ impl RateLimitLayer {
     /// # Errors
     /// When the file's format is unknown, the file cannot be read now, or there is no tokio
     /// runtime to run the watch on.
-    pub fn watch_config_file(
-        &self,
+    pub fn watch(
+        layer: &RateLimitLayer,
         path: impl AsRef<Path>,
         interval: Duration,
     ) -> Result<ConfigWatch, ConfigFileError> {
-        watch::spawn(self, path.as_ref(), interval)
+        watch::spawn(layer, path.as_ref(), interval)
+    }
+
+    /// An error found after parsing, at its place in the text and file.
+    fn locate(&self, error: build::Invalid) -> ConfigFileError {
+        self.in_file(self.in_text(error))
+    }
+
+    /// An error found after parsing, at its place in the text.
+    fn in_text(&self, error: build::Invalid) -> ConfigFileError {
+        located(self.format, &self.text, &self.file, error)
+    }
+
+    fn in_file(&self, error: ConfigFileError) -> ConfigFileError {
+        match &self.path {
+            Some(path) => error.in_file(path),
+            None => error,
+        }
+    }
+
+    /// The settings a reload leaves alone.
+    pub(crate) fn build_only(&self) -> BuildOnly {
+        let file = &self.file;
+        BuildOnly {
+            store: file.store.clone(),
+            response: file.response.clone(),
+            shadow: file.shadow,
+            redact_keys: file.redact_keys,
+            top_offenders: file.top_offenders,
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("format", &self.format)
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -250,43 +277,22 @@ pub(crate) struct BuildOnly {
     top_offenders: Option<usize>,
 }
 
-/// Checks `text` whole and swaps in its rules and lists; returns the settings it left alone.
-pub(crate) fn reload(
-    limiter: &Limiter,
-    format: ConfigFormat,
-    text: &str,
-) -> Result<BuildOnly, ConfigFileError> {
-    let file = parse(format, text)?;
+/// Checks `config` whole and swaps in its rules and lists; returns the settings it left alone.
+/// (Errors name their place in the text, not the file.)
+pub(crate) fn reload(limiter: &Limiter, config: &Config) -> Result<BuildOnly, ConfigFileError> {
+    let file = &config.file;
     if let Some(store) = &file.store {
-        build::check_store(store).map_err(|error| located(format, text, &file, error))?;
+        build::check_store(store).map_err(|error| config.in_text(error))?;
     }
     if let Some(response) = &file.response {
-        build::check_response(response).map_err(|error| located(format, text, &file, error))?;
+        build::check_response(response).map_err(|error| config.in_text(error))?;
     }
     let build::Rules { rules, allow, deny } =
-        build::rules(&file).map_err(|error| located(format, text, &file, error))?;
+        build::rules(file).map_err(|error| config.in_text(error))?;
     limiter
         .reload_with_lists(rules, allow, deny)
         .map_err(|error| ConfigFileError::new("rules", error.to_string()))?;
-    Ok(BuildOnly {
-        store: file.store,
-        response: file.response,
-        shadow: file.shadow,
-        redact_keys: file.redact_keys,
-        top_offenders: file.top_offenders,
-    })
-}
-
-/// The settings of `text` a reload does not change, if `text` parses.
-pub(crate) fn build_only(format: ConfigFormat, text: &str) -> Option<BuildOnly> {
-    let file = parse(format, text).ok()?;
-    Some(BuildOnly {
-        store: file.store,
-        response: file.response,
-        shadow: file.shadow,
-        redact_keys: file.redact_keys,
-        top_offenders: file.top_offenders,
-    })
+    Ok(config.build_only())
 }
 
 /// An error found after parsing, with the line and column of its place in `text` and the name

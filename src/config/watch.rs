@@ -10,12 +10,12 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use super::{build_only, format_of, reload, BuildOnly, ConfigFileError, ConfigFormat};
+use super::{format_of, reload, BuildOnly, Config, ConfigFileError, ConfigFormat};
 use crate::middleware::layer::RateLimitLayer;
 use crate::middleware::shared::Shared;
 
 /// A running watch of a configuration file, from
-/// [`RateLimitLayer::watch_config_file`](crate::RateLimitLayer::watch_config_file).
+/// [`Config::watch`].
 ///
 /// Dropping the handle leaves the watch running; it ends when the layer is dropped, or with
 /// [`stop`](Self::stop).
@@ -70,7 +70,8 @@ pub(super) fn spawn(
         format,
         build_only: std::str::from_utf8(&seen)
             .ok()
-            .and_then(|text| build_only(format, text)),
+            .and_then(|text| Config::parse(format, text).ok())
+            .map(|config| config.build_only()),
         seen,
         seen_problem: None,
         last_problem: None,
@@ -147,7 +148,7 @@ impl Watcher {
                 return;
             }
         };
-        match reload(layer.limiter(), self.format, text) {
+        match Config::parse(self.format, text).and_then(|config| reload(layer.limiter(), &config)) {
             Ok(settings) => {
                 self.seen_problem = None;
                 self.publish(None);

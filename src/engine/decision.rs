@@ -41,8 +41,7 @@ const PENDING: Outcome = Outcome {
 /// One rule's part of a [`Decision`].
 #[derive(Clone, Debug)]
 pub struct RuleDecision {
-    /// The rule's name.
-    pub rule: Arc<str>,
+    pub(crate) rule: Arc<str>,
     /// What the rule decided, with the numbers the headers carry.
     pub outcome: Outcome,
     /// The key the rule charged (e.g. to refund it later with the [`Limiter`](crate::Limiter)).
@@ -52,6 +51,13 @@ pub struct RuleDecision {
     pub(crate) index: usize,
     /// The limit this request was charged under, when the rule takes it from the request.
     pub(crate) applied: Option<Applied>,
+}
+
+impl RuleDecision {
+    /// The rule's name.
+    pub fn rule(&self) -> &str {
+        &self.rule
+    }
 }
 
 impl Decision {

@@ -647,7 +647,8 @@ impl Limiter {
     ///
     /// ```
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate::{Key, Limit, Limiter, Ruling};
+    /// use tollgate::{Key, Limit, Limiter};
+    /// use tollgate::engine::Ruling;
     ///
     /// let limiter = Limiter::builder().rule(Limit::per_minute(1).key(Key::peer_ip())).build()?;
     /// let mut request = http::Request::new(());

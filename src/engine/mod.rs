@@ -5,6 +5,10 @@
 //!
 //! It reads the rules, keys, algorithms and stores above it; it never touches responses,
 //! metrics or Tower.
+//!
+//! [`Limiter`](crate::Limiter), [`Decision`](crate::Decision) and
+//! [`LimitError`](crate::LimitError) are at the crate's root; this module holds the limiter's
+//! builder and the parts of its answers.
 
 pub(crate) mod ask;
 pub(crate) mod decision;
@@ -13,3 +17,7 @@ pub(crate) mod limiter;
 pub(crate) mod lines;
 pub(crate) mod settlement;
 pub(crate) mod slot;
+
+pub use decision::{RuleDecision, Ruling};
+pub use limiter::{LimiterBuilder, Reservation};
+pub use slot::SlotGuard;

@@ -129,7 +129,8 @@ impl ClientIp {
     /// proxies, or the peer.
     ///
     /// ```
-    /// use tollgate::{CdnHeader, Key};
+    /// use tollgate::key::CdnHeader;
+    /// use tollgate::Key;
     ///
     /// let key: Key = Key::client_ip()
     ///     .try_trust_cdn(CdnHeader::CfConnectingIp, ["173.245.48.0/20", "2400:cb00::/32"])

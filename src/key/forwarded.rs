@@ -24,7 +24,7 @@ pub(super) const MAX_ENTRY_LEN: usize = 512;
 
 /// The header a trusted reverse proxy uses to pass on the address of its own peer.
 ///
-/// Pick the one your proxy *sets* (overwrites or appends to): see [`ClientIp`](super::ClientIp)
+/// Pick the one your proxy *sets* (overwrites or appends to): see [`ClientIp`](crate::ClientIp)
 /// for why only one header is ever read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForwardedHeader {
@@ -53,7 +53,7 @@ impl ForwardedHeader {
 /// that reached its edge.
 ///
 /// These headers are only as good as the peer that sends them: a client can write them as
-/// easily as anyone. [`ClientIp::trust_cdn`](super::ClientIp::trust_cdn) reads one only from a
+/// easily as anyone. [`ClientIp::trust_cdn`](crate::ClientIp::trust_cdn) reads one only from a
 /// peer inside the networks you trust *for that header* — the CDN's published edge networks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CdnHeader {

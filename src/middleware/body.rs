@@ -12,7 +12,7 @@ use crate::engine::settlement::Settlement;
 use crate::engine::slot::Slots;
 
 pin_project! {
-    /// The body of a [`RateLimit`](crate::RateLimit) response.
+    /// The body of a [`RateLimit`](crate::middleware::RateLimit) response.
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,

@@ -23,7 +23,7 @@ use crate::response::AllowedHeaders;
 use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
+    /// The response future of [`RateLimit`](crate::middleware::RateLimit).
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,

@@ -231,7 +231,7 @@ impl RateLimitLayerBuilder {
     }
 
     /// Builds the rejection response of every denied request yourself, HTTP or gRPC: the hook
-    /// gets a [`Rejection`] with the decision, the request's [`Protocol`](crate::Protocol), the
+    /// gets a [`Rejection`] with the decision, the request's [`Protocol`](crate::key::Protocol), the
     /// wait, and the layer's own answer. The layer still adds the wait (`Retry-After`, or
     /// `grpc-retry-pushback-ms` for gRPC) and the `RateLimit` fields unless your response sets
     /// them. To answer HTTP requests only, return `rejected.default_response()` for the others:

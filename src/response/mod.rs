@@ -44,7 +44,8 @@ pub type RespondFn = dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync;
 /// speaks, the wait, and the answer the layer would give.
 ///
 /// ```
-/// use tollgate::{Limit, Protocol, RateLimitLayer};
+/// use tollgate::{Limit, RateLimitLayer};
+/// use tollgate::key::Protocol;
 ///
 /// let layer = RateLimitLayer::builder()
 ///     .rule(Limit::per_minute(60))

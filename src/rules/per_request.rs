@@ -81,7 +81,8 @@ type Resolve = dyn Fn(KeyValue) -> Pin<Box<dyn Future<Output = Result<Option<Lim
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{Key, Limit, LimitResolver, Rule};
+/// use tollgate::{Key, Limit, Rule};
+/// use tollgate::rules::LimitResolver;
 ///
 /// let per_customer = LimitResolver::new(|api_key| async move {
 ///     // e.g. SELECT rpm FROM plans WHERE api_key = $1

@@ -415,11 +415,16 @@ impl Rule {
             }
             None => (self.limit, Mode::Charge),
         };
+        let cost_bound = match (self.cost.as_fixed(), limit.algorithm().max_cost(mode)) {
+            (Some(cost), max) if cost <= max => u64::MAX,
+            (_, max) => max,
+        };
         Ok(CompiledRule {
             name,
             limit,
             key: self.key,
             cost: self.cost,
+            cost_bound,
             scope: self.scope.compile(),
             missing_key: self.missing_key,
             mode,
@@ -531,6 +536,9 @@ pub(crate) struct CompiledRule {
     pub(crate) limit: Limit,
     pub(crate) key: Key,
     pub(crate) cost: Cost,
+    /// The most a request's cost may be: the algorithm's bound, or no bound for a fixed cost
+    /// (checked when the rule was built, so requests are not checked again).
+    pub(crate) cost_bound: u64,
     scope: CompiledScope,
     pub(crate) missing_key: MissingKey,
     pub(crate) mode: Mode,

@@ -161,15 +161,16 @@ impl RuleSet {
         enforced: &mut C,
         shadow: &mut C,
     ) -> Result<Route, Refusal> {
-        if let Some(list) = self.deny.iter().find(|list| list.matches(request)) {
+        // The head is read once, for the lists and the rules.
+        let head = RequestHead::of(request);
+        if let Some(list) = self.deny.iter().find(|list| list.matches(&head)) {
             return Err(Refusal::Denied {
                 list: list.describe(),
             });
         }
-        if self.allow.iter().any(|list| list.matches(request)) {
+        if self.allow.iter().any(|list| list.matches(&head)) {
             return Ok(Route::Allowed);
         }
-        let head = RequestHead::of(request);
         for (index, rule) in self.rules.iter().enumerate() {
             if !rule.applies_to(&head) {
                 continue;
@@ -206,12 +207,15 @@ impl RuleSet {
                 rule: rule.name.clone(),
                 error,
             })?;
-            rule.algorithm()
-                .check_cost(cost, rule.mode)
-                .map_err(|error| Refusal::CostTooLarge {
+            if cost > rule.cost_bound {
+                return Err(Refusal::CostTooLarge {
                     rule: rule.name.clone(),
-                    error,
-                })?;
+                    error: CostTooLarge {
+                        cost,
+                        max: rule.cost_bound,
+                    },
+                });
+            }
             let plan = if shadow_all || rule.shadow {
                 // Shadow rules are decided apart, with no response to hold a slot until:
                 // concurrency rules are left out of shadow mode.
@@ -314,16 +318,16 @@ impl AccessList {
         }
     }
 
-    fn matches<B>(&self, request: &Request<B>) -> bool {
+    fn matches(&self, head: &RequestHead<'_>) -> bool {
         // A list of networks over an IP key compares the address itself: no text written and
         // parsed back for every list on every request.
         if self.values.is_empty() && self.key.is_address() {
             return self
                 .key
-                .address(&RequestHead::of(request))
+                .address(head)
                 .is_some_and(|ip| self.networks.iter().any(|net| net.contains(&ip)));
         }
-        let Some(key) = self.key.extract(request) else {
+        let Some(key) = self.key.extract_head(head) else {
             return false;
         };
         if self.values.contains(key.as_bytes()) {

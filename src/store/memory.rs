@@ -126,7 +126,7 @@ impl MemoryStore {
         Self::builder().build()
     }
 
-    /// A store reading time from `clock` (e.g. [`TokioClock`](crate::TokioClock) in tests that
+    /// A store reading time from `clock` (e.g. [`TokioClock`](crate::clock::TokioClock) in tests that
     /// pause tokio's time), with default bounds.
     pub fn with_clock(clock: impl Clock) -> Self {
         Self::builder().clock(clock).build()

@@ -4,10 +4,10 @@
 //! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
 //! (feature `redis`) shares limits between the instances of an app through the same trait.
 
-mod failure;
-mod memory;
+pub(crate) mod failure;
+pub(crate) mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -20,10 +20,11 @@ use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisStore, RedisStoreBuilder};
-pub(crate) use failure::Guarded;
-pub use failure::{CircuitBreaker, FailurePolicy};
-pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use self::redis::RedisStoreBuilder;
+pub use failure::CircuitBreaker;
+pub(crate) use failure::{FailurePolicy, Guarded};
+pub(crate) use memory::MemoryStore;
+pub use memory::MemoryStoreBuilder;
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
 #[derive(Clone, Copy, Debug)]

@@ -194,7 +194,7 @@ async fn the_decision_is_an_extractor() {
 #[tokio::test(start_paused = true)]
 async fn stacked_layers_leave_the_inner_decision_to_the_handler() {
     let rules_seen = |decision: Decision| async move {
-        let names: Vec<&str> = decision.rules().iter().map(|r| &*r.rule).collect();
+        let names: Vec<&str> = decision.rules().iter().map(|r| r.rule()).collect();
         names.join(",")
     };
     let app = Router::new()

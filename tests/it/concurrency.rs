@@ -10,7 +10,9 @@ use futures::channel::mpsc;
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
-use tollgate::{Key, Limit, LimitError, Limiter, Queue, RateLimitLayer, ResponseBody, Rule};
+use tollgate::config::Config;
+use tollgate::middleware::ResponseBody;
+use tollgate::{Key, Limit, LimitError, Limiter, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::paused;
@@ -618,7 +620,7 @@ async fn the_layer_s_shadow_switch_leaves_concurrency_rules_out() {
 #[cfg(feature = "config")]
 #[tokio::test]
 async fn the_documented_concurrency_rule_loads() {
-    use tollgate::ConfigFormat;
+    use tollgate::config::ConfigFormat;
 
     let docs = include_str!("../../src/config/CONFIG.md");
     let start = docs
@@ -626,7 +628,9 @@ async fn the_documented_concurrency_rule_loads() {
         .expect("the example")
         + 8;
     let text = &docs[start..start + docs[start..].find("```").unwrap()];
-    let layer = RateLimitLayer::from_config_str(ConfigFormat::Toml, text).unwrap();
+    let layer = Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.layer())
+        .unwrap();
     let rule = &layer.limiter().rules_in_force()[0];
     assert_eq!(rule.algorithm, *Limit::concurrent(8).algorithm());
     assert!(rule.queued);
@@ -635,12 +639,16 @@ async fn the_documented_concurrency_rule_loads() {
 #[cfg(feature = "config")]
 #[tokio::test]
 async fn concurrent_in_a_config_file() {
-    use tollgate::ConfigFormat;
+    use tollgate::config::ConfigFormat;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     let write = |text: &str| std::fs::write(&path, text).unwrap();
-    let error = |path: &std::path::Path| RateLimitLayer::from_config_file(path).unwrap_err();
+    let error = |path: &std::path::Path| {
+        Config::read(path)
+            .and_then(|config| config.layer())
+            .unwrap_err()
+    };
 
     write("[[rules]]\nname = \"llm\"\nconcurrent = 0\nkey = { header = \"x-api-key\" }\n");
     assert_eq!(
@@ -686,7 +694,9 @@ async fn concurrent_in_a_config_file() {
     // The file's rule is the rule built in code.
     let yaml = "rules:\n  - name: llm\n    concurrent: 2\n    key: { header: x-api-key }\n    \
                 queue: { burst: 4, max_delay: 30s }\n";
-    let layer = RateLimitLayer::from_config_str(ConfigFormat::Yaml, yaml).unwrap();
+    let layer = Config::parse(ConfigFormat::Yaml, yaml)
+        .and_then(|config| config.layer())
+        .unwrap();
     let rules = layer.limiter().rules_in_force();
     assert_eq!(
         rules[0].algorithm,
@@ -705,8 +715,8 @@ async fn concurrent_in_a_config_file() {
 
 #[tokio::test]
 async fn each_plan_of_a_config_file_has_its_own_number_of_slots() {
+    use tollgate::config::ConfigFormat;
     use tollgate::config::Plan;
-    use tollgate::ConfigFormat;
 
     let toml = r#"
 [[rules]]
@@ -723,7 +733,9 @@ default = "free"
 [rules.tiers.plans.pro]
 concurrent = 3
 "#;
-    let layer = RateLimitLayer::from_config_str(ConfigFormat::Toml, toml).unwrap();
+    let layer = Config::parse(ConfigFormat::Toml, toml)
+        .and_then(|config| config.layer())
+        .unwrap();
     let (open, app) = streaming(&layer);
     let on = |plan: &str, key: &str, id| {
         let mut request = request(key, id);

@@ -18,10 +18,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use tollgate::clock::{ManualClock, TokioClock};
+use tollgate::config::Config;
+use tollgate::config::ConfigFormat;
 use tollgate::config::Plan;
+use tollgate::key::ForwardedHeader;
 use tollgate::{
-    AccessList, ConfigFormat, Cost, CountIf, FailurePolicy, ForwardedHeader, Key, Limit,
-    ManualClock, MemoryStore, MissingKey, Penalty, Queue, RateLimitLayer, Rule, Settle, TokioClock,
+    AccessList, Cost, CountIf, FailurePolicy, Key, Limit, MemoryStore, MissingKey, Penalty, Queue,
+    RateLimitLayer, Rule, Settle,
 };
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -35,13 +39,15 @@ type Body = Full<Bytes>;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn toml(text: &str) -> RateLimitLayer {
-    RateLimitLayer::from_config_str(ConfigFormat::Toml, text)
+    Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.layer())
         .unwrap_or_else(|error| panic!("{error}"))
 }
 
 /// A layer from `text` whose memory store follows tokio's paused clock (the file cannot say so).
 fn toml_paused(text: &str) -> RateLimitLayer {
-    RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+    Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.builder())
         .unwrap_or_else(|error| panic!("{error}"))
         .store(MemoryStore::with_clock(TokioClock::new()))
         .build()
@@ -49,19 +55,20 @@ fn toml_paused(text: &str) -> RateLimitLayer {
 }
 
 fn yaml(text: &str) -> RateLimitLayer {
-    RateLimitLayer::from_config_str(ConfigFormat::Yaml, text)
+    Config::parse(ConfigFormat::Yaml, text)
+        .and_then(|config| config.layer())
         .unwrap_or_else(|error| panic!("{error}"))
 }
 
 fn toml_error(text: &str) -> String {
-    match RateLimitLayer::from_config_str(ConfigFormat::Toml, text) {
+    match Config::parse(ConfigFormat::Toml, text).and_then(|config| config.layer()) {
         Ok(_) => panic!("accepted:\n{text}"),
         Err(error) => error.to_string(),
     }
 }
 
 fn yaml_error(text: &str) -> String {
-    match RateLimitLayer::from_config_str(ConfigFormat::Yaml, text) {
+    match Config::parse(ConfigFormat::Yaml, text).and_then(|config| config.layer()) {
         Ok(_) => panic!("accepted:\n{text}"),
         Err(error) => error.to_string(),
     }
@@ -79,7 +86,7 @@ fn service(
     layer: &RateLimitLayer,
 ) -> impl Service<
     Request<Body>,
-    Response = Response<tollgate::ResponseBody<Body>>,
+    Response = Response<tollgate::middleware::ResponseBody<Body>>,
     Error = Infallible,
     Future: Send,
 > + Clone {
@@ -563,7 +570,8 @@ capacity = 10
 "#;
     // 2024-02-29T21:59:59Z: one second before March in UTC+2.
     let clock = ManualClock::new(Duration::from_secs(1_709_243_999));
-    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+    let layer = Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.builder())
         .unwrap()
         .store(MemoryStore::with_clock(clock.clone()))
         .build()
@@ -601,7 +609,8 @@ aligned = true
 queue = { burst = 11 }
 "#;
     let clock = ManualClock::new(Duration::from_secs(1_750_000_020)); // a whole minute
-    let layer = RateLimitLayer::config_builder(ConfigFormat::Toml, text)
+    let layer = Config::parse(ConfigFormat::Toml, text)
+        .and_then(|config| config.builder())
         .unwrap()
         .store(MemoryStore::with_clock(clock.clone()))
         .build()
@@ -838,8 +847,8 @@ fn every_error_names_its_place() {
         (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://[::1:6379\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"redis://[::1:6379\" has an unclosed '[' (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
         (Toml, "[store]\nkind = \"redis\"\nurl = \"unix://\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 3, column 7: store.url: \"unix://\" has no socket path (expected redis://host[:port][/db], rediss://..., or unix:///path)"),
         (Toml, "[store]\nkind = \"redis\"\nurl = \"redis://x\"\ntimeout = \"0s\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 4, column 11: store.timeout: must be greater than 0"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"rediss://user:pw@[::1]:6380/2\"\ntimeout = \"50ms\"\non_failure = \"closed\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
-        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: load this configuration with `RateLimitLayer::load_config(..).await`"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"rediss://user:pw@[::1]:6380/2\"\ntimeout = \"50ms\"\non_failure = \"closed\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: build the layer with `Config::connect(..).await`"),
+        (Toml, "[store]\nkind = \"redis\"\nurl = \"unix:///run/redis.sock\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 8: store.kind: a Redis store connects asynchronously: build the layer with `Config::connect(..).await`"),
         (Toml, "[response]\nstatus = 200\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.status: 200 is not a 4xx or 5xx status"),
         (Toml, "[response]\nstatus = 42\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.status: 42 is not a 4xx or 5xx status"),
         (Toml, "[response]\njitter = \"soon\"\n[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"", "line 2, column 10: response.jitter: invalid duration \"soon\" (expected e.g. \"500ms\", \"1m\", \"24h\", \"1h30m\")"),
@@ -864,7 +873,9 @@ fn every_error_names_its_place() {
 #[test]
 fn errors_found_after_parsing_have_a_line_a_column_and_the_rule_name() {
     let toml_text = "[[rules]]\nname = \"login\"\nrate = 5\nperiod = \"1m\"\n\n[[rules]]\nname = \"per-ip\"\nrate = 0\nperiod = \"1s\"\n";
-    let error = RateLimitLayer::from_config_str(ConfigFormat::Toml, toml_text).unwrap_err();
+    let error = Config::parse(ConfigFormat::Toml, toml_text)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(
         (error.path(), error.rule(), error.line(), error.column()),
         ("rules[1].rate", Some("per-ip"), Some(8), Some(8))
@@ -874,7 +885,9 @@ fn errors_found_after_parsing_have_a_line_a_column_and_the_rule_name() {
         "line 8, column 8: rules[1].rate (rule \"per-ip\"): must be greater than 0"
     );
     let yaml_text = "rules:\n  - name: login\n    rate: 5\n    period: 1m\n  - name: per-ip\n    period: 1s\n    rate: 0\n";
-    let error = RateLimitLayer::from_config_str(ConfigFormat::Yaml, yaml_text).unwrap_err();
+    let error = Config::parse(ConfigFormat::Yaml, yaml_text)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         "line 7, column 11: rules[1].rate (rule \"per-ip\"): must be greater than 0"
@@ -889,7 +902,9 @@ fn errors_found_after_parsing_have_a_line_a_column_and_the_rule_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     std::fs::write(&path, toml_text).unwrap();
-    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(
@@ -950,10 +965,8 @@ period = "1m"
 key = { client_ip = { cdn = [{ header = "cf-connecting-ip", trust = ["173.245.48.0/20"] }, { header = "fly-client-ip", trust = ["10.0.0.0/8"] }] } }
 "#,
     );
-    let yaml_layer = RateLimitLayer::config_builder(
-        ConfigFormat::Yaml,
-        "rules:\n  - name: per-client\n    rate: 1\n    period: 1m\n    key:\n      client_ip:\n        cdn:\n          - { header: cf-connecting-ip, trust: [173.245.48.0/20] }\n          - { header: fly-client-ip, trust: [10.0.0.0/8] }\n",
-    )
+    let yaml_layer = Config::parse(ConfigFormat::Yaml,
+        "rules:\n  - name: per-client\n    rate: 1\n    period: 1m\n    key:\n      client_ip:\n        cdn:\n          - { header: cf-connecting-ip, trust: [173.245.48.0/20] }\n          - { header: fly-client-ip, trust: [10.0.0.0/8] }\n").and_then(|config| config.builder())
     .unwrap()
     .store(MemoryStore::with_clock(TokioClock::new()))
     .build()
@@ -1247,8 +1260,8 @@ async fn reload_keeps_the_state_of_unchanged_rules_and_replaces_the_lists() {
         403
     );
 
-    layer
-        .reload_config_str(ConfigFormat::Toml, RELOAD_V2)
+    Config::parse(ConfigFormat::Toml, RELOAD_V2)
+        .and_then(|config| config.reload(&layer))
         .unwrap();
     assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
     // "kept" remembers its first request: one unit of two is left.
@@ -1273,15 +1286,14 @@ async fn reload_keeps_the_state_of_unchanged_rules_and_replaces_the_lists() {
 async fn an_invalid_reload_changes_nothing() {
     let layer = toml(RELOAD_V1);
     let broken = RELOAD_V2.replace("rate = 1\n", "rate = 0\n");
-    let error = layer
-        .reload_config_str(ConfigFormat::Toml, &broken)
+    let error = Config::parse(ConfigFormat::Toml, &broken)
+        .and_then(|config| config.reload(&layer))
         .unwrap_err();
     assert_eq!(
         error.to_string(),
         "line 13, column 8: rules[1].rate (rule \"added\"): must be greater than 0"
     );
-    let error = layer
-        .reload_config_str(ConfigFormat::Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"x\"\nrate = 1\nperiod = \"1s\"\n")
+    let error = Config::parse(ConfigFormat::Toml, "[store]\nkind = \"memory\"\nmax_keys = 0\n[[rules]]\nname = \"x\"\nrate = 1\nperiod = \"1s\"\n").and_then(|config| config.reload(&layer))
         .unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -1326,7 +1338,9 @@ async fn no_request_fails_while_rules_are_swapped() {
     let reloads = async {
         for i in 0..300 {
             let text = if i % 2 == 0 { &b } else { &a };
-            layer.reload_config_str(ConfigFormat::Toml, text).unwrap();
+            Config::parse(ConfigFormat::Toml, text)
+                .and_then(|config| config.reload(&layer))
+                .unwrap();
             tokio::task::yield_now().await;
         }
     };
@@ -1362,10 +1376,10 @@ async fn the_watch_reloads_a_changed_file_and_keeps_the_rules_on_a_bad_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     write(&path, RELOAD_V1);
-    let layer = RateLimitLayer::from_config_file(&path).unwrap();
-    let watch = layer
-        .watch_config_file(&path, Duration::from_millis(20))
+    let layer = Config::read(&path)
+        .and_then(|config| config.layer())
         .unwrap();
+    let watch = Config::watch(&layer, &path, Duration::from_millis(20)).unwrap();
     assert!(watch.is_running());
 
     write(&path, RELOAD_V2);
@@ -1406,10 +1420,10 @@ async fn the_watch_ends_with_the_layer() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.yaml");
     write(&path, "rules:\n  - name: a\n    rate: 1\n    period: 1s\n");
-    let layer = RateLimitLayer::from_config_file(&path).unwrap();
-    let watch = layer
-        .watch_config_file(&path, Duration::from_millis(10))
+    let layer = Config::read(&path)
+        .and_then(|config| config.layer())
         .unwrap();
+    let watch = Config::watch(&layer, &path, Duration::from_millis(10)).unwrap();
     drop(layer);
     eventually("the watch to end", || !watch.is_running()).await;
 }
@@ -1422,21 +1436,24 @@ async fn watch_errors() {
         &path,
         "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n",
     );
-    let layer = RateLimitLayer::from_config_file(&path).unwrap();
-    let error = layer
-        .watch_config_file(dir.path().join("limits.ini"), Duration::from_secs(1))
-        .unwrap_err();
+    let layer = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap();
+    let error = Config::watch(
+        &layer,
+        dir.path().join("limits.ini"),
+        Duration::from_secs(1),
+    )
+    .unwrap_err();
     assert!(error
         .to_string()
         .ends_with("limits.ini: unknown configuration format: name the file .toml, .yaml or .yml"));
-    let error = layer.watch_config_file(&path, Duration::ZERO).unwrap_err();
+    let error = Config::watch(&layer, &path, Duration::ZERO).unwrap_err();
     assert!(error
         .to_string()
         .ends_with("limits.toml: the watch interval must be greater than 0"));
     let missing = dir.path().join("missing.toml");
-    let error = layer
-        .watch_config_file(&missing, Duration::from_secs(1))
-        .unwrap_err();
+    let error = Config::watch(&layer, &missing, Duration::from_secs(1)).unwrap_err();
     assert!(error
         .to_string()
         .contains("missing.toml: cannot read the file: "));
@@ -1491,7 +1508,9 @@ fn misspellings_name_the_rule_and_the_nearest_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("api.toml");
     write(&path, two_rules);
-    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(
         (error.path(), error.rule(), error.line(), error.column()),
         ("rules[1].rat", Some("api"), Some(8), Some(1))
@@ -1556,7 +1575,9 @@ fn a_tab_in_yaml_indentation_is_named_at_the_tab() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.yaml");
     write(&path, "rules:\n  - name: a\n\trate: 1\n    period: 1s\n");
-    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(error.to_string(), format!("{}:3:1: {tab}", path.display()));
     assert_eq!((error.path(), error.rule()), ("", None));
 }
@@ -1569,7 +1590,9 @@ fn file_errors_name_the_file_and_the_line() {
         &path,
         "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n\n[[rules]]\nname = \"b\"\nrate = 1\nperiod = \"1 fortnight\"\n",
     );
-    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(error.file(), Some(path.as_path()));
     assert_eq!(error.path(), "rules[1].period");
     assert_eq!((error.line(), error.column()), (Some(9), Some(10)));
@@ -1585,7 +1608,9 @@ fn file_errors_name_the_file_and_the_line() {
         &path,
         "[[rules]]\nname = \"a\"\nrate = 0\nperiod = \"1s\"\n",
     );
-    let error = RateLimitLayer::from_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(
@@ -1596,7 +1621,9 @@ fn file_errors_name_the_file_and_the_line() {
     assert_eq!(error.rule(), Some("a"));
     // Reloading reports the file too, and keeps the rules.
     let layer = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n");
-    let error = layer.reload_config_file(&path).unwrap_err();
+    let error = Config::read(&path)
+        .and_then(|config| config.reload(&layer))
+        .unwrap_err();
     assert_eq!(error.file(), Some(path.as_path()));
     assert_eq!(layer.limiter().rule_names(), ["a"]);
 
@@ -1605,7 +1632,9 @@ fn file_errors_name_the_file_and_the_line() {
         &yaml_path,
         "rules:\n  - name: a\n    rate: 1\n    period: 1s\n    colour: red\n",
     );
-    let error = RateLimitLayer::from_config_file(&yaml_path).unwrap_err();
+    let error = Config::read(&yaml_path)
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert_eq!((error.line(), error.column()), (Some(5), Some(5)));
     assert_eq!(error.path(), "rules[0].colour");
     assert_eq!(error.rule(), Some("a"));
@@ -1615,12 +1644,16 @@ fn file_errors_name_the_file_and_the_line() {
          reference lists them)"
     );
 
-    let error = RateLimitLayer::from_config_file(dir.path().join("none.toml")).unwrap_err();
+    let error = Config::read(dir.path().join("none.toml"))
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert!(error
         .to_string()
         .contains("none.toml: cannot read the file: "));
     assert!(std::error::Error::source(&error).is_some());
-    let error = RateLimitLayer::from_config_file(dir.path().join("limits.json")).unwrap_err();
+    let error = Config::read(dir.path().join("limits.json"))
+        .and_then(|config| config.layer())
+        .unwrap_err();
     assert!(error.to_string().ends_with(
         "limits.json: unknown configuration format: name the file .toml, .yaml or .yml"
     ));
@@ -1673,7 +1706,9 @@ async fn the_public_api_sample_serves_its_plans_and_metrics() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let metrics = recorder.handle();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let limits = RateLimitLayer::from_config_file(sample("public_api.toml")).unwrap();
+    let limits = Config::read(sample("public_api.toml"))
+        .and_then(|config| config.layer())
+        .unwrap();
     assert_eq!(
         limits.limiter().rule_names(),
         ["per-ip", "api:free", "api:pro", "daily", "exports"]
@@ -1797,7 +1832,9 @@ async fn the_sample_server_serves_the_keys_each_rule_denied_most() {
 #[tokio::test(start_paused = true)]
 async fn the_login_protection_sample_slows_down_guessing() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let limits = RateLimitLayer::from_config_file(sample("login_protection.yaml")).unwrap();
+    let limits = Config::read(sample("login_protection.yaml"))
+        .and_then(|config| config.layer())
+        .unwrap();
     assert_eq!(
         limits.limiter().rule_names(),
         [
@@ -1853,10 +1890,11 @@ async fn the_login_protection_sample_slows_down_guessing() {
 #[tokio::test(start_paused = true)]
 async fn the_sample_server_answers_as_its_query_says() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let limits = RateLimitLayer::from_config_str(
+    let limits = Config::parse(
         ConfigFormat::Toml,
         "[[rules]]\nname = \"all\"\nrate = 100\nperiod = \"1s\"",
     )
+    .and_then(|config| config.layer())
     .unwrap();
     let app = server::app(limits, recorder.handle());
     let path = "/x?status=418&header=x-tokens-used:1200&header=x-b:2&delay=250ms";

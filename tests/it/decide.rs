@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, Request, StatusCode};
 use tollgate::algorithm::Algorithm;
-use tollgate::{
-    AccessList, Key, Limit, Limiter, ManualClock, MemoryStore, MissingKey, Queue, Rule, Ruling,
-    Verdict,
-};
+use tollgate::algorithm::Verdict;
+use tollgate::clock::ManualClock;
+use tollgate::config::Config;
+use tollgate::engine::Ruling;
+use tollgate::{AccessList, Key, Limit, Limiter, MemoryStore, MissingKey, Queue, Rule};
 
 fn request(method: Method, path: &str, peer: &str) -> Request<()> {
     let mut request = Request::builder()
@@ -57,7 +58,7 @@ fn decides_as_the_rules_say_with_the_manual_clock() {
             enforced
                 .rules()
                 .iter()
-                .map(|r| (r.rule.to_string(), r.outcome.verdict.is_admitted()))
+                .map(|r| (r.rule().to_string(), r.outcome.verdict.is_admitted()))
                 .collect::<Vec<_>>()
         }
         other => panic!("not decided: {other:?}"),
@@ -120,9 +121,9 @@ fn lists_missing_keys_and_shadow_rules() {
     for expected in [true, false] {
         match decide(&limiter, &with_key("k2", "192.0.2.9:1")) {
             Ruling::Decided { enforced, shadow } => {
-                assert_eq!(&*enforced.rules()[0].rule, "per-key");
+                assert_eq!(enforced.rules()[0].rule(), "per-key");
                 assert_eq!(enforced.is_allowed(), expected);
-                assert_eq!(&*shadow.rules()[0].rule, "watch");
+                assert_eq!(shadow.rules()[0].rule(), "watch");
                 assert_eq!(shadow.is_allowed(), expected);
             }
             other => panic!("{other:?}"),
@@ -194,7 +195,6 @@ fn rules_in_force_describe_each_rule() {
 mod config {
     use super::*;
     use tollgate::config::ConfigFormat;
-    use tollgate::RateLimitLayer;
 
     #[test]
     fn a_file_runs_on_the_store_given() {
@@ -202,12 +202,9 @@ mod config {
         let text = "[[rules]]\nname = \"per-ip\"\nrate = 1\nperiod = \"1s\"\nkey = \"peer_ip\"\n\
                     [store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1/\"\n";
         // The file names a Redis store (never connected to here); the memory store decides.
-        let layer = RateLimitLayer::from_config_str_with_store(
-            ConfigFormat::Toml,
-            text,
-            MemoryStore::with_clock(clock.clone()),
-        )
-        .unwrap();
+        let layer = Config::parse(ConfigFormat::Toml, text)
+            .and_then(|config| config.layer_with_store(MemoryStore::with_clock(clock.clone())))
+            .unwrap();
         let get = request(Method::GET, "/", "192.0.2.1:1");
         let allowed = |ruling: Ruling| match ruling {
             Ruling::Decided { enforced, .. } => enforced.is_allowed(),
@@ -224,20 +221,18 @@ mod config {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limits.toml");
         std::fs::write(&path, "[[rules]]\nname = \"a\"\nrate = \"ten\"\n").unwrap();
-        let error =
-            RateLimitLayer::from_config_file_with_store(&path, MemoryStore::new()).unwrap_err();
+        let error = Config::read(&path)
+            .and_then(|config| config.layer_with_store(MemoryStore::new()))
+            .unwrap_err();
         assert_eq!(error.file(), Some(path.as_path()));
         assert_eq!((error.line(), error.column()), (Some(3), Some(8)));
         assert_eq!(error.path(), "rules[0].rate");
         // The store's settings are checked even though the store given replaces them.
         let bad_store = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\n\
                          [store]\nkind = \"redis\"\nurl = \"http://x\"\n";
-        let error = RateLimitLayer::from_config_str_with_store(
-            ConfigFormat::Toml,
-            bad_store,
-            MemoryStore::new(),
-        )
-        .unwrap_err();
+        let error = Config::parse(ConfigFormat::Toml, bad_store)
+            .and_then(|config| config.layer_with_store(MemoryStore::new()))
+            .unwrap_err();
         assert_eq!(error.path(), "store.url");
     }
 }

@@ -147,7 +147,7 @@ fn assert_quota_exceeded(reply: &Reply, violated: &[&str], min: u64) {
     );
     assert!(reply.retry_after() >= min.max(1), "{:?}", reply.headers);
     let body = reply.json();
-    assert_eq!(body["type"], tollgate::QUOTA_EXCEEDED);
+    assert_eq!(body["type"], tollgate::headers::QUOTA_EXCEEDED);
     assert_eq!(body["status"], 429);
     assert_eq!(body["violated-policies"], serde_json::json!(violated));
 }

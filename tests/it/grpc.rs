@@ -29,9 +29,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::time::timeout;
+use tollgate::clock::{ManualClock, TokioClock};
+use tollgate::key::Protocol;
 use tollgate::{
-    AccessList, Cost, Decision, FailurePolicy, Key, Limit, ManualClock, MemoryStore, MissingKey,
-    Protocol, Queue, RateLimitLayer, Rule, TokioClock,
+    AccessList, Cost, Decision, FailurePolicy, Key, Limit, MemoryStore, MissingKey, Queue,
+    RateLimitLayer, Rule,
 };
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService};
@@ -609,7 +611,7 @@ async fn the_decision_names_the_grpc_method() {
             .body(Body::empty())
             .unwrap()
     };
-    let body = |response: http::Response<tollgate::ResponseBody<Body>>| async move {
+    let body = |response: http::Response<tollgate::middleware::ResponseBody<Body>>| async move {
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
     };

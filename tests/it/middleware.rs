@@ -86,7 +86,7 @@ async fn allows_then_denies_with_exact_headers_then_refills() {
         Some("application/problem+json")
     );
     let body = json(&denied);
-    assert_eq!(body["type"], tollgate::QUOTA_EXCEEDED);
+    assert_eq!(body["type"], tollgate::headers::QUOTA_EXCEEDED);
     assert_eq!(body["status"], 429);
     assert_eq!(body["violated-policies"], serde_json::json!(["global"]));
     assert_eq!(
@@ -257,7 +257,7 @@ async fn oversized_and_non_utf8_keys_are_bounded() {
         .key_for("api", &with_key(&huge, get("/")))
         .unwrap()
         .unwrap();
-    assert!(key.as_bytes().len() <= tollgate::MAX_KEY_LEN);
+    assert!(key.as_bytes().len() <= tollgate::key::MAX_KEY_LEN);
     assert_eq!(
         send(&service, with_key(b"\xff\xfe", get("/")))
             .await
@@ -644,7 +644,7 @@ async fn the_problem_body_is_valid_json_whatever_the_rule_names() {
     assert_eq!(
         json(&denied),
         serde_json::json!({
-            "type": tollgate::QUOTA_EXCEEDED,
+            "type": tollgate::headers::QUOTA_EXCEEDED,
             "title": "Too Many Requests",
             "status": 429,
             "detail": format!("Rate limit exceeded ({name}, plain); retry in 60 s."),

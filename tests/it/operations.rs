@@ -164,7 +164,7 @@ async fn allow_and_deny_lists() {
 #[tokio::test(start_paused = true)]
 async fn rules_selected_per_request_make_tiers() {
     let plan_is = |plan: &'static str| {
-        move |head: &tollgate::RequestHead<'_>| {
+        move |head: &tollgate::key::RequestHead<'_>| {
             head.headers.get("x-plan").is_some_and(|v| v == plan)
         }
     };
@@ -346,7 +346,7 @@ async fn a_blocked_key_gets_the_rest_of_its_block_as_retry_after_and_is_counted_
             .unwrap()
     });
     let service = layer.layer(ok_service());
-    let retry_after = |response: &Response<tollgate::ResponseBody<Body>>| {
+    let retry_after = |response: &Response<tollgate::middleware::ResponseBody<Body>>| {
         response
             .headers()
             .get("retry-after")
@@ -397,7 +397,7 @@ fn a_given_limiters_own_settings_on_the_layer_are_errors() {
         ("deny", builder().deny(ip_list())),
         (
             "circuit_breaker",
-            builder().circuit_breaker(tollgate::CircuitBreaker::new()),
+            builder().circuit_breaker(tollgate::store::CircuitBreaker::new()),
         ),
     ];
     for (setting, builder) in cases {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tollgate::{
-    CountIf, Key, Limit, Limiter, MemoryStore, RateLimitLayer, Rule, Settle, TokioClock, Verdict,
-};
+use tollgate::algorithm::Verdict;
+use tollgate::clock::TokioClock;
+use tollgate::{CountIf, Key, Limit, Limiter, MemoryStore, RateLimitLayer, Rule, Settle};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 #[cfg(feature = "redis")]
@@ -395,7 +395,7 @@ async fn settled(limiter: &Limiter, rule: &str, key: &str, expected: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settlements_and_refunds_by_outcome_on_redis() {
     let server = redis_server::RedisServer::start();
-    let clock = tollgate::ManualClock::new(Duration::from_secs(1_750_000_000));
+    let clock = tollgate::clock::ManualClock::new(Duration::from_secs(1_750_000_000));
     for cache in [false, true] {
         let store = tollgate::RedisStore::builder()
             .url(server.url())

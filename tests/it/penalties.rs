@@ -4,8 +4,11 @@
 
 use std::time::Duration;
 
-use tollgate::{Limit, LimitError, Limiter, ManualClock, MemoryStore, Outcome, Penalty, Rule};
-use tollgate::{RateLimitLayer, Verdict};
+use tollgate::algorithm::Outcome;
+use tollgate::algorithm::Verdict;
+use tollgate::clock::ManualClock;
+use tollgate::RateLimitLayer;
+use tollgate::{Limit, LimitError, Limiter, MemoryStore, Penalty, Rule};
 
 #[cfg(feature = "redis")]
 use crate::support::redis_server;

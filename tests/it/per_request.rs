@@ -11,7 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::{Decision, Key, Limit, LimitResolver, Queue, Rule};
+use tollgate::rules::LimitResolver;
+use tollgate::{Decision, Key, Limit, Queue, Rule};
 use tower::{service_fn, Layer};
 
 use crate::support::oneshot;

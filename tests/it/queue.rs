@@ -296,7 +296,7 @@ async fn reservations_for_jobs() {
 
 #[tokio::test]
 async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
-    let clock = tollgate::ManualClock::new(reservations::W);
+    let clock = tollgate::clock::ManualClock::new(reservations::W);
     let mut builder = Limiter::builder().store(tollgate::MemoryStore::with_clock(clock.clone()));
     for rule in reservations::rules() {
         builder = builder.rule(rule);
@@ -308,7 +308,7 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
 
 #[tokio::test]
 async fn calendar_windows_follow_the_calendar() {
-    let clock = tollgate::ManualClock::new(calendar::START);
+    let clock = tollgate::clock::ManualClock::new(calendar::START);
     let mut builder = Limiter::builder().store(tollgate::MemoryStore::with_clock(clock.clone()));
     for rule in calendar::rules() {
         builder = builder.rule(rule);
@@ -320,8 +320,8 @@ async fn calendar_windows_follow_the_calendar() {
 /// test does (aligned to the clock's first reading).
 #[tokio::test(start_paused = true)]
 async fn a_queued_fixed_window_holds_requests_until_the_window_that_pays_them_back() {
-    use tollgate::Clock;
-    let clock = tollgate::TokioClock::new();
+    use tollgate::clock::Clock;
+    let clock = tollgate::clock::TokioClock::new();
     let start = Duration::from_micros(clock.now());
     let rule = Rule::new(
         "fw",

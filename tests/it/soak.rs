@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::{Key, Limit, Limiter, ManualClock, MemoryStore, RateLimitLayer, Rule};
+use tollgate::clock::ManualClock;
+use tollgate::{Key, Limit, Limiter, MemoryStore, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::support::oneshot;

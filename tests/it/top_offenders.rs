@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, Rule, TopOffenders};
+use tollgate::middleware::TopOffenders;
+use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, Rule};
 use tower::{service_fn, Layer};
 
 use crate::support::oneshot;

@@ -11,7 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::{Key, Limit, LimitResolver, Rule};
+use tollgate::rules::LimitResolver;
+use tollgate::{Key, Limit, Rule};
 use tower::{service_fn, Layer};
 
 use crate::support::paused;

@@ -29,9 +29,9 @@ use futures::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tollgate::{
-    CircuitBreaker, FailurePolicy, Limit, ManualClock, RateLimitLayer, RedisStore, Rule,
-};
+use tollgate::clock::ManualClock;
+use tollgate::store::CircuitBreaker;
+use tollgate::{FailurePolicy, Limit, RateLimitLayer, RedisStore, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use redis_server::RedisServer;
@@ -72,7 +72,7 @@ fn request() -> Request<Body> {
     req
 }
 
-type App = tollgate::RateLimit<
+type App = tollgate::middleware::RateLimit<
     tower::util::ServiceFn<
         fn(Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>>,
     >,
@@ -117,7 +117,7 @@ async fn app_warning_every(
 }
 
 /// A request whose answer needs no waiting: ready at its first poll.
-fn at_once(app: &App) -> Response<tollgate::ResponseBody<Body>> {
+fn at_once(app: &App) -> Response<tollgate::middleware::ResponseBody<Body>> {
     let mut app = app.clone();
     let ready = app.ready().now_or_never().expect("ready").unwrap();
     ready
@@ -127,7 +127,7 @@ fn at_once(app: &App) -> Response<tollgate::ResponseBody<Body>> {
         .unwrap()
 }
 
-async fn send(app: &App) -> Response<tollgate::ResponseBody<Body>> {
+async fn send(app: &App) -> Response<tollgate::middleware::ResponseBody<Body>> {
     app.clone().oneshot(request()).await.unwrap()
 }
 
@@ -138,7 +138,7 @@ async fn recover(
     app: &App,
     clock: &ManualClock,
     snapshotter: &Snapshotter,
-) -> Response<tollgate::ResponseBody<Body>> {
+) -> Response<tollgate::middleware::ResponseBody<Body>> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while healthy(snapshotter) != 1.0 {
         assert!(Instant::now() < deadline, "no recovery");

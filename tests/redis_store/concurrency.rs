@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderName, Request, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
+use tollgate::config::Config;
 use tollgate::{FailurePolicy, Key, Limit, Limiter, Queue, RateLimitLayer, RedisStore, Rule};
 use tower::ServiceExt;
 
@@ -354,7 +355,7 @@ async fn the_lease_from_a_config_file() {
         ),
     )
     .unwrap();
-    let layer = RateLimitLayer::load_config(&path).await.unwrap();
+    let layer = Config::read(&path).unwrap().connect().await.unwrap();
     let slot = layer.limiter().acquire("llm", "alice").await.unwrap();
     assert!(slot.is_some());
     // The lease expires two seconds after it was taken (or last renewed), by the server's clock.

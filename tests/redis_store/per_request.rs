@@ -14,9 +14,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use http_body_util::Full;
-use tollgate::{
-    Key, Limit, LimitResolver, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Rule, Store,
-};
+use tollgate::clock::ManualClock;
+use tollgate::rules::LimitResolver;
+use tollgate::store::Store;
+use tollgate::{Key, Limit, MemoryStore, RateLimitLayer, RedisStore, Rule};
 use tower::{service_fn, Layer};
 
 use oneshot::{send, Limited};

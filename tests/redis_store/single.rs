@@ -23,10 +23,11 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use proptest::prelude::*;
 use tollgate::algorithm::{Mode, Verdict};
+use tollgate::clock::ManualClock;
+use tollgate::config::Config;
 use tollgate::store::{Charge, Store, StoreErrorKind};
 use tollgate::{
-    FailurePolicy, Key, Limit, LimitError, Limiter, ManualClock, MemoryStore, RateLimitLayer,
-    RedisStore, Rule,
+    FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, RedisStore, Rule,
 };
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -484,7 +485,7 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
         let local = limiter.charge("hourly", "k", 1).await.unwrap();
         assert_eq!(
             local,
-            tollgate::Outcome {
+            tollgate::algorithm::Outcome {
                 verdict: Verdict::Denied {
                     retry_after: Duration::from_secs(1200)
                 },
@@ -893,7 +894,7 @@ async fn two_copies_of_the_example_share_one_limit() {
     assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
 }
 
-/// A configuration file naming a Redis store: `load_config` connects, and the limit is Redis's.
+/// A configuration file naming a Redis store: `Config::connect` connects, and the limit is Redis's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_file_can_name_the_redis_store() {
     let server = RedisServer::start();
@@ -906,11 +907,12 @@ async fn a_configuration_file_can_name_the_redis_store() {
     );
     std::fs::write(&path, text).unwrap();
     // The synchronous loaders cannot connect and say so.
-    let refused = RateLimitLayer::from_config_file(&path)
+    let refused = Config::read(&path)
+        .and_then(|config| config.layer())
         .unwrap_err()
         .to_string();
-    assert!(refused.contains("load_config"), "{refused}");
-    let layer = RateLimitLayer::load_config(&path).await.unwrap();
+    assert!(refused.contains("Config::connect"), "{refused}");
+    let layer = Config::read(&path).unwrap().connect().await.unwrap();
     let service = layer.layer(ok_service());
     let calls_before = server.command_calls("evalsha");
     let mut statuses = Vec::new();
@@ -945,7 +947,9 @@ async fn a_configuration_file_can_fail_to_local_with_half_of_each_limit() {
         server.url()
     );
     std::fs::write(&path, text).unwrap();
-    let service = RateLimitLayer::load_config(&path)
+    let service = Config::read(&path)
+        .unwrap()
+        .connect()
         .await
         .unwrap()
         .layer(ok_service());

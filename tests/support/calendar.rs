@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use tollgate::{Limit, Limiter, ManualClock, Rule};
+use tollgate::clock::ManualClock;
+use tollgate::{Limit, Limiter, Rule};
 
 const DAY: u64 = 86_400;
 

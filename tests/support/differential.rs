@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::algorithm::{
-    Algorithm, BurstPool, FixedWindow, Mode, Penalty, ReserveBound, SlidingLog, SlidingWindow,
-    TokenBucket, WindowStart,
+    Algorithm, BurstPool, FixedWindow, Mode, ReserveBound, SlidingLog, SlidingWindow, TokenBucket,
+    WindowStart,
 };
+use tollgate::clock::ManualClock;
 use tollgate::store::RedisStoreBuilder;
 use tollgate::store::{Charge, Outcomes, Store};
-use tollgate::{ManualClock, MemoryStore};
+use tollgate::MemoryStore;
+use tollgate::Penalty;
 
 /// One step of a scenario.
 #[derive(Clone, Debug)]

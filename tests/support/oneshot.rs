@@ -12,13 +12,20 @@ use tower::{Service, ServiceExt};
 /// What `RateLimitLayer` makes of a service answering with `B` bodies: the services these tests
 /// send requests through.
 pub(crate) trait Limited<B>:
-    Service<Request<B>, Response = Response<tollgate::ResponseBody<B>>, Error = Infallible> + Clone
+    Service<
+        Request<B>,
+        Response = Response<tollgate::middleware::ResponseBody<B>>,
+        Error = Infallible,
+    > + Clone
 {
 }
 
 impl<B, S> Limited<B> for S where
-    S: Service<Request<B>, Response = Response<tollgate::ResponseBody<B>>, Error = Infallible>
-        + Clone
+    S: Service<
+            Request<B>,
+            Response = Response<tollgate::middleware::ResponseBody<B>>,
+            Error = Infallible,
+        > + Clone
 {
 }
 

@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use tollgate::{MemoryStore, RateLimitLayer, RateLimitLayerBuilder, Rule, TokioClock};
+use tollgate::clock::TokioClock;
+use tollgate::{MemoryStore, RateLimitLayer, RateLimitLayerBuilder, Rule};
 
 pub(crate) fn store() -> MemoryStore {
     MemoryStore::with_clock(TokioClock::new())

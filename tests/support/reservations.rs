@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use tollgate::{Limit, LimitError, Limiter, ManualClock, Queue, Rule};
+use tollgate::clock::ManualClock;
+use tollgate::{Limit, LimitError, Limiter, Queue, Rule};
 
 /// A whole minute: aligned one-minute windows start here.
 pub(crate) const W: Duration = Duration::from_secs(1_750_000_020);

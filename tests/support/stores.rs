@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tollgate::Store;
+use tollgate::store::Store;
 
 /// A store that fails every call: stands in for an unreachable backend.
 #[derive(Debug)]

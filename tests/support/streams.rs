@@ -11,7 +11,8 @@ use futures::channel::mpsc;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{Full, StreamBody};
-use tollgate::{RateLimitLayer, ResponseBody};
+use tollgate::middleware::ResponseBody;
+use tollgate::RateLimitLayer;
 use tower::{service_fn, Layer, Service};
 
 pub(crate) type Frames = mpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>;

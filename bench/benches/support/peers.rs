@@ -10,7 +10,8 @@ use std::time::Duration;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::hash::BuildHasher;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate::store::{Charge, Store};
+use tollgate::MemoryStore;
 
 /// Decide one unit for `key`; `true` if allowed.
 pub(crate) trait Limiter: Sync {

@@ -33,7 +33,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::store::{Store, StoreError, StoreErrorKind};
 
 /// Settings of the circuit breaker in front of a remote store (see
-/// [`LimiterBuilder::circuit_breaker`](crate::LimiterBuilder::circuit_breaker)).
+/// [`LimiterBuilder::circuit_breaker`](crate::engine::LimiterBuilder::circuit_breaker)).
 ///
 /// Defaults: opens after 5 consecutive failures; first probe 1 s after opening, then every 2, 4,
 /// … up to 30 s; at most one warning line per 10 s.

@@ -13,8 +13,8 @@ use super::breaker::{Breaker, CircuitBreaker};
 use super::fallback::Local;
 use super::policy::FailurePolicy;
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{Algorithm, Penalty};
-use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
+use crate::algorithm::{Algorithm, Outcome, Penalty};
+use crate::store::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 
 /// A remote store behind the circuit breaker, with the local fallback of
 /// [`FailurePolicy::Local`].
@@ -51,6 +51,22 @@ impl Guarded {
     }
 }
 
+/// The one outcome of a batch of one.
+fn first(outcomes: Outcomes) -> Result<Outcome, StoreError> {
+    outcomes
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
+}
+
+/// A fallback's answer (always ready) for a batch of one.
+fn only(answer: StoreFuture<Outcomes>) -> StoreFuture<Outcome> {
+    match answer.into_ready() {
+        Ok(result) => StoreFuture::ready(result.and_then(first)),
+        Err(pending) => StoreFuture::pending(async move { first(pending.await?) }),
+    }
+}
+
 impl Store for Guarded {
     fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
         let breaker = &self.breaker;
@@ -81,6 +97,45 @@ impl Store for Guarded {
                             breaker.failed(&error);
                             match kept {
                                 Some(kept) => Ok(kept.decide()),
+                                None => Err(error),
+                            }
+                        }
+                    }
+                })
+            }
+        }
+    }
+
+    /// As [`apply`](Self::apply) for one charge, through the store's own `apply_one` (the Redis
+    /// store's single-key call: no batch to build or read back).
+    fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
+        let breaker = &self.breaker;
+        let batch = std::slice::from_ref(charge);
+        if breaker.is_open() {
+            return only(self.fallback(batch, breaker.refused()));
+        }
+        match self.store.apply_one(charge).into_ready() {
+            Ok(Ok(outcome)) => {
+                breaker.succeeded();
+                StoreFuture::ready(Ok(outcome))
+            }
+            Ok(Err(error)) => {
+                breaker.failed(&error);
+                only(self.fallback(batch, error))
+            }
+            Err(pending) => {
+                let breaker = breaker.clone();
+                let kept = self.local.as_ref().map(|local| local.keep(batch));
+                StoreFuture::pending(async move {
+                    match pending.await {
+                        Ok(outcome) => {
+                            breaker.succeeded();
+                            Ok(outcome)
+                        }
+                        Err(error) => {
+                            breaker.failed(&error);
+                            match kept {
+                                Some(kept) => first(kept.decide()),
                                 None => Err(error),
                             }
                         }

@@ -96,7 +96,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// the store never panics and never makes a request wait longer than the timeout. The connection
 /// reconnects by itself (backing off up to one second), so the app recovers when Redis comes
 /// back, without a restart. The [`Limiter`](crate::Limiter) puts a
-/// [`CircuitBreaker`](crate::CircuitBreaker) in front of the store: after consecutive failures,
+/// [`CircuitBreaker`](crate::store::CircuitBreaker) in front of the store: after consecutive failures,
 /// requests stop waiting for the timeout and are answered by the failure policy at once while
 /// the store is probed in the background, with backoff. A probe is a charge like a request's
 /// (one unit on `<prefix>:probe`, through the same script), so Redis out of memory, which still
@@ -152,7 +152,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 ///
 /// # Tests
 /// [`clock`](RedisStoreBuilder::clock) makes the store send its own time instead of using the
-/// server's, so tests can drive a [`ManualClock`](crate::ManualClock) through Redis exactly as
+/// server's, so tests can drive a [`ManualClock`](crate::clock::ManualClock) through Redis exactly as
 /// through the memory store. Expiries then follow that clock, plus one minute of slack, so keys do
 /// not vanish while a test's clock runs slower than real time. Don't combine a `RedisStore` with
 /// tokio's paused time: its timeouts would fire at once while the runtime waits for the network.
