@@ -23,6 +23,11 @@
 #[path = "../../tests/support/redis_server.rs"]
 mod redis_server;
 
+/// The store's scripts, as `RedisStore` puts them together (the rows below use the fast paths').
+#[path = "../../src/store/redis/lua/mod.rs"]
+#[allow(dead_code)]
+mod lua;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,14 +73,11 @@ const IN_PLACE_SLIDING: &str = "local window, limit = tonumber(ARGV[2]), tonumbe
     local n = redis.call('INCRBY', KEYS[1], cost) \
     if n == cost then redis.call('PEXPIRE', KEYS[1], window * 2) end return n";
 
-/// The store's script, as `RedisStore` loads it.
-const STORE_SCRIPT: &str = include_str!("../../src/store/redis/script.lua");
-
-/// The store's script with one line of a fast path replaced (`from` must occur once): the same
-/// call without one of its guarantees.
-fn without(from: &str, to: &str) -> String {
-    assert_eq!(STORE_SCRIPT.matches(from).count(), 1, "{from}");
-    STORE_SCRIPT.replace(from, to)
+/// A fast path's script with one line replaced (`from` must occur once): the same call without
+/// one of its guarantees.
+fn without(script: &str, from: &str, to: &str) -> String {
+    assert_eq!(script.matches(from).count(), 1, "{from}");
+    script.replace(from, to)
 }
 
 /// A window's fast path's numbers as the store sends them (see `src/store/redis/fast.rs`): the
@@ -411,14 +413,16 @@ impl Rows {
             server_time: roomy(store(false).await),
             client_time: roomy(store(true).await),
             // The store's fast paths sent directly, as is and without one guarantee each.
-            bucket_no_expiry: without(BUCKET_EXPIRY.0, BUCKET_EXPIRY.1),
+            bucket_no_expiry: without(lua::BUCKET_NOW, BUCKET_EXPIRY.0, BUCKET_EXPIRY.1),
             fixed_count: without(
-                "    return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
-                "    return used",
+                lua::FIXED,
+                "  return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
+                "  return used",
             ),
             sliding_count: without(
-                "      return struct.pack('<dddd', 0, into, cur, prev)",
-                "      return cur",
+                lua::SLIDING,
+                "    return struct.pack('<dddd', 0, into, cur, prev)",
+                "    return cur",
             ),
         }
     }
@@ -498,11 +502,11 @@ impl Rows {
                 })
                 .await
             }
-            11 => client_calls(server, STORE_SCRIPT, phase, bucket_call).await,
+            11 => client_calls(server, lua::BUCKET_NOW, phase, bucket_call).await,
             12 => client_calls(server, &self.bucket_no_expiry, phase, bucket_call).await,
-            13 => client_calls(server, STORE_SCRIPT, phase, fixed_call).await,
+            13 => client_calls(server, lua::FIXED, phase, fixed_call).await,
             14 => client_calls(server, &self.fixed_count, phase, fixed_call).await,
-            15 => client_calls(server, STORE_SCRIPT, phase, sliding_call).await,
+            15 => client_calls(server, lua::SLIDING, phase, sliding_call).await,
             16 => client_calls(server, &self.sliding_count, phase, sliding_call).await,
             _ => unreachable!("one arm per row"),
         }
@@ -512,7 +516,7 @@ impl Rows {
 /// The token bucket's write with its expiry in the store's script (on the server's time), and
 /// the same write without.
 const BUCKET_EXPIRY: (&str, &str) = (
-    "redis.call('PSETEX', key, string.format('%d', (after + 999) / 1000),\n    \
+    "redis.call('PSETEX', key, string.format('%d', (after + round) / 1000),\n  \
      struct.pack('<Bd', 69, e + cost_span))",
     "redis.call('SET', key, struct.pack('<Bd', 69, e + cost_span))",
 );

@@ -227,6 +227,46 @@ async fn cross_slot_requests_are_compensated_and_never_over_admit() {
     );
 }
 
+/// The scripts of a cross-slot request (the charge, the undo of an earlier slot's charge, the
+/// check of a later slot) are loaded again after `NOSCRIPT` on every node (here `SCRIPT FLUSH`),
+/// each once, into every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
+    let cluster = RedisCluster::start();
+    let store = cluster_store(&cluster).await;
+    let global_slot = slot_of(&cluster, &store.key_names("global", b"")[0]);
+    let user = |global_first: bool| {
+        (0..)
+            .map(|i| format!("user{i}"))
+            .find(|user| {
+                let slot = slot_of(&cluster, &store.key_names("per-user", user.as_bytes())[0]);
+                slot != global_slot && (slot > global_slot) == global_first
+            })
+            .unwrap()
+    };
+    let (after, before) = (user(true), user(false));
+    for user in [&after, &before] {
+        assert!(request(&store, user, 1, 40)
+            .await
+            .iter()
+            .all(|o| o.verdict.is_admitted()));
+    }
+    for node in &cluster.nodes {
+        node.run("SCRIPT FLUSH");
+    }
+    let loads = cluster.command_calls("script|load");
+    // Global first: charge global, deny the user, undo global. The user first: deny the user,
+    // check global.
+    for user in [&after, &before] {
+        let outcomes = request(&store, user, 1, 40).await;
+        assert!(!outcomes[0].verdict.is_admitted(), "{outcomes:?}");
+        assert_eq!(outcomes[1].verdict, Verdict::Allowed, "{outcomes:?}");
+        assert_eq!(outcomes[1].remaining, 38, "reported uncharged");
+    }
+    let masters = cluster.nodes.len() as u64;
+    assert_eq!(cluster.command_calls("script|load") - loads, 3 * masters);
+}
+
 /// Random scenarios through the cluster (cross-slot batches, compensations) against the memory
 /// store, each run with the store's defaults (deny cache on) and with the deny cache off.
 fn differential_cases(cases: u32) {

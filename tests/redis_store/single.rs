@@ -746,6 +746,50 @@ async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 8);
 }
 
+/// Every script is loaded again after `NOSCRIPT` (here a `SCRIPT FLUSH`): each operation works
+/// at once, each script loaded once, by the call that needed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_is_loaded_again_after_noscript() {
+    let server = RedisServer::start();
+    let limiter = |clock: Option<ManualClock>| {
+        let builder = RedisStore::builder().url(server.url()).deny_cache(false);
+        let builder = match clock {
+            Some(clock) => builder.clock(clock),
+            None => builder,
+        };
+        async move {
+            Limiter::builder()
+                .rule(Rule::new("bucket", Limit::per_minute(10)))
+                .rule(Rule::new("fixed", Limit::fixed_window(10, DAY)))
+                .rule(Rule::new("sliding", Limit::sliding_window(10, DAY)))
+                .rule(Rule::new("log", Limit::sliding_log(10, DAY)))
+                .rule(Rule::new("guarded", Limit::per_day(10)).block_for(DAY))
+                .store(builder.build().await.unwrap())
+                .build()
+                .unwrap()
+        }
+    };
+    let on_server = limiter(None).await;
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let on_clock = limiter(Some(clock)).await;
+    server.run("SCRIPT FLUSH");
+    let loads = server.command_calls("script|load");
+    let remaining = |outcome: Result<tollgate::Outcome, LimitError>| outcome.unwrap().remaining;
+    // One script each: the token bucket's (on the server's time, then on a test clock), the
+    // windows', the general charge (a sliding log), the refund and the block.
+    assert_eq!(remaining(on_server.charge("bucket", "k", 1).await), 9);
+    assert_eq!(remaining(on_clock.charge("bucket", "c", 1).await), 9);
+    assert_eq!(remaining(on_server.charge("fixed", "k", 2).await), 8);
+    assert_eq!(remaining(on_server.charge("sliding", "k", 3).await), 7);
+    assert_eq!(remaining(on_server.charge("log", "k", 4).await), 6);
+    on_server.refund("log", "k", 1).await.unwrap();
+    assert_eq!(remaining(on_server.check("log", "k", 0).await), 7);
+    on_server.block("guarded", "k", DAY).await.unwrap();
+    let blocked = on_server.charge("guarded", "k", 1).await.unwrap();
+    assert!(!blocked.verdict.is_admitted(), "{blocked:?}");
+    assert_eq!(server.command_calls("script|load") - loads, 7);
+}
+
 /// Redis paused (SIGSTOP): calls time out instead of hanging, and work again once it resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_times_out_and_recovers() {

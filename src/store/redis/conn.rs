@@ -77,6 +77,30 @@ impl Conn {
         }
     }
 
+    /// Loads `script` (on a cluster, into every primary).
+    async fn load(&mut self, script: &Script) -> Result<(), RedisError> {
+        match self {
+            Conn::Single(c) => script.load_async(c).await?,
+            Conn::Cluster(c) => script.load_async(c).await?,
+        };
+        Ok(())
+    }
+
+    /// Loads every one of `scripts`, all at once (the connection carries them side by side).
+    pub(super) async fn load_all(&self, scripts: &[&Script]) -> Result<(), StoreError> {
+        let mut loads = tokio::task::JoinSet::new();
+        for &script in scripts {
+            let (mut conn, script) = (self.clone(), script.clone());
+            loads.spawn(async move { conn.load(&script).await });
+        }
+        while let Some(loaded) = loads.join_next().await {
+            loaded
+                .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?
+                .map_err(error)?;
+        }
+        Ok(())
+    }
+
     /// Runs an EVALSHA of `script`; after `NOSCRIPT` (a restarted or flushed server), loads the
     /// script and runs it again.
     pub(super) async fn eval<T: FromRedisValue>(
@@ -86,10 +110,7 @@ impl Conn {
     ) -> Result<T, RedisError> {
         match self.query(cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                match self {
-                    Conn::Single(c) => script.load_async(c).await?,
-                    Conn::Cluster(c) => script.load_async(c).await?,
-                };
+                self.load(script).await?;
                 self.query(cmd).await
             }
             other => other,

@@ -1,16 +1,17 @@
-//! The script's fast paths: one charge of one key under one rule without a penalty, for a token
-//! bucket, a sliding window or a fixed window with a period in µs and no roll-over — what nearly
-//! every request is. The call carries only the numbers its algorithm needs (its length tells the script which
-//! path); the script decides, commits, and answers the key's state rolled to its time, before
-//! the charge. The outcome's fields are computed here from that state, by the algorithm's own
+//! The fast paths: one charge of one key under one rule without a penalty, for a token bucket, a
+//! sliding window or a fixed window with a period in µs and no roll-over — what nearly every
+//! request is. Each is a script of its own (`lua/fast_*.lua`), and the call carries only the
+//! numbers its algorithm needs; the script decides, commits, and answers the key's state rolled
+//! to its time, before the charge. The outcome's fields are computed here from that state, by the algorithm's own
 //! `evaluate` (the memory store's code), so Redis spends its time on the decision alone.
 //!
 //! Everything else (batches, sharded rules, penalties, checks, reservations, a token bucket's
-//! charges of 0, calendar months, roll-over, other algorithms) goes through the script's general
-//! code.
+//! charges of 0, calendar months, roll-over, other algorithms) goes through the general scripts
+//! (the charge's, `lua/charge.lua`).
 
-use ::redis::Value;
+use ::redis::{Script, Value};
 
+use super::lua::Scripts;
 use super::{keys, params, push_now, Packed};
 use crate::algorithm::{
     Algorithm, FixedWindow, FixedWindowState, Micros, Mode, Outcome, SlidingWindow,
@@ -60,13 +61,22 @@ impl Fast {
         })
     }
 
+    /// The script of this path, on the server's time (`now` is `None`) or on an injected one.
+    pub(super) fn script<'s>(&self, scripts: &'s Scripts, now: Option<Micros>) -> &'s Script {
+        match (&self.kind, now) {
+            (Kind::Bucket(_), None) => &scripts.bucket_now,
+            (Kind::Bucket(_), Some(_)) => &scripts.bucket_at,
+            (Kind::Sliding(_), _) => &scripts.sliding,
+            (Kind::Fixed(_), _) => &scripts.fixed,
+        }
+    }
+
     /// The script's numbers: the time and the expiries' grace (a token bucket on the server's
-    /// time leaves them out), then the algorithm's (see the fast paths at the top of
-    /// `script.lua`).
+    /// time leaves them out), then the algorithm's (see `lua/fast_*.lua`).
     pub(super) fn packed(&self, charge: &Charge<'_>, now: Option<Micros>) -> Packed {
         let mut packed = Packed(Vec::with_capacity(8 * 7));
-        // A token bucket on the server's time leaves out the time and the grace: the script
-        // reads the server's clock when the call has three numbers.
+        // A token bucket on the server's time leaves out the time and the grace: its script
+        // (`lua/fast_bucket_now.lua`) reads the server's clock.
         if now.is_some() || !matches!(self.kind, Kind::Bucket(_)) {
             push_now(&mut packed, now);
         }
@@ -172,36 +182,4 @@ fn at(into: i64) -> Result<Micros, StoreError> {
 
 fn protocol(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
-}
-
-#[cfg(test)]
-mod tests {
-    /// The lines of the script's block that starts with `start`, without comments.
-    fn block(start: &str) -> Vec<&'static str> {
-        let script = include_str!("script.lua");
-        let from = script.find(start).expect(start);
-        script[from..]
-            .lines()
-            .skip(1)
-            .take_while(|line| *line != "end")
-            .map(|line| line.split(" --").next().unwrap_or("").trim_end())
-            .filter(|line| !line.trim_start().starts_with("--") && !line.is_empty())
-            .collect()
-    }
-
-    /// The token bucket's two blocks (on the server's time and on the caller's) are the same
-    /// lines but for where the time comes from and the grace: the differential tests, on a test
-    /// clock, check the second one's math for both.
-    #[test]
-    fn the_token_buckets_two_blocks_are_the_same_lines() {
-        let server = block("if size == 24 then\n");
-        let caller = block("if size == 40 then\n");
-        assert!(server[2].starts_with("  local now = t[1]"), "{server:?}");
-        let caller: Vec<String> = caller[1..]
-            .iter()
-            .map(|line| line.replace(" + grace)", ")"))
-            .collect();
-        assert_eq!(server[3..], caller[..]);
-        assert!(server.len() > 10, "{server:?}");
-    }
 }

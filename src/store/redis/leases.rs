@@ -1,8 +1,8 @@
 //! This instance's concurrency leases: which it holds, their renewal, their release.
 //!
 //! A concurrency slot in Redis is a lease — an id in the key's sorted set with an expiry — added
-//! by the script in the request's atomic step (see `make_slots` in `script.lua`). While this
-//! instance holds a lease, a background task renews it at a third of the lease's length, so a
+//! by the script in the request's atomic step (see `lua/slots.lua`). While this instance holds a
+//! lease, a background task renews it at a third of the lease's length (`lua/lease.lua`), so a
 //! response may stream for as long as it likes; when the slot is given back the lease is removed.
 //! If this instance dies, nothing renews its leases: they expire, and the script purges them on
 //! the next look. If renewing fails for a whole lease length (Redis unreachable), the lease
@@ -19,33 +19,16 @@ use std::time::Duration;
 
 use ::redis::Script;
 
-use super::{conn, Inner};
+use super::{conn, lua, Inner};
 use crate::algorithm::micros;
 use crate::store::StoreError;
-
-/// Renews leases on one key: each id still in the set gets the expiry now + the lease. A lease
-/// already purged stays gone (its slot may have been taken since); one expired but not yet
-/// purged is renewed, since nobody has counted its slot as free.
-const RENEW: &str = r"
-local now = tonumber(ARGV[1])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
-local expiry = string.format('%d', now + tonumber(ARGV[2]))
-local renewed = 0
-for i = 4, #ARGV do
-  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', expiry, ARGV[i])
-end
-if renewed > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return renewed
-";
 
 /// The leases this instance holds, by key name.
 pub(super) struct Leases {
     held: Mutex<HashMap<Vec<u8>, Vec<u64>>>,
     /// Whether the renewal task runs (it stops when no lease is held).
     renewing: AtomicBool,
+    /// The renewal's script (`lua/lease.lua`).
     script: Script,
 }
 
@@ -54,7 +37,7 @@ impl Default for Leases {
         Leases {
             held: Mutex::default(),
             renewing: AtomicBool::new(false),
-            script: Script::new(RENEW),
+            script: Script::new(lua::LEASE),
         }
     }
 }

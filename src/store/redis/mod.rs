@@ -6,6 +6,7 @@ mod conn;
 mod fast;
 mod keys;
 mod leases;
+mod lua;
 mod params;
 mod shard;
 
@@ -21,6 +22,7 @@ use self::cache::{CacheView, DenyCache};
 use self::conn::{Conn, Target};
 use self::fast::Fast;
 use self::leases::Leases;
+use self::lua::Scripts;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::error::ConfigError;
@@ -29,7 +31,6 @@ use crate::algorithm::{
 };
 use crate::clock::{Clock, SystemClock};
 
-const SCRIPT: &str = include_str!("script.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 const DEFAULT_PREFIX: &str = "tollgate";
 const DEFAULT_CACHE_SIZE: usize = 65_536;
@@ -44,9 +45,10 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// Every request is **one round trip**, whatever the number of rules: one Lua script (sent with
 /// `EVALSHA`, and loaded again transparently after `NOSCRIPT`, e.g. when Redis restarted) reads
 /// every key of the request, decides every rule with the same math as the [`MemoryStore`]
-/// (`src/store/redis/script.lua` is a port of [`algorithm`](crate::algorithm), kept equal by a
-/// differential test), and commits all charges or none. Redis runs a script atomically, so
-/// concurrent requests from any number of app instances never over-admit.
+/// (the scripts in `src/store/redis/lua/`, one per operation, are a port of
+/// [`algorithm`](crate::algorithm), kept equal by a differential test), and commits all charges
+/// or none. Redis runs a script atomically, so concurrent requests from any number of app
+/// instances never over-admit.
 ///
 /// Time comes from the Redis server (`TIME`), so app hosts whose clocks disagree still agree on
 /// every limit. (A Redis Cluster's nodes each use their own clock for the keys they hold.)
@@ -184,7 +186,7 @@ pub struct RedisStore {
 struct Inner {
     conn: Conn,
     target: Target,
-    script: Script,
+    scripts: Scripts,
     prefix: Box<str>,
     timeout: Duration,
     /// Test mode: the time sent to the script instead of the server's.
@@ -315,7 +317,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects (and loads the script).
+    /// Connects (and loads the scripts).
     ///
     /// # Errors
     /// `Config` for a malformed URL or prefix; `Unavailable` or `Timeout` when Redis cannot be
@@ -330,19 +332,12 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        let mut conn = Conn::connect(&self.target, self.timeout).await?;
-        let script = Script::new(SCRIPT);
-        let load = async {
-            match &mut conn {
-                Conn::Single(c) => script.load_async(c).await,
-                Conn::Cluster(c) => script.load_async(c).await,
-            }
-        };
+        let conn = Conn::connect(&self.target, self.timeout).await?;
+        let scripts = Scripts::new();
         let wait = conn::connect_timeout(self.timeout);
-        tokio::time::timeout(wait, load)
+        tokio::time::timeout(wait, conn.load_all(&scripts.all()))
             .await
-            .map_err(|_| conn::timed_out(wait))?
-            .map_err(conn::error)?;
+            .map_err(|_| conn::timed_out(wait))??;
         let local: Arc<dyn Clock> = match &self.clock {
             Some(clock) => clock.clone(),
             None => Arc::new(SystemClock::new()),
@@ -351,7 +346,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 conn,
                 target: self.target,
-                script,
+                scripts,
                 prefix: self.prefix.into(),
                 timeout: self.timeout,
                 clock: self.clock,
@@ -441,7 +436,7 @@ impl RedisStore {
                 let packed = fast.packed(charge, now);
                 let inner = self.inner.clone();
                 return StoreFuture::pending(async move {
-                    let (outcome, missing) = inner.timed(inner.fast(&fast, packed)).await?;
+                    let (outcome, missing) = inner.timed(inner.fast(&fast, now, packed)).await?;
                     let outcomes: Outcomes = smallvec::smallvec![outcome];
                     if let Some(cache) = &inner.cache {
                         cache.learn(&views, &outcomes, &[missing], inner.local.now());
@@ -576,20 +571,17 @@ impl Store for RedisStore {
                         }
                         Some(d) => {
                             // The script reads the key's offences and the time in one step.
+                            let script = &inner.scripts.block;
                             let mut cmd = Cmd::new();
-                            cmd.arg("EVALSHA").arg(inner.script.get_hash()).arg(1);
+                            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1);
                             cmd.arg(&name);
-                            let mut packed = Packed(Vec::with_capacity(8 * Packed::MIN));
-                            packed.push(5);
+                            let mut packed = Packed(Vec::with_capacity(8 * 4));
                             push_now(&mut packed, now);
-                            packed.push(0);
                             let span = |d: u64| d.min(params::MAX_SPAN);
                             packed.push(span(micros(d)));
                             packed.push(span(forget));
-                            packed.pad();
                             cmd.arg(packed.0.as_slice());
-                            let _: Vec<u8> =
-                                conn.eval(&inner.script, &cmd).await.map_err(conn::error)?;
+                            let _: Vec<u8> = conn.eval(script, &cmd).await.map_err(conn::error)?;
                         }
                     }
                     Ok(())
@@ -709,6 +701,18 @@ enum Op {
     Refund,
     /// Take back an earlier charge exactly.
     Undo,
+}
+
+impl Op {
+    /// The script that runs the operation.
+    fn script(self, scripts: &Scripts) -> &Script {
+        match self {
+            Op::Apply => &scripts.charge,
+            Op::Check => &scripts.check,
+            Op::Refund => &scripts.refund,
+            Op::Undo => &scripts.undo,
+        }
+    }
 }
 
 impl Inner {
@@ -934,20 +938,26 @@ impl Inner {
         Ok((outcomes, missing))
     }
 
-    /// The `EVALSHA` of a fast path's call.
-    fn fast_command(&self, fast: &Fast, packed: Packed) -> Cmd {
+    /// The `EVALSHA` of a fast path's call, with its script.
+    fn fast_command(&self, fast: &Fast, now: Option<Micros>, packed: Packed) -> (&Script, Cmd) {
+        let script = fast.script(&self.scripts, now);
         let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
-        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(1);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1);
         cmd.arg(&fast.name).arg(packed.0.as_slice());
-        cmd
+        (script, cmd)
     }
 
     /// One call of a fast path (see `fast`): the outcome, and whether the key held no state
     /// before the call.
-    async fn fast(&self, fast: &Fast, packed: Packed) -> Result<(Outcome, bool), StoreError> {
-        let cmd = self.fast_command(fast, packed);
+    async fn fast(
+        &self,
+        fast: &Fast,
+        now: Option<Micros>,
+        packed: Packed,
+    ) -> Result<(Outcome, bool), StoreError> {
+        let (script, cmd) = self.fast_command(fast, now, packed);
         let mut conn = self.conn.clone();
-        let reply: Value = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        let reply: Value = conn.eval(script, &cmd).await.map_err(conn::error)?;
         fast.outcome(&reply)
     }
 
@@ -970,12 +980,10 @@ impl Inner {
         let mut fast =
             Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
         fast.name = keys::probe_name(&self.prefix);
-        let cmd = self.fast_command(&fast, fast.packed(&charge, self.injected_now()?));
+        let now = self.injected_now()?;
+        let (script, cmd) = self.fast_command(&fast, now, fast.packed(&charge, now));
         let mut conn = self.conn.clone();
-        let reply: Value = conn
-            .eval_afresh(&self.script, &cmd)
-            .await
-            .map_err(conn::error)?;
+        let reply: Value = conn.eval_afresh(script, &cmd).await.map_err(conn::error)?;
         fast.outcome(&reply)?;
         Ok(())
     }
@@ -989,7 +997,10 @@ impl Inner {
     ) -> Result<Vec<(Outcome, Taken)>, StoreError> {
         let cmd = self.command(op, now, items);
         let mut conn = self.conn.clone();
-        let reply: Vec<u8> = conn.eval(&self.script, &cmd).await.map_err(conn::error)?;
+        let reply: Vec<u8> = conn
+            .eval(op.script(&self.scripts), &cmd)
+            .await
+            .map_err(conn::error)?;
         decode(&reply, items)
     }
 
@@ -1002,13 +1013,15 @@ impl Inner {
         let keys = candidates().count() + blocks().count();
         let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
             + blocks().map(|(name, _)| name.len()).sum::<usize>();
-        let numbers = 4
+        let numbers = 3
             + 8 * items.len()
             + candidates().map(|c| c.args.len()).sum::<usize>()
             + blocks().map(|(_, args)| args.len()).sum::<usize>();
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
-        let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers.max(Packed::MIN));
-        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
+        let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers);
+        cmd.arg("EVALSHA")
+            .arg(op.script(&self.scripts).get_hash())
+            .arg(keys);
         for item in items {
             for candidate in item.candidates() {
                 cmd.arg(&candidate.name);
@@ -1019,13 +1032,7 @@ impl Inner {
         }
         // Every number as one string of little-endian doubles, exact below 2^53 (the script
         // reads them with one `struct.unpack` instead of one `tonumber` each).
-        let mut packed = Packed(Vec::with_capacity(8 * numbers.max(Packed::MIN)));
-        packed.push(match op {
-            Op::Apply => 1,
-            Op::Check => 2,
-            Op::Refund => 3,
-            Op::Undo => 4,
-        });
+        let mut packed = Packed(Vec::with_capacity(8 * numbers));
         push_now(&mut packed, now);
         packed.push(items.len() as u64);
         for item in items {
@@ -1058,7 +1065,6 @@ impl Inner {
                 }
             }
         }
-        packed.pad();
         cmd.arg(packed.0.as_slice());
         cmd
     }
@@ -1078,9 +1084,6 @@ fn push_now(packed: &mut Packed, now: Option<Micros>) {
 struct Packed(Vec<u8>);
 
 impl Packed {
-    /// The script reads a call's first numbers with one unpack: it needs at least this many.
-    const MIN: usize = 17;
-
     /// Integers below 2^53 convert exactly; the rules are validated to stay there.
     fn push(&mut self, value: u64) {
         self.0.extend_from_slice(&(value as f64).to_le_bytes());
@@ -1089,12 +1092,6 @@ impl Packed {
     /// Like `push`, for a number that may be negative.
     fn push_signed(&mut self, value: i64) {
         self.0.extend_from_slice(&(value as f64).to_le_bytes());
-    }
-
-    fn pad(&mut self) {
-        while self.0.len() < 8 * Self::MIN {
-            self.push(0);
-        }
     }
 }
 

@@ -1,0 +1,11 @@
+-- Fast paths: one charge (mode 0) of one key under one rule without a penalty, for a token
+-- bucket, a sliding window or a fixed window with a period in µs and no roll-over: what nearly
+-- every request is. Each is a script of its own (no dispatch, nothing defined that it does not
+-- run). The Rust side chooses them (src/store/redis/fast.rs) and sends only the numbers they
+-- need. The script decides and commits; it answers only the state it decided on (rolled to now,
+-- before the charge), from which the Rust side builds the outcome with the memory store's own
+-- functions. Each is the same math as the general scripts (the functions named in it), without a
+-- function or a table made per call: a bucket's state is a tag byte and a binary double, a
+-- window's count grows in place in a hash, and divisions by a rule's period use `%`, exact below
+-- 2^53 for these operands (the float quotient inside it cannot round up to the next integer
+-- while the dividend is below 2^53).

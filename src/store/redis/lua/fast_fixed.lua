@@ -1,0 +1,78 @@
+-- Fixed window whose capacity is its limit (`make_fixed`): now, grace, rate, period, capacity,
+-- offset, cost. A fixed window's key is a hash: one field, the window's start ('W' and a
+-- binary double), holding the units used in that window (more than the capacity while reservations
+-- are owed). The window's count grows in place (`HINCRBY`): the key keeps the expiry its
+-- window's first charge gave it (the end of the window, when a key of a window's units is
+-- a new key's again), so a charge inside a window writes nothing else.
+-- Reply: 2 when denied + 1 when the key was missing, now − window start, the units left
+-- before the charge.
+local now, grace, rate, period, cap, offset, cost = struct.unpack('<ddddddd', packed)
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local key = KEYS[1]
+-- `window_containing` (windows at offset + k × period).
+local ws = now - (now + period - offset) % period
+if ws < 0 then ws = 0 end
+local field = struct.pack('<Bd', 87, ws)
+-- An error (a value of another algorithm or format) reads as a new key.
+local used = redis.pcall('HINCRBY', key, field, cost)
+local counted = type(used) == 'number'
+if counted and used ~= cost then
+  if used > cap then
+    -- Denied: nothing charged. (A cost of 0 changed nothing; "-0" is not an integer to Redis.)
+    if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
+    return struct.pack('<ddd', 2, now - ws, cap - used + cost)
+  end
+  return struct.pack('<ddd', 0, now - ws, cap - used + cost)
+end
+
+-- The window's first charge, a charge of 0, or a key this path cannot count in: the state is
+-- what the key held before (`fw_roll` of its newest other window), and the key is written
+-- whole, as the general scripts do.
+local flags, sws, rem = 1, ws, cap
+if counted then
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if f ~= field and #f == 9 then
+      local tag, ows = struct.unpack('<Bd', f)
+      if tag == 87 and (flags == 1 or ows > sws) then
+        flags, sws, rem = 0, ows, cap - all[i + 1]
+      end
+    end
+  end
+  if flags == 0 then
+    -- `fw_roll` from the stored window to the one containing now.
+    local windows = 0
+    if now - sws >= period then
+      local into = (now - sws) % period
+      windows = (now - sws - into) / period
+      sws = now - into
+    end
+    -- (A product past 2^53 is inexact, but then far above cap - rem: the comparison holds.)
+    if rem >= cap or windows * rate >= cap - rem then
+      rem = cap
+    else
+      rem = rem + windows * rate
+    end
+  end
+else
+  flags = 0
+end
+if rem < cost then
+  -- Denied: the key as it was. This call's field held nothing before it (or it would have
+  -- been counted above): remove it again.
+  if counted then redis.call('HDEL', key, field) end
+  return struct.pack('<ddd', 2 + flags, now - sws, rem)
+end
+-- The key expires when the window that fills it again starts (never sooner than 1 ms).
+local owed = cap - rem + cost + rate - 1
+local px = sws + (owed - owed % rate) / rate * period - now + 999
+px = (px - px % 1000) / 1000
+if px < 1 then px = 1 end
+redis.call('DEL', key)
+redis.call('HSET', key, struct.pack('<Bd', 87, sws), cap - rem + cost)
+redis.call('PEXPIRE', key, string.format('%d', px + grace))
+return struct.pack('<ddd', flags, now - sws, rem)

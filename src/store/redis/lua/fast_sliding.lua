@@ -1,0 +1,104 @@
+-- Sliding window counter (`make_sliding`): now, grace, limit, period, offset, cost. The key
+-- is a hash: the current window's count under its start ('S' and a binary double), and the
+-- previous window's under 'p'. The count grows in place (`HINCRBY`), the key keeping the
+-- expiry the window's first charge gave it (two periods after the window's start, when both
+-- counts have left the sliding period).
+-- Reply: 2 when denied + 1 when the key was missing, now − window start, the two counts
+-- before the charge.
+local now, grace, limit, period, offset, cost = struct.unpack('<dddddd', packed)
+if now < 0 then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local key = KEYS[1]
+-- `window_containing` (windows at offset + k × period).
+local ws = now - (now + period - offset) % period
+if ws < 0 then ws = 0 end
+local field = struct.pack('<Bd', 83, ws)
+-- An error (a value of another algorithm or format) reads as a new key.
+local cur = redis.pcall('HINCRBY', key, field, cost)
+local counted = type(cur) == 'number'
+if counted and cur ~= cost then
+  -- The key holds one window's count at a time (the newest): this window's, counted in place.
+  local prev = redis.call('HGET', key, 'p')
+  if prev then
+    cur = cur - cost
+    -- Counts never exceed the limit, unless it was lowered since: keep the products in bound.
+    if cur > limit then cur = limit end
+    prev = prev + 0
+    if prev > limit then prev = limit end
+    local into = now - ws
+    local room = limit - cur - cost
+    -- The previous window's part still inside the sliding period weighs prev × left / period.
+    if room < 0 or prev * (period - into) > room * period then
+      if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
+      return struct.pack('<dddd', 2, into, cur, prev)
+    end
+    return struct.pack('<dddd', 0, into, cur, prev)
+  end
+end
+
+-- The window's first charge, a charge of 0, or a key this path cannot count in: the state is
+-- what the key held before this call (its newest window, rolled over to now: `sw_roll`), and
+-- the key is written whole, as the general scripts do.
+local flags, sws, prev, other = 0, ws, 0, false
+cur = 0
+if counted then
+  local all = redis.call('HGETALL', key)
+  local stored = false
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if f == 'p' then
+      prev, stored = all[i + 1] + 0, true
+    elseif f ~= field and #f == 9 then
+      local tag, ows = struct.unpack('<Bd', f)
+      if tag == 83 and (not other or ows > sws) then
+        sws, cur, other = ows, all[i + 1] + 0, true
+      end
+    end
+  end
+  if not stored then
+    -- Nothing this rule wrote: a new key (missing when this call created it).
+    sws, cur, prev, other = ws, 0, 0, false
+    if #all == 2 and all[2] + 0 == cost then flags = 1 end
+  elseif not other then
+    -- This window's count was stored (at zero) before this call.
+    cur = 0
+  end
+  if cur > limit then cur = limit end
+  if prev > limit then prev = limit end
+  if now - sws >= period then
+    local into = (now - sws) % period
+    if now - sws - into == period then prev = cur else prev = 0 end
+    sws, cur = now - into, 0
+  end
+end
+local into = now - sws
+local left = period - into
+if left > period then left = period end
+local room = limit - cur - cost
+if room < 0 or prev * left > room * period then
+  -- Denied: the key as it was.
+  if counted then
+    if other or sws ~= ws then
+      redis.call('HDEL', key, field)
+    elseif cost > 0 then
+      redis.call('HINCRBY', key, field, -cost)
+    end
+    if flags == 1 then redis.call('DEL', key) end
+  end
+  return struct.pack('<dddd', 2 + flags, into, cur, prev)
+end
+-- The key expires when both counts have left the sliding period (never sooner than 1 ms).
+local expires = sws + 2 * period
+if cur + cost == 0 then
+  expires = sws
+  if prev > 0 then expires = sws + period end
+end
+local px = expires - now + 999
+px = (px - px % 1000) / 1000
+if px < 1 then px = 1 end
+redis.call('DEL', key)
+redis.call('HSET', key, struct.pack('<Bd', 83, sws), cur + cost, 'p', prev)
+redis.call('PEXPIRE', key, string.format('%d', px + grace))
+return struct.pack('<dddd', flags, into, cur, prev)
