@@ -774,7 +774,8 @@ async fn every_script_is_loaded_again_after_noscript() {
     let on_clock = limiter(Some(clock)).await;
     server.run("SCRIPT FLUSH");
     let loads = server.command_calls("script|load");
-    let remaining = |outcome: Result<tollgate::Outcome, LimitError>| outcome.unwrap().remaining;
+    let remaining =
+        |outcome: Result<tollgate::algorithm::Outcome, LimitError>| outcome.unwrap().remaining;
     // One script each: the token bucket's (on the server's time, then on a test clock), the
     // windows', the general charge (a sliding log), the refund and the block.
     assert_eq!(remaining(on_server.charge("bucket", "k", 1).await), 9);
