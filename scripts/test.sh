@@ -35,9 +35,12 @@ cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warn
 cargo clippy -p tollgate --lib --no-default-features --features tonic -- -D warnings
 
 # --workspace: the library, the benchmarks (bench/) and the `tollgate` command (cli/).
-# The integration tests include the fuzz corpora's replay and the quick soak.
-step "tests (lib, integration, examples; the bench member's benches once each)"
-cargo test --workspace --all-targets --all-features
+# The integration tests include the fuzz corpora's replay and the quick soak. Every example of
+# examples/ is compiled into the integration tests (`#[path]`) and driven there, over a socket,
+# by a real client; as programs of their own they hold no test, so they are not linked again
+# here (clippy above compiles every one of them, the bench member's included).
+step "tests (lib, bins, integration, the examples inside them; the bench member's benches once each)"
+cargo test --workspace --lib --bins --tests --benches --all-features
 
 step "doc tests"
 cargo test --workspace --doc --all-features

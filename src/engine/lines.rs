@@ -11,11 +11,14 @@ use crate::key::KeyValue;
 /// A line's name: the rule's and the key.
 pub(crate) type LineOf = (Arc<str>, KeyValue);
 
-/// The lines of requests waiting for a slot, per (rule, key), on this instance.
+/// The lines of requests waiting for a slot, per (rule, key), on this instance: by rule, then by
+/// key, so that looking a line up borrows the rule's name and the key instead of building a pair.
 #[derive(Default)]
 pub(crate) struct Lines {
-    lines: Mutex<HashMap<LineOf, VecDeque<Arc<Waiter>>>>,
+    lines: Mutex<HashMap<Arc<str>, HashMap<KeyValue, Line>>>,
 }
+
+type Line = VecDeque<Arc<Waiter>>;
 
 /// One waiting request: woken when a slot may be free for it.
 #[derive(Default)]
@@ -58,36 +61,32 @@ impl Lines {
     /// Wakes the first waiter for `(rule, key)`, if any: a slot was given back.
     pub(crate) fn wake(&self, rule: &str, key: &KeyValue) {
         let lines = lock(&self.lines);
-        if let Some(first) = lines
-            .get(&(Arc::from(rule), key.clone()))
-            .and_then(|l| l.front())
-        {
+        if let Some(first) = line(&lines, rule, key).and_then(|l| l.front()) {
             first.wake();
         }
     }
 
     /// Whether requests already wait for `(rule, key)`: a newcomer then queues behind them
     /// instead of taking a slot first.
-    pub(crate) fn busy(&self, rule: &Arc<str>, key: &KeyValue) -> bool {
+    pub(crate) fn busy(&self, rule: &str, key: &KeyValue) -> bool {
         let lines = lock(&self.lines);
-        lines
-            .get(&(rule.clone(), key.clone()))
-            .is_some_and(|line| !line.is_empty())
+        line(&lines, rule, key).is_some_and(|line| !line.is_empty())
     }
 
     /// Puts `waiter` at the end of the line, unless `max` already wait; whether it went in, and
     /// whether it is first.
     pub(crate) fn join(
         &self,
-        line: &LineOf,
+        (rule, key): &LineOf,
         waiter: &Arc<Waiter>,
         max: Option<u64>,
     ) -> Option<bool> {
         let mut lines = lock(&self.lines);
-        let queue = lines.entry(line.clone()).or_default();
+        let of_rule = lines.entry(rule.clone()).or_default();
+        let queue = of_rule.entry(key.clone()).or_default();
         if max.is_some_and(|max| queue.len() as u64 >= max) {
             if queue.is_empty() {
-                lines.remove(line);
+                remove(&mut lines, rule, key);
             }
             return None;
         }
@@ -95,29 +94,44 @@ impl Lines {
         Some(queue.len() == 1)
     }
 
-    pub(crate) fn is_first(&self, line: &LineOf, waiter: &Arc<Waiter>) -> bool {
+    pub(crate) fn is_first(&self, (rule, key): &LineOf, waiter: &Arc<Waiter>) -> bool {
         let lines = lock(&self.lines);
-        lines
-            .get(line)
+        line(&lines, rule, key)
             .and_then(|queue| queue.front())
             .is_some_and(|first| Arc::ptr_eq(first, waiter))
     }
 
     /// Takes `waiter` out of the line; if it was first, the next one is woken (a slot may be
     /// free, and the one leaving will not take it).
-    pub(crate) fn leave(&self, line: &LineOf, waiter: &Arc<Waiter>) {
+    pub(crate) fn leave(&self, (rule, key): &LineOf, waiter: &Arc<Waiter>) {
         let mut lines = lock(&self.lines);
-        let Some(queue) = lines.get_mut(line) else {
+        let Some(queue) = lines.get_mut(&**rule).and_then(|l| l.get_mut(key)) else {
             return;
         };
         let first = queue.front().is_some_and(|w| Arc::ptr_eq(w, waiter));
         queue.retain(|w| !Arc::ptr_eq(w, waiter));
         match queue.front() {
-            None => {
-                lines.remove(line);
-            }
+            None => remove(&mut lines, rule, key),
             Some(next) if first => next.wake(),
             Some(_) => {}
+        }
+    }
+}
+
+fn line<'a>(
+    lines: &'a HashMap<Arc<str>, HashMap<KeyValue, Line>>,
+    rule: &str,
+    key: &KeyValue,
+) -> Option<&'a Line> {
+    lines.get(rule)?.get(key)
+}
+
+/// Forgets an empty line, and its rule's map once no line of the rule is left.
+fn remove(lines: &mut HashMap<Arc<str>, HashMap<KeyValue, Line>>, rule: &str, key: &KeyValue) {
+    if let Some(of_rule) = lines.get_mut(rule) {
+        of_rule.remove(key);
+        if of_rule.is_empty() {
+            lines.remove(rule);
         }
     }
 }

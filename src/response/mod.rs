@@ -20,6 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
@@ -123,6 +124,35 @@ pub(crate) struct Responder {
     pub(crate) legacy: bool,
     pub(crate) jitter: Duration,
     pub(crate) rejection: Option<Arc<RespondFn>>,
+    /// The words of the last fail-closed refusal.
+    unavailable: Arc<ArcSwapOption<Unavailable>>,
+}
+
+/// What a fail-closed refusal says, for one wait. During an outage every refusal says the same
+/// (the breaker's wait moves by the second), so the words are written once per wait, not per
+/// request.
+struct Unavailable {
+    retry: u64,
+    message: String,
+    /// The HTTP problem+json body.
+    body: Bytes,
+}
+
+impl Unavailable {
+    fn new(retry: u64) -> Self {
+        let message = format!("The rate limiter cannot decide right now; try again in {retry} s.");
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": "Service Unavailable",
+            "status": StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+            "detail": message,
+        });
+        Unavailable {
+            retry,
+            body: Bytes::from(body.to_string()),
+            message,
+        }
+    }
 }
 
 /// The fields to add to an allowed response, prepared before the inner service runs.
@@ -154,6 +184,7 @@ impl Responder {
             legacy: false,
             jitter: Duration::ZERO,
             rejection: None,
+            unavailable: Arc::default(),
         }
     }
 
@@ -334,23 +365,24 @@ impl Responder {
     /// `Retry-After`, or for gRPC as `UNAVAILABLE` with `grpc-retry-pushback-ms`.
     pub(crate) fn unavailable_in(&self, error: &StoreError, protocol: Protocol) -> Response<Bytes> {
         let retry = unavailable_retry_after(error);
-        let message = format!("The rate limiter cannot decide right now; try again in {retry} s.");
+        let words = match self.unavailable.load_full() {
+            Some(words) if words.retry == retry => words,
+            _ => {
+                let fresh = Arc::new(Unavailable::new(retry));
+                self.unavailable.store(Some(fresh.clone()));
+                fresh
+            }
+        };
         if protocol.is_grpc() {
-            let mut response = grpc::trailers_only(protocol, Code::Unavailable as i32, &message);
+            let message = &words.message;
+            let mut response = grpc::trailers_only(protocol, Code::Unavailable as i32, message);
             response.headers_mut().insert(
                 grpc::GRPC_RETRY_PUSHBACK_MS.clone(),
                 grpc::pushback_value(Duration::from_secs(retry)),
             );
             return response;
         }
-        let status = StatusCode::SERVICE_UNAVAILABLE;
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": "Service Unavailable",
-            "status": status.as_u16(),
-            "detail": message,
-        });
-        let mut response = problem(status, Bytes::from(body.to_string()));
+        let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, words.body.clone());
         response
             .headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
