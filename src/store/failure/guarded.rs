@@ -42,12 +42,58 @@ impl Guarded {
         }
     }
 
-    /// The answer for `batch` when the store failed with `error` (or was not asked).
-    fn fallback(&self, batch: &[Charge<'_>], error: StoreError) -> StoreFuture<Outcomes> {
-        match &self.local {
-            Some(local) => StoreFuture::ready(Ok(local.decide(batch))),
-            None => StoreFuture::ready(Err(error)),
+    /// The store's `answer` to `batch`, counted by the breaker; a failure is answered by the
+    /// local fallback when there is one (`from_local` puts its outcomes in the answer's shape).
+    fn guard<T: Send + 'static>(
+        &self,
+        batch: &[Charge<'_>],
+        answer: StoreFuture<T>,
+        from_local: fn(Outcomes) -> Result<T, StoreError>,
+    ) -> StoreFuture<T> {
+        let breaker = &self.breaker;
+        match answer.into_ready() {
+            Ok(Ok(answer)) => {
+                breaker.succeeded();
+                StoreFuture::ready(Ok(answer))
+            }
+            Ok(Err(error)) => {
+                breaker.failed(&error);
+                self.fallback(batch, error, from_local)
+            }
+            Err(pending) => {
+                let breaker = breaker.clone();
+                // Only the local fallback needs the batch after the store's answer.
+                let kept = self.local.as_ref().map(|local| local.keep(batch));
+                StoreFuture::pending(async move {
+                    match pending.await {
+                        Ok(answer) => {
+                            breaker.succeeded();
+                            Ok(answer)
+                        }
+                        Err(error) => {
+                            breaker.failed(&error);
+                            match kept {
+                                Some(kept) => from_local(kept.decide()),
+                                None => Err(error),
+                            }
+                        }
+                    }
+                })
+            }
         }
+    }
+
+    /// The answer for `batch` when the store failed with `error` (or was not asked).
+    fn fallback<T>(
+        &self,
+        batch: &[Charge<'_>],
+        error: StoreError,
+        from_local: fn(Outcomes) -> Result<T, StoreError>,
+    ) -> StoreFuture<T> {
+        StoreFuture::ready(match &self.local {
+            Some(local) => from_local(local.decide(batch)),
+            None => Err(error),
+        })
     }
 }
 
@@ -59,90 +105,22 @@ fn first(outcomes: Outcomes) -> Result<Outcome, StoreError> {
         .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
 }
 
-/// A fallback's answer (always ready) for a batch of one.
-fn only(answer: StoreFuture<Outcomes>) -> StoreFuture<Outcome> {
-    match answer.into_ready() {
-        Ok(result) => StoreFuture::ready(result.and_then(first)),
-        Err(pending) => StoreFuture::pending(async move { first(pending.await?) }),
-    }
-}
-
 impl Store for Guarded {
     fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
-        let breaker = &self.breaker;
-        if breaker.is_open() {
-            let error = breaker.refused();
-            return self.fallback(batch, error);
+        if self.breaker.is_open() {
+            return self.fallback(batch, self.breaker.refused(), Ok);
         }
-        match self.store.apply(batch).into_ready() {
-            Ok(Ok(outcomes)) => {
-                breaker.succeeded();
-                StoreFuture::ready(Ok(outcomes))
-            }
-            Ok(Err(error)) => {
-                breaker.failed(&error);
-                self.fallback(batch, error)
-            }
-            Err(pending) => {
-                let breaker = breaker.clone();
-                // Only the local fallback needs the batch after the store's answer.
-                let kept = self.local.as_ref().map(|local| local.keep(batch));
-                StoreFuture::pending(async move {
-                    match pending.await {
-                        Ok(outcomes) => {
-                            breaker.succeeded();
-                            Ok(outcomes)
-                        }
-                        Err(error) => {
-                            breaker.failed(&error);
-                            match kept {
-                                Some(kept) => Ok(kept.decide()),
-                                None => Err(error),
-                            }
-                        }
-                    }
-                })
-            }
-        }
+        self.guard(batch, self.store.apply(batch), Ok)
     }
 
     /// As [`apply`](Self::apply) for one charge, through the store's own `apply_one` (the Redis
     /// store's single-key call: no batch to build or read back).
     fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
-        let breaker = &self.breaker;
         let batch = std::slice::from_ref(charge);
-        if breaker.is_open() {
-            return only(self.fallback(batch, breaker.refused()));
+        if self.breaker.is_open() {
+            return self.fallback(batch, self.breaker.refused(), first);
         }
-        match self.store.apply_one(charge).into_ready() {
-            Ok(Ok(outcome)) => {
-                breaker.succeeded();
-                StoreFuture::ready(Ok(outcome))
-            }
-            Ok(Err(error)) => {
-                breaker.failed(&error);
-                only(self.fallback(batch, error))
-            }
-            Err(pending) => {
-                let breaker = breaker.clone();
-                let kept = self.local.as_ref().map(|local| local.keep(batch));
-                StoreFuture::pending(async move {
-                    match pending.await {
-                        Ok(outcome) => {
-                            breaker.succeeded();
-                            Ok(outcome)
-                        }
-                        Err(error) => {
-                            breaker.failed(&error);
-                            match kept {
-                                Some(kept) => first(kept.decide()),
-                                None => Err(error),
-                            }
-                        }
-                    }
-                })
-            }
-        }
+        self.guard(batch, self.store.apply_one(charge), first)
     }
 
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
