@@ -5,14 +5,17 @@
 //!
 //! These are methods of the rule set, written here: the rules know nothing of stores.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
 use super::decision::{Decision, RuleDecision};
 use super::ledger::Ledger;
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{Algorithm, Limit, Mode};
+use crate::algorithm::{Algorithm, Limit, Mode, Outcome};
 use crate::key::KeyValue;
 use crate::rules::per_request::{algorithm_of, LimitResolver, LimitSource};
 use crate::rules::set::RuleSet;
@@ -23,7 +26,28 @@ pub(crate) enum Answer {
     /// Decided at once (the memory store): the outcomes are in the decision.
     Now(Result<(), StoreError>),
     /// Deciding needs I/O; [`Decision::answer`] takes the outcomes.
-    Later(StoreFuture<Outcomes>),
+    Later(Pending),
+}
+
+/// The outcomes still to come: one charge's (the usual request, through the store's
+/// `apply_one`) or a batch's. Kept apart rather than wrapping the single charge's future in a
+/// second, boxed one that makes it a batch.
+pub(crate) enum Pending {
+    One(StoreFuture<Outcome>),
+    Batch(StoreFuture<Outcomes>),
+}
+
+impl Future for Pending {
+    type Output = Result<Outcomes, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Pending::One(one) => Pin::new(one)
+                .poll(cx)
+                .map(|answer| answer.map(|outcome| smallvec::smallvec![outcome])),
+            Pending::Batch(batch) => Pin::new(batch).poll(cx),
+        }
+    }
 }
 
 impl RuleSet {
@@ -46,21 +70,19 @@ impl RuleSet {
         let store = ledger.store_ref();
         if plan.has_applied() {
             if let Some(later) = self.per_request(ledger, plan) {
-                return Answer::Later(later);
+                return Answer::Later(Pending::Batch(later));
             }
         }
         if let [one] = plan.rules() {
             return match store.apply_one(&self.charge_of(one)).into_ready() {
                 Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
-                Err(pending) => Answer::Later(StoreFuture::pending(async move {
-                    pending.await.map(|outcome| smallvec::smallvec![outcome])
-                })),
+                Err(pending) => Answer::Later(Pending::One(pending)),
             };
         }
         let answer = store.as_dyn().apply(&self.charges(plan));
         match answer.into_ready() {
             Ok(result) => Answer::Now(result.and_then(|outcomes| plan.answer(outcomes))),
-            Err(pending) => Answer::Later(pending),
+            Err(pending) => Answer::Later(Pending::Batch(pending)),
         }
     }
 

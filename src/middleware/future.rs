@@ -14,13 +14,12 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::{InForce, Shared};
-use crate::engine::ask::Answer;
+use crate::engine::ask::{Answer, Pending};
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
-use crate::store::{Outcomes, StoreFuture};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::middleware::RateLimit).
@@ -42,7 +41,7 @@ pin_project! {
         // The store is deciding (only stores that need I/O get here).
         // (Boxed: the slow paths' state would otherwise make every request's future larger.)
         Checking {
-            store: StoreFuture<Outcomes>,
+            store: Pending,
             deciding: Option<Box<Deciding<S, B>>>,
         },
         // Queue mode: the request waits for its reserved slot.
@@ -106,7 +105,7 @@ where
     S: Service<Request<B>>,
 {
     pub(crate) fn checking(
-        store: StoreFuture<Outcomes>,
+        store: Pending,
         inner: S,
         request: Request<B>,
         plan: Decision,
