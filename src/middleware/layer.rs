@@ -17,6 +17,7 @@ use crate::response::{Rejection, Responder};
 use crate::rules::rule::Rule;
 use crate::rules::set::AccessList;
 use crate::store::{CircuitBreaker, FailurePolicy, Store};
+use arc_swap::ArcSwap;
 
 /// Rate-limits the services it wraps.
 ///
@@ -347,21 +348,21 @@ impl RateLimitLayerBuilder {
         responder.legacy = self.legacy;
         responder.jitter = self.jitter;
         responder.rejection = self.rejection;
-        let in_force = InForce::follow(&limiter, self.top_offenders);
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                in_force,
-                limiter,
-                responder,
-                failure: self.failure,
-                shadow_all: self.shadow_all,
-                redact_keys: self.redact_keys,
-                top_offenders: self.top_offenders,
-                decision_in_extensions: self.decision_in_extensions,
-                no_peer_logged: std::sync::atomic::AtomicBool::new(false),
-                no_route_logged: std::sync::atomic::AtomicBool::new(false),
-            }),
-        })
+        let in_force = InForce::new(limiter.rules().clone(), None, self.top_offenders);
+        let shared = Arc::new(Shared {
+            in_force: ArcSwap::from_pointee(in_force),
+            limiter,
+            responder,
+            failure: self.failure,
+            shadow_all: self.shadow_all,
+            redact_keys: self.redact_keys,
+            top_offenders: self.top_offenders,
+            decision_in_extensions: self.decision_in_extensions,
+            no_peer_logged: std::sync::atomic::AtomicBool::new(false),
+            no_route_logged: std::sync::atomic::AtomicBool::new(false),
+        });
+        shared.follow_reloads();
+        Ok(RateLimitLayer { shared })
     }
 }
 

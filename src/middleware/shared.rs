@@ -17,7 +17,7 @@ use crate::store::FailurePolicy;
 pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
     /// The limiter's rules with this layer's policies and meters for them, replaced together.
-    pub(crate) in_force: Arc<ArcSwap<InForce>>,
+    pub(crate) in_force: ArcSwap<InForce>,
     pub(crate) responder: Responder,
     pub(crate) failure: FailurePolicy,
     /// Every rule decides and records but none blocks.
@@ -60,30 +60,35 @@ pub(crate) struct InForce {
     pub(crate) meters: Meters,
 }
 
-impl InForce {
-    /// What a layer on `limiter` keeps: made now for its rules, and again for each rule set a
-    /// reload brings, as long as the layer lives. `top_offenders`: keys per rule's sketch.
-    pub(crate) fn follow(limiter: &Limiter, top_offenders: usize) -> Arc<ArcSwap<InForce>> {
-        let rules = limiter.rules().clone();
-        let first = InForce::new(rules, None, top_offenders);
-        let in_force = Arc::new(ArcSwap::from_pointee(first));
-        // Weak: the limiter outlives layers built on it, and must not keep them alive.
-        let followed = Arc::downgrade(&in_force);
-        limiter.follow_rules(Box::new(move |rules: &Arc<RuleSet>| {
-            let Some(in_force) = followed.upgrade() else {
-                return false;
-            };
-            let current = in_force.load();
-            if current.rules.generation != rules.generation {
-                let next = InForce::new(rules.clone(), Some(&current), top_offenders);
-                in_force.store(Arc::new(next));
-            }
-            true
-        }));
-        in_force
+impl Shared {
+    /// Keeps `in_force` following the limiter's rules: a new `InForce` for each rule set a reload
+    /// brings, as long as the layer lives (the limiter holds only a weak reference to it, and
+    /// outlives layers built on it).
+    pub(crate) fn follow_reloads(self: &Arc<Self>) {
+        let layer = Arc::downgrade(self);
+        self.limiter
+            .follow_rules(Box::new(move |rules: &Arc<RuleSet>| {
+                let Some(shared) = layer.upgrade() else {
+                    return false;
+                };
+                let current = shared.in_force.load();
+                if current.rules.generation != rules.generation {
+                    let next = InForce::new(rules.clone(), Some(&current), shared.top_offenders);
+                    shared.in_force.store(Arc::new(next));
+                }
+                true
+            }));
     }
+}
 
-    fn new(rules: Arc<RuleSet>, previous: Option<&InForce>, top_offenders: usize) -> Self {
+impl InForce {
+    /// `rules` with this layer's policies and meters (`top_offenders`: keys per rule's sketch),
+    /// keeping the sketches of `previous`'s rules that keep their name.
+    pub(crate) fn new(
+        rules: Arc<RuleSet>,
+        previous: Option<&InForce>,
+        top_offenders: usize,
+    ) -> Self {
         let previous = previous.map(|p| (&*p.rules, &p.meters));
         InForce {
             policies: Policies::of(&rules),
