@@ -233,3 +233,91 @@ async fn a_downgraded_customer_has_what_fits_at_once_on_redis_and_in_memory() {
     assert_eq!(in_memory, expected);
     assert_eq!(on_redis, expected);
 }
+
+/// What an auth layer put in the request: the customer's quota per hour.
+#[derive(Clone)]
+struct Quota(u64);
+
+/// A window of `window(quota)` per customer, the quota read from the request.
+fn windowed_service(store: impl Store, window: fn(u64) -> Limit) -> impl Limited<Body> {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("customer", window(100))
+                .key(Key::header(API_KEY.clone()))
+                .limit_from_extension(move |quota: &Quota| Some(window(quota.0))),
+        )
+        .store(store)
+        .build()
+        .expect("valid rules");
+    layer.layer(service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }))
+}
+
+/// Status and `RateLimit` of customer A's requests: 60 under a quota of 100, 21 under 80, then
+/// one under 150.
+async fn regraded(service: &impl Limited<Body>) -> Vec<String> {
+    let mut seen = Vec::new();
+    for quota in [100; 60].into_iter().chain([80; 21]).chain([150]) {
+        let mut request = Request::get("/")
+            .header(&API_KEY, "customer-a")
+            .body(Body::default())
+            .unwrap();
+        request.extensions_mut().insert(Quota(quota));
+        let response = send(service, request).await;
+        let ratelimit = response
+            .headers()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let left = ratelimit
+            .split(";r=")
+            .nth(1)
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap();
+        seen.push(format!("{} r={left}", response.status().as_u16()));
+    }
+    seen
+}
+
+/// DESIGN §13 for windows, fixed and sliding, on a real `redis-server` and in memory: a window
+/// keeps its count and compares it with the limit the request brings. 60 of 100 used; under 80,
+/// 20 are left (not 40), then the window is spent; under 150, 70 are left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_keeps_its_count_under_another_limit_on_redis_and_in_memory() {
+    let server = RedisServer::start();
+    let windows: [(&str, fn(u64) -> Limit); 2] = [
+        ("fixed", |n| {
+            Limit::fixed_window(n, Duration::from_secs(3600))
+        }),
+        ("sliding", |n| {
+            Limit::sliding_window(n, Duration::from_secs(3600))
+        }),
+    ];
+    let expected: Vec<String> = (40..100)
+        .rev()
+        .chain((0..20).rev())
+        .map(|left| format!("200 r={left}"))
+        .chain(["429 r=0".to_owned(), "200 r=69".to_owned()])
+        .collect();
+    for (name, window) in windows {
+        let start = Duration::from_secs(1_750_000_000);
+        let memory = MemoryStore::builder()
+            .clock(ManualClock::new(start))
+            .build();
+        let in_memory = regraded(&windowed_service(memory, window)).await;
+        let redis = RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("regraded-{name}"))
+            .clock(ManualClock::new(start))
+            .build()
+            .await
+            .expect("connect");
+        let on_redis = regraded(&windowed_service(redis, window)).await;
+        assert_eq!(in_memory, expected, "{name} window in memory");
+        assert_eq!(on_redis, expected, "{name} window on Redis");
+    }
+}

@@ -23,10 +23,15 @@ if counted and cur ~= cost then
   local prev = redis.call('HGET', key, 'p')
   if prev then
     cur = cur - cost
-    -- Counts never exceed the limit, unless it was lowered since: keep the products in bound.
-    if cur > limit then cur = limit end
     prev = prev + 0
-    if prev > limit then prev = limit end
+    -- A count above the limit (a request brought a lower one since) is kept and compared with
+    -- the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 / period (a count
+    -- made under a shorter period) is it held there, so that the products below stay exact.
+    if cur > limit or prev > limit then
+      local most = math.floor(9007199254740991 / period)
+      if cur > most then cur = most end
+      if prev > most then prev = most end
+    end
     local into = now - ws
     local room = limit - cur - cost
     -- The previous window's part still inside the sliding period weighs prev × left / period.
@@ -65,8 +70,12 @@ if counted then
     -- This window's count was stored (at zero) before this call.
     cur = 0
   end
-  if cur > limit then cur = limit end
-  if prev > limit then prev = limit end
+  if cur > limit or prev > limit then
+    -- Kept above the limit as above, within 2^53 / period.
+    local most = math.floor(9007199254740991 / period)
+    if cur > most then cur = most end
+    if prev > most then prev = most end
+  end
   if now - sws >= period then
     local into = (now - sws) % period
     if now - sws - into == period then prev = cur else prev = 0 end

@@ -99,9 +99,12 @@ local function make_sliding()
       end
     end
     if s == nil or prev == nil then return nil end
-    -- Counts never exceed the limit, unless the rule's limit was lowered since: keep the products
-    -- within their bound then too.
-    return { ws = s.ws, cur = min(s.cur, p.limit), prev = min(prev, p.limit) }
+    -- A count above the limit (a request brought a lower one since) is kept and compared with
+    -- the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 / period (a count
+    -- made under a shorter period) is it held there, so that the products stay exact.
+    local most = p.limit
+    if s.cur > most or prev > most then most = math.floor(9007199254740991 / p.period) end
+    return { ws = s.ws, cur = min(s.cur, most), prev = min(prev, most) }
   end
 
   function sliding.save(p, s, px)
