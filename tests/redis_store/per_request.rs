@@ -238,8 +238,11 @@ async fn a_downgraded_customer_has_what_fits_at_once_on_redis_and_in_memory() {
 #[derive(Clone)]
 struct Quota(u64);
 
+/// A window of a given number of units an hour.
+type Window = fn(u64) -> Limit;
+
 /// A window of `window(quota)` per customer, the quota read from the request.
-fn windowed_service(store: impl Store, window: fn(u64) -> Limit) -> impl Limited<Body> {
+fn windowed_service(store: impl Store, window: Window) -> impl Limited<Body> {
     let layer = RateLimitLayer::builder()
         .rule(
             Rule::new("customer", window(100))
@@ -289,7 +292,7 @@ async fn regraded(service: &impl Limited<Body>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_keeps_its_count_under_another_limit_on_redis_and_in_memory() {
     let server = RedisServer::start();
-    let windows: [(&str, fn(u64) -> Limit); 2] = [
+    let windows: [(&str, Window); 2] = [
         ("fixed", |n| {
             Limit::fixed_window(n, Duration::from_secs(3600))
         }),
