@@ -463,34 +463,30 @@ fn table_of(algorithm: &Algorithm) -> Which {
 #[derive(Clone, Copy)]
 struct WindowUsed {
     window_start: Micros,
-    /// Above the capacity while reservations are owed.
-    used: i128,
+    /// Above the capacity while reservations are owed. (Saturating: both forms stay far inside
+    /// `i64` under any limit a rule accepts, and the entry keeps the size of the state.)
+    used: i64,
 }
 
 impl WindowUsed {
     fn of(window: &FixedWindow, state: FixedWindowState) -> Self {
         WindowUsed {
             window_start: state.window_start,
-            used: full(window) - i128::from(state.balance),
+            used: full(window).saturating_sub(state.balance),
         }
     }
 
     fn under(self, window: &FixedWindow) -> FixedWindowState {
-        let balance = full(window) - self.used;
         FixedWindowState {
             window_start: self.window_start,
-            balance: i64::try_from(balance).unwrap_or(if balance < 0 {
-                i64::MIN
-            } else {
-                i64::MAX
-            }),
+            balance: full(window).saturating_sub(self.used),
         }
     }
 }
 
 /// A window's capacity as the algorithm counts it (a capacity past `i64::MAX` holds `i64::MAX`).
-fn full(window: &FixedWindow) -> i128 {
-    i128::from(i64::try_from(window.capacity()).unwrap_or(i64::MAX))
+fn full(window: &FixedWindow) -> i64 {
+    i64::try_from(window.capacity()).unwrap_or(i64::MAX)
 }
 
 /// A state of any algorithm but the token bucket, with the moment it becomes idle.
