@@ -27,8 +27,8 @@ use smallvec::SmallVec;
 
 use super::{Charge, Outcomes, Store, StoreFuture};
 use crate::algorithm::{
-    Algorithm, Block, BurstPoolState, FixedWindow, FixedWindowState, Micros, Mode, Outcome,
-    Penalty, SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
+    Algorithm, Block, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, Penalty,
+    SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, Latest, SystemClock};
 
@@ -456,39 +456,6 @@ fn table_of(algorithm: &Algorithm) -> Which {
     }
 }
 
-/// A fixed window's state as the units used below its capacity rather than the units left
-/// (DESIGN §13: a window keeps its count and compares it with the limit in force, so a request
-/// that brings another limit reads the same count; under an unchanged limit the two forms are
-/// one another's mirror).
-#[derive(Clone, Copy)]
-struct WindowUsed {
-    window_start: Micros,
-    /// Above the capacity while reservations are owed. (Saturating: both forms stay far inside
-    /// `i64` under any limit a rule accepts, and the entry keeps the size of the state.)
-    used: i64,
-}
-
-impl WindowUsed {
-    fn of(window: &FixedWindow, state: FixedWindowState) -> Self {
-        WindowUsed {
-            window_start: state.window_start,
-            used: full(window).saturating_sub(state.balance),
-        }
-    }
-
-    fn under(self, window: &FixedWindow) -> FixedWindowState {
-        FixedWindowState {
-            window_start: self.window_start,
-            balance: full(window).saturating_sub(self.used),
-        }
-    }
-}
-
-/// A window's capacity as the algorithm counts it (a capacity past `i64::MAX` holds `i64::MAX`).
-fn full(window: &FixedWindow) -> i64 {
-    i64::try_from(window.capacity()).unwrap_or(i64::MAX)
-}
-
 /// A state of any algorithm but the token bucket, with the moment it becomes idle.
 struct Timed {
     state: Slot,
@@ -496,7 +463,7 @@ struct Timed {
 }
 
 enum Slot {
-    Window(WindowUsed),
+    Window(FixedWindowState),
     Sliding(SlidingWindowState),
     Pool(BurstPoolState),
     Log(Box<SlidingLogState>),
@@ -549,8 +516,7 @@ impl<'c, 'a> Cell<'c, 'a> {
         let now = self.now;
         match self.charge.algorithm {
             Algorithm::FixedWindow(a) => {
-                let fresh = a.fresh(now, self.window_offset(a.period_micros(), a.start()));
-                Slot::Window(WindowUsed::of(a, fresh))
+                Slot::Window(a.fresh(now, self.window_offset(a.period_micros(), a.start())))
             }
             Algorithm::SlidingWindow(a) => {
                 Slot::Sliding(a.fresh(now, self.window_offset(a.period_micros(), a.start())))
@@ -582,9 +548,7 @@ impl<'c, 'a> Cell<'c, 'a> {
                     }
                 };
                 match (algorithm, slot) {
-                    (Algorithm::FixedWindow(a), Slot::Window(s)) => {
-                        a.evaluate(s.under(a), now, cost, mode)
-                    }
+                    (Algorithm::FixedWindow(a), Slot::Window(s)) => a.evaluate(*s, now, cost, mode),
                     (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::BurstPool(a), Slot::Pool(s)) => a.evaluate(*s, now, cost),
                     (Algorithm::SlidingLog(a), Slot::Log(s)) => a.evaluate(s, now, cost),
@@ -663,12 +627,11 @@ enum Change {
 fn change_slot(algorithm: &Algorithm, slot: &mut Slot, now: Micros, change: Change) -> Micros {
     match (algorithm, slot) {
         (Algorithm::FixedWindow(a), Slot::Window(s)) => {
-            let state = match change {
-                Change::Charge(units) => a.commit(s.under(a), now, units),
-                Change::Refund(units) => a.refund(s.under(a), now, units),
+            *s = match change {
+                Change::Charge(units) => a.commit(*s, now, units),
+                Change::Refund(units) => a.refund(*s, now, units),
             };
-            *s = WindowUsed::of(a, state);
-            a.expires_at(state)
+            a.expires_at(*s)
         }
         (Algorithm::SlidingWindow(a), Slot::Sliding(s)) => {
             *s = match change {

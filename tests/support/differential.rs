@@ -173,16 +173,6 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
                 .prop_map(|(steady, pool)| Algorithm::BurstPool(BurstPool::new(steady, pool)))
                 .boxed(),
         ),
-        Algorithm::FixedWindow(fw) if fw.months().is_none() && fw.capacity() == fw.limit() => {
-            let (period, start) = (fw.period(), fw.start());
-            Some(
-                (1..=2 * fw.limit() + 2)
-                    .prop_map(move |l| {
-                        Algorithm::FixedWindow(FixedWindow::new(l, period).with_start(start))
-                    })
-                    .boxed(),
-            )
-        }
         Algorithm::SlidingWindow(sw) => {
             let (period, start) = (sw.period(), sw.start());
             Some(
