@@ -18,7 +18,6 @@ use crate::engine::ask::{Answer, Pending};
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
-use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
 
 pin_project! {
@@ -242,7 +241,7 @@ where
                         waiting,
                     } = *in_line;
                     match woken {
-                        Woken::TimedOut => State::respond(waiting.denied(Protocol::of(&request))),
+                        Woken::TimedOut => State::respond(waiting.denied()),
                         Woken::Retry => {
                             let AwaitSlot {
                                 mut plan,
@@ -399,7 +398,7 @@ impl Next {
                 };
                 let Some(ticket) = ticket else {
                     // The line is full (the queue's burst): denied at once.
-                    return State::respond(waiting.denied(Protocol::of(&request)));
+                    return State::respond(waiting.denied());
                 };
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);

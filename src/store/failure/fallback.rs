@@ -83,7 +83,7 @@ impl Local {
 }
 
 /// A batch kept by [`Local::keep`], with the local store that decides it.
-pub(super) struct Kept {
+pub(crate) struct Kept {
     local: Local,
     batch: SmallVec<[OwnedCharge; 2]>,
 }
