@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use http::uri::PathAndQuery;
 use http::StatusCode;
 
 use crate::algorithm::{Outcome, Verdict};
-use crate::key::protocol::Protocol;
 use crate::key::KeyValue;
 use crate::rules::per_request::Applied;
 use crate::rules::set::{Charges, Refusal};
@@ -25,11 +23,8 @@ pub struct Decision {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
     // extensions on every request, so each inline entry costs every request its 176 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
-    /// The protocol the request speaks, read once when it is planned: the denial's shape.
-    protocol: Protocol,
-    /// The gRPC method called (`/package.Service/Method`), for gRPC requests: the request's own
-    /// path, shared with it (HTTP/2 paths are reference-counted bytes), not copied.
-    grpc_method: Option<PathAndQuery>,
+    /// The gRPC method called (`/package.Service/Method`), for gRPC requests.
+    grpc_method: Option<Arc<str>>,
 }
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
@@ -126,23 +121,16 @@ impl Decision {
         }
     }
 
-    /// Records the protocol of a gRPC request and the method it calls.
-    pub(crate) fn set_grpc(&mut self, protocol: Protocol, method: Option<PathAndQuery>) {
-        self.protocol = protocol;
-        self.grpc_method = method;
-    }
-
-    /// The protocol the request speaks, as it was planned.
-    #[inline]
-    pub(crate) fn protocol(&self) -> Protocol {
-        self.protocol
+    /// Records the gRPC method the request calls.
+    pub(crate) fn set_grpc_method(&mut self, method: Arc<str>) {
+        self.grpc_method = Some(method);
     }
 
     /// For a gRPC (or gRPC-Web) request, the method it calls: its path,
     /// `/package.Service/Method`.
     #[inline]
     pub fn grpc_method(&self) -> Option<&str> {
-        self.grpc_method.as_ref().map(PathAndQuery::path)
+        self.grpc_method.as_deref()
     }
 
     /// Every rule that applied, in the layer's order.
@@ -334,7 +322,7 @@ impl Charges for Decision {
         self.rules.is_empty()
     }
 
-    fn set_grpc(&mut self, protocol: Protocol, method: Option<PathAndQuery>) {
-        Decision::set_grpc(self, protocol, method);
+    fn set_grpc_method(&mut self, method: Arc<str>) {
+        Decision::set_grpc_method(self, method);
     }
 }

@@ -16,11 +16,10 @@ use http::{HeaderMap, Method, Request};
 ///
 /// gRPC and gRPC-Web calls are always `POST`s, so other methods are HTTP whatever their
 /// `content-type`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Protocol {
     /// Plain HTTP: `429` with `Retry-After` and a problem+json body.
-    #[default]
     Http,
     /// gRPC: a trailers-only response, `content-type: application/grpc`.
     Grpc,

@@ -15,6 +15,7 @@ use crate::engine::decision::{Decision, RuleDecision};
 use crate::engine::ledger::Ledger;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket};
+use crate::key::protocol::Protocol;
 use crate::observe;
 use crate::response::AllowedHeaders;
 use crate::rules::set::RuleSet;
@@ -58,8 +59,7 @@ impl AwaitSlot {
     /// rule it waited for (no slot free), told to come back in a second. The request's other
     /// rules are left out of the answer: a newcomer that joined the line never asked them, and
     /// what they said to one that did is as old as its wait.
-    pub(crate) fn denied(mut self) -> Response<Bytes> {
-        let protocol = self.plan.protocol();
+    pub(crate) fn denied(mut self, protocol: Protocol) -> Response<Bytes> {
         let (index, ref key) = self.line;
         self.plan.retain(|entry| entry.index == index);
         let in_force = &self.in_force;
@@ -105,7 +105,7 @@ pub(crate) fn decide<B>(
                 }
                 FailurePolicy::Closed => {
                     tracing::debug!(%error, "rate limit: store failed; request refused (fail closed)");
-                    let protocol = decision.protocol();
+                    let protocol = Protocol::of(request);
                     Next::Respond(shared.responder.unavailable_in(&error, protocol))
                 }
             };
@@ -133,7 +133,7 @@ pub(crate) fn decide<B>(
         observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
     }
     if !allowed {
-        let protocol = decision.protocol();
+        let protocol = Protocol::of(request);
         return Next::Respond(shared.responder.denied(policies, decision, protocol));
     }
     let headers = shared.responder.allowed(policies, decision);

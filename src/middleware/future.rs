@@ -18,6 +18,7 @@ use crate::engine::ask::{Answer, Pending};
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
+use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
 
 pin_project! {
@@ -241,7 +242,7 @@ where
                         waiting,
                     } = *in_line;
                     match woken {
-                        Woken::TimedOut => State::respond(waiting.denied()),
+                        Woken::TimedOut => State::respond(waiting.denied(Protocol::of(&request))),
                         Woken::Retry => {
                             let AwaitSlot {
                                 mut plan,
@@ -398,7 +399,7 @@ impl Next {
                 };
                 let Some(ticket) = ticket else {
                     // The line is full (the queue's burst): denied at once.
-                    return State::respond(waiting.denied());
+                    return State::respond(waiting.denied(Protocol::of(&request)));
                 };
                 let clone = inner.clone();
                 let ready = std::mem::replace(inner, clone);

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::uri::PathAndQuery;
 use http::{Request, StatusCode};
 use ipnet::IpNet;
 
@@ -89,8 +88,8 @@ pub(crate) trait Charges {
     );
     /// Whether no charge was added.
     fn is_empty(&self) -> bool;
-    /// Records that the request speaks gRPC (or gRPC-Web), and the method it calls.
-    fn set_grpc(&mut self, protocol: Protocol, method: Option<PathAndQuery>);
+    /// Records the gRPC method the request calls.
+    fn set_grpc_method(&mut self, method: std::sync::Arc<str>);
 }
 
 /// What a request's way through the rules is.
@@ -233,11 +232,11 @@ impl RuleSet {
             };
             plan.push(index, rule.name.clone(), key, cost, applied);
         }
-        let protocol = Protocol::of(request);
-        if protocol.is_grpc() {
+        if Protocol::of(request).is_grpc() {
+            let method: std::sync::Arc<str> = request.uri().path().into();
             for plan in [enforced, shadow] {
                 if !plan.is_empty() {
-                    plan.set_grpc(protocol, request.uri().path_and_query().cloned());
+                    plan.set_grpc_method(method.clone());
                 }
             }
         }

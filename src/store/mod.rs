@@ -211,9 +211,6 @@ pub struct StoreFuture<T>(Inner<T>);
 enum Inner<T> {
     Ready(Option<Result<T, StoreError>>),
     Pending(BoxFuture<T>),
-    /// A remote store's future with what its failure guard does with the answer: one box for
-    /// both.
-    Watched(BoxFuture<T>, failure::Watch<T>),
 }
 
 impl<T> StoreFuture<T> {
@@ -234,33 +231,13 @@ impl<T> StoreFuture<T> {
             inner => Err(StoreFuture(inner)),
         }
     }
-
-    /// A pending answer that `watch` settles when it comes.
-    pub(crate) fn watched(self, watch: failure::Watch<T>) -> Self
-    where
-        T: Send + 'static,
-    {
-        StoreFuture(match self.0 {
-            Inner::Pending(future) => Inner::Watched(future, watch),
-            Inner::Ready(Some(answer)) => {
-                let mut watch = watch;
-                Inner::Ready(Some(watch.settle(answer)))
-            }
-            done @ Inner::Ready(None) => done,
-            Inner::Watched(future, mut inner) => Inner::Pending(Box::pin(async move {
-                let answer = inner.settle(future.await);
-                let mut watch = watch;
-                watch.settle(answer)
-            })),
-        })
-    }
 }
 
 impl<T> fmt::Debug for StoreFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.0 {
             Inner::Ready(_) => "ready",
-            Inner::Pending(_) | Inner::Watched(..) => "pending",
+            Inner::Pending(_) => "pending",
         };
         f.debug_tuple("StoreFuture").field(&state).finish()
     }
@@ -279,7 +256,6 @@ impl<T> Future for StoreFuture<T> {
                 None => Poll::Pending,
             },
             Inner::Pending(future) => future.as_mut().poll(cx),
-            Inner::Watched(future, watch) => future.as_mut().poll(cx).map(|a| watch.settle(a)),
         }
     }
 }

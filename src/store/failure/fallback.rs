@@ -83,7 +83,7 @@ impl Local {
 }
 
 /// A batch kept by [`Local::keep`], with the local store that decides it.
-pub(crate) struct Kept {
+pub(super) struct Kept {
     local: Local,
     batch: SmallVec<[OwnedCharge; 2]>,
 }

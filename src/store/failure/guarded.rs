@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::breaker::{Breaker, CircuitBreaker};
-use super::fallback::{Kept, Local};
+use super::fallback::Local;
 use super::policy::FailurePolicy;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Outcome, Penalty};
@@ -60,12 +60,26 @@ impl Guarded {
                 breaker.failed(&error);
                 self.fallback(batch, error, from_local)
             }
-            Err(pending) => pending.watched(Watch {
-                breaker: breaker.clone(),
+            Err(pending) => {
+                let breaker = breaker.clone();
                 // Only the local fallback needs the batch after the store's answer.
-                kept: self.local.as_ref().map(|local| Box::new(local.keep(batch))),
-                from_local,
-            }),
+                let kept = self.local.as_ref().map(|local| local.keep(batch));
+                StoreFuture::pending(async move {
+                    match pending.await {
+                        Ok(answer) => {
+                            breaker.succeeded();
+                            Ok(answer)
+                        }
+                        Err(error) => {
+                            breaker.failed(&error);
+                            match kept {
+                                Some(kept) => from_local(kept.decide()),
+                                None => Err(error),
+                            }
+                        }
+                    }
+                })
+            }
         }
     }
 
@@ -80,34 +94,6 @@ impl Guarded {
             Some(local) => from_local(local.decide(batch)),
             None => Err(error),
         })
-    }
-}
-
-/// What the guard does with a pending answer once it comes, kept beside the store's own future
-/// (in [`StoreFuture`]) rather than boxed around it: the breaker learns how the call went, and a
-/// failure is answered by the local fallback when there is one.
-pub(crate) struct Watch<T> {
-    breaker: Arc<Breaker>,
-    kept: Option<Box<Kept>>,
-    from_local: fn(Outcomes) -> Result<T, StoreError>,
-}
-
-impl<T> Watch<T> {
-    /// The answer the guard gives for the store's `answer`.
-    pub(crate) fn settle(&mut self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
-        match answer {
-            Ok(answer) => {
-                self.breaker.succeeded();
-                Ok(answer)
-            }
-            Err(error) => {
-                self.breaker.failed(&error);
-                match self.kept.take() {
-                    Some(kept) => (self.from_local)(kept.decide()),
-                    None => Err(error),
-                }
-            }
-        }
     }
 }
 

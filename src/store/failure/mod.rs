@@ -19,5 +19,5 @@ mod policy;
 mod warnings;
 
 pub use breaker::CircuitBreaker;
-pub(crate) use guarded::{Guarded, Watch};
+pub(crate) use guarded::Guarded;
 pub use policy::FailurePolicy;
