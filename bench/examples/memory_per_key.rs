@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, Store};
+use tollgate::store::{Charge, RuleName, Store};
 use tollgate::MemoryStore;
 
 /// 1000 per day: one unit refills in 86.4 s, longer than the run.
@@ -63,11 +63,12 @@ fn tollgate(n: u64) -> (u64, u64) {
         u64::from(PER_DAY),
         Duration::from_secs(86_400),
     ));
+    let rule = RuleName::new("bench");
     let before = rss();
     for i in 0..n {
         let bytes = key(i).to_le_bytes();
         let charge = Charge {
-            rule: "bench",
+            rule,
             algorithm: &algorithm,
             key: &bytes,
             cost: 1,
@@ -91,6 +92,7 @@ fn governor(n: u64) -> (u64, u64) {
         .expect("non-zero period")
         .allow_burst(NonZeroU32::new(PER_DAY).expect("non-zero burst"));
     let limiter = RateLimiter::<u64, _, _>::dashmap(quota);
+    let rule = RuleName::new("bench");
     let before = rss();
     for i in 0..n {
         assert!(limiter.check_key(&key(i)).is_ok(), "key {i} was denied");

@@ -19,7 +19,7 @@ use crate::algorithm::{Algorithm, Limit, Mode, Outcome};
 use crate::key::KeyValue;
 use crate::rules::per_request::{algorithm_of, LimitResolver, LimitSource};
 use crate::rules::set::RuleSet;
-use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
+use crate::store::{Charge, Outcomes, RuleName, Store, StoreError, StoreFuture};
 
 /// A store's answer to a planned decision.
 pub(crate) enum Answer {
@@ -172,7 +172,7 @@ impl RuleSet {
     pub(crate) fn charge<'a>(&'a self, index: usize, key: &'a KeyValue, cost: u64) -> Charge<'a> {
         let rule = &self.rules[index];
         Charge {
-            rule: &rule.name,
+            rule: RuleName::known(&rule.name, rule.digest),
             algorithm: rule.algorithm(),
             key: key.as_bytes(),
             cost,

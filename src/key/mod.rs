@@ -18,3 +18,12 @@ pub(crate) use extract::{peer_addr, Key, KeyFault};
 pub use extract::{KeyValue, RequestHead, MAX_KEY_LEN};
 pub use forwarded::{CdnHeader, ForwardedHeader};
 pub use protocol::Protocol;
+
+/// The namespace a rule's keys are counted in: a 64-bit digest of the rule's name, computed
+/// once per rule (a compiled rule keeps it beside its name) so that a store hashing
+/// `(rule, key)` on every charge hashes this instead of the name (`store::RuleName`). foldhash
+/// with a fixed seed: the digest is no secret, the store seeds its own hash of it at random.
+pub(crate) fn namespace(rule: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(rule)
+}

@@ -407,7 +407,7 @@ impl Rule {
 
     pub(crate) fn compile(self) -> Result<CompiledRule, ConfigError> {
         self.validate()?;
-        let name = self.name().into();
+        let name: std::sync::Arc<str> = self.name().into();
         let (limit, mode) = match &self.queue {
             Some(queue) => {
                 let (algorithm, mode) = queue.apply(self.limit.algorithm());
@@ -420,6 +420,7 @@ impl Rule {
             (_, max) => max,
         };
         Ok(CompiledRule {
+            digest: crate::key::namespace(&name),
             name,
             limit,
             key: self.key,
@@ -533,6 +534,8 @@ pub struct RuleSummary {
 #[derive(Debug)]
 pub(crate) struct CompiledRule {
     pub(crate) name: std::sync::Arc<str>,
+    /// The name's digest, for the stores that hash it with each key (`store::RuleName`).
+    pub(crate) digest: u64,
     pub(crate) limit: Limit,
     pub(crate) key: Key,
     pub(crate) cost: Cost,

@@ -25,7 +25,7 @@ use spinning_top::Spinlock;
 
 use smallvec::SmallVec;
 
-use super::{Charge, Outcomes, Store, StoreFuture};
+use super::{Charge, Outcomes, RuleName, Store, StoreFuture};
 use crate::algorithm::{
     Algorithm, Block, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, Penalty,
     SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
@@ -158,11 +158,12 @@ impl MemoryStore {
         self.inner.clock.now()
     }
 
+    /// The key's hash in its rule's namespace: the rule's digest, computed once per rule, and
+    /// the key's bytes (a fixed-width digest first needs no separator).
     #[inline]
-    fn hash(&self, rule: &str, key: &[u8]) -> u64 {
+    fn hash(&self, rule: RuleName<'_>, key: &[u8]) -> u64 {
         let mut h = self.inner.hasher.build_hasher();
-        h.write(rule.as_bytes());
-        h.write_u8(0xff);
+        h.write_u64(rule.digest());
         h.write(key);
         h.finish()
     }
@@ -243,7 +244,7 @@ impl Store for MemoryStore {
     }
 
     fn reset(&self, rule: &str, algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()> {
-        let hash = self.hash(rule, key);
+        let hash = self.hash(RuleName::new(rule), key);
         match table_of(algorithm) {
             Which::Buckets => self.inner.buckets.shard(hash).map.remove(&hash).map(drop),
             Which::Others => self.inner.others.shard(hash).map.remove(&hash).map(drop),
@@ -260,7 +261,7 @@ impl Store for MemoryStore {
         key: &[u8],
         block: Option<std::time::Duration>,
     ) -> StoreFuture<()> {
-        let hash = self.hash(rule, key);
+        let hash = self.hash(RuleName::new(rule), key);
         let mut shard = self.inner.blocks.shard(hash);
         match block {
             None => {
@@ -508,7 +509,7 @@ impl<'c, 'a> Cell<'c, 'a> {
     }
 
     fn window_offset(&self, period: Micros, start: crate::algorithm::WindowStart) -> Micros {
-        start.offset(period, self.charge.rule, self.charge.key)
+        start.offset(period, &self.charge.rule, self.charge.key)
     }
 
     /// The state of a key never seen before.

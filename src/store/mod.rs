@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
+use crate::key::namespace;
 
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStoreBuilder;
@@ -30,7 +31,7 @@ pub use memory::MemoryStoreBuilder;
 #[derive(Clone, Copy, Debug)]
 pub struct Charge<'a> {
     /// The rule's name: the namespace of its keys.
-    pub rule: &'a str,
+    pub rule: RuleName<'a>,
     /// The rule's algorithm and parameters.
     pub algorithm: &'a Algorithm,
     /// The key's bytes.
@@ -42,6 +43,57 @@ pub struct Charge<'a> {
     /// The rule's penalty, if it blocks keys it denies (DESIGN §10): a blocked key is denied
     /// without touching its counters, and a charge the rule denies starts a block.
     pub penalty: Option<&'a Penalty>,
+}
+
+/// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a
+/// 64-bit digest of it that the limiter computes once per rule, so that a store hashing
+/// `(rule, key)` on every charge can hash the digest instead of the name. The two cannot
+/// disagree: [`new`](RuleName::new) computes the digest from the text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleName<'a> {
+    text: &'a str,
+    digest: u64,
+}
+
+impl<'a> RuleName<'a> {
+    /// The name `text`, with its digest.
+    pub fn new(text: &'a str) -> Self {
+        RuleName {
+            text,
+            digest: namespace(text),
+        }
+    }
+
+    /// A name whose digest was computed when its rule was built.
+    pub(crate) fn known(text: &'a str, digest: u64) -> Self {
+        debug_assert_eq!(digest, namespace(text));
+        RuleName { text, digest }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &'a str {
+        self.text
+    }
+
+    /// A digest of the name: equal names, equal digests, within one process. Not a secret: a
+    /// store that hashes it seeds its own hasher as it would for the name.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+}
+
+impl std::ops::Deref for RuleName<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.text
+    }
+}
+
+impl fmt::Display for RuleName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text)
+    }
 }
 
 /// The outcomes of a batch, in the order of its charges.

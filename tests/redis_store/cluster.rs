@@ -16,7 +16,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket, Verdict};
-use tollgate::store::{Charge, Outcomes, Store};
+use tollgate::store::{Charge, Outcomes, RuleName, Store};
 use tollgate::{Key, Limit, Limiter, RedisStore, Rule};
 
 use hammer::hammer;
@@ -121,7 +121,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
     let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
     let batch = [
         Charge {
-            rule: "per-user",
+            rule: RuleName::new("per-user"),
             algorithm: &per_user,
             key: user.as_bytes(),
             cost: 1,
@@ -129,7 +129,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             penalty: None,
         },
         Charge {
-            rule: "global",
+            rule: RuleName::new("global"),
             algorithm: &global,
             key: b"",
             cost: 1,
@@ -143,7 +143,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
 async fn global_left(store: &RedisStore, global: u64) -> u64 {
     let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
     let peek = [Charge {
-        rule: "global",
+        rule: RuleName::new("global"),
         algorithm: &global,
         key: b"",
         cost: 0,

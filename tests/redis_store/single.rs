@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use tollgate::algorithm::{Mode, Verdict};
 use tollgate::clock::ManualClock;
 use tollgate::config::Config;
-use tollgate::store::{Charge, Store, StoreErrorKind};
+use tollgate::store::{Charge, RuleName, Store, StoreErrorKind};
 use tollgate::{
     FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, RedisStore, Rule,
 };
@@ -219,7 +219,7 @@ async fn hand_picked_edges_match() {
     for step in 0..40 {
         for (rule, algorithm, cost) in [("log", &log, 1), ("pool", &pool, 2)] {
             let batch = [Charge {
-                rule,
+                rule: RuleName::new(rule),
                 algorithm,
                 key: b"k",
                 cost,

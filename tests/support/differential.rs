@@ -12,7 +12,7 @@ use tollgate::algorithm::{
 };
 use tollgate::clock::ManualClock;
 use tollgate::store::RedisStoreBuilder;
-use tollgate::store::{Charge, Outcomes, Store};
+use tollgate::store::{Charge, Outcomes, RuleName, Store};
 use tollgate::MemoryStore;
 use tollgate::Penalty;
 
@@ -290,7 +290,7 @@ pub async fn run(
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
                     .map(|&(rule, key, cost, mode)| Charge {
-                        rule: &names[rule],
+                        rule: RuleName::new(&names[rule]),
                         algorithm: &rules[rule],
                         key: KEYS[key],
                         cost,
@@ -310,7 +310,7 @@ pub async fn run(
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
                     .map(|(rule, key, cost, mode, limit)| Charge {
-                        rule: &names[*rule],
+                        rule: RuleName::new(&names[*rule]),
                         algorithm: limit,
                         key: KEYS[*key],
                         cost: *cost,
@@ -328,7 +328,7 @@ pub async fn run(
             }
             Step::Refund(rule, key, units) => {
                 let charge = Charge {
-                    rule: &names[*rule],
+                    rule: RuleName::new(&names[*rule]),
                     algorithm: &rules[*rule],
                     key: KEYS[*key],
                     cost: *units,
@@ -351,7 +351,7 @@ pub async fn run(
             Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
             Step::Owe(rule, key, units) if rules[*rule].reserves() => {
                 let charge = Charge {
-                    rule: &names[*rule],
+                    rule: RuleName::new(&names[*rule]),
                     algorithm: &rules[*rule],
                     key: KEYS[*key],
                     cost: *units,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::hash::BuildHasher;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
-use tollgate::store::{Charge, Store};
+use tollgate::store::{Charge, RuleName, Store};
 use tollgate::MemoryStore;
 
 /// Decide one unit for `key`; `true` if allowed.
@@ -21,6 +21,8 @@ pub(crate) trait Limiter: Sync {
 /// A tollgate store deciding for rule `bench` on the key's eight little-endian bytes. `S` is
 /// `MemoryStore` for the typed call the middleware makes, or `dyn Store` for a trait-object call.
 pub(crate) struct Tollgate<S: ?Sized> {
+    /// The rule's name with its digest, made once as the limiter makes it per rule.
+    pub(crate) rule: RuleName<'static>,
     pub(crate) algorithm: Algorithm,
     pub(crate) store: Box<S>,
 }
@@ -34,6 +36,7 @@ impl<S: Store + ?Sized> Tollgate<S> {
             TokenBucket::new(1, Duration::from_secs(1)).with_capacity(u64::from(u32::MAX))
         };
         Tollgate {
+            rule: RuleName::new("bench"),
             algorithm: Algorithm::TokenBucket(bucket),
             store,
         }
@@ -45,7 +48,7 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
     fn decide(&self, key: u64) -> bool {
         let bytes = key.to_le_bytes();
         let charge = Charge {
-            rule: "bench",
+            rule: self.rule,
             algorithm: &self.algorithm,
             key: &bytes,
             cost: 1,
@@ -79,7 +82,7 @@ impl Limiter for TollgateVerdict {
     fn decide(&self, key: u64) -> bool {
         let bytes = key.to_le_bytes();
         let charge = Charge {
-            rule: "bench",
+            rule: self.0.rule,
             algorithm: &self.0.algorithm,
             key: &bytes,
             cost: 1,

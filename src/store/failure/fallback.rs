@@ -12,7 +12,7 @@ use crate::algorithm::{
     Algorithm, BurstPool, Concurrency, FixedWindow, Mode, Outcome, Penalty, SlidingLog,
     SlidingWindow, TokenBucket, Verdict,
 };
-use crate::store::{Charge, MemoryStore, Outcomes, Store};
+use crate::store::{Charge, MemoryStore, Outcomes, RuleName, Store};
 
 /// The local store and the share of each limit it grants.
 #[derive(Clone)]
@@ -99,6 +99,7 @@ impl Kept {
 /// A charge whose borrowed parts are owned, to decide it locally after an await.
 struct OwnedCharge {
     rule: Box<str>,
+    digest: u64,
     algorithm: Algorithm,
     key: Box<[u8]>,
     cost: u64,
@@ -109,7 +110,8 @@ struct OwnedCharge {
 impl OwnedCharge {
     fn new(charge: &Charge<'_>) -> Self {
         OwnedCharge {
-            rule: charge.rule.into(),
+            rule: charge.rule.as_str().into(),
+            digest: charge.rule.digest(),
             algorithm: charge.algorithm.clone(),
             key: charge.key.into(),
             cost: charge.cost,
@@ -120,7 +122,7 @@ impl OwnedCharge {
 
     fn charge(&self) -> Charge<'_> {
         Charge {
-            rule: &self.rule,
+            rule: RuleName::known(&self.rule, self.digest),
             algorithm: &self.algorithm,
             key: &self.key,
             cost: self.cost,

@@ -189,6 +189,7 @@ mod tests {
     use super::*;
     use crate::algorithm::{Concurrency, Mode, TokenBucket, Verdict};
     use crate::clock::{Clock, ManualClock};
+    use crate::store::RuleName;
     use crate::store::{MemoryStore, StoreErrorKind};
 
     /// A store that fails while `down` is set (its probes too, unless `answers_probes` is set)
@@ -237,7 +238,7 @@ mod tests {
 
     fn apply(guarded: &Guarded, algorithm: &Algorithm) -> Result<Outcomes, StoreError> {
         let charge = Charge {
-            rule: "r",
+            rule: RuleName::new("r"),
             algorithm,
             key: b"k",
             cost: 1,
@@ -290,7 +291,7 @@ mod tests {
         let (_, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Local { share: 0.5 });
         let slots = Algorithm::Concurrency(Concurrency::new(4));
         let release = Charge {
-            rule: "r",
+            rule: RuleName::new("r"),
             algorithm: &slots,
             key: b"k",
             cost: 1,

@@ -35,7 +35,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Verdict};
-use crate::store::{Charge, Outcomes};
+use crate::store::{Charge, Outcomes, RuleName};
 
 const SHARDS: usize = 16;
 
@@ -106,10 +106,9 @@ impl DenyCache {
     }
 
     /// The cache's identity of `(rule, key)`.
-    pub(super) fn hash(&self, rule: &str, key: &[u8]) -> u64 {
+    pub(super) fn hash(&self, rule: RuleName<'_>, key: &[u8]) -> u64 {
         let mut h = self.hasher.build_hasher();
-        h.write(rule.as_bytes());
-        h.write_u8(0xff);
+        h.write_u64(rule.digest());
         h.write(key);
         h.finish()
     }
@@ -299,7 +298,7 @@ mod tests {
 
     fn view(cache: &DenyCache, rule: &str, cost: u64, mode: Mode) -> CacheView {
         CacheView {
-            hash: cache.hash(rule, b"k"),
+            hash: cache.hash(RuleName::new(rule), b"k"),
             cost,
             mode,
             limit_id: cache.limit_id(&ten_a_second()),
@@ -312,7 +311,7 @@ mod tests {
         let cache = DenyCache::new(100);
         let algorithm = ten_a_second();
         let charge = |rule, cost| Charge {
-            rule,
+            rule: RuleName::new(rule),
             algorithm: &algorithm,
             key: b"k",
             cost,
@@ -382,7 +381,7 @@ mod tests {
             Algorithm::TokenBucket(TokenBucket::new(10, SECOND).with_capacity(20)),
         );
         let charge = |algorithm| Charge {
-            rule: "r",
+            rule: RuleName::new("r"),
             algorithm,
             key: b"k",
             cost: 1,
@@ -404,7 +403,7 @@ mod tests {
         let cache = DenyCache::new(100);
         let algorithm = ten_a_second();
         let charge = Charge {
-            rule: "r",
+            rule: RuleName::new("r"),
             algorithm: &algorithm,
             key: b"k",
             cost: 5,
@@ -424,7 +423,7 @@ mod tests {
     fn not_cached_reservations_sharded_rules_or_keys_without_state() {
         let cache = DenyCache::new(100);
         let reserve = Mode::Reserve(Default::default());
-        let hash = cache.hash("r", b"k");
+        let hash = cache.hash(RuleName::new("r"), b"k");
         cache.learn(
             &[view(&cache, "r", 1, reserve)],
             &[denied(SECOND, 0, SECOND)],
@@ -469,7 +468,7 @@ mod tests {
         let cache = DenyCache::new(32);
         for i in 0..1_000u32 {
             let view = CacheView {
-                hash: cache.hash("r", &i.to_le_bytes()),
+                hash: cache.hash(RuleName::new("r"), &i.to_le_bytes()),
                 cost: 1,
                 mode: Mode::Charge,
                 limit_id: 0,
@@ -480,7 +479,7 @@ mod tests {
         assert!(cache.len.load(Ordering::Relaxed) <= 32);
         // Once expired, entries make room again.
         let view = CacheView {
-            hash: cache.hash("r", b"late"),
+            hash: cache.hash(RuleName::new("r"), b"late"),
             cost: 1,
             mode: Mode::Charge,
             limit_id: 0,

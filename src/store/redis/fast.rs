@@ -55,7 +55,7 @@ impl Fast {
             _ => return None,
         };
         Some(Fast {
-            name: keys::key_name(prefix, charge.rule, charge.key, None),
+            name: keys::key_name(prefix, &charge.rule, charge.key, None),
             cost: charge.cost,
             kind,
         })
@@ -96,7 +96,7 @@ impl Fast {
                 let period = w.period_micros();
                 packed.push(w.limit());
                 packed.push(period);
-                packed.push(w.start().offset(period, charge.rule, charge.key));
+                packed.push(w.start().offset(period, &charge.rule, charge.key));
                 packed.push(cost);
             }
             Kind::Fixed(w) => {
@@ -104,7 +104,7 @@ impl Fast {
                 packed.push(w.limit());
                 packed.push(period);
                 packed.push(w.capacity());
-                packed.push(w.start().offset(period, charge.rule, charge.key));
+                packed.push(w.start().offset(period, &charge.rule, charge.key));
                 packed.push(cost);
             }
         }

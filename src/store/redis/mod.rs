@@ -24,7 +24,7 @@ use self::fast::Fast;
 use self::leases::Leases;
 use self::lua::Scripts;
 use self::shard::Sharding;
-use super::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
+use super::{Charge, Outcomes, RuleName, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
     duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
@@ -410,7 +410,7 @@ impl RedisStore {
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
                     // A slot's denial ends when a response does, not with the clock.
-                    cacheable: !inner.shards.contains_key(charge.rule)
+                    cacheable: !inner.shards.contains_key(charge.rule.as_str())
                         && !charge.algorithm.is_concurrency()
                         && (charge.penalty.is_none()
                             || (charge.mode == Mode::Charge && charge.cost > 0)),
@@ -431,7 +431,7 @@ impl RedisStore {
             Err(error) => return StoreFuture::ready(Err(error)),
         };
         if let [charge] = batch {
-            let sharded = inner.shards.contains_key(charge.rule);
+            let sharded = inner.shards.contains_key(charge.rule.as_str());
             if let Some(fast) = Fast::new(&inner.prefix, charge, sharded) {
                 let packed = fast.packed(charge, now);
                 let inner = self.inner.clone();
@@ -485,7 +485,7 @@ impl Store for RedisStore {
         let inner = &self.inner;
         if charge.algorithm.is_concurrency() {
             // A slot given back: one of this instance's leases of the key goes.
-            let name = keys::key_name(&inner.prefix, charge.rule, charge.key, None);
+            let name = keys::key_name(&inner.prefix, &charge.rule, charge.key, None);
             let ids = inner.leases.release(&name, charge.cost);
             if ids.is_empty() {
                 return StoreFuture::ready(Ok(()));
@@ -514,7 +514,7 @@ impl Store for RedisStore {
     fn reset(&self, rule: &str, _algorithm: &Algorithm, key: &[u8]) -> StoreFuture<()> {
         let inner = &self.inner;
         if let Some(cache) = &inner.cache {
-            cache.forget(cache.hash(rule, key));
+            cache.forget(cache.hash(RuleName::new(rule), key));
         }
         let mut names = inner.names(rule, key);
         names.push(keys::block_name(&inner.prefix, rule, key));
@@ -550,7 +550,7 @@ impl Store for RedisStore {
     ) -> StoreFuture<()> {
         let inner = &self.inner;
         if let Some(cache) = &inner.cache {
-            cache.forget(cache.hash(rule, key));
+            cache.forget(cache.hash(RuleName::new(rule), key));
         }
         let now = match inner.injected_now() {
             Ok(now) => now,
@@ -743,7 +743,7 @@ impl Inner {
         algorithm: &Algorithm,
         shard: Option<u32>,
     ) -> Candidate {
-        let name = keys::key_name(&self.prefix, charge.rule, charge.key, shard);
+        let name = keys::key_name(&self.prefix, &charge.rule, charge.key, shard);
         let mut args = params::Args::new();
         let mut lease = None;
         match algorithm {
@@ -756,7 +756,7 @@ impl Inner {
             _ => params::push(
                 &mut args,
                 algorithm,
-                charge.rule,
+                &charge.rule,
                 charge.key,
                 charge.cost,
                 charge.mode,
@@ -777,7 +777,7 @@ impl Inner {
 
     /// The record of a charge; for a sharded rule, its candidate shards.
     fn record(&self, charge: &Charge<'_>, refund: bool) -> Record {
-        let sharding = self.shards.get(charge.rule).cloned();
+        let sharding = self.shards.get(charge.rule.as_str()).cloned();
         let candidates = match &sharding {
             None => SmallVec::from_iter([self.candidate(charge, charge.algorithm, None)]),
             Some(sharding) => {
@@ -806,7 +806,7 @@ impl Inner {
             sharding,
             penalty: charge.penalty.map(|penalty| {
                 (
-                    keys::block_name(&self.prefix, charge.rule, charge.key),
+                    keys::block_name(&self.prefix, &charge.rule, charge.key),
                     params::penalty(penalty),
                 )
             }),
@@ -970,7 +970,7 @@ impl Inner {
     async fn probe(&self) -> Result<(), StoreError> {
         let bucket = Algorithm::TokenBucket(TokenBucket::new(1_000_000, Duration::from_secs(1)));
         let charge = Charge {
-            rule: "probe",
+            rule: RuleName::new("probe"),
             algorithm: &bucket,
             key: b"probe",
             cost: 1,
