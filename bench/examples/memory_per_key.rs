@@ -92,7 +92,6 @@ fn governor(n: u64) -> (u64, u64) {
         .expect("non-zero period")
         .allow_burst(NonZeroU32::new(PER_DAY).expect("non-zero burst"));
     let limiter = RateLimiter::<u64, _, _>::dashmap(quota);
-    let rule = RuleName::new("bench");
     let before = rss();
     for i in 0..n {
         assert!(limiter.check_key(&key(i)).is_ok(), "key {i} was denied");
