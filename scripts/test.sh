@@ -2,26 +2,49 @@
 # Every check, as CI runs it: format, lints on all targets and features, all tests (unit,
 # integration, examples, benches in test mode) and the doc tests.
 #
-# The Redis store's tests run real `redis-server` processes (and `redis-cli`, `redis-benchmark`):
-# they are installed from Debian's packages when missing, and a failed install stops here.
+# The Redis store's tests run real `redis-server` and `valkey-server` processes (and `redis-cli`,
+# `redis-benchmark`, `valkey-cli`): they are installed from Debian's packages when missing, and a
+# failed install stops here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n== %s\n' "$*"; }
 
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+apt_install() {
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+}
+
 step "redis-server, redis-cli and redis-benchmark (Debian packages redis-server, redis-tools)"
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null ||
     ! command -v redis-benchmark >/dev/null; then
-    sudo=""
-    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-    if ! { $sudo apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools; }; then
+    if ! { $sudo apt-get update -qq && apt_install redis-server redis-tools; }; then
         echo "error: could not install redis-server and redis-tools from Debian's packages;" \
             "the Redis store's tests need them" >&2
         exit 1
     fi
 fi
 redis-server --version
+
+# The Redis store's tests run once more on Valkey. Debian 12 ships it in bookworm-backports
+# (later releases in main): the backports source is added when the package is not found.
+step "valkey-server and valkey-cli (Debian package valkey-server; on Debian 12 from backports)"
+if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null; then
+    $sudo apt-get update -qq || true
+    if ! apt_install valkey-server; then
+        . /etc/os-release
+        backports="${VERSION_CODENAME:-bookworm}-backports"
+        echo "deb http://deb.debian.org/debian $backports main" |
+            $sudo tee "/etc/apt/sources.list.d/$backports.list" >/dev/null
+        if ! { $sudo apt-get update -qq && apt_install -t "$backports" valkey-server; }; then
+            echo "error: could not install valkey-server from Debian's packages ($backports);" \
+                "the Redis store's tests run on Valkey too and need it" >&2
+            exit 1
+        fi
+    fi
+fi
+valkey-server --version
 
 step "format"
 cargo fmt --all -- --check

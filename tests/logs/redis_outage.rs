@@ -21,39 +21,21 @@ use log_lines::Lines;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use tollgate::clock::ManualClock;
 use tollgate::store::CircuitBreaker;
 use tollgate::{FailurePolicy, Limit, RateLimitLayer, RedisStore, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+use super::ENGINE;
+use crate::outage::{globals, one_at_a_time};
 use redis_server::RedisServer;
-
-/// The captured lines and the metrics, installed once for the whole binary.
-fn globals() -> &'static (Lines, Snapshotter) {
-    static GLOBALS: OnceLock<(Lines, Snapshotter)> = OnceLock::new();
-    GLOBALS.get_or_init(|| {
-        let lines = Lines::default();
-        tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN)).unwrap();
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::set_global_recorder(recorder).unwrap();
-        (lines, snapshotter)
-    })
-}
-
-/// Held by each test for its whole run: one test at a time sees the lines and the gauge.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -177,7 +159,7 @@ fn outages_paused_killed_restarted_5_failures_open_the_breaker_then_100_requests
 /// once with `Retry-After: 1` (the next probe) and a plain message, and Redis receives none of
 /// them. Two warning lines (the first failure, the opening), one more when it closes.
 async fn paused_fail_closed(lines: &Lines, snapshotter: &Snapshotter) {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let app = app(&server, &clock, FailurePolicy::Closed).await;
     assert_eq!(send(&app).await.status(), StatusCode::OK);
@@ -231,7 +213,7 @@ async fn paused_fail_closed(lines: &Lines, snapshotter: &Snapshotter) {
 /// failures the breaker opens and 100 requests are forwarded at once. Restarted on the same
 /// port, the breaker closes by itself and Redis counts again.
 async fn killed_fail_open(lines: &Lines, snapshotter: &Snapshotter) {
-    let mut server = RedisServer::start();
+    let mut server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let app = app(&server, &clock, FailurePolicy::Open).await;
     let first = send(&app).await;
@@ -263,7 +245,7 @@ async fn killed_fail_open(lines: &Lines, snapshotter: &Snapshotter) {
 /// Redis restarted under fail to local with a share of 0.5: while it is down, the instance
 /// grants 5 of the 10 on its own (then 429); once the breaker closes, Redis decides again.
 async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
-    let mut server = RedisServer::start();
+    let mut server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let app = app(&server, &clock, FailurePolicy::Local { share: 0.5 }).await;
     assert_eq!(send(&app).await.status(), StatusCode::OK);
@@ -352,7 +334,7 @@ fn restarted_on_the_same_port_the_first_probe_after_redis_is_back_closes_the_bre
     let (lines, snapshotter) = globals();
     let _serial = one_at_a_time();
     runtime().block_on(async {
-        let mut server = RedisServer::start();
+        let mut server = ENGINE.server();
         let clock = ManualClock::new(Duration::from_secs(1_000));
         let app = app(&server, &clock, FailurePolicy::Closed).await;
         assert_eq!(send(&app).await.status(), StatusCode::OK);
@@ -394,7 +376,7 @@ fn out_of_memory_the_probe_is_refused_like_a_charge_and_the_breaker_stays_open()
     let (lines, snapshotter) = globals();
     let _serial = one_at_a_time();
     runtime().block_on(async {
-        let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+        let server = ENGINE.server_with(&["--maxmemory-policy", "noeviction"]);
         let clock = ManualClock::new(Duration::from_secs(1_000));
         let every = Duration::from_secs(10);
         let app = app_warning_every(&server, &clock, FailurePolicy::Closed, every).await;

@@ -19,6 +19,7 @@ use tollgate::algorithm::{Algorithm, Mode, TokenBucket, Verdict};
 use tollgate::store::{Charge, Outcomes, RuleName, Store};
 use tollgate::{Key, Limit, Limiter, RedisStore, Rule};
 
+use super::ENGINE;
 use hammer::hammer;
 use redis_server::RedisCluster;
 
@@ -47,7 +48,7 @@ async fn prefixed(cluster: &RedisCluster, prefix: &str) -> RedisStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_with_one_key_value_share_a_slot_and_one_call() {
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let store = cluster_store(&cluster).await;
     // Our slot computation is the cluster's.
     for (rule, key) in [
@@ -157,7 +158,7 @@ async fn global_left(store: &RedisStore, global: u64) -> u64 {
 /// slot, and a denial in a later slot gives back what the earlier one took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_requests_are_compensated_and_never_over_admit() {
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let store = cluster_store(&cluster).await;
     let global_slot = slot_of(&cluster, &store.key_names("global", b"")[0]);
     // Users whose slot comes after the global key's (global charged first, then undone) and
@@ -232,7 +233,7 @@ async fn cross_slot_requests_are_compensated_and_never_over_admit() {
 /// each once, into every master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let store = cluster_store(&cluster).await;
     let global_slot = slot_of(&cluster, &store.key_names("global", b"")[0]);
     let user = |global_first: bool| {
@@ -270,7 +271,7 @@ async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
 /// Random scenarios through the cluster (cross-slot batches, compensations) against the memory
 /// store, each run with the store's defaults (deny cache on) and with the deny cache off.
 fn differential_cases(cases: u32) {
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -324,7 +325,7 @@ fn same_answers_as_the_memory_store_across_slots_soak() {
 async fn undoing_a_charge_keeps_a_key_a_refund_created_and_8_more_leave_18() {
     use differential::Step;
     use tollgate::algorithm::{BurstPool, FixedWindow};
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let second = Duration::from_secs(1);
     let pool = Algorithm::BurstPool(BurstPool::new(
         TokenBucket::new(10, second).with_initial(2),
@@ -366,7 +367,7 @@ async fn undoing_a_charge_keeps_a_key_a_refund_created_and_8_more_leave_18() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undone_charge_leaves_the_state_it_found_for_a_larger_limit_to_read() {
     use differential::Step;
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let second = Duration::from_secs(1);
     let bucket = Algorithm::TokenBucket(TokenBucket::new(10, second));
     let larger = Algorithm::TokenBucket(TokenBucket::new(10, second).with_capacity(20));
@@ -399,7 +400,7 @@ async fn an_undone_charge_leaves_the_state_it_found_for_a_larger_limit_to_read()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_global_rule_spreads_over_nodes() {
-    let cluster = RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let store = RedisStore::builder()
         .cluster(cluster.urls())
         .shard_rule("global", 6)

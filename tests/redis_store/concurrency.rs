@@ -17,6 +17,7 @@ use tollgate::config::Config;
 use tollgate::{FailurePolicy, Key, Limit, Limiter, Queue, RateLimitLayer, RedisStore, Rule};
 use tower::ServiceExt;
 
+use super::ENGINE;
 use redis_server::RedisServer;
 use streams::streaming;
 
@@ -75,7 +76,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_n_in_flight_across_two_instances_under_1000_concurrent_requests() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let lease = Duration::from_secs(60);
     let first = layer(&server, vec![llm(8)], lease).await;
     let second = layer(&server, vec![llm(8)], lease).await;
@@ -122,7 +123,7 @@ async fn exactly_n_in_flight_across_two_instances_under_1000_concurrent_requests
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_body_keeps_its_lease_renewed_past_the_expiry() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     // Renewed every 2/3 s: a loaded machine would have to stall a renewal for 4/3 s to lose it.
     let lease = Duration::from_secs(2);
     let first = layer(&server, vec![llm(1)], lease).await;
@@ -164,7 +165,7 @@ async fn a_streaming_body_keeps_its_lease_renewed_past_the_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_s_leases_come_back_after_their_expiry() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let lease = Duration::from_secs(1);
     // An instance on its own runtime takes both slots, then dies: its runtime stops (with the
     // renewal task and the connection), and nothing gives its slots back.
@@ -221,7 +222,7 @@ struct InFlight(u64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_customer_has_the_number_of_slots_its_plan_gives_across_two_instances() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let rule = || llm(1).limit_from_extension(|plan: &InFlight| Some(Limit::concurrent(plan.0)));
     let one = layer(&server, vec![rule()], Duration::from_secs(60)).await;
     let two = layer(&server, vec![rule()], Duration::from_secs(60)).await;
@@ -254,7 +255,7 @@ async fn each_customer_has_the_number_of_slots_its_plan_gives_across_two_instanc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_is_taken_all_or_nothing_with_the_other_rules() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let daily = Rule::new("daily", Limit::per_day(2)).key(Key::header(API_KEY));
     let layer = layer(&server, vec![llm(1), daily], Duration::from_secs(60)).await;
     let limiter = layer.limiter().clone();
@@ -291,7 +292,7 @@ async fn a_slot_is_taken_all_or_nothing_with_the_other_rules() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_gets_a_slot_given_back_by_another_instance() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let lease = Duration::from_secs(60);
     let first = layer(&server, vec![llm(1)], lease).await;
     let queued = llm(1).queue(Queue::burst(2));
@@ -321,7 +322,7 @@ async fn a_queued_request_gets_a_slot_given_back_by_another_instance() {
 
 #[tokio::test]
 async fn a_sharded_concurrency_rule_is_an_error() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let store = RedisStore::builder()
         .url(server.url())
         .shard_rule("llm", 4)
@@ -343,7 +344,7 @@ async fn a_sharded_concurrency_rule_is_an_error() {
 #[cfg(feature = "config")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_from_a_config_file() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     std::fs::write(
@@ -379,7 +380,7 @@ async fn the_lease_from_a_config_file() {
 /// (its lease removed) when the second denies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_lease_is_undone_when_a_later_slot_denies() {
-    let cluster = redis_server::RedisCluster::start();
+    let cluster = ENGINE.cluster();
     let store = RedisStore::builder()
         .cluster(cluster.urls())
         .timeout(Duration::from_secs(10))

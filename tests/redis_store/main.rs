@@ -1,11 +1,33 @@
-//! The Redis store against real `redis-server` processes on loopback ports: one server, a Cluster,
-//! concurrency leases and per-request limits, and the differential tests that keep the Lua script
-//! equal to the memory store.
+//! The Redis store against real servers on loopback ports, once per engine: `redis::…` runs
+//! `redis-server`, `valkey::…` runs `valkey-server` (`cargo test --test redis_store valkey`
+//! selects Valkey's). One server, a Cluster, concurrency leases and per-request limits, and the
+//! differential tests that keep the Lua script equal to the memory store.
 
 #[path = "../support/mod.rs"]
 mod support;
 
-mod cluster;
-mod concurrency;
-mod per_request;
-mod single;
+/// The suite on `redis-server`.
+#[path = "."]
+mod redis {
+    /// The engine this copy of the suite runs on.
+    const ENGINE: crate::support::redis_server::Engine =
+        crate::support::redis_server::Engine::Redis;
+
+    mod cluster;
+    mod concurrency;
+    mod per_request;
+    mod single;
+}
+
+/// The same suite on `valkey-server` (Valkey 8, Debian's bookworm-backports).
+#[path = "."]
+mod valkey {
+    /// The engine this copy of the suite runs on.
+    const ENGINE: crate::support::redis_server::Engine =
+        crate::support::redis_server::Engine::Valkey;
+
+    mod cluster;
+    mod concurrency;
+    mod per_request;
+    mod single;
+}

@@ -6,7 +6,6 @@
 #![cfg(feature = "redis")]
 
 use crate::support::oneshot;
-use crate::support::redis_server;
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -20,8 +19,8 @@ use tollgate::store::Store;
 use tollgate::{Key, Limit, MemoryStore, RateLimitLayer, RedisStore, Rule};
 use tower::{service_fn, Layer};
 
+use super::ENGINE;
 use oneshot::{send, Limited};
-use redis_server::RedisServer;
 
 type Body = Full<Bytes>;
 
@@ -104,7 +103,7 @@ async fn scenario(service: &impl Limited<Body>, clock: &ManualClock) -> Vec<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_request_limits_give_the_same_answers_on_redis_and_in_memory() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let start = Duration::from_secs(1_750_000_020);
 
     let clock = ManualClock::new(start);
@@ -143,7 +142,7 @@ async fn per_request_limits_give_the_same_answers_on_redis_and_in_memory() {
 /// build-time one would be: the request is charged under the rule's own limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_redis_cannot_count_falls_back_to_the_rules_own() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_750_000_020));
     let redis = RedisStore::builder()
         .url(server.url())
@@ -206,7 +205,7 @@ async fn downgrade(service: &impl Limited<Body>) -> Vec<String> {
 /// minutes), then is refused until the next unit, 6 s later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downgraded_customer_has_what_fits_at_once_on_redis_and_in_memory() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let start = Duration::from_secs(1_750_000_020);
     let clock = ManualClock::new(start);
     let memory = MemoryStore::builder().clock(clock).build();

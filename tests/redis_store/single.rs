@@ -31,6 +31,7 @@ use tollgate::{
 };
 use tower::{service_fn, Layer, ServiceExt};
 
+use super::ENGINE;
 use hammer::hammer;
 use redis_server::RedisServer;
 
@@ -55,7 +56,7 @@ async fn store(server: &RedisServer) -> RedisStore {
 /// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
 /// and with the deny cache off.
 fn differential_cases(cases: u32) {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let rt = runtime();
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
@@ -96,7 +97,7 @@ fn same_answers_as_the_memory_store_soak() {
 async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays_750_ms() {
     use differential::Step;
     use tollgate::algorithm::{Algorithm, TokenBucket};
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let bucket = Algorithm::TokenBucket(
         TokenBucket::new(4, Duration::from_secs(1))
             .with_capacity(8)
@@ -127,7 +128,7 @@ async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays
 async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
     use differential::Step;
     use tollgate::algorithm::{Algorithm, ReserveBound, TokenBucket};
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let minute = Duration::from_secs(60);
     let bucket = |rate, capacity| {
         Algorithm::TokenBucket(TokenBucket::new(rate, minute).with_capacity(capacity))
@@ -201,7 +202,7 @@ async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_picked_edges_match() {
     use tollgate::algorithm::{Algorithm, BurstPool, SlidingLog, TokenBucket};
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
     let redis = RedisStore::builder()
         .url(server.url())
@@ -242,7 +243,7 @@ async fn hand_picked_edges_match() {
 /// limit passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_hammering_one_key_admit_exactly_the_limit() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let limiters: Vec<Limiter> = futures::future::join_all((0..2).map(|_| async {
         Limiter::builder()
             .rule(Rule::new("api", Limit::per_day(100)))
@@ -275,7 +276,7 @@ fn request(ip: &str) -> Request<Body> {
 /// global) are one script call per request, and the headers carry Redis's numbers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let mut services = Vec::new();
     for _ in 0..2 {
         let layer = RateLimitLayer::builder()
@@ -321,7 +322,7 @@ async fn layers_on_two_instances_share_the_limits_in_one_call_per_request() {
 /// the key is written again in its own format, with its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_of_another_format_or_type_are_new_keys() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let redis = store(&server).await;
     let limiter = Limiter::builder()
         .rule(Rule::new("bucket", Limit::per_minute(10)))
@@ -394,7 +395,7 @@ async fn values_of_another_format_or_type_are_new_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_when_their_state_equals_a_new_keys() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let redis = store(&server).await;
     let limiter = Limiter::builder()
         .rule(Rule::new("bucket", Limit::per_second(10)))
@@ -450,7 +451,7 @@ async fn keys_expire_when_their_state_equals_a_new_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
     let cached = RedisStore::builder()
         .url(server.url())
@@ -556,7 +557,7 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
 /// the uncached store's, field by field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deny_cache_answers_a_cost_of_5_with_retry_after_30_then_29_then_24() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
     let limiter = |prefix: &'static str, cache: bool| {
         let clock = clock.clone();
@@ -601,7 +602,7 @@ async fn the_deny_cache_answers_a_cost_of_5_with_retry_after_30_then_29_then_24(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let mut limiters = Vec::new();
     for _ in 0..2 {
         let store = RedisStore::builder()
@@ -639,7 +640,7 @@ async fn a_sharded_rule_spreads_over_keys_and_never_exceeds_its_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_the_script_cannot_count_exactly_are_refused_at_build_time() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let error = Limiter::builder()
         .rule(Rule::new("daily", Limit::sliding_window(1_000_000, DAY)))
         .store(store(&server).await)
@@ -679,7 +680,7 @@ fn failing_layer(store: RedisStore, policy: FailurePolicy) -> RateLimitLayer {
 /// is shown without a clock in `tests/redis_outage.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_applies_the_failure_policy_within_the_timeout() {
-    let mut server = RedisServer::start();
+    let mut server = ENGINE.server();
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()
         .url(server.url())
@@ -715,7 +716,7 @@ fn api_limiter(store: RedisStore) -> Limiter {
 /// script is loaded again after `NOSCRIPT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
-    let mut server = RedisServer::start();
+    let mut server = ENGINE.server();
     let store = RedisStore::builder()
         .url(server.url())
         .deny_cache(false)
@@ -750,7 +751,7 @@ async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
 /// at once, each script loaded once, by the call that needed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_is_loaded_again_after_noscript() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let limiter = |clock: Option<ManualClock>| {
         let builder = RedisStore::builder().url(server.url()).deny_cache(false);
         let builder = match clock {
@@ -794,7 +795,7 @@ async fn every_script_is_loaded_again_after_noscript() {
 /// Redis paused (SIGSTOP): calls time out instead of hanging, and work again once it resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_times_out_and_recovers() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()
         .url(server.url())
@@ -830,7 +831,7 @@ async fn a_paused_redis_times_out_and_recovers() {
 /// `PSETEX` writes the key `<prefix>:probe` for a millisecond (gone again at once), and no `PING`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_is_one_charge_on_its_own_key_gone_within_a_millisecond() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let store = store(&server).await;
     // The test's own PING found the server up.
     let pings = server.command_calls("ping");
@@ -864,7 +865,7 @@ async fn on_clock(server: &RedisServer, clock: &ManualClock, rules: Vec<Rule>) -
 /// tests/queue.rs runs on the memory store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(reservations::W);
     let limiter = on_clock(&server, &clock, reservations::rules()).await;
     reservations::example(&limiter, &clock).await;
@@ -875,7 +876,7 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
 /// scenario as tests/queue.rs runs on the memory store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calendar_windows_follow_the_calendar() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let clock = ManualClock::new(calendar::START);
     let limiter = on_clock(&server, &clock, calendar::rules()).await;
     calendar::scenario(&limiter, &clock).await;
@@ -884,7 +885,7 @@ async fn calendar_windows_follow_the_calendar() {
 /// Refunds and resets go through Redis, and a refund never exceeds the capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refunds_and_resets() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let limiter = Limiter::builder()
         .rule(Rule::new("tokens", Limit::per_day(100)))
         .store(store(&server).await)
@@ -916,7 +917,7 @@ async fn two_copies_of_the_example_share_one_limit() {
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
 
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let mut addresses = Vec::new();
     for _ in 0..2 {
         let app = redis_example::app(RedisStore::connect(&server.url()).await.unwrap());
@@ -942,7 +943,7 @@ async fn two_copies_of_the_example_share_one_limit() {
 /// A configuration file naming a Redis store: `Config::connect` connects, and the limit is Redis's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_file_can_name_the_redis_store() {
-    let server = RedisServer::start();
+    let server = ENGINE.server();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     let text = format!(
@@ -983,7 +984,7 @@ async fn a_configuration_file_can_name_the_redis_store() {
 /// half of the limit on its own (2 of 4 an hour), then 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_file_can_fail_to_local_with_half_of_each_limit() {
-    let mut server = RedisServer::start();
+    let mut server = ENGINE.server();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limits.toml");
     let text = format!(

@@ -1,8 +1,8 @@
-//! Real Redis servers for tests and benches: `redis-server` processes on free loopback ports, in
-//! their own temporary directories, stopped on drop.
+//! Real Redis servers for tests and benches: `redis-server` (or `valkey-server`) processes on free
+//! loopback ports, in their own temporary directories, stopped on drop.
 //!
-//! A missing `redis-server` binary is a failure with a message naming the Debian package, never a
-//! skipped test. (`scripts/test.sh` installs it.)
+//! A missing server binary is a failure with a message naming the Debian package, never a
+//! skipped test. (`scripts/test.sh` installs both engines.)
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -15,9 +15,63 @@ use std::time::{Duration, Instant};
 /// How long a server may take to answer its first PING.
 const STARTUP: Duration = Duration::from_secs(10);
 
-/// One `redis-server` process.
+/// The engines the Redis store is tested on: Redis itself and Valkey, the Linux Foundation's fork
+/// (same protocol, same scripting). A test suite runs once per engine (`redis::…`, `valkey::…`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Redis,
+    Valkey,
+}
+
+impl Engine {
+    fn server_binary(self) -> &'static str {
+        match self {
+            Engine::Redis => "redis-server",
+            Engine::Valkey => "valkey-server",
+        }
+    }
+
+    fn cli_binary(self) -> &'static str {
+        match self {
+            Engine::Redis => "redis-cli",
+            Engine::Valkey => "valkey-cli",
+        }
+    }
+
+    /// How to install the engine on Debian 12.
+    fn install(self) -> &'static str {
+        match self {
+            Engine::Redis => {
+                "the Debian packages `redis-server` and `redis-tools` \
+                (`apt-get install -y redis-server redis-tools`)"
+            }
+            Engine::Valkey => {
+                "the Debian packages `valkey-server` and `valkey-tools` from \
+                bookworm-backports (`apt-get install -y -t bookworm-backports valkey-server`)"
+            }
+        }
+    }
+
+    /// A standalone server on a free loopback port.
+    pub fn server(self) -> RedisServer {
+        RedisServer::start_on(self, &[])
+    }
+
+    /// A server with extra arguments.
+    pub fn server_with(self, extra: &[&str]) -> RedisServer {
+        RedisServer::start_on(self, extra)
+    }
+
+    /// A cluster of three masters.
+    pub fn cluster(self) -> RedisCluster {
+        RedisCluster::start_on(self)
+    }
+}
+
+/// One server process.
 pub struct RedisServer {
     pub port: u16,
+    engine: Engine,
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
@@ -34,8 +88,9 @@ fn temp_dir(port: u16) -> PathBuf {
     dir
 }
 
-fn spawn(port: u16, dir: &PathBuf, extra: &[String]) -> Child {
-    let mut command = Command::new("redis-server");
+fn spawn(engine: Engine, port: u16, dir: &PathBuf, extra: &[String]) -> Child {
+    let binary = engine.server_binary();
+    let mut command = Command::new(binary);
     command
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
@@ -49,11 +104,11 @@ fn spawn(port: u16, dir: &PathBuf, extra: &[String]) -> Child {
     match command.spawn() {
         Ok(child) => child,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-            "`redis-server` is not on PATH: the Redis store's tests need a real server. Install \
-             the Debian packages `redis-server` and `redis-tools` \
-             (`apt-get install -y redis-server redis-tools`), or run ./scripts/test.sh, which does."
+            "`{binary}` is not on PATH: the Redis store's tests need a real server. Install {}, \
+             or run ./scripts/test.sh, which does.",
+            engine.install()
         ),
-        Err(error) => panic!("cannot start redis-server: {error}"),
+        Err(error) => panic!("cannot start {binary}: {error}"),
     }
 }
 
@@ -115,22 +170,28 @@ fn wait_until_up(port: u16, child: &mut Child) -> bool {
 }
 
 impl RedisServer {
-    /// A standalone server on a free loopback port.
+    /// A standalone `redis-server` on a free loopback port.
     pub fn start() -> RedisServer {
-        Self::start_with(&[])
+        Self::start_on(Engine::Redis, &[])
     }
 
-    /// A server with extra `redis-server` arguments.
+    /// A `redis-server` with extra arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_on(Engine::Redis, extra)
+    }
+
+    /// A server of `engine` with extra arguments.
+    pub fn start_on(engine: Engine, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A port found free can be taken before the server binds it: try a few.
         for _ in 0..5 {
             let port = free_port();
             let dir = temp_dir(port);
-            let mut child = spawn(port, &dir, &extra);
+            let mut child = spawn(engine, port, &dir, &extra);
             if wait_until_up(port, &mut child) {
                 return RedisServer {
                     port,
+                    engine,
                     child: Some(child),
                     dir,
                     extra,
@@ -140,7 +201,10 @@ impl RedisServer {
             let _ = child.wait();
             let _ = std::fs::remove_dir_all(&dir);
         }
-        panic!("redis-server did not come up on a free loopback port");
+        panic!(
+            "{} did not come up on a free loopback port",
+            engine.server_binary()
+        );
     }
 
     pub fn url(&self) -> String {
@@ -179,14 +243,14 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + STARTUP;
         loop {
-            let mut child = spawn(self.port, &self.dir, &self.extra);
+            let mut child = spawn(self.engine, self.port, &self.dir, &self.extra);
             if wait_until_up(self.port, &mut child) {
                 self.child = Some(child);
                 return;
             }
             let _ = child.kill();
             let _ = child.wait();
-            assert!(Instant::now() < deadline, "redis-server did not restart");
+            assert!(Instant::now() < deadline, "the server did not restart");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -230,10 +294,16 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// A `redis-server` cluster.
     pub fn start() -> RedisCluster {
+        Self::start_on(Engine::Redis)
+    }
+
+    /// A cluster of `engine`'s servers, made by its own command-line client.
+    pub fn start_on(engine: Engine) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                RedisServer::start_with(&[
+                engine.server_with(&[
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -247,22 +317,18 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let output = Command::new("redis-cli")
+        let cli = engine.cli_binary();
+        let output = Command::new(cli)
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run `redis-cli` ({e}): install the Debian package `redis-tools` \
-                     (`apt-get install -y redis-server redis-tools`)"
-                )
-            });
+            .unwrap_or_else(|e| panic!("cannot run `{cli}` ({e}): install {}", engine.install()));
         assert!(
             output.status.success(),
-            "redis-cli --cluster create failed: {}",
+            "{cli} --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
         let cluster = RedisCluster { nodes };
