@@ -3,6 +3,9 @@
 //! subscriber installed can cache "nobody" and swallow the events these tests check. Every test
 //! here installs its own subscriber first.
 
+// The same test files are loaded once per engine, on purpose.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

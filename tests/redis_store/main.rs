@@ -3,6 +3,9 @@
 //! selects Valkey's). One server, a Cluster, concurrency leases and per-request limits, and the
 //! differential tests that keep the Lua script equal to the memory store.
 
+// The same test files are loaded once per engine, on purpose.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../support/mod.rs"]
 mod support;
 
