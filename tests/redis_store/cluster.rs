@@ -229,10 +229,10 @@ async fn cross_slot_requests_are_compensated_and_never_over_admit() {
 }
 
 /// The scripts of a cross-slot request (the charge, the undo of an earlier slot's charge, the
-/// check of a later slot) are loaded again after `NOSCRIPT` on every node (here `SCRIPT FLUSH`),
-/// each once, into every master.
+/// check of a later slot) are sent again after `NOSCRIPT` on every node (here `SCRIPT FLUSH`):
+/// by their source, once to each node that needs one, then by hash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
+async fn a_cross_slot_request_s_scripts_are_sent_again_after_noscript() {
     let cluster = ENGINE.cluster();
     let store = cluster_store(&cluster).await;
     let global_slot = slot_of(&cluster, &store.key_names("global", b"")[0]);
@@ -255,7 +255,10 @@ async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
     for node in &cluster.nodes {
         node.run("SCRIPT FLUSH");
     }
-    let loads = cluster.command_calls("script|load");
+    let (loads, evals) = (
+        cluster.command_calls("script|load"),
+        cluster.command_calls("eval"),
+    );
     // Global first: charge global, deny the user, undo global. The user first: deny the user,
     // check global.
     for user in [&after, &before] {
@@ -264,8 +267,19 @@ async fn a_cross_slot_request_s_scripts_are_loaded_again_after_noscript() {
         assert_eq!(outcomes[1].verdict, Verdict::Allowed, "{outcomes:?}");
         assert_eq!(outcomes[1].remaining, 38, "reported uncharged");
     }
+    // Three scripts, each sent by its source once to each node that did not know it.
     let masters = cluster.nodes.len() as u64;
-    assert_eq!(cluster.command_calls("script|load") - loads, 3 * masters);
+    let sent = cluster.command_calls("eval") - evals;
+    assert!((3..=3 * masters).contains(&sent), "{sent} EVALs");
+    assert_eq!(cluster.command_calls("script|load") - loads, 0);
+    for user in [&after, &before] {
+        request(&store, user, 1, 40).await;
+    }
+    assert_eq!(
+        cluster.command_calls("eval") - evals,
+        sent,
+        "known by hash since"
+    );
 }
 
 /// Random scenarios through the cluster (cross-slot batches, compensations) against the memory

@@ -56,7 +56,10 @@ async fn store(server: &RedisServer) -> RedisStore {
 /// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
 /// and with the deny cache off.
 fn differential_cases(cases: u32) {
-    let server = ENGINE.server();
+    differential_cases_on(&ENGINE.server(), cases);
+}
+
+fn differential_cases_on(server: &RedisServer, cases: u32) {
     let rt = runtime();
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
@@ -81,6 +84,33 @@ fn differential_cases(cases: u32) {
 #[test]
 fn same_answers_as_the_memory_store_1024_scenarios() {
     differential_cases(1_024);
+}
+
+/// A managed service's Redis: `SCRIPT`, `FUNCTION`, `CONFIG` and `CLIENT` do not exist (renamed
+/// away, as services that forbid them answer "unknown command"). The store connects, and decides
+/// every scenario as the memory store does, with `EVALSHA` and `EVAL` alone: a script the server
+/// does not know is sent once by its source.
+#[test]
+fn with_script_config_client_and_function_refused_same_answers_by_evalsha_and_eval_alone() {
+    let forbidden = ["SCRIPT", "FUNCTION", "CONFIG", "CLIENT"];
+    let renames: Vec<&str> = forbidden
+        .iter()
+        .flat_map(|command| ["--rename-command", command, ""])
+        .collect();
+    let server = ENGINE.server_with(&renames);
+    assert!(
+        server.run("SCRIPT FLUSH").contains("unknown command"),
+        "SCRIPT is refused"
+    );
+    differential_cases_on(&server, 64);
+    assert!(
+        server.command_calls("eval") > 0,
+        "scripts were sent by source"
+    );
+    assert!(
+        server.command_calls("evalsha") > server.command_calls("eval"),
+        "then by their hash"
+    );
 }
 
 /// The soak: `cargo test --all-features --test redis -- --ignored`.
@@ -715,7 +745,7 @@ fn api_limiter(store: RedisStore) -> Limiter {
 /// Redis restarted (empty, without the script): the same store recovers by itself, and the
 /// script is loaded again after `NOSCRIPT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
+async fn a_restarted_redis_is_found_again_and_the_script_sent_again() {
     let mut server = ENGINE.server();
     let store = RedisStore::builder()
         .url(server.url())
@@ -724,7 +754,7 @@ async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
     let limiter = api_limiter(store.await.unwrap());
     assert_eq!(limiter.charge("api", "k", 4).await.unwrap().remaining, 6);
     server.restart();
-    assert_eq!(server.command_calls("script|load"), 0);
+    assert_eq!(server.command_calls("eval"), 0);
     // Bounded wait for the reconnection (it backs off up to a second).
     let deadline = Instant::now() + Duration::from_secs(10);
     let outcome = loop {
@@ -740,17 +770,19 @@ async fn a_restarted_redis_is_found_again_and_the_script_reloaded() {
     // The new server is empty: a new key.
     assert_eq!(outcome.remaining, 9);
     assert_eq!(
-        server.command_calls("script|load"),
+        server.command_calls("eval"),
         1,
-        "NOSCRIPT led to one SCRIPT LOAD"
+        "NOSCRIPT led to one EVAL with the script's source"
     );
+    assert_eq!(server.command_calls("script|load"), 0);
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 8);
 }
 
-/// Every script is loaded again after `NOSCRIPT` (here a `SCRIPT FLUSH`): each operation works
-/// at once, each script loaded once, by the call that needed it.
+/// Every script is sent again after `NOSCRIPT` (here a `SCRIPT FLUSH`): each operation works at
+/// once, each script sent once by its source (`EVAL`), by the call that needed it, and by its
+/// hash again afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_script_is_loaded_again_after_noscript() {
+async fn every_script_is_sent_again_after_noscript() {
     let server = ENGINE.server();
     let limiter = |clock: Option<ManualClock>| {
         let builder = RedisStore::builder().url(server.url()).deny_cache(false);
@@ -774,7 +806,10 @@ async fn every_script_is_loaded_again_after_noscript() {
     let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
     let on_clock = limiter(Some(clock)).await;
     server.run("SCRIPT FLUSH");
-    let loads = server.command_calls("script|load");
+    let (loads, evals) = (
+        server.command_calls("script|load"),
+        server.command_calls("eval"),
+    );
     let remaining =
         |outcome: Result<tollgate::algorithm::Outcome, LimitError>| outcome.unwrap().remaining;
     // One script each: the token bucket's (on the server's time, then on a test clock), the
@@ -789,7 +824,11 @@ async fn every_script_is_loaded_again_after_noscript() {
     on_server.block("guarded", "k", DAY).await.unwrap();
     let blocked = on_server.charge("guarded", "k", 1).await.unwrap();
     assert!(!blocked.verdict.is_admitted(), "{blocked:?}");
-    assert_eq!(server.command_calls("script|load") - loads, 7);
+    assert_eq!(server.command_calls("eval") - evals, 7);
+    assert_eq!(server.command_calls("script|load") - loads, 0);
+    // Known again: the same calls go by hash.
+    assert_eq!(remaining(on_server.charge("fixed", "k", 2).await), 6);
+    assert_eq!(server.command_calls("eval") - evals, 7);
 }
 
 /// Redis paused (SIGSTOP): calls time out instead of hanging, and work again once it resumes.

@@ -7,7 +7,9 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+use ::redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+
+use super::lua::Lua;
 
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -66,52 +68,57 @@ impl Conn {
         }
     }
 
-    /// Runs a small script by its hash, loading it first when the server does not know it.
-    pub(super) async fn invoke<T: FromRedisValue>(
-        &mut self,
-        invocation: &::redis::ScriptInvocation<'_>,
-    ) -> Result<T, RedisError> {
-        match self {
-            Conn::Single(c) => invocation.invoke_async(c).await,
-            Conn::Cluster(c) => invocation.invoke_async(c).await,
-        }
-    }
-
     /// Loads `script` (on a cluster, into every primary).
-    async fn load(&mut self, script: &Script) -> Result<(), RedisError> {
+    async fn load(&mut self, script: &Lua) -> Result<(), RedisError> {
         match self {
-            Conn::Single(c) => script.load_async(c).await?,
-            Conn::Cluster(c) => script.load_async(c).await?,
+            Conn::Single(c) => script.script().load_async(c).await?,
+            Conn::Cluster(c) => script.script().load_async(c).await?,
         };
         Ok(())
     }
 
     /// Loads every one of `scripts`, all at once (the connection carries them side by side).
-    pub(super) async fn load_all(&self, scripts: &[&Script]) -> Result<(), StoreError> {
+    ///
+    /// A server that answers `SCRIPT LOAD` with an error (a managed service that forbids the
+    /// `SCRIPT` command, or one renamed away) is not a failure: [`eval`](Self::eval) then sends
+    /// each script's source the first time the server does not know it. Only a server that does
+    /// not answer fails the connection.
+    pub(super) async fn load_all(&self, scripts: &[&Lua]) -> Result<(), StoreError> {
         let mut loads = tokio::task::JoinSet::new();
         for &script in scripts {
-            let (mut conn, script) = (self.clone(), script.clone());
+            let (mut conn, script) = (self.clone(), Lua::clone(script));
             loads.spawn(async move { conn.load(&script).await });
         }
+        let mut refused = None;
         while let Some(loaded) = loads.join_next().await {
-            loaded
-                .map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))?
-                .map_err(error)?;
+            match loaded.map_err(|e| StoreError::new(StoreErrorKind::Protocol, e))? {
+                Ok(()) => {}
+                Err(e) if is_refusal(&e) => refused = Some(e),
+                Err(e) => return Err(error(e)),
+            }
+        }
+        if let Some(e) = refused {
+            tracing::info!(
+                error = %e,
+                "rate limit: Redis refused SCRIPT LOAD; each script is sent with EVAL the first \
+                 time a server does not know it, then by its hash"
+            );
         }
         Ok(())
     }
 
-    /// Runs an EVALSHA of `script`; after `NOSCRIPT` (a restarted or flushed server), loads the
-    /// script and runs it again.
+    /// Runs `cmd`, an `EVALSHA` of `script`; after `NOSCRIPT` (a restarted or flushed server, or
+    /// one that refused `SCRIPT LOAD`), the same call as an `EVAL` of the script's source, which
+    /// runs it and leaves it in the server's script cache for the next `EVALSHA`. No `SCRIPT`
+    /// command on the way: managed services that forbid it work the same.
     pub(super) async fn eval<T: FromRedisValue>(
         &mut self,
-        script: &Script,
+        script: &Lua,
         cmd: &Cmd,
     ) -> Result<T, RedisError> {
         match self.query(cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.load(script).await?;
-                self.query(cmd).await
+                self.query(&by_source(script, cmd)).await
             }
             other => other,
         }
@@ -122,7 +129,7 @@ impl Conn {
     /// [`reconnects`]), once more on the connection the failure started.
     pub(super) async fn eval_afresh<T: FromRedisValue>(
         &mut self,
-        script: &Script,
+        script: &Lua,
         cmd: &Cmd,
     ) -> Result<T, RedisError> {
         match self.eval(script, cmd).await {
@@ -130,6 +137,26 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// `cmd`, an `EVALSHA <hash> …` of `script`, as `EVAL <source> …`.
+fn by_source(script: &Lua, cmd: &Cmd) -> Cmd {
+    let mut eval = ::redis::cmd("EVAL");
+    eval.arg(script.source());
+    for arg in cmd.args_iter().skip(2) {
+        if let ::redis::Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
+/// Whether `e` is the server refusing a command (unknown, renamed away, or denied by its ACL), as
+/// opposed to not answering.
+fn is_refusal(e: &RedisError) -> bool {
+    !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal())
+        && e.kind() != ErrorKind::Server(ServerErrorKind::BusyLoading)
+        && e.kind() != ErrorKind::Server(ServerErrorKind::MasterDown)
 }
 
 /// Whether the connection starts over after `e`: the connection manager then opens a new one

@@ -9,9 +9,9 @@
 //! charges of 0, calendar months, roll-over, other algorithms) goes through the general scripts
 //! (the charge's, `lua/charge.lua`).
 
-use ::redis::{Script, Value};
+use ::redis::Value;
 
-use super::lua::Scripts;
+use super::lua::{Lua, Scripts};
 use super::{keys, params, push_now, Packed};
 use crate::algorithm::{
     Algorithm, FixedWindow, FixedWindowState, Micros, Mode, Outcome, SlidingWindow,
@@ -62,7 +62,7 @@ impl Fast {
     }
 
     /// The script of this path, on the server's time (`now` is `None`) or on an injected one.
-    pub(super) fn script<'s>(&self, scripts: &'s Scripts, now: Option<Micros>) -> &'s Script {
+    pub(super) fn script<'s>(&self, scripts: &'s Scripts, now: Option<Micros>) -> &'s Lua {
         match (&self.kind, now) {
             (Kind::Bucket(_), None) => &scripts.bucket_now,
             (Kind::Bucket(_), Some(_)) => &scripts.bucket_at,

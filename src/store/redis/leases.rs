@@ -17,9 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use ::redis::Script;
-
-use super::{conn, lua, Inner};
+use super::lua::{self, Lua};
+use super::{conn, Inner};
 use crate::algorithm::micros;
 use crate::store::StoreError;
 
@@ -29,7 +28,7 @@ pub(super) struct Leases {
     /// Whether the renewal task runs (it stops when no lease is held).
     renewing: AtomicBool,
     /// The renewal's script (`lua/lease.lua`).
-    script: Script,
+    script: Lua,
 }
 
 impl Default for Leases {
@@ -37,7 +36,7 @@ impl Default for Leases {
         Leases {
             held: Mutex::default(),
             renewing: AtomicBool::new(false),
-            script: Script::new(lua::LEASE),
+            script: Lua::new(lua::LEASE),
         }
     }
 }
@@ -140,13 +139,15 @@ async fn renew_key(inner: &Inner, name: &[u8], ids: &[u64]) -> Result<(), StoreE
     };
     let lease = micros(inner.lease);
     let px = lease.div_ceil(1000) + grace;
-    let mut invocation = inner.leases.script.key(name);
-    invocation.arg(now).arg(lease).arg(px);
+    let script = &inner.leases.script;
+    let mut cmd = ::redis::cmd("EVALSHA");
+    cmd.arg(script.hash()).arg(1).arg(name);
+    cmd.arg(now).arg(lease).arg(px);
     for id in ids {
-        invocation.arg(id);
+        cmd.arg(id);
     }
     let mut conn = inner.conn.clone();
-    conn.invoke::<i64>(&invocation).await.map_err(conn::error)?;
+    conn.eval::<i64>(script, &cmd).await.map_err(conn::error)?;
     Ok(())
 }
 

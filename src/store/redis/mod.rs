@@ -15,14 +15,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::{Cmd, Script, Value};
+use ::redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use self::cache::{CacheView, DenyCache};
 use self::conn::{Conn, Target};
 use self::fast::Fast;
 use self::leases::Leases;
-use self::lua::Scripts;
+use self::lua::{Lua, Scripts};
 use self::shard::Sharding;
 use super::{Charge, Outcomes, RuleName, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::error::ConfigError;
@@ -43,7 +43,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 ///
 /// # How it decides
 /// Every request is **one round trip**, whatever the number of rules: one Lua script (sent with
-/// `EVALSHA`, and loaded again transparently after `NOSCRIPT`, e.g. when Redis restarted) reads
+/// `EVALSHA`, and sent again by its source (`EVAL`) after `NOSCRIPT`, e.g. when Redis restarted) reads
 /// every key of the request, decides every rule with the same math as the [`MemoryStore`]
 /// (the scripts in `src/store/redis/lua/`, one per operation, are a port of
 /// [`algorithm`](crate::algorithm), kept equal by a differential test), and commits all charges
@@ -573,7 +573,7 @@ impl Store for RedisStore {
                             // The script reads the key's offences and the time in one step.
                             let script = &inner.scripts.block;
                             let mut cmd = Cmd::new();
-                            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1);
+                            cmd.arg("EVALSHA").arg(script.hash()).arg(1);
                             cmd.arg(&name);
                             let mut packed = Packed(Vec::with_capacity(8 * 4));
                             push_now(&mut packed, now);
@@ -705,7 +705,7 @@ enum Op {
 
 impl Op {
     /// The script that runs the operation.
-    fn script(self, scripts: &Scripts) -> &Script {
+    fn script(self, scripts: &Scripts) -> &Lua {
         match self {
             Op::Apply => &scripts.charge,
             Op::Check => &scripts.check,
@@ -939,10 +939,10 @@ impl Inner {
     }
 
     /// The `EVALSHA` of a fast path's call, with its script.
-    fn fast_command(&self, fast: &Fast, now: Option<Micros>, packed: Packed) -> (&Script, Cmd) {
+    fn fast_command(&self, fast: &Fast, now: Option<Micros>, packed: Packed) -> (&Lua, Cmd) {
         let script = fast.script(&self.scripts, now);
         let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1);
+        cmd.arg("EVALSHA").arg(script.hash()).arg(1);
         cmd.arg(&fast.name).arg(packed.0.as_slice());
         (script, cmd)
     }
@@ -964,7 +964,7 @@ impl Inner {
     /// The circuit breaker's probe: what a request does, so that it fails when requests fail.
     /// One unit of a bucket refilling a million a second (never denied, so always written, and
     /// full again within a millisecond) on the probe key, through the script's fast path: the
-    /// script must be there (or is loaded again), and Redis must take a write (a `PING` still
+    /// script must be there (or is sent again), and Redis must take a write (a `PING` still
     /// answers when Redis is out of memory and refuses every charge). On a stale connection
     /// failure it tries again on the new connection (see `Conn::eval_afresh`).
     async fn probe(&self) -> Result<(), StoreError> {
@@ -1020,7 +1020,7 @@ impl Inner {
         // Sized once: EVALSHA, the hash, the key count, the names and the numbers.
         let mut cmd = Cmd::with_capacity(4 + keys, 64 + names + 8 * numbers);
         cmd.arg("EVALSHA")
-            .arg(op.script(&self.scripts).get_hash())
+            .arg(op.script(&self.scripts).hash())
             .arg(keys);
         for item in items {
             for candidate in item.candidates() {

@@ -123,37 +123,67 @@ pub(super) const BLOCK: &str = concat!(
 /// Concurrency leases renewed.
 pub(super) const LEASE: &str = include_str!("lease.lua");
 
+/// A script as the store sends it: by its hash (`EVALSHA`), or by its source (`EVAL`) to a server
+/// that does not know it.
+#[derive(Clone)]
+pub(super) struct Lua {
+    source: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    pub(super) fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            script: Script::new(source),
+        }
+    }
+
+    /// The SHA-1 that `EVALSHA` names it by.
+    pub(super) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    pub(super) fn source(&self) -> &'static str {
+        self.source
+    }
+
+    pub(super) fn script(&self) -> &Script {
+        &self.script
+    }
+}
+
 /// The scripts a store sends with `EVALSHA`, each hashed once. (The lease renewal has its own,
 /// in `leases.rs`: only stores with concurrency rules send it.)
 pub(super) struct Scripts {
-    pub(super) bucket_now: Script,
-    pub(super) bucket_at: Script,
-    pub(super) sliding: Script,
-    pub(super) fixed: Script,
-    pub(super) charge: Script,
-    pub(super) check: Script,
-    pub(super) refund: Script,
-    pub(super) undo: Script,
-    pub(super) block: Script,
+    pub(super) bucket_now: Lua,
+    pub(super) bucket_at: Lua,
+    pub(super) sliding: Lua,
+    pub(super) fixed: Lua,
+    pub(super) charge: Lua,
+    pub(super) check: Lua,
+    pub(super) refund: Lua,
+    pub(super) undo: Lua,
+    pub(super) block: Lua,
 }
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
         Scripts {
-            bucket_now: Script::new(BUCKET_NOW),
-            bucket_at: Script::new(BUCKET_AT),
-            sliding: Script::new(SLIDING),
-            fixed: Script::new(FIXED),
-            charge: Script::new(CHARGE),
-            check: Script::new(CHECK),
-            refund: Script::new(REFUND),
-            undo: Script::new(UNDO),
-            block: Script::new(BLOCK),
+            bucket_now: Lua::new(BUCKET_NOW),
+            bucket_at: Lua::new(BUCKET_AT),
+            sliding: Lua::new(SLIDING),
+            fixed: Lua::new(FIXED),
+            charge: Lua::new(CHARGE),
+            check: Lua::new(CHECK),
+            refund: Lua::new(REFUND),
+            undo: Lua::new(UNDO),
+            block: Lua::new(BLOCK),
         }
     }
 
     /// Every one, to load when the store connects.
-    pub(super) fn all(&self) -> [&Script; 9] {
+    pub(super) fn all(&self) -> [&Lua; 9] {
         [
             &self.bucket_now,
             &self.bucket_at,
