@@ -6,7 +6,6 @@
 //! field in the file.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::StatusCode;
 
@@ -81,10 +80,10 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
     match file.store.as_ref() {
         Some(spec) if spec.kind == StoreKind::Redis => {
             let url = spec.url.as_deref().unwrap_or_default();
-            let store = redis_store(url, spec.timeout.map(|t| t.0), spec.lease.map(|l| l.0))
+            let store = redis_store(url, spec)
                 .await
-                .map_err(|message| Invalid {
-                    path: "store.url".into(),
+                .map_err(|(field, message)| Invalid {
+                    path: format!("store.{field}"),
                     message,
                 })?;
             Ok(builder.store(store))
@@ -859,6 +858,9 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             only("url", spec.url.is_some(), "redis")?;
             only("timeout", spec.timeout.is_some(), "redis")?;
             only("lease", spec.lease.is_some(), "redis")?;
+            only("ca_file", spec.ca_file.is_some(), "redis")?;
+            only("client_cert_file", spec.client_cert_file.is_some(), "redis")?;
+            only("client_key_file", spec.client_key_file.is_some(), "redis")?;
             if spec.max_keys == Some(0) {
                 return invalid("store.max_keys", "must be greater than 0");
             }
@@ -875,6 +877,7 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             if spec.lease.is_some_and(|l| l.0.is_zero()) {
                 return invalid("store.lease", "must be greater than 0");
             }
+            check_tls(spec, url)?;
             if let Some(OnFailure::Local { share }) = spec.on_failure {
                 if !(share > 0.0 && share <= 1.0) {
                     return invalid(
@@ -884,6 +887,41 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The TLS files of a Redis store: for a `rediss://` URL only, a certificate with its key, and a
+/// build that has TLS.
+fn check_tls(spec: &StoreSpec, url: &str) -> Result<(), Invalid> {
+    let files = [
+        ("ca_file", spec.ca_file.is_some()),
+        ("client_cert_file", spec.client_cert_file.is_some()),
+        ("client_key_file", spec.client_key_file.is_some()),
+    ];
+    let Some((field, _)) = files.iter().find(|(_, present)| *present) else {
+        return Ok(());
+    };
+    if !url.starts_with("rediss://") {
+        return invalid(
+            format!("store.{field}"),
+            "is only used with a rediss:// url (TLS)",
+        );
+    }
+    match (&spec.client_cert_file, &spec.client_key_file) {
+        (Some(_), None) => {
+            return invalid("store.client_key_file", "is required with client_cert_file")
+        }
+        (None, Some(_)) => {
+            return invalid("store.client_cert_file", "is required with client_key_file")
+        }
+        _ => {}
+    }
+    if !cfg!(feature = "redis-tls") {
+        return invalid(
+            format!("store.{field}"),
+            "needs tollgate's `redis-tls` feature, which this build leaves out",
+        );
     }
     Ok(())
 }
@@ -928,32 +966,48 @@ fn check_redis_url(url: &str) -> Result<(), String> {
     }
 }
 
-/// Connects the Redis store a file names.
+/// Connects the Redis store a file names; a failure names the field it comes from.
 #[cfg(feature = "redis")]
 async fn redis_store(
     url: &str,
-    timeout: Option<Duration>,
-    lease: Option<Duration>,
-) -> Result<crate::store::redis::RedisStore, String> {
+    spec: &StoreSpec,
+) -> Result<crate::store::redis::RedisStore, (&'static str, String)> {
     let mut builder = crate::store::redis::RedisStore::builder().url(url);
-    if let Some(timeout) = timeout {
-        builder = builder.timeout(timeout);
+    if let Some(timeout) = spec.timeout {
+        builder = builder.timeout(timeout.0);
     }
-    if let Some(lease) = lease {
-        builder = builder.lease(lease);
+    if let Some(lease) = spec.lease {
+        builder = builder.lease(lease.0);
     }
-    builder.build().await.map_err(|error| error.to_string())
+    #[cfg(feature = "redis-tls")]
+    {
+        let read = |field: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| (field, format!("cannot read {}: {e}", path.display())))
+        };
+        if let Some(path) = &spec.ca_file {
+            builder = builder.ca_certificate(read("ca_file", path)?);
+        }
+        if let (Some(cert), Some(key)) = (&spec.client_cert_file, &spec.client_key_file) {
+            builder = builder.client_certificate(
+                read("client_cert_file", cert)?,
+                read("client_key_file", key)?,
+            );
+        }
+    }
+    builder
+        .build()
+        .await
+        .map_err(|error| ("url", error.to_string()))
 }
 
 /// Without the `redis` feature, a file naming a Redis store cannot be served.
 #[cfg(not(feature = "redis"))]
-async fn redis_store(
-    url: &str,
-    timeout: Option<Duration>,
-    lease: Option<Duration>,
-) -> Result<MemoryStore, String> {
-    let _ = (url, timeout, lease);
-    Err("tollgate was built without the `redis` feature".to_owned())
+async fn redis_store(url: &str, spec: &StoreSpec) -> Result<MemoryStore, (&'static str, String)> {
+    let _ = (url, spec);
+    Err((
+        "kind",
+        "tollgate was built without the `redis` feature".to_owned(),
+    ))
 }
 
 fn response_options(

@@ -56,6 +56,11 @@ pub(crate) struct StoreSpec {
     /// Redis: how long a concurrency slot's lease lives unless renewed.
     pub(crate) lease: Option<HumanDuration>,
     pub(crate) on_failure: Option<OnFailure>,
+    /// Redis over TLS (`rediss://`): a certificate authority to trust instead of the system's.
+    pub(crate) ca_file: Option<std::path::PathBuf>,
+    /// Redis over TLS: the client certificate a server asks for, and its key.
+    pub(crate) client_cert_file: Option<std::path::PathBuf>,
+    pub(crate) client_key_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]

@@ -20,6 +20,7 @@ mod redis {
     mod concurrency;
     mod per_request;
     mod single;
+    mod tls;
 }
 
 /// The same suite on `valkey-server` (Valkey 8, Debian's bookworm-backports).
@@ -33,4 +34,5 @@ mod valkey {
     mod concurrency;
     mod per_request;
     mod single;
+    mod tls;
 }

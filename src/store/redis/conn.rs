@@ -26,14 +26,46 @@ pub(super) enum Target {
     Cluster(Vec<String>),
 }
 
+/// The certificates of `rediss://` connections beyond the system's roots (feature `redis-tls`).
+#[derive(Clone, Debug, Default)]
+#[cfg_attr(not(feature = "redis-tls"), allow(dead_code))]
+pub(super) struct Tls {
+    /// A certificate authority to trust instead of the system's (PEM).
+    pub(super) ca: Option<Vec<u8>>,
+    /// A client certificate and its key (PEM).
+    pub(super) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Tls {
+    #[cfg(feature = "redis-tls")]
+    fn certificates(&self) -> Option<::redis::TlsCertificates> {
+        if self.ca.is_none() && self.client.is_none() {
+            return None;
+        }
+        Some(::redis::TlsCertificates {
+            client_tls: self.client.clone().map(|(client_cert, client_key)| {
+                ::redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.ca.clone(),
+        })
+    }
+}
+
 impl Conn {
-    pub(super) async fn connect(target: &Target, timeout: Duration) -> Result<Conn, StoreError> {
+    pub(super) async fn connect(
+        target: &Target,
+        tls: &Tls,
+        timeout: Duration,
+    ) -> Result<Conn, StoreError> {
         // Reconnection attempts back off up to a second, so a server that comes back is found
         // again within about a second.
         let connect_timeout = connect_timeout(timeout);
         match target {
             Target::Single(url) => {
-                let client = ::redis::Client::open(url.as_str()).map_err(config)?;
+                let client = open(url, tls).map_err(config)?;
                 // No response timeout here: every call already runs under the store's own
                 // timeout (which also bounds reconnecting and reloading the script), and a second
                 // timer per request would only cost time.
@@ -49,12 +81,18 @@ impl Conn {
                 Ok(Conn::Single(manager))
             }
             Target::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                let builder = ClusterClient::builder(nodes.iter().map(String::as_str))
                     .connection_timeout(connect_timeout)
                     .response_timeout(timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(config)?;
+                    .retries(2);
+                #[cfg(feature = "redis-tls")]
+                let builder = match tls.certificates() {
+                    Some(certificates) => builder.certs(certificates),
+                    None => builder,
+                };
+                #[cfg(not(feature = "redis-tls"))]
+                let _ = tls;
+                let client = builder.build().map_err(config)?;
                 let connection = client.get_async_connection().await.map_err(error)?;
                 Ok(Conn::Cluster(connection))
             }
@@ -137,6 +175,16 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// The client of one server, with the certificates given for TLS.
+fn open(url: &str, tls: &Tls) -> Result<::redis::Client, RedisError> {
+    #[cfg(feature = "redis-tls")]
+    if let Some(certificates) = tls.certificates() {
+        return ::redis::Client::build_with_tls(url, certificates);
+    }
+    let _ = tls;
+    ::redis::Client::open(url)
 }
 
 /// `cmd`, an `EVALSHA <hash> …` of `script`, as `EVAL <source> …`.

@@ -211,6 +211,7 @@ pub struct RedisStoreBuilder {
     cache: Option<usize>,
     shards: Vec<(String, u32)>,
     lease: Duration,
+    tls: conn::Tls,
 }
 
 impl RedisStore {
@@ -231,6 +232,7 @@ impl RedisStore {
             cache: Some(DEFAULT_CACHE_SIZE),
             shards: Vec::new(),
             lease: leases::DEFAULT_LEASE,
+            tls: conn::Tls::default(),
         }
     }
 
@@ -241,8 +243,8 @@ impl RedisStore {
 }
 
 impl RedisStoreBuilder {
-    /// Connects to one Redis server (default `redis://127.0.0.1:6379`; `rediss://` needs TLS,
-    /// which this build leaves out).
+    /// Connects to one Redis server (default `redis://127.0.0.1:6379`; `rediss://` is TLS, with
+    /// the feature `redis-tls`).
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.target = Target::Single(url.into());
         self
@@ -310,6 +312,27 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the certificate authority in `pem` (PEM text) for `rediss://` servers, instead of
+    /// the system's roots: a managed service's or your own CA. A server whose certificate it did
+    /// not sign is an error from [`build`](Self::build), not from each request.
+    #[cfg(feature = "redis-tls")]
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and its private key (both PEM text) to `rediss://`
+    /// servers that require one (`tls-auth-clients yes`).
+    #[cfg(feature = "redis-tls")]
+    pub fn client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((certificate.into(), key.into()));
+        self
+    }
+
     /// **For tests**: the time comes from `clock` instead of the Redis server, and the deny cache
     /// follows it too. Don't use it in production: app hosts' clocks differ.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -332,7 +355,7 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        let conn = Conn::connect(&self.target, self.timeout).await?;
+        let conn = Conn::connect(&self.target, &self.tls, self.timeout).await?;
         let scripts = Scripts::new();
         let wait = conn::connect_timeout(self.timeout);
         tokio::time::timeout(wait, conn.load_all(&scripts.all()))
