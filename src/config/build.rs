@@ -929,7 +929,8 @@ fn check_tls(spec: &StoreSpec, url: &str) -> Result<(), Invalid> {
 /// `redis://[user[:password]@]host[:port][/db]`, `rediss://...`, `redis+unix:///path` or
 /// `unix:///path`.
 fn check_redis_url(url: &str) -> Result<(), String> {
-    let expected = "(expected redis://host[:port][/db], rediss://..., or unix:///path)";
+    let expected = "(expected redis://host[:port][/db], rediss://..., \
+                    redis+sentinel://host:port[,host:port...]/master, or unix:///path)";
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!("{url:?} is not a Redis URL {expected}"));
     };
@@ -960,6 +961,12 @@ fn check_redis_url(url: &str) -> Result<(), String> {
             }
             Ok(())
         }
+        "redis+sentinel" => match rest.split_once('/') {
+            Some((hosts, master)) if !hosts.is_empty() && !master.is_empty() => Ok(()),
+            _ => Err(format!(
+                "{url:?} names no sentinels or no master {expected}"
+            )),
+        },
         "redis+unix" | "unix" if rest.len() > 1 && rest.starts_with('/') => Ok(()),
         "redis+unix" | "unix" => Err(format!("{url:?} has no socket path {expected}")),
         other => Err(format!("unsupported scheme {other:?} {expected}")),

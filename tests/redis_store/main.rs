@@ -19,6 +19,7 @@ mod redis {
     mod cluster;
     mod concurrency;
     mod per_request;
+    mod sentinel;
     mod single;
     mod tls;
 }
@@ -33,6 +34,7 @@ mod valkey {
     mod cluster;
     mod concurrency;
     mod per_request;
+    mod sentinel;
     mod single;
     mod tls;
 }

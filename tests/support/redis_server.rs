@@ -66,6 +66,71 @@ impl Engine {
     pub fn cluster(self) -> RedisCluster {
         RedisCluster::start_on(self)
     }
+
+    /// A sentinel (the server binary in sentinel mode) watching the master on `master_port` as
+    /// `mymaster`, with a quorum of 2, calling it down after 500 ms without an answer.
+    pub fn sentinel(self, master_port: u16) -> SentinelProcess {
+        SentinelProcess::start(self, master_port)
+    }
+}
+
+/// One sentinel process, stopped on drop.
+pub struct SentinelProcess {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl SentinelProcess {
+    fn start(engine: Engine, master_port: u16) -> SentinelProcess {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir(port);
+            // Sentinel rewrites its file: it gets one of its own.
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor mymaster 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds mymaster 500\n\
+                     sentinel failover-timeout mymaster 5000\n\
+                     sentinel parallel-syncs mymaster 1\n",
+                    dir.display()
+                ),
+            )
+            .expect("write sentinel.conf");
+            let mut child = Command::new(engine.server_binary())
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot start {} --sentinel: {e}", engine.server_binary())
+                });
+            if wait_until_up(port, &mut child) {
+                return SentinelProcess { port, child, dir };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("a sentinel did not come up on a free loopback port");
+    }
+
+    /// Runs an inline command against the sentinel.
+    pub fn run(&self, line: &str) -> String {
+        command(self.port, line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// One server process.

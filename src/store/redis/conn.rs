@@ -9,6 +9,7 @@ use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 
+use super::failover::{self, Failover};
 use super::lua::Lua;
 
 use crate::store::{StoreError, StoreErrorKind};
@@ -17,6 +18,8 @@ use crate::store::{StoreError, StoreErrorKind};
 pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The master that Sentinel names, followed through failovers.
+    Sentinel(Failover),
 }
 
 /// Where the store connects.
@@ -65,17 +68,25 @@ impl Conn {
         let connect_timeout = connect_timeout(timeout);
         match target {
             Target::Single(url) => {
-                let client = open(url, tls).map_err(config)?;
                 // No response timeout here: every call already runs under the store's own
                 // timeout (which also bounds reconnecting and reloading the script), and a second
                 // timer per request would only cost time.
-                let config = ConnectionManagerConfig::new()
+                let manager_config = ConnectionManagerConfig::new()
                     .set_response_timeout(None)
                     .set_connection_timeout(Some(connect_timeout))
                     .set_min_delay(Duration::from_millis(20))
                     .set_max_delay(Duration::from_secs(1))
                     .set_number_of_retries(4);
-                let manager = ConnectionManager::new_with_config(client, config)
+                if let Some(sentinel) = failover::parse(url) {
+                    let (sentinels, master) = sentinel
+                        .map_err(|message| StoreError::new(StoreErrorKind::Config, message))?;
+                    let failover = Failover::connect(&sentinels, &master, manager_config)
+                        .await
+                        .map_err(error)?;
+                    return Ok(Conn::Sentinel(failover));
+                }
+                let client = open(url, tls).map_err(config)?;
+                let manager = ConnectionManager::new_with_config(client, manager_config)
                     .await
                     .map_err(error)?;
                 Ok(Conn::Single(manager))
@@ -103,6 +114,14 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::Sentinel(f) => f.query(cmd).await,
+        }
+    }
+
+    /// A call got no answer in time: behind Sentinel, the master may have moved.
+    pub(super) fn suspect(&self) {
+        if let Conn::Sentinel(f) = self {
+            f.suspect();
         }
     }
 
@@ -111,6 +130,7 @@ impl Conn {
         match self {
             Conn::Single(c) => script.script().load_async(c).await?,
             Conn::Cluster(c) => script.script().load_async(c).await?,
+            Conn::Sentinel(f) => script.script().load_async(&mut f.manager()).await?,
         };
         Ok(())
     }

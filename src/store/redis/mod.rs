@@ -3,6 +3,7 @@
 
 mod cache;
 mod conn;
+mod failover;
 mod fast;
 mod keys;
 mod leases;
@@ -548,7 +549,7 @@ impl Store for RedisStore {
                     let mut conn = inner.conn.clone();
                     // A cluster cannot delete keys of several slots in one command.
                     let per_command = match conn {
-                        Conn::Single(_) => names.len(),
+                        Conn::Single(_) | Conn::Sentinel(_) => names.len(),
                         Conn::Cluster(_) => 1,
                     };
                     for chunk in names.chunks(per_command.max(1)) {
@@ -621,7 +622,10 @@ impl Store for RedisStore {
             let wait = conn::connect_timeout(inner.timeout);
             match tokio::time::timeout(wait, inner.probe()).await {
                 Ok(result) => result,
-                Err(_) => Err(conn::timed_out(wait)),
+                Err(_) => {
+                    inner.conn.suspect();
+                    Err(conn::timed_out(wait))
+                }
             }
         })
     }
@@ -842,7 +846,10 @@ impl Inner {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, work).await {
             Ok(result) => result,
-            Err(_) => Err(conn::timed_out(self.timeout)),
+            Err(_) => {
+                self.conn.suspect();
+                Err(conn::timed_out(self.timeout))
+            }
         }
     }
 

@@ -1,0 +1,152 @@
+//! Redis behind Sentinel: the store asks the sentinels which server is the master, talks to it
+//! through one auto-reconnecting connection, and asks again when the master may have changed — a
+//! call that failed on the connection, was refused by a replica (`READONLY`), or timed out. A
+//! master found at a new address gets a new connection; calls in flight on the old one fail and
+//! the layer's failure policy (with the circuit breaker) answers for them meanwhile.
+//!
+//! URL: `redis+sentinel://host:port[,host:port…]/master-name` (the sentinels' addresses).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::sentinel::{SentinelClient, SentinelServerType};
+use ::redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+
+/// How often, at most, the sentinels are asked again: a burst of failed calls asks once.
+const ASK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+
+/// The sentinels and master name of a `redis+sentinel://` URL, if it is one.
+pub(super) fn parse(url: &str) -> Option<Result<(Vec<String>, String), String>> {
+    let rest = url.strip_prefix("redis+sentinel://")?;
+    let expected = "(expected redis+sentinel://host:port[,host:port...]/master-name)";
+    let Some((hosts, master)) = rest.split_once('/') else {
+        return Some(Err(format!("{url:?} names no master {expected}")));
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{host}"))
+        .collect();
+    if sentinels.is_empty() || master.is_empty() || master.contains('/') {
+        return Some(Err(format!("{url:?} {expected}")));
+    }
+    Some(Ok((sentinels, master.to_owned())))
+}
+
+/// The connection to the master the sentinels name, replaced when they name another.
+#[derive(Clone)]
+pub(super) struct Failover(Arc<Inner>);
+
+struct Inner {
+    /// The sentinels' client; locked by the one task asking them.
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The master's address and the connection to it.
+    master: Mutex<(ConnectionAddr, ConnectionManager)>,
+    /// When the sentinels were last asked.
+    asked: Mutex<Instant>,
+    config: ConnectionManagerConfig,
+}
+
+impl Failover {
+    pub(super) async fn connect(
+        sentinels: &[String],
+        master: &str,
+        config: ConnectionManagerConfig,
+    ) -> Result<Failover, RedisError> {
+        // An owned name: without redis' TLS feature the builder takes a `String`, with it any
+        // `AsRef<str>`.
+        #[allow(clippy::unnecessary_to_owned)]
+        let mut sentinel = SentinelClient::build(
+            sentinels.to_vec(),
+            master.to_owned(),
+            None,
+            SentinelServerType::Master,
+        )?;
+        let client = sentinel.async_get_client().await?;
+        let addr = client.get_connection_info().addr().clone();
+        let manager = ConnectionManager::new_with_config(client, config.clone()).await?;
+        Ok(Failover(Arc::new(Inner {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            master: Mutex::new((addr, manager)),
+            asked: Mutex::new(Instant::now()),
+            config,
+        })))
+    }
+
+    /// The connection to the master as last found.
+    pub(super) fn manager(&self) -> ConnectionManager {
+        let master = self.0.master.lock().unwrap_or_else(PoisonError::into_inner);
+        master.1.clone()
+    }
+
+    pub(super) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
+        let answer = cmd.query_async(&mut self.manager()).await;
+        if let Err(e) = &answer {
+            if master_may_have_moved(e) {
+                self.suspect();
+            }
+        }
+        answer
+    }
+
+    /// Asks the sentinels again, in the background, unless a task is at it or they were asked
+    /// within the last 100 ms.
+    pub(super) fn suspect(&self) {
+        {
+            let mut asked = self.0.asked.lock().unwrap_or_else(PoisonError::into_inner);
+            if asked.elapsed() < ASK_AT_MOST_EVERY {
+                return;
+            }
+            *asked = Instant::now();
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.0.clone();
+        runtime.spawn(async move {
+            let Ok(mut sentinel) = inner.sentinel.try_lock() else {
+                return;
+            };
+            let client = match sentinel.async_get_client().await {
+                Ok(client) => client,
+                Err(error) => {
+                    tracing::debug!(%error, "rate limit: the sentinels named no master");
+                    return;
+                }
+            };
+            let addr = client.get_connection_info().addr().clone();
+            let known = inner
+                .master
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+                == addr;
+            if known {
+                return;
+            }
+            match ConnectionManager::new_with_config(client, inner.config.clone()).await {
+                Ok(manager) => {
+                    tracing::warn!(master = %addr, "rate limit: Redis master changed (Sentinel); following it");
+                    *inner.master.lock().unwrap_or_else(PoisonError::into_inner) = (addr, manager);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, master = %addr, "rate limit: the new master does not answer yet");
+                }
+            }
+        });
+    }
+}
+
+/// Whether `e` may mean that the master is no longer where the connection goes: the connection
+/// failed, or the server became a replica.
+fn master_may_have_moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}
