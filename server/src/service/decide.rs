@@ -1,0 +1,339 @@
+//! One `ShouldRateLimit` call: the request checked, its descriptors matched, every counted limit
+//! charged in one atomic step of the store, and the answer.
+//!
+//! A request is `INVALID_ARGUMENT` when it is malformed in itself, whatever the configuration:
+//! an empty domain, no descriptors, more than [`MAX_DESCRIPTORS`] of them, a descriptor without
+//! entries or with more than [`MAX_ENTRIES`], an empty key, a domain, key or value that is not
+//! UTF-8. Everything else is answered: an unknown domain or descriptor is OK with no limit, a
+//! cost above what a limit can ever hold is OVER_LIMIT (and nothing is charged).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::algorithm::Outcome;
+use tollgate::{LimitError, Limiter};
+use tonic::Status;
+
+use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
+use crate::load::StoreFailure;
+use crate::tree::{Domains, Entry, LimitKind, LimitSpec, Matched};
+
+/// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
+pub const MAX_DESCRIPTORS: usize = 1024;
+/// The most entries one descriptor may have (the deepest tree of a real configuration is a few).
+pub const MAX_ENTRIES: usize = 64;
+
+/// What one descriptor was answered, for the answer and the statistics.
+#[derive(Debug)]
+pub(crate) struct Judged {
+    /// The limit that applied, if any.
+    pub(crate) limit: Option<Arc<LimitSpec>>,
+    /// The units the descriptor asked for.
+    pub(crate) cost: u64,
+    /// Over the limit (for a shadow limit: would have been).
+    pub(crate) over: bool,
+    /// Whether the remaining count is at most a fifth of the limit after this call.
+    pub(crate) near: bool,
+    /// What the limit's store said, when it was asked.
+    pub(crate) outcome: Option<Outcome>,
+    /// The statistics key: the configured level's, or the values' with `detailed_metric`.
+    pub(crate) stat_key: String,
+}
+
+/// A request's answer, before it is written in the protocol's terms.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) domain: String,
+    pub(crate) judged: Vec<Judged>,
+}
+
+impl Answer {
+    /// Whether any enforced limit is over.
+    pub(crate) fn over_limit(&self) -> bool {
+        self.judged
+            .iter()
+            .any(|j| j.over && j.limit.as_ref().is_some_and(|l| !l.shadow))
+    }
+}
+
+/// One descriptor of a valid request.
+struct Descriptor<'a> {
+    entries: Vec<Entry<'a>>,
+    cost: u64,
+}
+
+/// Checks `request` and returns its domain and descriptors.
+fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), Status> {
+    let invalid = |message: String| Err(Status::invalid_argument(message));
+    let Ok(domain) = std::str::from_utf8(&request.domain) else {
+        return invalid("domain: not UTF-8".into());
+    };
+    if domain.is_empty() {
+        return invalid("domain: empty (every request names its domain)".into());
+    }
+    if request.descriptors.is_empty() {
+        return invalid("descriptors: none (a request carries at least one)".into());
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return invalid(format!(
+            "descriptors: {} in one request, at most {MAX_DESCRIPTORS}",
+            request.descriptors.len()
+        ));
+    }
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return invalid(format!("descriptors[{i}]: no entries"));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return invalid(format!(
+                "descriptors[{i}]: {} entries, at most {MAX_ENTRIES}",
+                descriptor.entries.len()
+            ));
+        }
+        let mut entries = Vec::with_capacity(descriptor.entries.len());
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            let at = format!("descriptors[{i}].entries[{j}]");
+            let Ok(key) = std::str::from_utf8(&entry.key) else {
+                return invalid(format!("{at}.key: not UTF-8"));
+            };
+            if key.is_empty() {
+                return invalid(format!("{at}.key: empty"));
+            }
+            let Ok(value) = std::str::from_utf8(&entry.value) else {
+                return invalid(format!("{at}.value: not UTF-8"));
+            };
+            entries.push(Entry { key, value });
+        }
+        let cost = descriptor
+            .hits_addend
+            .map_or(request_cost, |addend| addend.value);
+        descriptors.push(Descriptor { entries, cost });
+    }
+    Ok((domain, descriptors))
+}
+
+/// Decides `request` under `domains`, charging `limiter`.
+pub(crate) async fn decide(
+    domains: &Domains,
+    limiter: &Limiter,
+    on_store_failure: StoreFailure,
+    request: &RateLimitRequest,
+) -> Result<Answer, Status> {
+    let (domain_name, descriptors) = validate(request)?;
+    let domain = domains.get(domain_name);
+    let mut matched: Vec<Option<Matched>> = descriptors
+        .iter()
+        .map(|d| domain.and_then(|domain| domain.find(&d.entries)))
+        .collect();
+    // A limit that another applying limit `replaces` does not apply.
+    let replaced: Vec<&str> = matched
+        .iter()
+        .flatten()
+        .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
+        .collect();
+    if !replaced.is_empty() {
+        let replaced: Vec<String> = replaced.into_iter().map(str::to_owned).collect();
+        for m in &mut matched {
+            if m.as_ref().is_some_and(|m| replaced.contains(&m.limit.name)) {
+                *m = None;
+            }
+        }
+    }
+    let mut judged: Vec<Judged> = descriptors
+        .iter()
+        .zip(&matched)
+        .map(|(d, m)| Judged {
+            stat_key: m.as_ref().map(|m| stat_key(&m.limit, d)).unwrap_or_default(),
+            limit: m.as_ref().map(|m| m.limit.clone()),
+            cost: d.cost,
+            over: false,
+            near: false,
+            outcome: None,
+        })
+        .collect();
+
+    // The enforced limits, one charge per (rule, key), all in one atomic step.
+    let mut batch: Vec<(Arc<str>, &[u8], u64)> = Vec::new();
+    let mut slot_of: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    let mut slots: Vec<Option<usize>> = vec![None; judged.len()];
+    let mut certain_denial = false;
+    for (i, m) in matched.iter().enumerate() {
+        let Some(m) = m else { continue };
+        match &m.limit.kind {
+            LimitKind::Unlimited => {}
+            LimitKind::Blocked => {
+                judged[i].over = true;
+                certain_denial |= !m.limit.shadow;
+            }
+            LimitKind::Rule(rule) if !m.limit.shadow => {
+                let slot = *slot_of.entry((rule, &m.key)).or_insert_with(|| {
+                    batch.push((rule.clone(), &m.key, 0));
+                    batch.len() - 1
+                });
+                batch[slot].2 = batch[slot].2.saturating_add(judged[i].cost);
+                slots[i] = Some(slot);
+            }
+            LimitKind::Rule(_) => {}
+        }
+    }
+    for (i, slot) in slots.iter().enumerate() {
+        if let (Some(slot), Some(limit)) = (slot, &judged[i].limit) {
+            if batch[*slot].2 > limit.max_cost {
+                judged[i].over = true;
+                certain_denial = true;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        // A request that cannot pass is only looked at: nothing is charged.
+        let result = if certain_denial {
+            limiter
+                .check_all(batch.iter().map(|(r, k, _)| (r, *k, 0)))
+                .await
+        } else {
+            limiter.charge_all(batch.iter().map(|(r, k, c)| (r, *k, *c))).await
+        };
+        match result {
+            Ok(decision) => {
+                for (i, slot) in slots.iter().enumerate() {
+                    let Some(slot) = slot else { continue };
+                    let outcome = decision.rules()[*slot].outcome;
+                    judged[i].over |= !outcome.is_allowed();
+                    judged[i].outcome = Some(outcome);
+                }
+            }
+            Err(error) => store_failed(&mut judged, &slots, &error, on_store_failure)?,
+        }
+    }
+
+    // Shadow limits: charged each on its own, never blocking anything.
+    for (i, m) in matched.iter().enumerate() {
+        let Some(m) = m else { continue };
+        let (LimitKind::Rule(rule), true) = (&m.limit.kind, m.limit.shadow) else {
+            continue;
+        };
+        let cost = judged[i].cost;
+        let result = if cost > m.limit.max_cost {
+            judged[i].over = true;
+            limiter.check(rule, &m.key, 0).await
+        } else {
+            limiter.charge(rule, &m.key, cost).await
+        };
+        match result {
+            Ok(outcome) => {
+                judged[i].over |= !outcome.is_allowed();
+                judged[i].outcome = Some(outcome);
+            }
+            Err(error) => tracing::warn!(%error, "shadow limit: store failed"),
+        }
+    }
+    for j in &mut judged {
+        if let Some(outcome) = &j.outcome {
+            j.near = !j.over && outcome.remaining.saturating_mul(5) <= outcome.limit;
+        }
+    }
+    Ok(Answer {
+        domain: domain_name.to_owned(),
+        judged,
+    })
+}
+
+/// Applies the failure policy to the descriptors the failed store call was for.
+fn store_failed(
+    judged: &mut [Judged],
+    slots: &[Option<usize>],
+    error: &LimitError,
+    policy: StoreFailure,
+) -> Result<(), Status> {
+    if !matches!(error, LimitError::Store(_)) {
+        // Rules and trees are swapped by one reload; a call between the two swaps names a rule
+        // the other does not know. Envoy retries by its own policy.
+        return Err(Status::unavailable(format!("rules reloading: {error}")));
+    }
+    tracing::warn!(%error, policy = ?policy, "store failed");
+    for (j, slot) in judged.iter_mut().zip(slots) {
+        if slot.is_some() {
+            match policy {
+                StoreFailure::Open => j.limit = None,
+                StoreFailure::Closed => j.over = true,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The statistics key of `descriptor` under `limit`.
+fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> String {
+    if !limit.detailed_metric {
+        return limit.stat_key.clone();
+    }
+    // Values are cut so one statistic's name stays small; the number of statistics is bounded
+    // by the recorder.
+    descriptor
+        .entries
+        .iter()
+        .map(|e| {
+            let value: String = e.value.chars().take(64).collect();
+            format!("{}_{value}", e.key)
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The answer in the protocol's terms (without headers).
+pub(crate) fn statuses(answer: &Answer) -> Vec<DescriptorStatus> {
+    answer
+        .judged
+        .iter()
+        .map(|j| {
+            let Some(limit) = &j.limit else {
+                return DescriptorStatus {
+                    code: code::OK,
+                    ..Default::default()
+                };
+            };
+            if limit.kind == LimitKind::Unlimited {
+                return DescriptorStatus {
+                    code: code::OK,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                };
+            }
+            let enforced_over = j.over && !limit.shadow;
+            let outcome = j.outcome.as_ref();
+            let remaining = if j.over {
+                0
+            } else {
+                outcome.map_or(0, |o| o.remaining)
+            };
+            let reset = match outcome {
+                Some(o) => o.full_in,
+                None => until_window_end(limit),
+            };
+            DescriptorStatus {
+                code: if enforced_over { code::OVER_LIMIT } else { code::OK },
+                current_limit: Some(RateLimit {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: limit.unit as i32,
+                    name: limit.name.clone(),
+                }),
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(protocol::Duration::from(reset)),
+            }
+        })
+        .collect()
+}
+
+/// For a limit no store was asked about (`requests_per_unit: 0`): the end of the unit's
+/// aligned window, as the reference reports it.
+fn until_window_end(limit: &LimitSpec) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let unit = limit.unit.duration().as_secs().max(1);
+    Duration::from_secs(unit - now % unit)
+}

@@ -1,0 +1,147 @@
+//! The gRPC side: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
+//!
+//! The service is written on `tonic::server::Grpc` with the hand-written messages of
+//! [`protocol`](super::protocol), as generated code would route it.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tonic::body::Body;
+use tonic::server::{Grpc, NamedService};
+use tonic::Status;
+use tonic_health::ServingStatus;
+use tonic_prost::ProstCodec;
+
+use super::decide::{decide, statuses};
+use super::headers::response_headers;
+use super::protocol::{code, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT};
+use super::State;
+
+/// `envoy.service.ratelimit.v3.RateLimitService`.
+#[derive(Clone)]
+pub(crate) struct RateLimitService {
+    state: Arc<State>,
+}
+
+impl NamedService for RateLimitService {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl tower_service::Service<http::Request<Body>> for RateLimitService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
+        }
+        let state = self.state.clone();
+        let method = tower_service_fn(move |request: tonic::Request<RateLimitRequest>| {
+            let state = state.clone();
+            async move { should_rate_limit(&state, request.into_inner()).await }
+        });
+        Box::pin(async move {
+            let mut grpc = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default());
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+/// A unary method from a closure (what `tower::service_fn` does, without the dependency).
+fn tower_service_fn<F, Fut>(f: F) -> Method<F>
+where
+    F: FnMut(tonic::Request<RateLimitRequest>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<RateLimitResponse>, Status>>,
+{
+    Method(f)
+}
+
+struct Method<F>(F);
+
+impl<F, Fut> tonic::server::UnaryService<RateLimitRequest> for Method<F>
+where
+    F: FnMut(tonic::Request<RateLimitRequest>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<RateLimitResponse>, Status>> + Send + 'static,
+{
+    type Response = RateLimitResponse;
+    type Future = Fut;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        (self.0)(request)
+    }
+}
+
+/// One call: decide, count, answer.
+async fn should_rate_limit(
+    state: &State,
+    request: RateLimitRequest,
+) -> Result<tonic::Response<RateLimitResponse>, Status> {
+    let started = Instant::now();
+    let current = state.current.load_full();
+    let limiter = state.layer.limiter();
+    let answer = match decide(&current.domains, limiter, current.on_store_failure, &request).await {
+        Ok(answer) => answer,
+        Err(status) => {
+            if status.code() == tonic::Code::InvalidArgument {
+                state.stats.invalid_request();
+                tracing::debug!(message = status.message(), "invalid request");
+            } else {
+                state.stats.store_error();
+            }
+            return Err(status);
+        }
+    };
+    state.stats.record(&answer);
+    let headers = current
+        .domains
+        .get(&answer.domain)
+        .map(|domain| domain.headers)
+        .unwrap_or_default();
+    let response = RateLimitResponse {
+        overall_code: if answer.over_limit() {
+            code::OVER_LIMIT
+        } else {
+            code::OK
+        },
+        statuses: statuses(&answer),
+        response_headers_to_add: response_headers(&answer, headers),
+        request_headers_to_add: Vec::new(),
+    };
+    state.stats.latency(started.elapsed());
+    Ok(tonic::Response::new(response))
+}
+
+/// Serves gRPC on `listener` until `stop` turns true, then drains the calls in flight.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<RateLimitService>().await;
+    let service = RateLimitService { state };
+    let shutdown = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter.set_not_serving::<RateLimitService>().await;
+    };
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), shutdown)
+        .await;
+    if let Err(error) = served {
+        tracing::error!(%error, "gRPC server failed");
+    }
+}

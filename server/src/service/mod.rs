@@ -1,0 +1,147 @@
+//! The running service: gRPC (`RateLimitService`, `grpc.health.v1.Health`) on one port, HTTP
+//! (`/healthcheck`, `/metrics`) on another, the configuration reloaded when its files change, and
+//! a drain on `SIGTERM`.
+
+mod decide;
+mod grpc;
+mod headers;
+mod http_api;
+pub mod protocol;
+mod reload;
+mod stats;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tollgate::RateLimitLayer;
+
+pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
+pub use stats::{Stats, MAX_SERIES};
+
+use crate::load::{self, StoreFailure};
+use crate::tree::Domains;
+
+/// What the server was started with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The configuration: a file, or a directory of reference files.
+    pub config: PathBuf,
+    /// Where gRPC is served.
+    pub grpc_addr: SocketAddr,
+    /// Where `/healthcheck` and `/metrics` are served.
+    pub http_addr: SocketAddr,
+    /// How often the configuration's files are compared with the ones in force.
+    pub reload_interval: Duration,
+}
+
+/// The descriptor trees in force, with the store failure policy they were read with.
+#[derive(Debug)]
+pub(crate) struct Current {
+    pub(crate) domains: Domains,
+    pub(crate) on_store_failure: StoreFailure,
+}
+
+/// What every call shares.
+pub(crate) struct State {
+    pub(crate) current: ArcSwap<Current>,
+    /// The library's layer, kept for its limiter and for reloads.
+    pub(crate) layer: RateLimitLayer,
+    pub(crate) stats: Stats,
+    /// Set once a drain starts: `/healthcheck` answers 503 from then on.
+    pub(crate) draining: AtomicBool,
+}
+
+/// Why the server could not start.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Runs the server until `SIGTERM` or `SIGINT`, then drains the calls in flight and returns.
+pub async fn run(settings: Settings) -> Result<(), StartError> {
+    let loaded = load::load(&settings.config).map_err(|e| StartError(e.to_string()))?;
+    let layer = loaded
+        .config
+        .connect()
+        .await
+        .map_err(|e| StartError(format!("{}: {e}", settings.config.display())))?;
+    let grpc_listener = bind(settings.grpc_addr, "gRPC").await?;
+    let http_listener = bind(settings.http_addr, "HTTP").await?;
+    let state = Arc::new(State {
+        current: ArcSwap::from_pointee(Current {
+            domains: loaded.domains,
+            on_store_failure: loaded.on_store_failure,
+        }),
+        layer,
+        stats: Stats::default(),
+        draining: AtomicBool::new(false),
+    });
+    let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
+    let http_addr = http_listener.local_addr().unwrap_or(settings.http_addr);
+    tracing::info!(
+        grpc = %grpc_addr,
+        http = %http_addr,
+        config = %settings.config.display(),
+        domains = ?domain_names(&state),
+        "tollgate-server: serving"
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let reload = tokio::spawn(reload::watch(
+        state.clone(),
+        settings.config.clone(),
+        settings.reload_interval,
+        stop_rx.clone(),
+    ));
+    let http = tokio::spawn(http_api::serve(http_listener, state.clone(), stop_rx.clone()));
+    let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), stop_rx));
+
+    shutdown_signal().await;
+    tracing::info!("tollgate-server: draining the calls in flight");
+    state.draining.store(true, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    let _ = grpc.await;
+    let _ = http.await;
+    reload.abort();
+    tracing::info!("tollgate-server: stopped");
+    Ok(())
+}
+
+fn domain_names(state: &State) -> Vec<String> {
+    let current = state.current.load();
+    let mut names: Vec<String> = current.domains.names().map(str::to_owned).collect();
+    names.sort();
+    names
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError(format!("cannot listen for {what} on {addr}: {e}")))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,172 @@
+//! The server's statistics, in Prometheus' text format on `/metrics`.
+//!
+//! Per domain and descriptor, the reference service's counters under its names (`total_hits`,
+//! `over_limit`, `near_limit`, `within_limit`, `shadow_mode`, as its statsd exporter maps them:
+//! `ratelimit_service_rate_limit_<name>{domain, key}`), so dashboards carry over; the decision
+//! latency as a histogram; the store's failures and the configuration's reloads. Written by hand:
+//! a few counters need no exporter.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::decide::Answer;
+
+/// Series per (domain, key) kept at most; beyond, new keys are counted under one overflow key,
+/// so `detailed_metric` on values chosen by clients cannot grow memory without bound.
+pub const MAX_SERIES: usize = 10_000;
+const OVERFLOW_KEY: &str = "_overflow";
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
+/// The reference's counters, in the order of [`COUNTERS`].
+type Counts = [u64; 5];
+const COUNTERS: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+/// Everything `/metrics` shows.
+#[derive(Debug, Default)]
+pub struct Stats {
+    descriptors: Mutex<HashMap<(String, String), Counts>>,
+    latency_buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_micros: AtomicU64,
+    store_errors: AtomicU64,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    invalid_requests: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one answered request.
+    pub(crate) fn record(&self, answer: &Answer) {
+        let mut series = self
+            .descriptors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for judged in &answer.judged {
+            let Some(limit) = &judged.limit else { continue };
+            let mut key = (answer.domain.clone(), judged.stat_key.clone());
+            if !series.contains_key(&key) && series.len() >= MAX_SERIES {
+                key.1 = OVERFLOW_KEY.to_owned();
+            }
+            let counts = series.entry(key).or_default();
+            let cost = judged.cost;
+            counts[0] += cost;
+            if judged.over {
+                counts[1] += cost;
+                if limit.shadow {
+                    counts[4] += cost;
+                }
+            } else {
+                counts[3] += cost;
+            }
+            if judged.near {
+                counts[2] += cost;
+            }
+        }
+    }
+
+    /// Counts one decision's latency.
+    pub(crate) fn latency(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        for (bound, count) in BUCKETS.iter().zip(&self.latency_buckets) {
+            if seconds <= *bound {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Counts a failed store call.
+    pub(crate) fn store_error(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a reload, applied or refused.
+    pub(crate) fn reload(&self, applied: bool) {
+        let counter = if applied {
+            &self.reloads
+        } else {
+            &self.reload_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request answered `INVALID_ARGUMENT`.
+    pub(crate) fn invalid_request(&self) {
+        self.invalid_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Everything, in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        {
+            let series = self
+                .descriptors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut keys: Vec<_> = series.keys().collect();
+            keys.sort();
+            for (i, name) in COUNTERS.iter().enumerate() {
+                let metric = format!("ratelimit_service_rate_limit_{name}");
+                let _ = writeln!(out, "# TYPE {metric} counter");
+                for key in &keys {
+                    let value = series[*key][i];
+                    let (domain, descriptor) = (label(&key.0), label(&key.1));
+                    let _ = writeln!(
+                        out,
+                        "{metric}{{domain=\"{domain}\",key=\"{descriptor}\"}} {value}"
+                    );
+                }
+            }
+        }
+        let histogram = "tollgate_server_decision_seconds";
+        let _ = writeln!(out, "# TYPE {histogram} histogram");
+        for (bound, count) in BUCKETS.iter().zip(&self.latency_buckets) {
+            let count = count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{histogram}_bucket{{le=\"{bound}\"}} {count}");
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let sum = self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{histogram}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{histogram}_sum {sum}");
+        let _ = writeln!(out, "{histogram}_count {count}");
+        for (name, value) in [
+            ("tollgate_server_store_errors_total", &self.store_errors),
+            ("tollgate_server_config_reloads_total", &self.reloads),
+            (
+                "tollgate_server_config_reload_failures_total",
+                &self.reload_failures,
+            ),
+            (
+                "tollgate_server_invalid_requests_total",
+                &self.invalid_requests,
+            ),
+        ] {
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        out
+    }
+}
+
+/// A label value, escaped as the text format requires.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
