@@ -132,7 +132,10 @@ pub fn fingerprint(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         files.push((file, content));
     };
     if path.is_dir() {
-        reference_files(path).into_iter().flatten().for_each(&mut add);
+        reference_files(path)
+            .into_iter()
+            .flatten()
+            .for_each(&mut add);
         return files;
     }
     add(path.to_owned());
@@ -147,7 +150,10 @@ pub fn fingerprint(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .unwrap_or_default();
     for path in included {
         if path.is_dir() {
-            reference_files(&path).into_iter().flatten().for_each(&mut add);
+            reference_files(&path)
+                .into_iter()
+                .flatten()
+                .for_each(&mut add);
         } else {
             add(path);
         }
@@ -245,11 +251,19 @@ fn own(
     let domain = match file.remove("domain") {
         Some(Value::String(domain)) if !domain.is_empty() => domain,
         Some(_) => return Err(fail("domain: expected a non-empty string".into())),
-        None => return Err(fail("domain: missing (the domain this file's rules serve)".into())),
+        None => {
+            return Err(fail(
+                "domain: missing (the domain this file's rules serve)".into(),
+            ))
+        }
     };
-    let headers: Headers = take(&mut file, "headers").map_err(fail)?.unwrap_or_default();
+    let headers: Headers = take(&mut file, "headers")
+        .map_err(fail)?
+        .unwrap_or_default();
     let domain_headers: std::collections::BTreeMap<String, Headers> =
-        take(&mut file, "domain_headers").map_err(fail)?.unwrap_or_default();
+        take(&mut file, "domain_headers")
+            .map_err(fail)?
+            .unwrap_or_default();
     file.remove("reference");
 
     let mut own_rules = Vec::new();
@@ -387,7 +401,11 @@ fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> 
     let at = format!("rules[{i}]");
     let name = match rule.get("name") {
         Some(Value::String(name)) => name.clone(),
-        _ => return Err(format!("{at}.name: missing (tollgate-server names every limit)")),
+        _ => {
+            return Err(format!(
+                "{at}.name: missing (tollgate-server names every limit)"
+            ))
+        }
     };
     let at = format!("{at} (rule {name:?})");
     if rule.contains_key("tiers") {
@@ -396,11 +414,9 @@ fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> 
         ));
     }
     let in_rule = |message: String| format!("{at}.{message}");
-    let descriptors: Vec<Match> = take(rule, "descriptors")
-        .map_err(in_rule)?
-        .ok_or_else(|| {
-            format!("{at}.descriptors: missing (the descriptor entries this rule limits)")
-        })?;
+    let descriptors: Vec<Match> = take(rule, "descriptors").map_err(in_rule)?.ok_or_else(|| {
+        format!("{at}.descriptors: missing (the descriptor entries this rule limits)")
+    })?;
     if descriptors.is_empty() || descriptors.iter().any(|m| m.key.is_empty()) {
         return Err(format!(
             "{at}.descriptors: needs at least one entry, each with a non-empty key"

@@ -40,7 +40,10 @@ fn main() -> ExitCode {
         http_addr: args.http_addr,
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(1)),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("tollgate-server: cannot start the runtime: {error}");

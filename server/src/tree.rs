@@ -202,7 +202,9 @@ impl Node {
             };
             return Some((child, counted_as));
         }
-        self.any_value.get(entry.key).map(|child| (child, entry.value))
+        self.any_value
+            .get(entry.key)
+            .map(|child| (child, entry.value))
     }
 
     /// The child for a configured `key` and optional `value`, created when new.
@@ -284,7 +286,10 @@ mod tests {
         // The nested level has no limit: none applies, not the parent's.
         assert_eq!(find(&domain, &[("key", "value"), ("user", "a")]), None);
         // Deeper than the tree: none.
-        assert_eq!(find(&domain, &[("key", "value"), ("user", "a"), ("x", "y")]), None);
+        assert_eq!(
+            find(&domain, &[("key", "value"), ("user", "a"), ("x", "y")]),
+            None
+        );
         assert_eq!(find(&domain, &[]), None);
     }
 

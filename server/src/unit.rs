@@ -91,10 +91,7 @@ mod tests {
 
     #[test]
     fn whole_units_stay_as_they_are() {
-        assert_eq!(
-            Unit::nearest(3, Duration::from_secs(60)),
-            (3, Unit::Minute)
-        );
+        assert_eq!(Unit::nearest(3, Duration::from_secs(60)), (3, Unit::Minute));
         assert_eq!(
             Unit::nearest(10, Duration::from_secs(86_400)),
             (10, Unit::Day)
@@ -108,7 +105,10 @@ mod tests {
             Unit::nearest(100, Duration::from_millis(500)),
             (200, Unit::Second)
         );
-        assert_eq!(Unit::nearest(1, Duration::from_secs(7_200)), (1, Unit::Hour));
+        assert_eq!(
+            Unit::nearest(1, Duration::from_secs(7_200)),
+            (1, Unit::Hour)
+        );
     }
 
     #[test]

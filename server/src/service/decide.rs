@@ -146,7 +146,10 @@ pub(crate) async fn decide(
         .iter()
         .zip(&matched)
         .map(|(d, m)| Judged {
-            stat_key: m.as_ref().map(|m| stat_key(&m.limit, d)).unwrap_or_default(),
+            stat_key: m
+                .as_ref()
+                .map(|m| stat_key(&m.limit, d))
+                .unwrap_or_default(),
             limit: m.as_ref().map(|m| m.limit.clone()),
             cost: d.cost,
             over: false,
@@ -194,7 +197,9 @@ pub(crate) async fn decide(
                 .check_all(batch.iter().map(|(r, k, _)| (r, *k, 0)))
                 .await
         } else {
-            limiter.charge_all(batch.iter().map(|(r, k, c)| (r, *k, *c))).await
+            limiter
+                .charge_all(batch.iter().map(|(r, k, c)| (r, *k, *c)))
+                .await
         };
         match result {
             Ok(decision) => {
@@ -314,7 +319,11 @@ pub(crate) fn statuses(answer: &Answer) -> Vec<DescriptorStatus> {
                 None => until_window_end(limit),
             };
             DescriptorStatus {
-                code: if enforced_over { code::OVER_LIMIT } else { code::OK },
+                code: if enforced_over {
+                    code::OVER_LIMIT
+                } else {
+                    code::OK
+                },
                 current_limit: Some(RateLimit {
                     requests_per_unit: limit.requests_per_unit,
                     unit: limit.unit as i32,

@@ -88,7 +88,14 @@ async fn should_rate_limit(
     let started = Instant::now();
     let current = state.current.load_full();
     let limiter = state.layer.limiter();
-    let answer = match decide(&current.domains, limiter, current.on_store_failure, &request).await {
+    let answer = match decide(
+        &current.domains,
+        limiter,
+        current.on_store_failure,
+        &request,
+    )
+    .await
+    {
         Ok(answer) => answer,
         Err(status) => {
             if status.code() == tonic::Code::InvalidArgument {
@@ -139,7 +146,10 @@ pub(crate) async fn serve(
     let served = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(service)
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
         .await;
     if let Err(error) = served {
         tracing::error!(%error, "gRPC server failed");

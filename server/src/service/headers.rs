@@ -56,7 +56,10 @@ pub(crate) fn response_headers(answer: &Answer, headers: Headers) -> Vec<HeaderV
         if let Some(tightest) = limited.iter().min_by_key(|j| remaining(j)) {
             let limit = tightest.limit.as_ref().map_or(0, |l| l.requests_per_unit);
             fields.push(field(&X_RATELIMIT_LIMIT, limit.to_string()));
-            fields.push(field(&X_RATELIMIT_REMAINING, remaining(tightest).to_string()));
+            fields.push(field(
+                &X_RATELIMIT_REMAINING,
+                remaining(tightest).to_string(),
+            ));
             fields.push(field(&X_RATELIMIT_RESET, reset(tightest).to_string()));
         }
     }
@@ -88,10 +91,7 @@ fn remaining(j: &Judged) -> u64 {
 fn reset(j: &Judged) -> u64 {
     match &j.outcome {
         Some(o) => whole_seconds(o.next_unit_in),
-        None => j
-            .limit
-            .as_ref()
-            .map_or(1, |l| l.unit.duration().as_secs()),
+        None => j.limit.as_ref().map_or(1, |l| l.unit.duration().as_secs()),
     }
 }
 

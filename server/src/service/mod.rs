@@ -103,7 +103,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.reload_interval,
         stop_rx.clone(),
     ));
-    let http = tokio::spawn(http_api::serve(http_listener, state.clone(), stop_rx.clone()));
+    let http = tokio::spawn(http_api::serve(
+        http_listener,
+        state.clone(),
+        stop_rx.clone(),
+    ));
     let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), stop_rx));
 
     shutdown_signal().await;
