@@ -256,7 +256,7 @@ mod tests {
         })
     }
 
-    fn find<'a>(domain: &'a Domain, entries: &[(&str, &str)]) -> Option<String> {
+    fn find(domain: &Domain, entries: &[(&str, &str)]) -> Option<String> {
         let entries: Vec<Entry<'_>> = entries
             .iter()
             .map(|&(key, value)| Entry { key, value })
