@@ -6,6 +6,9 @@
 //! entries or with more than [`MAX_ENTRIES`], an empty key, a domain, key or value that is not
 //! UTF-8. Everything else is answered: an unknown domain or descriptor is OK with no limit, a
 //! cost above what a limit can ever hold is OVER_LIMIT (and nothing is charged).
+//!
+//! Shadow limits are charged apart from the others, each on its own, whatever the enforced ones
+//! decide: they count what they would have done, and never refuse anything.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,6 +49,18 @@ pub(crate) struct Judged {
 pub(crate) struct Answer {
     pub(crate) domain: String,
     pub(crate) judged: Vec<Judged>,
+    /// Whether the store failed (its descriptors were answered by the failure policy).
+    pub(crate) store_failed: bool,
+}
+
+/// Why a request got no answer.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The request is malformed: `INVALID_ARGUMENT`.
+    Invalid(Status),
+    /// The trees matched a rule the limiter no longer (or not yet) has: a reload swapped one
+    /// and not yet the other. Asking again with the trees in force then answers.
+    RulesChanged(LimitError),
 }
 
 impl Answer {
@@ -64,8 +79,8 @@ struct Descriptor<'a> {
 }
 
 /// Checks `request` and returns its domain and descriptors.
-fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), Status> {
-    let invalid = |message: String| Err(Status::invalid_argument(message));
+fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), Refusal> {
+    let invalid = |message: String| Err(Refusal::Invalid(Status::invalid_argument(message)));
     let Ok(domain) = std::str::from_utf8(&request.domain) else {
         return invalid("domain: not UTF-8".into());
     };
@@ -121,7 +136,7 @@ pub(crate) async fn decide(
     limiter: &Limiter,
     on_store_failure: StoreFailure,
     request: &RateLimitRequest,
-) -> Result<Answer, Status> {
+) -> Result<Answer, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
     let domain = domains.get(domain_name);
     let mut matched: Vec<Option<Matched>> = descriptors
@@ -163,6 +178,7 @@ pub(crate) async fn decide(
     let mut slot_of: HashMap<(&str, &[u8]), usize> = HashMap::new();
     let mut slots: Vec<Option<usize>> = vec![None; judged.len()];
     let mut certain_denial = false;
+    let mut store_failed = false;
     for (i, m) in matched.iter().enumerate() {
         let Some(m) = m else { continue };
         match &m.limit.kind {
@@ -210,7 +226,12 @@ pub(crate) async fn decide(
                     judged[i].outcome = Some(outcome);
                 }
             }
-            Err(error) => store_failed(&mut judged, &slots, &error, on_store_failure)?,
+            Err(LimitError::Store(error)) => {
+                tracing::warn!(%error, policy = ?on_store_failure, "store failed");
+                store_failed = true;
+                apply_failure_policy(&mut judged, &slots, on_store_failure);
+            }
+            Err(error) => return Err(Refusal::RulesChanged(error)),
         }
     }
 
@@ -232,7 +253,10 @@ pub(crate) async fn decide(
                 judged[i].over |= !outcome.is_allowed();
                 judged[i].outcome = Some(outcome);
             }
-            Err(error) => tracing::warn!(%error, "shadow limit: store failed"),
+            Err(error) => {
+                store_failed = true;
+                tracing::warn!(%error, "shadow limit: store failed");
+            }
         }
     }
     for j in &mut judged {
@@ -243,22 +267,12 @@ pub(crate) async fn decide(
     Ok(Answer {
         domain: domain_name.to_owned(),
         judged,
+        store_failed,
     })
 }
 
-/// Applies the failure policy to the descriptors the failed store call was for.
-fn store_failed(
-    judged: &mut [Judged],
-    slots: &[Option<usize>],
-    error: &LimitError,
-    policy: StoreFailure,
-) -> Result<(), Status> {
-    if !matches!(error, LimitError::Store(_)) {
-        // Rules and trees are swapped by one reload; a call between the two swaps names a rule
-        // the other does not know. Envoy retries by its own policy.
-        return Err(Status::unavailable(format!("rules reloading: {error}")));
-    }
-    tracing::warn!(%error, policy = ?policy, "store failed");
+/// Answers the descriptors of a failed store call by the failure policy.
+fn apply_failure_policy(judged: &mut [Judged], slots: &[Option<usize>], policy: StoreFailure) {
     for (j, slot) in judged.iter_mut().zip(slots) {
         if slot.is_some() {
             match policy {
@@ -267,7 +281,6 @@ fn store_failed(
             }
         }
     }
-    Ok(())
 }
 
 /// The statistics key of `descriptor` under `limit`.

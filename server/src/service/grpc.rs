@@ -16,7 +16,7 @@ use tonic::Status;
 use tonic_health::ServingStatus;
 use tonic_prost::ProstCodec;
 
-use super::decide::{decide, statuses};
+use super::decide::{decide, statuses, Refusal};
 use super::headers::response_headers;
 use super::protocol::{code, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT};
 use super::State;
@@ -86,27 +86,34 @@ async fn should_rate_limit(
     request: RateLimitRequest,
 ) -> Result<tonic::Response<RateLimitResponse>, Status> {
     let started = Instant::now();
-    let current = state.current.load_full();
+    let _in_flight = state.stats.in_flight();
     let limiter = state.layer.limiter();
-    let answer = match decide(
-        &current.domains,
-        limiter,
-        current.on_store_failure,
-        &request,
-    )
-    .await
-    {
-        Ok(answer) => answer,
-        Err(status) => {
-            if status.code() == tonic::Code::InvalidArgument {
+    let mut attempts = 0;
+    let (current, answer) = loop {
+        let current = state.current.load_full();
+        let policy = current.on_store_failure;
+        match decide(&current.domains, limiter, policy, &request).await {
+            Ok(answer) => break (current, answer),
+            Err(Refusal::Invalid(status)) => {
                 state.stats.invalid_request();
                 tracing::debug!(message = status.message(), "invalid request");
-            } else {
-                state.stats.store_error();
+                return Err(status);
             }
-            return Err(status);
+            // A reload is between its two swaps: the trees in force a moment later agree with
+            // the rules.
+            Err(Refusal::RulesChanged(error)) if attempts < 3 => {
+                attempts += 1;
+                tracing::debug!(%error, "rules and trees out of step; asking again");
+                tokio::task::yield_now().await;
+            }
+            Err(Refusal::RulesChanged(error)) => {
+                return Err(Status::unavailable(format!("rules reloading: {error}")))
+            }
         }
     };
+    if answer.store_failed {
+        state.stats.store_error();
+    }
     state.stats.record(&answer);
     let headers = current
         .domains

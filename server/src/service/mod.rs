@@ -86,6 +86,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         stats: Stats::default(),
         draining: AtomicBool::new(false),
     });
+    // Watched before the server says it serves: a SIGTERM from then on is a drain, never the
+    // default action that kills the process.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| StartError(format!("cannot watch SIGTERM: {e}")))?;
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
     let http_addr = http_listener.local_addr().unwrap_or(settings.http_addr);
     tracing::info!(
@@ -110,7 +114,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     ));
     let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), stop_rx));
 
-    shutdown_signal().await;
+    shutdown_signal(term).await;
     tracing::info!("tollgate-server: draining the calls in flight");
     state.draining.store(true, Ordering::SeqCst);
     let _ = stop_tx.send(true);
@@ -134,16 +138,8 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, S
         .map_err(|e| StartError(format!("cannot listen for {what} on {addr}: {e}")))
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(error) => {
-            tracing::warn!(%error, "cannot watch SIGTERM; stopping on Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
+/// Returns on SIGTERM or SIGINT.
+async fn shutdown_signal(mut term: tokio::signal::unix::Signal) {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

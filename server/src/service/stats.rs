@@ -45,6 +45,16 @@ pub struct Stats {
     reloads: AtomicU64,
     reload_failures: AtomicU64,
     invalid_requests: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// One call in flight, counted while it lives.
+pub(crate) struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Stats {
@@ -88,6 +98,12 @@ impl Stats {
         self.latency_count.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Counts a call in flight until the guard is dropped.
+    pub(crate) fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.in_flight)
     }
 
     /// Counts a failed store call.
@@ -144,6 +160,9 @@ impl Stats {
         let _ = writeln!(out, "{histogram}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "{histogram}_sum {sum}");
         let _ = writeln!(out, "{histogram}_count {count}");
+        let gauge = "tollgate_server_calls_in_flight";
+        let _ = writeln!(out, "# TYPE {gauge} gauge");
+        let _ = writeln!(out, "{gauge} {}", self.in_flight.load(Ordering::Relaxed));
         for (name, value) in [
             ("tollgate_server_store_errors_total", &self.store_errors),
             ("tollgate_server_config_reloads_total", &self.reloads),

@@ -119,6 +119,11 @@ impl Server {
         assert!(status.success());
     }
 
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
     /// Waits (bounded) for the process to exit.
     pub fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + DEADLINE;
