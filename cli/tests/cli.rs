@@ -178,6 +178,35 @@ plans.enterprise = { unlimited = true }
     }
 }
 
+/// tollgate-server's configurations, read as the server reads them: the reference service's YAML
+/// (its limits become aligned fixed windows) and the domains' descriptors with their rules.
+#[test]
+fn check_reads_the_reference_services_yaml() {
+    let config = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: minute, requests_per_unit: 3 }\n  - key: internal\n    rate_limit: { unlimited: true }\n";
+    let (_dir, path) = file("edge.yaml", config);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "- \"edge.remote_address\": fixed window, 3 per 1m, windows aligned to the clock, per descriptor value",
+            "domain \"edge\":",
+            "  - internal: unlimited",
+            "  - remote_address: rule \"edge.remote_address\"",
+        ]
+    );
+    let (_dir, bad) = file(
+        "bad.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limt: {}\n",
+    );
+    fails_saying(
+        &["check", "--config", bad.to_str().unwrap()],
+        "bad.yaml:4:5: descriptors[0]: unknown field `rate_limt`, expected one of",
+    );
+}
+
 #[test]
 fn check_names_the_file_place_rule_and_field_and_exits_one() {
     fails_saying(

@@ -123,6 +123,23 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     own(path, value, domains, rules)
 }
 
+/// Whether `path` is a configuration of tollgate-server's rather than a plain one of the library:
+/// a directory, a reference file, or tollgate's file with a `domain`.
+pub fn is_server_config(path: &Path) -> bool {
+    if path.is_dir() {
+        return true;
+    }
+    let Some(format) = ConfigFormat::from_path(path) else {
+        return false;
+    };
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| parse_value(path, format, &text).ok())
+        .is_some_and(|value| {
+            value.get("domain").is_some() || reference::looks_like_reference(&value)
+        })
+}
+
 /// The files a configuration at `path` is read from now, with their content: what a reload
 /// compares.
 pub fn fingerprint(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
@@ -177,13 +194,27 @@ fn parse_value(path: &Path, format: ConfigFormat, text: &str) -> Result<Value, E
                 .unwrap_or((1, 1));
             located(line, column, error.message().to_owned())
         }),
-        ConfigFormat::Yaml => yaml_serde::from_str::<Value>(text).map_err(|error| {
-            let (line, column) = error
-                .location()
-                .map(|l| (l.line(), l.column()))
-                .unwrap_or((1, 1));
-            located(line, column, error.to_string())
-        }),
+        ConfigFormat::Yaml => {
+            yaml_serde::from_str::<Value>(text).map_err(|error| yaml_error(path, &error))
+        }
+    }
+}
+
+/// A YAML error as `file:line:column: message` (the message without the place it ends with).
+pub(crate) fn yaml_error(path: &Path, error: &yaml_serde::Error) -> Error {
+    let message = error.to_string();
+    match error.location() {
+        Some(at) => {
+            let suffix = format!(" at line {} column {}", at.line(), at.column());
+            let message = message.strip_suffix(&suffix).unwrap_or(&message);
+            Error(format!(
+                "{}:{}:{}: {message}",
+                path.display(),
+                at.line(),
+                at.column()
+            ))
+        }
+        None => Error(format!("{}: {message}", path.display())),
     }
 }
 

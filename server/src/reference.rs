@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::load::{Error, LibraryRule};
+use crate::load::{yaml_error, Error, LibraryRule};
 use crate::tree::{Domains, LimitKind, LimitSpec, Node};
 use crate::unit::Unit;
 
@@ -85,13 +85,7 @@ pub(crate) fn read(
     domains: &mut Domains,
     rules: &mut Vec<LibraryRule>,
 ) -> Result<(), Error> {
-    let file: File = yaml_serde::from_str(text).map_err(|error| {
-        let at = error
-            .location()
-            .map(|l| format!(":{}:{}", l.line(), l.column()))
-            .unwrap_or_default();
-        Error(format!("{}{at}: {error}", path.display()))
-    })?;
+    let file: File = yaml_serde::from_str(text).map_err(|error| yaml_error(path, &error))?;
     let fail = |message: String| Error(format!("{}: {message}", path.display()));
     if file.domain.is_empty() {
         return Err(fail("domain: is empty".into()));

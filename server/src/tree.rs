@@ -145,6 +145,13 @@ impl Domains {
         self.domains.keys().map(String::as_str)
     }
 
+    /// The domains, by name in order.
+    pub fn sorted(&self) -> Vec<(&str, &Domain)> {
+        let mut all: Vec<_> = self.domains.iter().map(|(n, d)| (n.as_str(), d)).collect();
+        all.sort_by_key(|(name, _)| *name);
+        all
+    }
+
     pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut Domain> {
         self.domains.get_mut(name)
     }
@@ -159,6 +166,14 @@ impl Domains {
 }
 
 impl Domain {
+    /// Every configured limit of this domain, ordered by statistics key.
+    pub fn limits(&self) -> Vec<Arc<LimitSpec>> {
+        let mut limits = Vec::new();
+        self.root.collect(&mut limits);
+        limits.sort_by(|a, b| a.stat_key.cmp(&b.stat_key));
+        limits
+    }
+
     /// The limit `entries` reach in this domain, if any.
     pub fn find(&self, entries: &[Entry<'_>]) -> Option<Matched> {
         let mut node = &self.root;
@@ -230,6 +245,15 @@ impl Node {
                 .or_default()
                 .entry(value.to_owned())
                 .or_default(),
+        }
+    }
+
+    fn collect(&self, limits: &mut Vec<Arc<LimitSpec>>) {
+        limits.extend(self.limit.clone());
+        let exact = self.exact.values().flat_map(HashMap::values);
+        let wildcard = self.wildcard.iter().map(|(_, _, node)| node);
+        for child in exact.chain(wildcard).chain(self.any_value.values()) {
+            child.collect(limits);
         }
     }
 
