@@ -1,7 +1,7 @@
 //! Bad input gets a clear answer, and the server keeps serving.
 
 use tollgate_server::service::protocol::{code, Entry, RateLimitDescriptor};
-use tollgate_server::service::MAX_DESCRIPTORS;
+use tollgate_server::service::{MAX_DESCRIPTORS, MAX_SERIES};
 use tonic::Code;
 
 use crate::numbers::REFERENCE;
@@ -93,4 +93,19 @@ async fn detailed_metrics_keep_a_bounded_number_of_series() {
         "u".repeat(64)
     );
     assert_eq!(server.metric(&sample), 1);
+
+    // Values chosen by clients cannot grow the series without bound: past MAX_SERIES, new ones
+    // are counted together.
+    let mut sent = 0;
+    for batch in 0..10 {
+        let mut many = request("d", &[]);
+        many.descriptors = (0..MAX_DESCRIPTORS)
+            .map(|i| descriptor(&[("user", &format!("{batch}-{i}"))]))
+            .collect();
+        client.call(many).await.unwrap();
+        sent += MAX_DESCRIPTORS;
+    }
+    let overflow =
+        server.metric("ratelimit_service_rate_limit_total_hits{domain=\"d\",key=\"_overflow\"}");
+    assert_eq!(overflow as usize, sent + 1 - MAX_SERIES);
 }

@@ -239,3 +239,106 @@ descriptors = [{ key = "user" }]
         (2, Unit::Minute as i32, "bursty")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaces_and_shared_wildcards() {
+    let dir = ConfigDir::new();
+    let config = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: { unit: year, requests_per_unit: 10, name: per-user }
+  - key: vip
+    rate_limit:
+      unit: year
+      requests_per_unit: 100
+      replaces: [{ name: per-user }]
+  - key: path
+    value: "/export/*"
+    share_threshold: true
+    rate_limit: { unit: year, requests_per_unit: 2 }
+  - key: path
+    value: "/item/*"
+    rate_limit: { unit: year, requests_per_unit: 2 }
+"#;
+    let server = Server::start(&dir.write("api.yaml", config));
+    let client = server.client().await;
+    // With `vip` in the same request, `per-user` does not apply (and is not charged).
+    let both = client
+        .ask("api", &[&[("user", "u")], &[("vip", "u")]])
+        .await;
+    assert_eq!(both.statuses[0].current_limit, None);
+    assert_eq!(remaining(&both), [0, 99]);
+    assert_eq!(
+        remaining(&client.ask("api", &[&[("user", "u")]]).await),
+        [9]
+    );
+    // A shared wildcard counts every matching value together; a plain one, each apart.
+    let export = |p: &'static str| [("path", p)];
+    assert_eq!(
+        remaining(&client.ask("api", &[&export("/export/a")]).await),
+        [1]
+    );
+    assert_eq!(
+        remaining(&client.ask("api", &[&export("/export/b")]).await),
+        [0]
+    );
+    assert_eq!(
+        remaining(&client.ask("api", &[&export("/item/a")]).await),
+        [1]
+    );
+    assert_eq!(
+        remaining(&client.ask("api", &[&export("/item/b")]).await),
+        [1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_are_chosen_per_domain() {
+    let dir = ConfigDir::new();
+    dir.write(
+        "quiet.yaml",
+        "domain: quiet\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n",
+    );
+    let config = r#"
+domain = "legacy"
+headers = "legacy"
+reference = ["quiet.yaml"]
+domain_headers = { quiet = "off" }
+
+[[rules]]
+name = "per-key"
+algorithm = "sliding_log"
+limit = 1
+period = "24h"
+descriptors = [{ key = "k" }]
+"#;
+    let server = Server::start(&dir.write("server.toml", config));
+    let client = server.client().await;
+    let fields = |answer: &RateLimitResponse| -> Vec<(String, String)> {
+        answer
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    };
+    let first = fields(&client.ask("legacy", &[&[("k", "a")]]).await);
+    let names: Vec<&str> = first.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert_eq!((first[0].1.as_str(), first[1].1.as_str()), ("1", "0"));
+    // Seconds from now, not a Unix time.
+    let reset: u64 = first[2].1.parse().unwrap();
+    assert!((1..=86_400).contains(&reset), "{reset}");
+    let over = fields(&client.ask("legacy", &[&[("k", "a")]]).await);
+    assert!(over.iter().any(|(k, _)| k == "retry-after"));
+    let quiet = client.ask("quiet", &[&[("k", "a")]]).await;
+    assert!(quiet.response_headers_to_add.is_empty());
+    assert_eq!(remaining(&quiet), [0]);
+}
