@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tonic::body::Body;
-use tonic::server::{Grpc, NamedService};
+use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::Status;
 use tonic_health::ServingStatus;
 use tonic_prost::ProstCodec;
@@ -44,11 +44,7 @@ impl tower_service::Service<http::Request<Body>> for RateLimitService {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
         }
-        let state = self.state.clone();
-        let method = tower_service_fn(move |request: tonic::Request<RateLimitRequest>| {
-            let state = state.clone();
-            async move { should_rate_limit(&state, request.into_inner()).await }
-        });
+        let method = ShouldRateLimit(self.state.clone());
         Box::pin(async move {
             let mut grpc = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default());
             Ok(grpc.unary(method, request).await)
@@ -56,27 +52,17 @@ impl tower_service::Service<http::Request<Body>> for RateLimitService {
     }
 }
 
-/// A unary method from a closure (what `tower::service_fn` does, without the dependency).
-fn tower_service_fn<F, Fut>(f: F) -> Method<F>
-where
-    F: FnMut(tonic::Request<RateLimitRequest>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<RateLimitResponse>, Status>>,
-{
-    Method(f)
-}
+/// The method `ShouldRateLimit`.
+struct ShouldRateLimit(Arc<State>);
 
-struct Method<F>(F);
-
-impl<F, Fut> tonic::server::UnaryService<RateLimitRequest> for Method<F>
-where
-    F: FnMut(tonic::Request<RateLimitRequest>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<RateLimitResponse>, Status>> + Send + 'static,
-{
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Response = RateLimitResponse;
-    type Future = Fut;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<tonic::Response<RateLimitResponse>, Status>> + Send>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        (self.0)(request)
+        let state = self.0.clone();
+        Box::pin(async move { should_rate_limit(&state, request.into_inner()).await })
     }
 }
 
