@@ -385,7 +385,7 @@ fn own(
             shadow: rule.shadow,
             detailed_metric: rule.detailed_metric,
             replaces: rule.replaces,
-            stat_key,
+            stat_key: stat_key.into(),
         }));
     }
     for (name, headers) in domain_headers {

@@ -193,7 +193,7 @@ impl Walk<'_> {
             shadow: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,
             replaces: rate_limit.replaces.iter().map(|r| r.name.clone()).collect(),
-            stat_key: stat_key.to_owned(),
+            stat_key: stat_key.into(),
         })
     }
 }

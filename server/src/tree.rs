@@ -77,7 +77,7 @@ pub struct LimitSpec {
     /// Names of limits this one replaces when both apply to one request.
     pub replaces: Vec<String>,
     /// The configured level's statistics key: `key_value.key` (the reference's).
-    pub stat_key: String,
+    pub stat_key: Arc<str>,
 }
 
 /// What a limit does with a charge.
@@ -276,7 +276,7 @@ mod tests {
             shadow: false,
             detailed_metric: false,
             replaces: Vec::new(),
-            stat_key: name.to_owned(),
+            stat_key: name.into(),
         })
     }
 

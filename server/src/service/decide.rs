@@ -10,7 +10,6 @@
 //! Shadow limits are charged apart from the others, each on its own, whatever the enforced ones
 //! decide: they count what they would have done, and never refuse anything.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +40,7 @@ pub(crate) struct Judged {
     /// What the limit's store said, when it was asked.
     pub(crate) outcome: Option<Outcome>,
     /// The statistics key: the configured level's, or the values' with `detailed_metric`.
-    pub(crate) stat_key: String,
+    pub(crate) stat_key: Arc<str>,
 }
 
 /// A request's answer, before it is written in the protocol's terms.
@@ -175,7 +174,6 @@ pub(crate) async fn decide(
 
     // The enforced limits, one charge per (rule, key), all in one atomic step.
     let mut batch: Vec<(Arc<str>, &[u8], u64)> = Vec::new();
-    let mut slot_of: HashMap<(&str, &[u8]), usize> = HashMap::new();
     let mut slots: Vec<Option<usize>> = vec![None; judged.len()];
     let mut certain_denial = false;
     let mut store_failed = false;
@@ -188,7 +186,11 @@ pub(crate) async fn decide(
                 certain_denial |= !m.limit.shadow;
             }
             LimitKind::Rule(rule) if !m.limit.shadow => {
-                let slot = *slot_of.entry((rule, &m.key)).or_insert_with(|| {
+                // One charge per (rule, key): the library refuses a key twice in one batch, and
+                // a linear search is quicker than hashing for the few descriptors of a request
+                // (at most MAX_DESCRIPTORS).
+                let found = batch.iter().position(|(r, k, _)| r == rule && *k == m.key);
+                let slot = found.unwrap_or_else(|| {
                     batch.push((rule.clone(), &m.key, 0));
                     batch.len() - 1
                 });
@@ -284,7 +286,7 @@ fn apply_failure_policy(judged: &mut [Judged], slots: &[Option<usize>], policy: 
 }
 
 /// The statistics key of `descriptor` under `limit`.
-fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> String {
+fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> Arc<str> {
     if !limit.detailed_metric {
         return limit.stat_key.clone();
     }
@@ -299,6 +301,7 @@ fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> String {
         })
         .collect::<Vec<_>>()
         .join(".")
+        .into()
 }
 
 /// The answer in the protocol's terms (without headers).

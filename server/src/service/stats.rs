@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::decide::Answer;
@@ -24,6 +24,30 @@ const BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
 ];
 
+#[derive(Debug, Default)]
+struct Series {
+    by_domain: HashMap<String, HashMap<Arc<str>, Counts>>,
+    len: usize,
+}
+
+impl Series {
+    fn counts(&mut self, domain: &str, key: &Arc<str>) -> &mut Counts {
+        if !self.by_domain.contains_key(domain) {
+            self.by_domain.insert(domain.to_owned(), HashMap::new());
+        }
+        let keys = self.by_domain.get_mut(domain).expect("inserted above");
+        let key = if keys.contains_key(key) || self.len < MAX_SERIES {
+            key.clone()
+        } else {
+            Arc::from(OVERFLOW_KEY)
+        };
+        if !keys.contains_key(&key) {
+            self.len += 1;
+        }
+        keys.entry(key).or_default()
+    }
+}
+
 /// The reference's counters, in the order of [`COUNTERS`].
 type Counts = [u64; 5];
 const COUNTERS: [&str; 5] = [
@@ -37,7 +61,8 @@ const COUNTERS: [&str; 5] = [
 /// Everything `/metrics` shows.
 #[derive(Debug, Default)]
 pub struct Stats {
-    descriptors: Mutex<HashMap<(String, String), Counts>>,
+    /// Counts by domain, then by statistics key; looked up without allocating.
+    descriptors: Mutex<Series>,
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_micros: AtomicU64,
@@ -66,11 +91,7 @@ impl Stats {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for judged in &answer.judged {
             let Some(limit) = &judged.limit else { continue };
-            let mut key = (answer.domain.clone(), judged.stat_key.clone());
-            if !series.contains_key(&key) && series.len() >= MAX_SERIES {
-                key.1 = OVERFLOW_KEY.to_owned();
-            }
-            let counts = series.entry(key).or_default();
+            let counts = series.counts(&answer.domain, &judged.stat_key);
             let cost = judged.cost;
             counts[0] += cost;
             if judged.over {
@@ -134,14 +155,20 @@ impl Stats {
                 .descriptors
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut keys: Vec<_> = series.keys().collect();
-            keys.sort();
+            let mut all: Vec<(&str, &str, &Counts)> = series
+                .by_domain
+                .iter()
+                .flat_map(|(domain, keys)| {
+                    keys.iter().map(move |(k, c)| (domain.as_str(), &**k, c))
+                })
+                .collect();
+            all.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
             for (i, name) in COUNTERS.iter().enumerate() {
                 let metric = format!("ratelimit_service_rate_limit_{name}");
                 let _ = writeln!(out, "# TYPE {metric} counter");
-                for key in &keys {
-                    let value = series[*key][i];
-                    let (domain, descriptor) = (label(&key.0), label(&key.1));
+                for (domain, key, counts) in &all {
+                    let value = counts[i];
+                    let (domain, descriptor) = (label(domain), label(key));
                     let _ = writeln!(
                         out,
                         "{metric}{{domain=\"{domain}\",key=\"{descriptor}\"}} {value}"
