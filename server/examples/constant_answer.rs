@@ -1,6 +1,9 @@
 //! The protocol's floor for `scripts/bench_server.sh`: a tonic server that answers every
-//! `ShouldRateLimit` with one constant `OK`, with no matching and no store. tollgate-server's
-//! calls per second are measured against this one's on the same machine, in the same run.
+//! `ShouldRateLimit` with one constant `OK`, with no matching and no store. The answer has the
+//! shape of tollgate-server's for the benchmark's request (a status with its limit, the two
+//! `RateLimit` fields), so the two servers send as many bytes and differ only by the decision.
+//! tollgate-server's calls per second are measured against this one's on the same machine, in
+//! the same run.
 //!
 //! `cargo run --release -p tollgate-server --example constant_answer -- 127.0.0.1:8091`
 
@@ -10,7 +13,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tollgate_server::service::protocol::{
-    code, DescriptorStatus, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT,
+    code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse,
+    SHOULD_RATE_LIMIT,
 };
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
@@ -35,13 +39,33 @@ impl UnaryService<RateLimitRequest> for Constant {
             .iter()
             .map(|_| DescriptorStatus {
                 code: code::OK,
-                ..Default::default()
+                current_limit: Some(RateLimit {
+                    requests_per_unit: 1_000_000_000,
+                    unit: 1,
+                    name: "bench.remote_address".to_owned(),
+                }),
+                limit_remaining: 999_999_999,
+                duration_until_reset: Some(Duration {
+                    seconds: 0,
+                    nanos: 500_000_000,
+                }),
             })
             .collect();
+        let field = |key: &str, value: &str| HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        };
         std::future::ready(Ok(tonic::Response::new(RateLimitResponse {
             overall_code: code::OK,
             statuses,
-            ..Default::default()
+            response_headers_to_add: vec![
+                field(
+                    "ratelimit-policy",
+                    "\"bench.remote_address\";q=1000000000;w=1",
+                ),
+                field("ratelimit", "\"bench.remote_address\";r=999999999;t=1"),
+            ],
+            request_headers_to_add: Vec::new(),
         })))
     }
 }
