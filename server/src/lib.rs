@@ -6,6 +6,7 @@
 //! (feature `service`, on by default) is the `tollgate-server` binary's: gRPC, HTTP, metrics.
 
 pub mod load;
+pub mod plan;
 pub mod reference;
 pub mod tree;
 pub mod unit;

@@ -117,6 +117,7 @@ impl Pattern {
 }
 
 /// One entry of a request's descriptor.
+#[derive(Clone, Copy, Debug)]
 pub struct Entry<'a> {
     /// The entry's key.
     pub key: &'a str,

@@ -19,7 +19,8 @@ use tonic::Status;
 
 use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
 use crate::load::StoreFailure;
-use crate::tree::{Domains, Entry, LimitKind, LimitSpec, Matched};
+use crate::plan::{Descriptor, Plan};
+use crate::tree::{Domains, Entry, LimitKind, LimitSpec};
 
 /// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
 pub const MAX_DESCRIPTORS: usize = 1024;
@@ -69,12 +70,6 @@ impl Answer {
             .iter()
             .any(|j| j.over && j.limit.as_ref().is_some_and(|l| !l.shadow))
     }
-}
-
-/// One descriptor of a valid request.
-struct Descriptor<'a> {
-    entries: Vec<Entry<'a>>,
-    cost: u64,
 }
 
 /// Checks `request` and returns its domain and descriptors.
@@ -137,123 +132,65 @@ pub(crate) async fn decide(
     request: &RateLimitRequest,
 ) -> Result<Answer, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
-    let domain = domains.get(domain_name);
-    let mut matched: Vec<Option<Matched>> = descriptors
-        .iter()
-        .map(|d| domain.and_then(|domain| domain.find(&d.entries)))
-        .collect();
-    // A limit that another applying limit `replaces` does not apply.
-    let replaced: Vec<&str> = matched
-        .iter()
-        .flatten()
-        .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
-        .collect();
-    if !replaced.is_empty() {
-        let replaced: Vec<String> = replaced.into_iter().map(str::to_owned).collect();
-        for m in &mut matched {
-            if m.as_ref().is_some_and(|m| replaced.contains(&m.limit.name)) {
-                *m = None;
-            }
-        }
-    }
+    let plan = Plan::new(domains.get(domain_name), &descriptors);
     let mut judged: Vec<Judged> = descriptors
         .iter()
-        .zip(&matched)
-        .map(|(d, m)| Judged {
+        .zip(&plan.matched)
+        .zip(&plan.over_regardless)
+        .map(|((d, m), over)| Judged {
             stat_key: m
                 .as_ref()
                 .map(|m| stat_key(&m.limit, d))
                 .unwrap_or_default(),
             limit: m.as_ref().map(|m| m.limit.clone()),
             cost: d.cost,
-            over: false,
+            over: *over,
             near: false,
             outcome: None,
         })
         .collect();
 
-    // The enforced limits, one charge per (rule, key), all in one atomic step.
-    let mut batch: Vec<(Arc<str>, &[u8], u64)> = Vec::new();
-    let mut slots: Vec<Option<usize>> = vec![None; judged.len()];
-    let mut certain_denial = false;
+    // The enforced limits, all in one atomic step; a request that cannot pass is only looked
+    // at, nothing charged.
     let mut store_failed = false;
-    for (i, m) in matched.iter().enumerate() {
-        let Some(m) = m else { continue };
-        match &m.limit.kind {
-            LimitKind::Unlimited => {}
-            LimitKind::Blocked => {
-                judged[i].over = true;
-                certain_denial |= !m.limit.shadow;
-            }
-            LimitKind::Rule(rule) if !m.limit.shadow => {
-                // One charge per (rule, key): the library refuses a key twice in one batch, and
-                // a linear search is quicker than hashing for the few descriptors of a request
-                // (at most MAX_DESCRIPTORS).
-                let found = batch.iter().position(|(r, k, _)| r == rule && *k == m.key);
-                let slot = found.unwrap_or_else(|| {
-                    batch.push((rule.clone(), &m.key, 0));
-                    batch.len() - 1
-                });
-                batch[slot].2 = batch[slot].2.saturating_add(judged[i].cost);
-                slots[i] = Some(slot);
-            }
-            LimitKind::Rule(_) => {}
-        }
-    }
-    for (i, slot) in slots.iter().enumerate() {
-        if let (Some(slot), Some(limit)) = (slot, &judged[i].limit) {
-            if batch[*slot].2 > limit.max_cost {
-                judged[i].over = true;
-                certain_denial = true;
-            }
-        }
-    }
-    if !batch.is_empty() {
-        // A request that cannot pass is only looked at: nothing is charged.
-        let result = if certain_denial {
+    if plan.charges().next().is_some() {
+        let result = if plan.cannot_pass() {
             limiter
-                .check_all(batch.iter().map(|(r, k, _)| (r, *k, 0)))
+                .check_all(plan.charges().map(|(rule, key, _)| (rule, key, 0)))
                 .await
         } else {
-            limiter
-                .charge_all(batch.iter().map(|(r, k, c)| (r, *k, *c)))
-                .await
+            limiter.charge_all(plan.charges()).await
         };
         match result {
             Ok(decision) => {
-                for (i, slot) in slots.iter().enumerate() {
+                for (j, slot) in judged.iter_mut().zip(&plan.slots) {
                     let Some(slot) = slot else { continue };
                     let outcome = decision.rules()[*slot].outcome;
-                    judged[i].over |= !outcome.is_allowed();
-                    judged[i].outcome = Some(outcome);
+                    j.over |= !outcome.is_allowed();
+                    j.outcome = Some(outcome);
                 }
             }
             Err(LimitError::Store(error)) => {
                 tracing::warn!(%error, policy = ?on_store_failure, "store failed");
                 store_failed = true;
-                apply_failure_policy(&mut judged, &slots, on_store_failure);
+                apply_failure_policy(&mut judged, &plan.slots, on_store_failure);
             }
             Err(error) => return Err(Refusal::RulesChanged(error)),
         }
     }
 
     // Shadow limits: charged each on its own, never blocking anything.
-    for (i, m) in matched.iter().enumerate() {
-        let Some(m) = m else { continue };
-        let (LimitKind::Rule(rule), true) = (&m.limit.kind, m.limit.shadow) else {
-            continue;
-        };
-        let cost = judged[i].cost;
-        let result = if cost > m.limit.max_cost {
-            judged[i].over = true;
-            limiter.check(rule, &m.key, 0).await
+    for (i, rule, key) in plan.shadow() {
+        let j = &mut judged[i];
+        let result = if j.over {
+            limiter.check(rule, key, 0).await
         } else {
-            limiter.charge(rule, &m.key, cost).await
+            limiter.charge(rule, key, j.cost).await
         };
         match result {
             Ok(outcome) => {
-                judged[i].over |= !outcome.is_allowed();
-                judged[i].outcome = Some(outcome);
+                j.over |= !outcome.is_allowed();
+                j.outcome = Some(outcome);
             }
             Err(error) => {
                 store_failed = true;

@@ -342,3 +342,18 @@ descriptors = [{ key = "k" }]
     assert!(quiet.response_headers_to_add.is_empty());
     assert_eq!(remaining(&quiet), [0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_descriptor_twice_is_charged_twice_in_one_step() {
+    let dir = ConfigDir::new();
+    let server = Server::start(&dir.write("edge.yaml", REFERENCE));
+    let client = server.client().await;
+    let address = [("remote_address", "10.0.0.7")];
+    let twice = client.ask("edge", &[&address, &address]).await;
+    assert_eq!(twice.overall_code, code::OK);
+    assert_eq!(remaining(&twice), [1, 1]);
+    // 2 of 3 used: twice more does not fit, and charges nothing.
+    let again = client.ask("edge", &[&address, &address]).await;
+    assert_eq!(again.overall_code, code::OVER_LIMIT);
+    assert_eq!(remaining(&client.ask("edge", &[&address]).await), [0]);
+}
