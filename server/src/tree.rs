@@ -130,7 +130,7 @@ pub struct Entry<'a> {
 pub struct Matched {
     /// The limit.
     pub limit: Arc<LimitSpec>,
-    /// The counter's key in the store: the values that select it, length-prefixed (a wildcard
+    /// The counter's key in the store: the values that select it, joined by `/` (a wildcard
     /// level with `share_threshold` contributes its pattern instead).
     pub key: Vec<u8>,
 }
@@ -179,8 +179,11 @@ impl Domain {
     pub fn find(&self, entries: &[Entry<'_>]) -> Option<Matched> {
         let mut node = &self.root;
         let mut key = Vec::new();
-        for entry in entries {
+        for (i, entry) in entries.iter().enumerate() {
             let (child, counted_as) = node.child(entry)?;
+            if i > 0 {
+                key.push(b'/');
+            }
             push_part(&mut key, counted_as.as_bytes());
             node = child;
         }
@@ -191,10 +194,17 @@ impl Domain {
     }
 }
 
-/// Appends one length-prefixed part, so `("a", "bc")` and `("ab", "c")` stay apart.
+/// Appends one part of a key: parts are joined by `/`, with `%` and `/` in a value
+/// percent-encoded, so `("a", "b/c")` and `("a/b", "c")` stay apart and a key reads as its values
+/// (`10.0.0.1`, `slowpath/10.0.0.1`) in logs and reports.
 fn push_part(key: &mut Vec<u8>, part: &[u8]) {
-    key.extend_from_slice(&(part.len() as u64).to_le_bytes());
-    key.extend_from_slice(part);
+    for &byte in part {
+        match byte {
+            b'%' => key.extend_from_slice(b"%25"),
+            b'/' => key.extend_from_slice(b"%2F"),
+            _ => key.push(byte),
+        }
+    }
 }
 
 impl Node {
@@ -337,6 +347,8 @@ mod tests {
             let entries = [Entry { key: "a", value: a }, Entry { key: "b", value: b }];
             domain.find(&entries).unwrap().key
         };
-        assert_ne!(key("a", "bc"), key("ab", "c"));
+        assert_ne!(key("a", "b/c"), key("a/b", "c"));
+        assert_eq!(key("10.0.0.1", "x%y"), b"10.0.0.1/x%25y");
+        assert_ne!(key("", "a"), key("a", ""));
     }
 }
