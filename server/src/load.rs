@@ -33,7 +33,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tollgate::algorithm::{Algorithm, Mode};
-use tollgate::config::{Config, ConfigFormat};
+use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
 use crate::reference;
@@ -329,7 +329,7 @@ fn own(
     let algorithms: std::collections::HashMap<String, Algorithm> = loaded
         .config
         .layer_with_store(MemoryStore::new())
-        .map_err(|error| Error(format!("{}: {error}", path.display())))?
+        .map_err(|error| library_error(path, &error))?
         .limiter()
         .rules_in_force()
         .into_iter()
@@ -496,37 +496,34 @@ fn finish(
     };
     // JSON is YAML: the library reads the document it would read from a file.
     let text = Value::Object(file).to_string();
-    let config = Config::parse(ConfigFormat::Yaml, &text).map_err(|error| {
-        let rule = error
-            .rule()
-            .map(|rule| format!(" (rule {rule:?})"))
-            .unwrap_or_default();
-        Error(format!(
-            "{}: {}{rule}: {}",
-            path.display(),
-            error.path(),
-            error.message()
-        ))
-    })?;
+    let config =
+        Config::parse(ConfigFormat::Yaml, &text).map_err(|error| library_error(path, &error))?;
     // Rules are checked against each other when a layer is built; the server's own store is
     // connected later, so check with a memory store now.
     if let Err(error) = config.layer_with_store(MemoryStore::new()) {
-        let rule = error
-            .rule()
-            .map(|rule| format!(" (rule {rule:?})"))
-            .unwrap_or_default();
-        return Err(Error(format!(
-            "{}: {}{rule}: {}",
-            path.display(),
-            error.path(),
-            error.message()
-        )));
+        return Err(library_error(path, &error));
     }
     Ok(Loaded {
         domains,
         config,
         on_store_failure,
     })
+}
+
+/// An error of the library's about the configuration read from `path`: its place as a path in
+/// the file (`rules[2].period`, `store.url`) and the rule it names. (The library's line and
+/// column would be those of the document the server hands it, not of the file.)
+pub fn library_error(path: &Path, error: &ConfigFileError) -> Error {
+    let rule = error
+        .rule()
+        .map(|rule| format!(" (rule {rule:?})"))
+        .unwrap_or_default();
+    Error(format!(
+        "{}: {}{rule}: {}",
+        path.display(),
+        error.path(),
+        error.message()
+    ))
 }
 
 /// The rule a configuration with nothing to count holds, so the library accepts it.

@@ -74,7 +74,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .config
         .connect()
         .await
-        .map_err(|e| StartError(format!("{}: {e}", settings.config.display())))?;
+        .map_err(|e| StartError(load::library_error(&settings.config, &e).to_string()))?;
     let grpc_listener = bind(settings.grpc_addr, "gRPC").await?;
     let http_listener = bind(settings.http_addr, "HTTP").await?;
     let state = Arc::new(State {

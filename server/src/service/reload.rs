@@ -48,7 +48,7 @@ fn reload(state: &State, path: &std::path::Path) -> Result<(), String> {
     loaded
         .config
         .reload(&state.layer)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| load::library_error(path, &e).to_string())?;
     state.current.store(Arc::new(Current {
         domains: loaded.domains,
         on_store_failure: loaded.on_store_failure,

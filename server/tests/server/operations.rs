@@ -143,5 +143,8 @@ fn start_up_failures_exit_with_a_clear_message() {
         "127.0.0.1:0",
     ]);
     assert!(!status.success(), "{stderr}");
-    assert!(stderr.contains("redis.toml"), "{stderr}");
+    assert!(
+        stderr.contains("redis.toml: store.url: rate-limit store unavailable"),
+        "{stderr}"
+    );
 }
