@@ -131,7 +131,7 @@ fn start_up_failures_exit_with_a_clear_message() {
     let redis = dir.write(
         "redis.toml",
         &format!(
-            "domain = \"edge\"\nreference = [\"edge.yaml\"]\nrules = []\n\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed_port}\"\non_failure = \"closed\"\n"
+            "domain = \"other\"\nreference = [\"edge.yaml\"]\nrules = []\n\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed_port}\"\non_failure = \"closed\"\n"
         ),
     );
     let (status, stderr) = run_to_exit(&[
