@@ -100,25 +100,25 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         "tollgate-server: serving"
     );
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // gRPC stops first and drains; HTTP answers until then, so `/healthcheck` says 503 while
+    // the calls in flight finish (a load balancer stops sending meanwhile).
+    let (stop_grpc, grpc_stopping) = tokio::sync::watch::channel(false);
+    let (stop_http, http_stopping) = tokio::sync::watch::channel(false);
     let reload = tokio::spawn(reload::watch(
         state.clone(),
         settings.config.clone(),
         settings.reload_interval,
-        stop_rx.clone(),
+        grpc_stopping.clone(),
     ));
-    let http = tokio::spawn(http_api::serve(
-        http_listener,
-        state.clone(),
-        stop_rx.clone(),
-    ));
-    let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), stop_rx));
+    let http = tokio::spawn(http_api::serve(http_listener, state.clone(), http_stopping));
+    let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), grpc_stopping));
 
     shutdown_signal(term).await;
     tracing::info!("tollgate-server: draining the calls in flight");
     state.draining.store(true, Ordering::SeqCst);
-    let _ = stop_tx.send(true);
+    let _ = stop_grpc.send(true);
     let _ = grpc.await;
+    let _ = stop_http.send(true);
     let _ = http.await;
     reload.abort();
     tracing::info!("tollgate-server: stopped");

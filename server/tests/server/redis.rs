@@ -106,6 +106,8 @@ async fn sigterm_waits_for_a_call_in_flight() {
         server.is_running(),
         "the server left a call in flight behind"
     );
+    // Meanwhile a load balancer's health check is told to stop sending.
+    assert_eq!(server.get("/healthcheck").0, 503);
 
     // Once the store answers, the call is answered, and only then does the server stop.
     redis.resume();
