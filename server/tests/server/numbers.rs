@@ -357,3 +357,32 @@ async fn the_same_descriptor_twice_is_charged_twice_in_one_step() {
     assert_eq!(again.overall_code, code::OVER_LIMIT);
     assert_eq!(remaining(&client.ask("edge", &[&address]).await), [0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_penalty_blocks_a_descriptor_that_keeps_pushing() {
+    let dir = ConfigDir::new();
+    let config = r#"
+domain = "login"
+[[rules]]
+name = "attempts"
+rate = 1
+period = "1s"
+block = "1h"
+descriptors = [{ key = "user" }]
+"#;
+    let server = Server::start(&dir.write("login.toml", config));
+    let client = server.client().await;
+    let user = [("user", "mallory")];
+    assert_eq!(client.ask("login", &[&user]).await.overall_code, code::OK);
+    // Over the limit: an offence, and the key is blocked for the hour, not for the second the
+    // bucket takes to refill.
+    let denied = client.ask("login", &[&user]).await;
+    assert_eq!(denied.overall_code, code::OVER_LIMIT);
+    let retry_after: u64 = denied
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == "retry-after")
+        .map(|h| h.value.parse().unwrap())
+        .expect("Retry-After");
+    assert!((3_500..=3_600).contains(&retry_after), "{retry_after}");
+}
