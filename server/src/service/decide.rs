@@ -4,7 +4,7 @@
 //! A request is `INVALID_ARGUMENT` when it is malformed in itself, whatever the configuration:
 //! an empty domain, no descriptors, more than [`MAX_DESCRIPTORS`] of them, a descriptor without
 //! entries or with more than [`MAX_ENTRIES`], an empty key, a domain, key or value that is not
-//! UTF-8. Everything else is answered: an unknown domain or descriptor is OK with no limit, a
+//! UTF-8, `is_negative_hits` (not supported). Everything else is answered: an unknown domain or descriptor is OK with no limit, a
 //! cost above what a limit can ever hold is OVER_LIMIT (and nothing is charged).
 //!
 //! Shadow limits are charged apart from the others, each on its own, whatever the enforced ones
@@ -95,6 +95,11 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), R
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         if descriptor.entries.is_empty() {
             return invalid(format!("descriptors[{i}]: no entries"));
+        }
+        if descriptor.is_negative_hits {
+            return invalid(format!(
+                "descriptors[{i}]: is_negative_hits is not supported (hits are only charged)"
+            ));
         }
         if descriptor.entries.len() > MAX_ENTRIES {
             return invalid(format!(

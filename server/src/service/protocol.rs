@@ -3,8 +3,8 @@
 //!
 //! Keys, values and the domain are read as bytes, not strings: invalid UTF-8 is then answered
 //! with `INVALID_ARGUMENT` naming the descriptor, not with the codec's decode error. Fields this
-//! service does not use (`RateLimitDescriptor.limit`, `is_negative_hits`, a response's quota and
-//! metadata) are left out: prost skips unknown fields.
+//! service does not use (`RateLimitDescriptor.limit`, a response's quota and metadata) are left
+//! out: prost skips unknown fields.
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -33,6 +33,10 @@ pub struct RateLimitDescriptor {
     /// look that charges nothing), overriding the request's.
     #[prost(message, optional, tag = "3")]
     pub hits_addend: Option<UInt64Value>,
+    /// `bool is_negative_hits = 4`: give `hits_addend` back instead of charging it. Refused
+    /// (`INVALID_ARGUMENT`): a refund outside the atomic step is not offered yet.
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
 }
 
 /// `RateLimitDescriptor.Entry`.

@@ -38,8 +38,13 @@ async fn malformed_requests_are_invalid_arguments_and_the_server_keeps_serving()
             value: b"v".to_vec(),
         }],
         hits_addend: None,
+        is_negative_hits: false,
     });
     invalid("key: not UTF-8")(client.call(not_utf8).await.unwrap_err());
+
+    let mut refund = request("edge", &[&[("remote_address", "a")]]);
+    refund.descriptors[0].is_negative_hits = true;
+    invalid("is_negative_hits is not supported")(client.call(refund).await.unwrap_err());
 
     let mut many = request("edge", &[]);
     many.descriptors = (0..10_000)
@@ -76,7 +81,7 @@ async fn malformed_requests_are_invalid_arguments_and_the_server_keeps_serving()
         (after.overall_code, after.statuses[0].limit_remaining),
         (code::OK, 2)
     );
-    assert_eq!(server.metric("tollgate_server_invalid_requests_total"), 6);
+    assert_eq!(server.metric("tollgate_server_invalid_requests_total"), 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

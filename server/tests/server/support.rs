@@ -260,6 +260,7 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             })
             .collect(),
         hits_addend: None,
+        is_negative_hits: false,
     }
 }
 
