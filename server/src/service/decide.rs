@@ -46,8 +46,8 @@ pub(crate) struct Judged {
 
 /// A request's answer, before it is written in the protocol's terms.
 #[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) domain: String,
+pub(crate) struct Answer<'r> {
+    pub(crate) domain: &'r str,
     pub(crate) judged: Vec<Judged>,
     /// Whether the store failed (its descriptors were answered by the failure policy).
     pub(crate) store_failed: bool,
@@ -63,7 +63,7 @@ pub(crate) enum Refusal {
     RulesChanged(LimitError),
 }
 
-impl Answer {
+impl Answer<'_> {
     /// Whether any enforced limit is over.
     pub(crate) fn over_limit(&self) -> bool {
         self.judged
@@ -130,12 +130,12 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), R
 }
 
 /// Decides `request` under `domains`, charging `limiter`.
-pub(crate) async fn decide(
+pub(crate) async fn decide<'r>(
     domains: &Domains,
     limiter: &Limiter,
     on_store_failure: StoreFailure,
-    request: &RateLimitRequest,
-) -> Result<Answer, Refusal> {
+    request: &'r RateLimitRequest,
+) -> Result<Answer<'r>, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
     let plan = Plan::new(domains.get(domain_name), &descriptors);
     let mut judged: Vec<Judged> = descriptors
@@ -209,7 +209,7 @@ pub(crate) async fn decide(
         }
     }
     Ok(Answer {
-        domain: domain_name.to_owned(),
+        domain: domain_name,
         judged,
         store_failed,
     })
@@ -247,7 +247,7 @@ fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> Arc<str> {
 }
 
 /// The answer in the protocol's terms (without headers).
-pub(crate) fn statuses(answer: &Answer) -> Vec<DescriptorStatus> {
+pub(crate) fn statuses(answer: &Answer<'_>) -> Vec<DescriptorStatus> {
     answer
         .judged
         .iter()

@@ -104,7 +104,7 @@ async fn should_rate_limit(
     state.stats.record(&answer);
     let headers = current
         .domains
-        .get(&answer.domain)
+        .get(answer.domain)
         .map(|domain| domain.headers)
         .unwrap_or_default();
     let response = RateLimitResponse {

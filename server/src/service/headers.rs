@@ -7,6 +7,8 @@
 //! limit's, with `X-RateLimit-Reset` in seconds from now, as Envoy's own
 //! `DRAFT_VERSION_03` fields count it.
 
+use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::headers::{
@@ -18,7 +20,7 @@ use super::protocol::HeaderValue;
 use crate::tree::{Headers, LimitKind};
 
 /// The fields for `answer` under a domain's `headers` setting.
-pub(crate) fn response_headers(answer: &Answer, headers: Headers) -> Vec<HeaderValue> {
+pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<HeaderValue> {
     let limited: Vec<&Judged> = answer
         .judged
         .iter()
@@ -37,20 +39,31 @@ pub(crate) fn response_headers(answer: &Answer, headers: Headers) -> Vec<HeaderV
         value,
     };
     if matches!(headers, Headers::Draft | Headers::Both) {
-        let mut policy = Vec::new();
-        let mut ratelimit = Vec::new();
-        for j in &limited {
+        // One item per limit, for the first descriptor that reached it.
+        let (mut policy, mut ratelimit) = (String::new(), String::new());
+        for (n, j) in limited.iter().enumerate() {
             let Some(limit) = &j.limit else { continue };
-            let name = sf_string(&limit.name);
-            let window = limit.unit.duration().as_secs();
-            let item = format!("{name};q={};w={window}", limit.requests_per_unit);
-            if !policy.contains(&item) {
-                policy.push(item);
-                ratelimit.push(format!("{name};r={};t={}", remaining(j), reset(j)));
+            let same = |earlier: &&Judged| {
+                earlier
+                    .limit
+                    .as_ref()
+                    .is_some_and(|l| Arc::ptr_eq(l, limit))
+            };
+            if limited[..n].iter().any(same) {
+                continue;
             }
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                ratelimit.push_str(", ");
+            }
+            let window = limit.unit.duration().as_secs();
+            push_sf_string(&mut policy, &limit.name);
+            let _ = write!(policy, ";q={};w={window}", limit.requests_per_unit);
+            push_sf_string(&mut ratelimit, &limit.name);
+            let _ = write!(ratelimit, ";r={};t={}", remaining(j), reset(j));
         }
-        fields.push(field(&RATELIMIT_POLICY, policy.join(", ")));
-        fields.push(field(&RATELIMIT, ratelimit.join(", ")));
+        fields.push(field(&RATELIMIT_POLICY, policy));
+        fields.push(field(&RATELIMIT, ratelimit));
     }
     if matches!(headers, Headers::Legacy | Headers::Both) {
         if let Some(tightest) = limited.iter().min_by_key(|j| remaining(j)) {
@@ -99,10 +112,9 @@ fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// `name` as a Structured Field string: quoted, `"` and `\` escaped, anything outside printable
-/// ASCII (which sf-strings cannot hold) written as `?`.
-fn sf_string(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
+/// Appends `name` as a Structured Field string: quoted, `"` and `\` escaped, anything outside
+/// printable ASCII (which sf-strings cannot hold) written as `?`.
+fn push_sf_string(out: &mut String, name: &str) {
     out.push('"');
     for c in name.chars() {
         match c {
@@ -115,5 +127,4 @@ fn sf_string(name: &str) -> String {
         }
     }
     out.push('"');
-    out
 }

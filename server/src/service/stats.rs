@@ -63,8 +63,10 @@ const COUNTERS: [&str; 5] = [
 pub struct Stats {
     /// Counts by domain, then by statistics key; looked up without allocating.
     descriptors: Mutex<Series>,
-    latency_buckets: [AtomicU64; BUCKETS.len()],
-    latency_count: AtomicU64,
+    /// Decisions per latency bucket, each counted once (in the first bucket that holds it; the
+    /// last slot is above every bound): two atomic additions per call, not one per bucket,
+    /// on counters every worker thread shares. Made cumulative when rendered.
+    latency_buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_sum_micros: AtomicU64,
     store_errors: AtomicU64,
     reloads: AtomicU64,
@@ -84,14 +86,14 @@ impl Drop for InFlight<'_> {
 
 impl Stats {
     /// Counts one answered request.
-    pub(crate) fn record(&self, answer: &Answer) {
+    pub(crate) fn record(&self, answer: &Answer<'_>) {
         let mut series = self
             .descriptors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for judged in &answer.judged {
             let Some(limit) = &judged.limit else { continue };
-            let counts = series.counts(&answer.domain, &judged.stat_key);
+            let counts = series.counts(answer.domain, &judged.stat_key);
             let cost = judged.cost;
             counts[0] += cost;
             if judged.over {
@@ -111,12 +113,11 @@ impl Stats {
     /// Counts one decision's latency.
     pub(crate) fn latency(&self, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
-        for (bound, count) in BUCKETS.iter().zip(&self.latency_buckets) {
-            if seconds <= *bound {
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        let bucket = BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(BUCKETS.len());
+        self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
@@ -178,11 +179,12 @@ impl Stats {
         }
         let histogram = "tollgate_server_decision_seconds";
         let _ = writeln!(out, "# TYPE {histogram} histogram");
-        for (bound, count) in BUCKETS.iter().zip(&self.latency_buckets) {
-            let count = count.load(Ordering::Relaxed);
+        let mut count = 0;
+        for (bound, in_bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
+            count += in_bucket.load(Ordering::Relaxed);
             let _ = writeln!(out, "{histogram}_bucket{{le=\"{bound}\"}} {count}");
         }
-        let count = self.latency_count.load(Ordering::Relaxed);
+        count += self.latency_buckets[BUCKETS.len()].load(Ordering::Relaxed);
         let sum = self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{histogram}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "{histogram}_sum {sum}");
