@@ -69,6 +69,9 @@ impl std::error::Error for StartError {}
 
 /// Runs the server until `SIGTERM` or `SIGINT`, then drains the calls in flight and returns.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
+    // The files' content is taken before they are read: a change in between is then seen by
+    // the first comparison, never mistaken for the content in force.
+    let in_force = load::fingerprint(&settings.config);
     let loaded = load::load(&settings.config).map_err(|e| StartError(e.to_string()))?;
     let layer = loaded
         .config
@@ -107,6 +110,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let reload = tokio::spawn(reload::watch(
         state.clone(),
         settings.config.clone(),
+        in_force,
         settings.reload_interval,
         grpc_stopping.clone(),
     ));

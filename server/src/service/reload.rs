@@ -10,14 +10,15 @@ use std::time::Duration;
 use super::{Current, State};
 use crate::load;
 
-/// Watches `path` until `stop` turns true.
+/// Watches `path`, whose configuration in force was read from `in_force`, until `stop` turns
+/// true.
 pub(crate) async fn watch(
     state: Arc<State>,
     path: PathBuf,
+    mut in_force: Vec<(PathBuf, Vec<u8>)>,
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut in_force = load::fingerprint(&path);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -43,3 +43,23 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
     );
     assert_eq!(server.metric("tollgate_server_config_reloads_total"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_added_to_a_directory_adds_its_domain() {
+    let dir = ConfigDir::new();
+    dir.write("edge.yaml", &config(3));
+    let mut server = Server::start(dir.dir.path());
+    let client = server.client().await;
+    let other = || client.ask("other", &[&[("k", "v")]]);
+    assert_eq!(other().await.statuses[0].current_limit, None);
+    dir.write(
+        "other.yaml",
+        "domain: other\ndescriptors:\n  - key: k\n    rate_limit: { unit: year, requests_per_unit: 9 }\n",
+    );
+    server.wait_for_log("configuration reloaded");
+    assert_eq!(limit(&other().await), 9);
+    assert_eq!(
+        limit(&client.ask("edge", &[&[("remote_address", "a")]]).await),
+        3
+    );
+}
