@@ -118,8 +118,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), grpc_stopping));
 
     shutdown_signal(term).await;
-    tracing::info!("tollgate-server: draining the calls in flight");
     state.draining.store(true, Ordering::SeqCst);
+    tracing::info!("tollgate-server: draining the calls in flight");
     let _ = stop_grpc.send(true);
     let _ = grpc.await;
     let _ = stop_http.send(true);
