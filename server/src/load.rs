@@ -26,6 +26,7 @@
 //! The library's checks apply to the rules as written (errors name the rule and the field).
 //! Fields of tollgate-server's are taken out before the library reads the rest.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,7 +38,7 @@ use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
 use crate::reference;
-use crate::tree::{Domains, Headers, LimitKind, LimitSpec};
+use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec};
 use crate::unit::Unit;
 
 /// A configuration that cannot be used, with the file and place that says why.
@@ -105,7 +106,7 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     let mut rules = Vec::new();
     if path.is_dir() {
         read_reference_dir(path, &mut domains, &mut rules)?;
-        return finish(domains, rules, Map::new(), path);
+        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
     }
     let text = read_text(path)?;
     let format = ConfigFormat::from_path(path).ok_or_else(|| {
@@ -118,7 +119,7 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     let value = parse_value(path, format, &text)?;
     if format == ConfigFormat::Yaml && reference::looks_like_reference(&value) {
         reference::read(path, &text, &mut domains, &mut rules)?;
-        return finish(domains, rules, Map::new(), path);
+        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
     }
     own(path, value, domains, rules)
 }
@@ -249,7 +250,7 @@ fn read_reference_dir(
     Ok(())
 }
 
-/// A rule of tollgate's file, as tollgate-server matches it.
+/// One entry of a rule's `descriptors` in tollgate's file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Match {
@@ -325,68 +326,11 @@ fn own(
             "domain: {domain:?} is also configured by a reference file"
         )));
     }
-    let mut loaded = finish(domains, rules, file, path)?;
-    let algorithms: std::collections::HashMap<String, Algorithm> = loaded
-        .config
-        .layer_with_store(MemoryStore::new())
-        .map_err(|error| library_error(path, &error))?
-        .limiter()
-        .rules_in_force()
-        .into_iter()
-        .map(|rule| (rule.name, rule.algorithm))
-        .collect();
+    let (mut loaded, algorithms) = finish(domains, rules, file, path)?;
     let tree = loaded.domains.entry(&domain);
     tree.headers = headers;
     for rule in own_rules {
-        let kind = if rule.unlimited {
-            LimitKind::Unlimited
-        } else {
-            LimitKind::Rule(rule.name.as_str().into())
-        };
-        let max_cost = algorithms
-            .get(&rule.name)
-            .map_or(u64::MAX, |a| a.max_cost(Mode::Charge));
-        let (requests_per_unit, unit) = match algorithms.get(&rule.name) {
-            Some(algorithm) if algorithm.is_concurrency() => {
-                return Err(fail(format!(
-                    "{}: a concurrency limit counts requests in flight, and tollgate-server \
-                     never sees a request end",
-                    rule.at
-                )))
-            }
-            Some(algorithm) => Unit::nearest(algorithm.capacity(), algorithm.window()),
-            None => (u32::MAX, Unit::Second),
-        };
-        let stat_key = rule
-            .descriptors
-            .iter()
-            .map(|m| match &m.value {
-                Some(value) => format!("{}_{value}", m.key),
-                None => m.key.clone(),
-            })
-            .collect::<Vec<_>>()
-            .join(".");
-        let mut node = &mut tree.root;
-        for m in &rule.descriptors {
-            node = node.child_mut(&m.key, m.value.as_deref());
-        }
-        if node.limit.is_some() {
-            return Err(fail(format!(
-                "{}.descriptors: another rule has the same descriptors",
-                rule.at
-            )));
-        }
-        node.limit = Some(Arc::new(LimitSpec {
-            kind,
-            name: rule.name,
-            requests_per_unit,
-            unit,
-            max_cost,
-            shadow: rule.shadow,
-            detailed_metric: rule.detailed_metric,
-            replaces: rule.replaces,
-            stat_key: stat_key.into(),
-        }));
+        attach(tree, rule, &algorithms).map_err(fail)?;
     }
     for (name, headers) in domain_headers {
         match loaded.domains.get_mut(&name) {
@@ -399,6 +343,57 @@ fn own(
         }
     }
     Ok(loaded)
+}
+
+/// Puts `rule`'s limit at the level of its descriptors in `tree`.
+fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(), String> {
+    let algorithm = algorithms.get(&rule.name);
+    if algorithm.is_some_and(Algorithm::is_concurrency) {
+        return Err(format!(
+            "{}: a concurrency limit counts requests in flight, and tollgate-server never sees \
+             a request end",
+            rule.at
+        ));
+    }
+    let (requests_per_unit, unit) = algorithm.map_or((u32::MAX, Unit::Second), |a| {
+        Unit::nearest(a.capacity(), a.window())
+    });
+    let stat_key = rule
+        .descriptors
+        .iter()
+        .map(|m| match &m.value {
+            Some(value) => format!("{}_{value}", m.key),
+            None => m.key.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    let mut node = &mut tree.root;
+    for m in &rule.descriptors {
+        node = node.child_mut(&m.key, m.value.as_deref());
+    }
+    if node.limit.is_some() {
+        return Err(format!(
+            "{}.descriptors: another rule has the same descriptors",
+            rule.at
+        ));
+    }
+    node.limit = Some(Arc::new(LimitSpec {
+        // An unlimited rule has no rule in the library (nothing to count).
+        kind: if rule.unlimited {
+            LimitKind::Unlimited
+        } else {
+            LimitKind::Rule(rule.name.as_str().into())
+        },
+        max_cost: algorithm.map_or(u64::MAX, |a| a.max_cost(Mode::Charge)),
+        name: rule.name,
+        requests_per_unit,
+        unit,
+        shadow: rule.shadow,
+        detailed_metric: rule.detailed_metric,
+        replaces: rule.replaces,
+        stat_key: stat_key.into(),
+    }));
+    Ok(())
 }
 
 /// The reference files or directories tollgate's file at `path` includes, relative to it.
@@ -471,14 +466,17 @@ fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> 
     })
 }
 
+/// The algorithm of every rule in force, by name.
+type Algorithms = HashMap<String, Algorithm>;
+
 /// Builds the library's configuration from `file` (tollgate's settings, without
-/// tollgate-server's) and the rules the reference files added.
+/// tollgate-server's) and the rules the reference files added; checks it whole.
 fn finish(
     domains: Domains,
     rules: Vec<LibraryRule>,
     mut file: Map<String, Value>,
     path: &Path,
-) -> Result<Loaded, Error> {
+) -> Result<(Loaded, Algorithms), Error> {
     let list = file
         .entry("rules")
         .or_insert_with(|| Value::Array(Vec::new()));
@@ -500,14 +498,20 @@ fn finish(
         Config::parse(ConfigFormat::Yaml, &text).map_err(|error| library_error(path, &error))?;
     // Rules are checked against each other when a layer is built; the server's own store is
     // connected later, so check with a memory store now.
-    if let Err(error) = config.layer_with_store(MemoryStore::new()) {
-        return Err(library_error(path, &error));
-    }
-    Ok(Loaded {
+    let algorithms = config
+        .layer_with_store(MemoryStore::new())
+        .map_err(|error| library_error(path, &error))?
+        .limiter()
+        .rules_in_force()
+        .into_iter()
+        .map(|rule| (rule.name, rule.algorithm))
+        .collect();
+    let loaded = Loaded {
         domains,
         config,
         on_store_failure,
-    })
+    };
+    Ok((loaded, algorithms))
 }
 
 /// An error of the library's about the configuration read from `path`: its place as a path in
@@ -528,3 +532,67 @@ pub fn library_error(path: &Path, error: &ConfigFileError) -> Error {
 
 /// The rule a configuration with nothing to count holds, so the library accepts it.
 pub const IDLE_RULE: &str = "tollgate-server:idle";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error loading `text` as the file `name` gives, without the directory.
+    fn error(name: &str, text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let error = load(&path).expect_err("an invalid configuration").0;
+        error.replace(&format!("{}/", dir.path().display()), "")
+    }
+
+    const RULE: &str = "[[rules]]\nname = \"r\"\nrate = 1\nperiod = \"1s\"\n";
+
+    #[test]
+    fn tollgate_files_say_what_tollgate_server_needs() {
+        assert_eq!(
+            error("a.toml", RULE),
+            "a.toml: domain: missing (the domain this file's rules serve)"
+        );
+        assert_eq!(
+            error("a.toml", &format!("domain = \"d\"\n{RULE}")),
+            "a.toml: rules[0] (rule \"r\").descriptors: missing (the descriptor entries this rule limits)"
+        );
+        let twice = format!(
+            "domain = \"d\"\n{RULE}descriptors = [{{ key = \"k\" }}]\n{}descriptors = [{{ key = \"k\" }}]\n",
+            RULE.replace("\"r\"", "\"s\"")
+        );
+        assert_eq!(
+            error("a.toml", &twice),
+            "a.toml: rules[1] (rule \"s\").descriptors: another rule has the same descriptors"
+        );
+        let concurrent = "domain = \"d\"\n[[rules]]\nname = \"c\"\nconcurrent = 2\ndescriptors = [{ key = \"k\" }]\n";
+        assert!(
+            error("a.toml", concurrent).contains("a concurrency limit counts requests in flight")
+        );
+        // The library's own checks, at their place in the file.
+        let bad = "domain = \"d\"\n[[rules]]\nname = \"r\"\nrate = 0\nperiod = \"1s\"\ndescriptors = [{ key = \"k\" }]\n";
+        assert_eq!(
+            error("a.toml", bad),
+            "a.toml: rules[0].rate (rule \"r\"): must be greater than 0"
+        );
+    }
+
+    #[test]
+    fn reference_files_say_where() {
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1, nmae: x }\n"
+            ),
+            "r.yaml:4:55: descriptors[0].rate_limit: unknown field `nmae`, expected one of `unit`, `requests_per_unit`, `name`, `unlimited`, `replaces`"
+        );
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n  - key: k\n"
+            ),
+            "r.yaml: descriptors[1]: duplicate descriptor \"k\" at this level"
+        );
+    }
+}
