@@ -29,7 +29,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -377,7 +376,7 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
             rule.at
         ));
     }
-    node.limit = Some(Arc::new(LimitSpec {
+    node.limit = Some(LimitSpec {
         // An unlimited rule has no rule in the library (nothing to count).
         kind: if rule.unlimited {
             LimitKind::Unlimited
@@ -391,8 +390,8 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
         shadow: rule.shadow,
         detailed_metric: rule.detailed_metric,
         replaces: rule.replaces,
-        stat_key: stat_key.into(),
-    }));
+        stat_key,
+    });
     Ok(())
 }
 

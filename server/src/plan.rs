@@ -3,9 +3,7 @@
 //! atomic step of the store. The service answers from it; tools that replay traffic through a
 //! configuration (the `tollgate` command) charge the same plan.
 
-use std::sync::Arc;
-
-use crate::tree::{Domain, Entry, LimitKind, Matched};
+use crate::tree::{Domain, Entry, LimitKind, LimitSpec, Matched};
 
 /// One descriptor of a request: its entries and the units it costs.
 #[derive(Debug)]
@@ -18,22 +16,22 @@ pub struct Descriptor<'a> {
 
 /// The charges of one request.
 #[derive(Debug)]
-pub struct Plan {
+pub struct Plan<'t> {
     /// Per descriptor, the limit that applies, if any.
-    pub matched: Vec<Option<Matched>>,
+    pub matched: Vec<Option<Matched<'t>>>,
     /// Per descriptor, the enforced charge it is part of (an index into [`Plan::charges`]).
     pub slots: Vec<Option<usize>>,
     /// Per descriptor, whether it is over its limit whatever the store counts:
     /// `requests_per_unit: 0`, or a cost above what the limit can ever hold.
     pub over_regardless: Vec<bool>,
     /// The enforced charges: rule, the first descriptor with that key, the summed cost.
-    charges: Vec<(Arc<str>, usize, u64)>,
+    charges: Vec<(&'t str, usize, u64)>,
 }
 
-impl Plan {
+impl<'t> Plan<'t> {
     /// The plan of `descriptors` in `domain` (`None`: an unknown domain, nothing applies).
-    pub fn new(domain: Option<&Domain>, descriptors: &[Descriptor<'_>]) -> Plan {
-        let mut matched: Vec<Option<Matched>> = descriptors
+    pub fn new(domain: Option<&'t Domain>, descriptors: &[Descriptor<'_>]) -> Plan<'t> {
+        let mut matched: Vec<Option<Matched<'t>>> = descriptors
             .iter()
             .map(|d| domain.and_then(|domain| domain.find(&d.entries)))
             .collect();
@@ -58,20 +56,21 @@ impl Plan {
         };
         for (i, descriptor) in descriptors.iter().enumerate() {
             let Some(m) = &plan.matched[i] else { continue };
-            match &m.limit.kind {
+            let limit: &'t LimitSpec = m.limit;
+            match &limit.kind {
                 LimitKind::Unlimited => {}
                 LimitKind::Blocked => plan.over_regardless[i] = true,
-                LimitKind::Rule(rule) if !m.limit.shadow => {
+                LimitKind::Rule(rule) if !limit.shadow => {
                     // One charge per (rule, key): the library refuses a key twice in one batch.
                     // A linear search beats hashing for the few descriptors of a request.
                     let found = plan.charges.iter().position(|(r, first, _)| {
-                        r == rule
+                        *r == &**rule
                             && plan.matched[*first]
                                 .as_ref()
                                 .is_some_and(|f| f.key == m.key)
                     });
                     let slot = found.unwrap_or_else(|| {
-                        plan.charges.push((rule.clone(), i, 0));
+                        plan.charges.push((rule, i, 0));
                         plan.charges.len() - 1
                     });
                     let cost = &mut plan.charges[slot].2;
@@ -79,7 +78,7 @@ impl Plan {
                     plan.slots[i] = Some(slot);
                 }
                 LimitKind::Rule(_) => {
-                    plan.over_regardless[i] = descriptor.cost > m.limit.max_cost;
+                    plan.over_regardless[i] = descriptor.cost > limit.max_cost;
                 }
             }
         }
@@ -95,7 +94,7 @@ impl Plan {
     pub fn charges(&self) -> impl Iterator<Item = (&str, &[u8], u64)> {
         self.charges.iter().map(|(rule, first, cost)| {
             let key = self.matched[*first].as_ref().map_or(&[][..], |m| &m.key);
-            (&**rule, key, *cost)
+            (*rule, key, *cost)
         })
     }
 

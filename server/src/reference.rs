@@ -14,7 +14,6 @@
 //! 30 days, a year 365). Unknown fields are errors naming the file, line and column.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -143,7 +142,7 @@ impl Walk<'_> {
                 let spec = self
                     .limit(rate_limit, descriptor, &stat_key)
                     .map_err(|message| format!("{at}.rate_limit: {message}"))?;
-                child.limit = Some(Arc::new(spec));
+                child.limit = Some(spec);
             }
             let nested = format!("{at}.descriptors");
             self.level(child, &descriptor.descriptors, &nested, Some(&stat_key))?;
@@ -193,7 +192,7 @@ impl Walk<'_> {
             shadow: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,
             replaces: rate_limit.replaces.iter().map(|r| r.name.clone()).collect(),
-            stat_key: stat_key.into(),
+            stat_key: stat_key.to_owned(),
         })
     }
 }

@@ -51,7 +51,7 @@ pub(crate) struct Node {
     /// Children by key with no value: one counter per distinct value.
     any_value: HashMap<String, Node>,
     /// The limit at this level.
-    pub(crate) limit: Option<Arc<LimitSpec>>,
+    pub(crate) limit: Option<LimitSpec>,
     /// For a wildcard level: every matching value shares one counter.
     share_threshold: bool,
 }
@@ -77,7 +77,7 @@ pub struct LimitSpec {
     /// Names of limits this one replaces when both apply to one request.
     pub replaces: Vec<String>,
     /// The configured level's statistics key: `key_value.key` (the reference's).
-    pub stat_key: Arc<str>,
+    pub stat_key: String,
 }
 
 /// What a limit does with a charge.
@@ -125,11 +125,12 @@ pub struct Entry<'a> {
     pub value: &'a str,
 }
 
-/// The limit a descriptor reached, with the key it is counted under.
+/// The limit a descriptor reached (borrowed from the tree in force), with the key it is counted
+/// under.
 #[derive(Debug)]
-pub struct Matched {
+pub struct Matched<'t> {
     /// The limit.
-    pub limit: Arc<LimitSpec>,
+    pub limit: &'t LimitSpec,
     /// The counter's key in the store: the values that select it, joined by `/` (a wildcard
     /// level with `share_threshold` contributes its pattern instead).
     pub key: Vec<u8>,
@@ -168,7 +169,7 @@ impl Domains {
 
 impl Domain {
     /// Every configured limit of this domain, ordered by statistics key.
-    pub fn limits(&self) -> Vec<Arc<LimitSpec>> {
+    pub fn limits(&self) -> Vec<&LimitSpec> {
         let mut limits = Vec::new();
         self.root.collect(&mut limits);
         limits.sort_by(|a, b| a.stat_key.cmp(&b.stat_key));
@@ -176,7 +177,7 @@ impl Domain {
     }
 
     /// The limit `entries` reach in this domain, if any.
-    pub fn find(&self, entries: &[Entry<'_>]) -> Option<Matched> {
+    pub fn find<'t>(&'t self, entries: &[Entry<'_>]) -> Option<Matched<'t>> {
         let mut node = &self.root;
         let mut key = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
@@ -190,7 +191,7 @@ impl Domain {
         if entries.is_empty() {
             return None;
         }
-        node.limit.clone().map(|limit| Matched { limit, key })
+        node.limit.as_ref().map(|limit| Matched { limit, key })
     }
 }
 
@@ -209,9 +210,11 @@ fn push_part(key: &mut Vec<u8>, part: &[u8]) {
 
 impl Node {
     /// The child `entry` selects, and what it is counted as at this level.
-    fn child<'n, 'e>(&'n self, entry: &Entry<'e>) -> Option<(&'n Node, &'n str)>
+    /// (What it is counted as lives as long as the shorter of the two: the entry's value, or
+    /// this level's pattern.)
+    fn child<'n, 's>(&'n self, entry: &Entry<'s>) -> Option<(&'n Node, &'s str)>
     where
-        'e: 'n,
+        'n: 's,
     {
         if let Some(child) = self.exact.get(entry.key).and_then(|v| v.get(entry.value)) {
             return Some((child, entry.value));
@@ -259,8 +262,8 @@ impl Node {
         }
     }
 
-    fn collect(&self, limits: &mut Vec<Arc<LimitSpec>>) {
-        limits.extend(self.limit.clone());
+    fn collect<'t>(&'t self, limits: &mut Vec<&'t LimitSpec>) {
+        limits.extend(self.limit.as_ref());
         let exact = self.exact.values().flat_map(HashMap::values);
         let wildcard = self.wildcard.iter().map(|(_, _, node)| node);
         for child in exact.chain(wildcard).chain(self.any_value.values()) {
@@ -277,8 +280,8 @@ impl Node {
 mod tests {
     use super::*;
 
-    fn spec(name: &str) -> Arc<LimitSpec> {
-        Arc::new(LimitSpec {
+    fn spec(name: &str) -> LimitSpec {
+        LimitSpec {
             kind: LimitKind::Rule(name.into()),
             name: name.to_owned(),
             requests_per_unit: 1,
@@ -288,7 +291,7 @@ mod tests {
             detailed_metric: false,
             replaces: Vec::new(),
             stat_key: name.into(),
-        })
+        }
     }
 
     fn find(domain: &Domain, entries: &[(&str, &str)]) -> Option<String> {

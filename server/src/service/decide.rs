@@ -10,7 +10,7 @@
 //! Shadow limits are charged apart from the others, each on its own, whatever the enforced ones
 //! decide: they count what they would have done, and never refuse anything.
 
-use std::sync::Arc;
+use std::borrow::Cow;
 use std::time::Duration;
 
 use tollgate::algorithm::Outcome;
@@ -29,9 +29,9 @@ pub const MAX_ENTRIES: usize = 64;
 
 /// What one descriptor was answered, for the answer and the statistics.
 #[derive(Debug)]
-pub(crate) struct Judged {
+pub(crate) struct Judged<'t> {
     /// The limit that applied, if any.
-    pub(crate) limit: Option<Arc<LimitSpec>>,
+    pub(crate) limit: Option<&'t LimitSpec>,
     /// The units the descriptor asked for.
     pub(crate) cost: u64,
     /// Over the limit (for a shadow limit: would have been).
@@ -41,14 +41,14 @@ pub(crate) struct Judged {
     /// What the limit's store said, when it was asked.
     pub(crate) outcome: Option<Outcome>,
     /// The statistics key: the configured level's, or the values' with `detailed_metric`.
-    pub(crate) stat_key: Arc<str>,
+    pub(crate) stat_key: Cow<'t, str>,
 }
 
 /// A request's answer, before it is written in the protocol's terms.
 #[derive(Debug)]
-pub(crate) struct Answer<'r> {
-    pub(crate) domain: &'r str,
-    pub(crate) judged: Vec<Judged>,
+pub(crate) struct Answer<'t> {
+    pub(crate) domain: &'t str,
+    pub(crate) judged: Vec<Judged<'t>>,
     /// Whether the store failed (its descriptors were answered by the failure policy).
     pub(crate) store_failed: bool,
 }
@@ -130,24 +130,21 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), R
 }
 
 /// Decides `request` under `domains`, charging `limiter`.
-pub(crate) async fn decide<'r>(
-    domains: &Domains,
+pub(crate) async fn decide<'t>(
+    domains: &'t Domains,
     limiter: &Limiter,
     on_store_failure: StoreFailure,
-    request: &'r RateLimitRequest,
-) -> Result<Answer<'r>, Refusal> {
+    request: &'t RateLimitRequest,
+) -> Result<Answer<'t>, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
     let plan = Plan::new(domains.get(domain_name), &descriptors);
-    let mut judged: Vec<Judged> = descriptors
+    let mut judged: Vec<Judged<'t>> = descriptors
         .iter()
         .zip(&plan.matched)
         .zip(&plan.over_regardless)
         .map(|((d, m), over)| Judged {
-            stat_key: m
-                .as_ref()
-                .map(|m| stat_key(&m.limit, d))
-                .unwrap_or_default(),
-            limit: m.as_ref().map(|m| m.limit.clone()),
+            stat_key: m.as_ref().map(|m| stat_key(m.limit, d)).unwrap_or_default(),
+            limit: m.as_ref().map(|m| m.limit),
             cost: d.cost,
             over: *over,
             near: false,
@@ -216,7 +213,7 @@ pub(crate) async fn decide<'r>(
 }
 
 /// Answers the descriptors of a failed store call by the failure policy.
-fn apply_failure_policy(judged: &mut [Judged], slots: &[Option<usize>], policy: StoreFailure) {
+fn apply_failure_policy(judged: &mut [Judged<'_>], slots: &[Option<usize>], policy: StoreFailure) {
     for (j, slot) in judged.iter_mut().zip(slots) {
         if slot.is_some() {
             match policy {
@@ -228,9 +225,9 @@ fn apply_failure_policy(judged: &mut [Judged], slots: &[Option<usize>], policy: 
 }
 
 /// The statistics key of `descriptor` under `limit`.
-fn stat_key(limit: &LimitSpec, descriptor: &Descriptor<'_>) -> Arc<str> {
+fn stat_key<'t>(limit: &'t LimitSpec, descriptor: &Descriptor<'_>) -> Cow<'t, str> {
     if !limit.detailed_metric {
-        return limit.stat_key.clone();
+        return Cow::Borrowed(&limit.stat_key);
     }
     // Values are cut so one statistic's name stays small; the number of statistics is bounded
     // by the recorder.

@@ -17,10 +17,11 @@ use tonic::Status;
 use tonic_health::ServingStatus;
 use tonic_prost::ProstCodec;
 
-use super::decide::{decide, statuses, Refusal};
+use super::decide::{decide, statuses, Answer, Refusal};
 use super::headers::response_headers;
 use super::protocol::{code, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT};
 use super::State;
+use crate::tree::Domains;
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 #[derive(Clone)]
@@ -76,11 +77,16 @@ async fn should_rate_limit(
     let _in_flight = state.stats.in_flight();
     let limiter = state.layer.limiter();
     let mut attempts = 0;
-    let (current, answer) = loop {
+    loop {
+        // The answer borrows the trees in force: they stay alive until it is written.
         let current = state.current.load_full();
         let policy = current.on_store_failure;
         match decide(&current.domains, limiter, policy, &request).await {
-            Ok(answer) => break (current, answer),
+            Ok(answer) => {
+                let response = respond(state, &current.domains, &answer);
+                state.stats.latency(started.elapsed());
+                return Ok(tonic::Response::new(response));
+            }
             Err(Refusal::Invalid(status)) => {
                 state.stats.invalid_request();
                 tracing::debug!(message = status.message(), "invalid request");
@@ -97,28 +103,29 @@ async fn should_rate_limit(
                 return Err(Status::unavailable(format!("rules reloading: {error}")))
             }
         }
-    };
+    }
+}
+
+/// Counts `answer` and writes it in the protocol's terms.
+fn respond(state: &State, domains: &Domains, answer: &Answer<'_>) -> RateLimitResponse {
     if answer.store_failed {
         state.stats.store_error();
     }
-    state.stats.record(&answer);
-    let headers = current
-        .domains
+    state.stats.record(answer);
+    let headers = domains
         .get(answer.domain)
         .map(|domain| domain.headers)
         .unwrap_or_default();
-    let response = RateLimitResponse {
+    RateLimitResponse {
         overall_code: if answer.over_limit() {
             code::OVER_LIMIT
         } else {
             code::OK
         },
-        statuses: statuses(&answer),
-        response_headers_to_add: response_headers(&answer, headers),
+        statuses: statuses(answer),
+        response_headers_to_add: response_headers(answer, headers),
         request_headers_to_add: Vec::new(),
-    };
-    state.stats.latency(started.elapsed());
-    Ok(tonic::Response::new(response))
+    }
 }
 
 /// Serves gRPC on `listener` until `stop` turns true, then drains the calls in flight.

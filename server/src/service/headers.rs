@@ -8,7 +8,6 @@
 //! `DRAFT_VERSION_03` fields count it.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::headers::{
@@ -21,7 +20,7 @@ use crate::tree::{Headers, LimitKind};
 
 /// The fields for `answer` under a domain's `headers` setting.
 pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<HeaderValue> {
-    let limited: Vec<&Judged> = answer
+    let limited: Vec<&Judged<'_>> = answer
         .judged
         .iter()
         .filter(|j| {
@@ -43,12 +42,8 @@ pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<Hea
         let (mut policy, mut ratelimit) = (String::new(), String::new());
         for (n, j) in limited.iter().enumerate() {
             let Some(limit) = &j.limit else { continue };
-            let same = |earlier: &&Judged| {
-                earlier
-                    .limit
-                    .as_ref()
-                    .is_some_and(|l| Arc::ptr_eq(l, limit))
-            };
+            let same =
+                |earlier: &&Judged<'_>| earlier.limit.is_some_and(|l| std::ptr::eq(l, *limit));
             if limited[..n].iter().any(same) {
                 continue;
             }
@@ -93,7 +88,7 @@ pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<Hea
     fields
 }
 
-fn remaining(j: &Judged) -> u64 {
+fn remaining(j: &Judged<'_>) -> u64 {
     match &j.outcome {
         Some(o) if !j.over => o.remaining,
         _ => 0,
@@ -101,7 +96,7 @@ fn remaining(j: &Judged) -> u64 {
 }
 
 /// Seconds until the limit's quota grows (rounded up).
-fn reset(j: &Judged) -> u64 {
+fn reset(j: &Judged<'_>) -> u64 {
     match &j.outcome {
         Some(o) => whole_seconds(o.next_unit_in),
         None => j.limit.as_ref().map_or(1, |l| l.unit.duration().as_secs()),

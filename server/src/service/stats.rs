@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::decide::Answer;
@@ -26,25 +26,26 @@ const BUCKETS: [f64; 12] = [
 
 #[derive(Debug, Default)]
 struct Series {
-    by_domain: HashMap<String, HashMap<Arc<str>, Counts>>,
+    by_domain: HashMap<String, HashMap<String, Counts>>,
     len: usize,
 }
 
 impl Series {
-    fn counts(&mut self, domain: &str, key: &Arc<str>) -> &mut Counts {
+    fn counts(&mut self, domain: &str, key: &str) -> &mut Counts {
         if !self.by_domain.contains_key(domain) {
             self.by_domain.insert(domain.to_owned(), HashMap::new());
         }
         let keys = self.by_domain.get_mut(domain).expect("inserted above");
         let key = if keys.contains_key(key) || self.len < MAX_SERIES {
-            key.clone()
+            key
         } else {
-            Arc::from(OVERFLOW_KEY)
+            OVERFLOW_KEY
         };
-        if !keys.contains_key(&key) {
+        if !keys.contains_key(key) {
             self.len += 1;
+            keys.insert(key.to_owned(), Counts::default());
         }
-        keys.entry(key).or_default()
+        keys.get_mut(key).expect("inserted above")
     }
 }
 
