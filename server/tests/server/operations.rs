@@ -94,6 +94,18 @@ async fn sigterm_under_load_exits_cleanly() {
 }
 
 #[test]
+fn help_names_the_default_addresses() {
+    let output = std::process::Command::new(crate::support::BINARY)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.contains("[default: 0.0.0.0:8081]"), "{help}");
+    assert!(help.contains("[default: 0.0.0.0:8080]"), "{help}");
+}
+
+#[test]
 fn start_up_failures_exit_with_a_clear_message() {
     let dir = ConfigDir::new();
     let bad = dir.write(
