@@ -57,7 +57,12 @@ cargo clippy -p tollgate --lib --no-default-features -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features tonic -- -D warnings
 
-# --workspace: the library, the benchmarks (bench/) and the `tollgate` command (cli/).
+step "clippy on tollgate-server's library without its service (what the tollgate command links)"
+cargo clippy -p tollgate-server --lib --no-default-features -- -D warnings
+
+# --workspace: the library, the benchmarks (bench/), the `tollgate` command (cli/) and
+# `tollgate-server` (server/: its one integration-test binary runs real server processes, two of
+# them on a real redis-server).
 # The integration tests include the fuzz corpora's replay and the quick soak. Every example of
 # examples/ is compiled into the integration tests (`#[path]`) and driven there, over a socket,
 # by a real client; as programs of their own they hold no test, so they are not linked again
@@ -74,3 +79,4 @@ cargo test --workspace --doc --all-features
 step "docs (all features, without warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate --no-deps --all-features
 RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate-cli --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc -p tollgate-server --no-deps

@@ -6,18 +6,58 @@ use std::time::Duration;
 
 use tollgate::algorithm::{Algorithm, TokenBucket, WindowStart};
 use tollgate::config::Config;
-use tollgate::config::ConfigFileError;
 use tollgate::rules::RuleSummary;
 use tollgate::{Cost, Key, MemoryStore, MissingKey};
+use tollgate_server::tree::LimitKind;
 
 /// Loads `path` as the layer would (every value checked, a Redis store's URL checked but not
-/// connected to) and describes its rules.
-pub fn check(path: &Path) -> Result<String, ConfigFileError> {
+/// connected to) and describes its rules. A configuration of `tollgate-server` (a reference
+/// service's YAML, a directory of them, or a file with a `domain`) is read as the server reads
+/// it, and its domains' descriptors are listed with the rule each one is charged under.
+pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    if tollgate_server::load::is_server_config(path) {
+        return check_server(path);
+    }
     let layer = Config::read(path)?.layer_with_store(MemoryStore::new())?;
+    Ok(describe_rules(path, &layer, ""))
+}
+
+fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) -> String {
     let rules = layer.limiter().rules_in_force();
-    let mut out = format!("{}: OK, {} rule(s)\n", path.display(), rules.len());
+    let mut out = format!("{}: OK, {} rule(s){extra}\n", path.display(), rules.len());
     for rule in &rules {
-        let _ = writeln!(out, "- {}", describe(rule));
+        let mut described = describe(rule);
+        if !extra.is_empty() {
+            // tollgate-server charges each rule under its descriptors' values, not a request's key.
+            described = described.replace(&counted_by(&rule.key), ", per descriptor value");
+        }
+        let _ = writeln!(out, "- {described}");
+    }
+    out
+}
+
+fn check_server(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let loaded = tollgate_server::load::load(path)?;
+    let layer = loaded.config.layer_with_store(MemoryStore::new())?;
+    let domains = loaded.domains.sorted();
+    let mut out = describe_rules(path, &layer, &format!(", {} domain(s)", domains.len()));
+    for (name, domain) in domains {
+        let _ = writeln!(out, "domain {name:?}:");
+        for limit in domain.limits() {
+            let charged = match &limit.kind {
+                LimitKind::Rule(rule) => format!("rule {rule:?}"),
+                LimitKind::Unlimited => "unlimited".to_owned(),
+                LimitKind::Blocked => "always over the limit (0 per unit)".to_owned(),
+            };
+            let mut notes = String::new();
+            if limit.shadow {
+                notes.push_str(", shadow mode");
+            }
+            if !limit.replaces.is_empty() {
+                let _ = write!(notes, ", replaces {:?}", limit.replaces);
+            }
+            let _ = writeln!(out, "  - {}: {charged}{notes}", limit.stat_key);
+        }
     }
     Ok(out)
 }

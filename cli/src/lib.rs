@@ -8,6 +8,7 @@
 //! makes entries instead of reading them; [`check`] only loads and describes.
 
 pub mod check;
+pub mod descriptors;
 pub mod log;
 pub mod replay;
 pub mod report;

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
 use tollgate_cli::check;
+use tollgate_cli::descriptors::DescriptorMap;
 use tollgate_cli::log::{self, FieldMap, Format};
 use tollgate_cli::replay;
 use tollgate_cli::report;
@@ -57,6 +58,16 @@ enum Command {
         /// A second configuration run over the same log, shown side by side.
         #[arg(long, value_name = "OTHER")]
         compare: Option<PathBuf>,
+        /// For a tollgate-server configuration: one descriptor each line sends, as
+        /// KEY=SOURCE entries separated by commas, SOURCE one of peer, path, method,
+        /// header:NAME, literal:VALUE (repeatable; e.g. remote_address=peer, or
+        /// generic_key=literal:slowpath,remote_address=peer). A descriptor whose header or peer a
+        /// line lacks is not sent.
+        #[arg(long = "descriptor", value_name = "ENTRIES")]
+        descriptors: Vec<String>,
+        /// For a tollgate-server configuration of several domains: the one the lines are sent in.
+        #[arg(long)]
+        domain: Option<String>,
         #[command(flatten)]
         output: Output,
     },
@@ -131,12 +142,15 @@ fn run(command: Command) -> Result<(), String> {
             format,
             fields,
             compare,
+            descriptors,
+            domain,
             output,
         } => {
             let fields = FieldMap::parse(&fields)?;
-            let mut runners = vec![replay::runner(&config).map_err(|e| e.to_string())?];
+            let map = DescriptorMap::parse(domain, &descriptors)?;
+            let mut runners = vec![replay::runner(&config, &map).map_err(|e| e.to_string())?];
             if let Some(other) = &compare {
-                runners.push(replay::runner(other).map_err(|e| e.to_string())?);
+                runners.push(replay::runner(other, &map).map_err(|e| e.to_string())?);
             }
             read_log(&log, format, fields, &mut runners)?;
             let tallies: Vec<Tally> = runners.into_iter().map(|r| r.tally).collect();
@@ -214,7 +228,9 @@ fn run(command: Command) -> Result<(), String> {
                     let runners =
                         match (&config, rules.is_empty()) {
                             (Some(config), _) => {
-                                vec![replay::runner(config).map_err(|e| e.to_string())?]
+                                // No descriptors: simulated traffic is requests, not descriptors.
+                                let none = DescriptorMap::default();
+                                vec![replay::runner(config, &none).map_err(|e| e.to_string())?]
                             }
                             (None, false) => rules
                                 .iter()

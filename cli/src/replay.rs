@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tollgate::clock::ManualClock;
 use tollgate::config::Config;
-use tollgate::config::ConfigFileError;
 use tollgate::MemoryStore;
 
+use crate::descriptors::{DescriptorMap, ServerRun};
 use crate::log::Source;
 use crate::run::{Runner, Spreader};
 use crate::stats::{RuleTally, Tally, TOP_KEYS};
@@ -19,10 +19,30 @@ use crate::stats::{RuleTally, Tally, TOP_KEYS};
 type Column = fn(&RuleTally) -> u64;
 
 /// A runner for the configuration file at `path`, with a manual clock and a memory store
-/// (whatever store the file names: a replay never touches a shared store).
-pub fn runner(path: &Path) -> Result<Runner, ConfigFileError> {
+/// (whatever store the file names: a replay never touches a shared store). A configuration of
+/// tollgate-server is run on the descriptors `map` gives each line.
+pub fn runner(path: &Path, map: &DescriptorMap) -> Result<Runner, Box<dyn std::error::Error>> {
     let clock = ManualClock::new(Duration::ZERO);
     let store = MemoryStore::with_clock(clock.clone());
+    if tollgate_server::load::is_server_config(path) {
+        if map.is_empty() {
+            return Err(format!(
+                "{}: a tollgate-server configuration: give --descriptor (and --domain when it \
+                 has several) to say which descriptors each line sends",
+                path.display()
+            )
+            .into());
+        }
+        let loaded = tollgate_server::load::load(path)?;
+        let layer = loaded.config.layer_with_store(store)?;
+        let domain = map.domain(&loaded.domains)?;
+        let server = ServerRun {
+            domains: loaded.domains,
+            domain,
+            map: map.clone(),
+        };
+        return Ok(Runner::new(layer.limiter().clone(), clock).with_descriptors(server));
+    }
     let layer = Config::read(path)?.layer_with_store(store)?;
     Ok(Runner::new(layer.limiter().clone(), clock))
 }

@@ -20,6 +20,7 @@ use tollgate::clock::ManualClock;
 use tollgate::engine::Ruling;
 use tollgate::Limiter;
 
+use crate::descriptors::ServerRun;
 use crate::log::{Entry, Skip};
 use crate::stats::Tally;
 use crate::time::Micros;
@@ -37,6 +38,8 @@ pub struct Runner {
     request: Request<()>,
     /// What happened.
     pub tally: Tally,
+    /// For a configuration of tollgate-server: its domains, and how a line becomes descriptors.
+    server: Option<ServerRun>,
 }
 
 impl Runner {
@@ -48,7 +51,14 @@ impl Runner {
             clock,
             request: Request::new(()),
             tally,
+            server: None,
         }
+    }
+
+    /// Decides each request as tollgate-server decides the descriptors `server` maps it to.
+    pub fn with_descriptors(mut self, server: ServerRun) -> Runner {
+        self.server = Some(server);
+        self
     }
 
     /// Runs one request at `at`. (The entry is moved in: a clone of its URI or headers would
@@ -74,6 +84,11 @@ impl Runner {
                 extensions.remove::<SocketAddr>();
             }
         }
+        if let Some(server) = &self.server {
+            let ruling = server.decide(&self.limiter, request);
+            self.tally.record(at, &ruling);
+            return;
+        }
         match now(self.limiter.decide(request)) {
             Some(Ok(ruling)) => self.tally.record(at, &ruling),
             // The memory store decides at once and does not fail; were it ever to, the request
@@ -91,7 +106,7 @@ impl Runner {
 }
 
 /// The value of a future that is ready at once (the memory store's decisions).
-fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
+pub(crate) fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     match future
         .as_mut()

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
@@ -176,6 +176,35 @@ plans.enterprise = { unlimited = true }
     for debug in ["Cost::", "Some(", "None", "such as a tier"] {
         assert!(!text.contains(debug), "{debug}: {text}");
     }
+}
+
+/// tollgate-server's configurations, read as the server reads them: the reference service's YAML
+/// (its limits become aligned fixed windows) and the domains' descriptors with their rules.
+#[test]
+fn check_reads_the_reference_services_yaml() {
+    let config = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: minute, requests_per_unit: 3 }\n  - key: internal\n    rate_limit: { unlimited: true }\n";
+    let (_dir, path) = file("edge.yaml", config);
+    let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "- \"edge.remote_address\": fixed window, 3 per 1m, windows aligned to the clock, per descriptor value",
+            "domain \"edge\":",
+            "  - internal: unlimited",
+            "  - remote_address: rule \"edge.remote_address\"",
+        ]
+    );
+    let (_dir, bad) = file(
+        "bad.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limt: {}\n",
+    );
+    fails_saying(
+        &["check", "--config", bad.to_str().unwrap()],
+        "bad.yaml:4:5: descriptors[0]: unknown field `rate_limt`, expected one of",
+    );
 }
 
 #[test]
@@ -849,5 +878,63 @@ fn simulate_refuses_traffic_too_large_to_hold() {
             "steady:fast",
         ],
         "expected steady:RATE",
+    );
+}
+
+/// A configuration of tollgate-server replayed on the descriptors each line would send.
+#[test]
+fn replay_sends_each_line_as_descriptors_to_a_tollgate_server_configuration() {
+    let config = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: minute, requests_per_unit: 3 }\n  - key: generic_key\n    value: export\n    descriptors:\n      - key: remote_address\n        rate_limit: { unit: minute, requests_per_unit: 1 }\n";
+    let (_c, config) = file("edge.yaml", config);
+    let config = config.to_str().unwrap();
+    // Within one minute: five lines from one address, two from another.
+    let log: String = (0..5)
+        .map(|s| line("192.0.2.1", s, "GET /"))
+        .chain((10..12).map(|s| line("192.0.2.2", s, "GET /")))
+        .collect();
+    let (_l, log) = file("access.log", log);
+    let json = replay_json(config, &log, &["--descriptor", "remote_address=peer"]);
+    let per_address = rule(&json, "edge.remote_address");
+    assert_eq!(
+        (
+            &per_address["requests"],
+            &per_address["allowed"],
+            &per_address["denied"]
+        ),
+        (&json!(7), &json!(5), &json!(2))
+    );
+    assert_eq!(per_address["top_keys"][0]["key"], "192.0.2.1");
+    // Two descriptors per line, charged all or nothing: the nested limit (1 per address)
+    // refuses the second line of each address.
+    let both = replay_json(
+        config,
+        &log,
+        &[
+            "--descriptor",
+            "remote_address=peer",
+            "--descriptor",
+            "generic_key=literal:export,remote_address=peer",
+        ],
+    );
+    let nested = rule(&both, "edge.generic_key_export.remote_address");
+    assert_eq!(
+        (&nested["allowed"], &nested["denied"]),
+        (&json!(2), &json!(5))
+    );
+    fails_saying(
+        &["replay", "--config", config, "--log", log.to_str().unwrap()],
+        "give --descriptor",
+    );
+    fails_saying(
+        &[
+            "replay",
+            "--config",
+            config,
+            "--log",
+            log.to_str().unwrap(),
+            "--descriptor",
+            "remote_address",
+        ],
+        "expected KEY=SOURCE",
     );
 }

@@ -1,0 +1,597 @@
+//! Both forms of configuration into what the server runs: the domains' descriptor trees, and the
+//! library's configuration holding a rule for every counted limit (and the store).
+//!
+//! - A reference YAML file, or a directory of them (`*.yaml`, `*.yml`): see [`crate::reference`].
+//! - tollgate's own file (TOML or YAML, the library's format), with a top-level `domain` and a
+//!   `descriptors` match on every rule, so every algorithm of the library applies:
+//!
+//! ```toml
+//! domain = "edge"
+//! headers = "draft"                        # draft | legacy | both | off (default: draft)
+//! reference = ["ratelimit/config"]         # optional: reference files or directories, too
+//! domain_headers = { other = "legacy" }    # optional: the headers of the other domains
+//!
+//! [store]                                  # optional, the library's: memory or Redis
+//! kind = "memory"
+//!
+//! [[rules]]
+//! name = "per-address"
+//! algorithm = "sliding_window"
+//! limit = 3
+//! period = "1m"
+//! descriptors = [{ key = "remote_address" }]   # a value is optional: one counter per value
+//! # tollgate-server's own fields: detailed_metric = true, replaces = ["other"], unlimited = true
+//! ```
+//!
+//! The library's checks apply to the rules as written (errors name the rule and the field).
+//! Fields of tollgate-server's are taken out before the library reads the rest.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tollgate::algorithm::{Algorithm, Mode};
+use tollgate::config::{Config, ConfigFileError, ConfigFormat};
+use tollgate::MemoryStore;
+
+use crate::reference;
+use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec};
+use crate::unit::Unit;
+
+/// A configuration that cannot be used, with the file and place that says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error(pub String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A configuration, read and checked whole.
+pub struct Loaded {
+    /// The domains and their descriptor trees.
+    pub domains: Domains,
+    /// The library's configuration: one rule per counted limit, and the store.
+    pub config: Config,
+    /// What a descriptor is answered when the store fails (the file's `store.on_failure`; with
+    /// `local`, the library decides in-process and the store's failure never reaches here).
+    pub on_store_failure: StoreFailure,
+}
+
+/// What a descriptor is answered when the store fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StoreFailure {
+    /// OK with no limit (the library's `on_failure = "open"`, its default).
+    #[default]
+    Open,
+    /// OVER_LIMIT (`on_failure = "closed"`).
+    Closed,
+}
+
+impl fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Loaded")
+            .field("domains", &self.domains)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A rule of the library's configuration, as the library's file would write it.
+#[derive(Debug)]
+pub(crate) struct LibraryRule(Value);
+
+impl LibraryRule {
+    /// The reference's limit: a fixed window of one unit, aligned to the clock.
+    pub(crate) fn fixed_window(name: &str, requests_per_unit: u32, unit: Unit) -> Self {
+        LibraryRule(json!({
+            "name": name,
+            "algorithm": "fixed_window",
+            "limit": requests_per_unit,
+            "period": format!("{}s", unit.duration().as_secs()),
+            "aligned": true,
+        }))
+    }
+}
+
+/// Reads the configuration at `path`: a reference file, a directory of them, or tollgate's own
+/// file.
+pub fn load(path: &Path) -> Result<Loaded, Error> {
+    let mut domains = Domains::default();
+    let mut rules = Vec::new();
+    if path.is_dir() {
+        read_reference_dir(path, &mut domains, &mut rules)?;
+        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
+    }
+    let text = read_text(path)?;
+    let format = ConfigFormat::from_path(path).ok_or_else(|| {
+        Error(format!(
+            "{}: unknown configuration format: name the file .toml, .yaml or .yml, or give a \
+             directory of reference files",
+            path.display()
+        ))
+    })?;
+    let value = parse_value(path, format, &text)?;
+    if format == ConfigFormat::Yaml && reference::looks_like_reference(&value) {
+        reference::read(path, &text, &mut domains, &mut rules)?;
+        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
+    }
+    own(path, value, domains, rules)
+}
+
+/// Whether `path` is a configuration of tollgate-server's rather than a plain one of the library:
+/// a directory, a reference file, or tollgate's file with a `domain`.
+pub fn is_server_config(path: &Path) -> bool {
+    if path.is_dir() {
+        return true;
+    }
+    let Some(format) = ConfigFormat::from_path(path) else {
+        return false;
+    };
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| parse_value(path, format, &text).ok())
+        .is_some_and(|value| {
+            value.get("domain").is_some() || reference::looks_like_reference(&value)
+        })
+}
+
+/// The files a configuration at `path` is read from now, with their content: what a reload
+/// compares.
+pub fn fingerprint(path: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut add = |file: PathBuf| {
+        let content = std::fs::read(&file).unwrap_or_default();
+        files.push((file, content));
+    };
+    if path.is_dir() {
+        reference_files(path)
+            .into_iter()
+            .flatten()
+            .for_each(&mut add);
+        return files;
+    }
+    add(path.to_owned());
+    // tollgate's file may include reference files or directories.
+    let included = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| {
+            let format = ConfigFormat::from_path(path)?;
+            parse_value(path, format, &text).ok()
+        })
+        .map(|value| included_paths(path, &value))
+        .unwrap_or_default();
+    for path in included {
+        if path.is_dir() {
+            reference_files(&path)
+                .into_iter()
+                .flatten()
+                .for_each(&mut add);
+        } else {
+            add(path);
+        }
+    }
+    files
+}
+
+fn read_text(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|error| Error(format!("{}: {error}", path.display())))
+}
+
+fn parse_value(path: &Path, format: ConfigFormat, text: &str) -> Result<Value, Error> {
+    let located = |line: usize, column: usize, message: String| {
+        Error(format!("{}:{line}:{column}: {message}", path.display()))
+    };
+    match format {
+        ConfigFormat::Toml => toml::from_str::<Value>(text).map_err(|error| {
+            let (line, column) = error
+                .span()
+                .map(|span| line_column(text, span.start))
+                .unwrap_or((1, 1));
+            located(line, column, error.message().to_owned())
+        }),
+        ConfigFormat::Yaml => {
+            yaml_serde::from_str::<Value>(text).map_err(|error| yaml_error(path, &error))
+        }
+    }
+}
+
+/// A YAML error as `file:line:column: message` (the message without the place it ends with).
+pub(crate) fn yaml_error(path: &Path, error: &yaml_serde::Error) -> Error {
+    let message = error.to_string();
+    match error.location() {
+        Some(at) => {
+            let suffix = format!(" at line {} column {}", at.line(), at.column());
+            let message = message.strip_suffix(&suffix).unwrap_or(&message);
+            Error(format!(
+                "{}:{}:{}: {message}",
+                path.display(),
+                at.line(),
+                at.column()
+            ))
+        }
+        None => Error(format!("{}: {message}", path.display())),
+    }
+}
+
+/// The 1-based line and column of byte `at` in `text`.
+fn line_column(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+/// The reference files of directory `dir`, in name order.
+fn reference_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|error| Error(format!("{}: {error}", dir.display())))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.is_file() && ConfigFormat::from_path(path) == Some(ConfigFormat::Yaml))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn read_reference_dir(
+    dir: &Path,
+    domains: &mut Domains,
+    rules: &mut Vec<LibraryRule>,
+) -> Result<(), Error> {
+    for file in reference_files(dir)? {
+        reference::read(&file, &read_text(&file)?, domains, rules)?;
+    }
+    Ok(())
+}
+
+/// One entry of a rule's `descriptors` in tollgate's file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Match {
+    key: String,
+    value: Option<String>,
+}
+
+/// tollgate-server's fields of one rule of tollgate's file.
+struct OwnRule {
+    at: String,
+    name: String,
+    descriptors: Vec<Match>,
+    shadow: bool,
+    unlimited: bool,
+    detailed_metric: bool,
+    replaces: Vec<String>,
+}
+
+fn own(
+    path: &Path,
+    value: Value,
+    mut domains: Domains,
+    mut rules: Vec<LibraryRule>,
+) -> Result<Loaded, Error> {
+    let fail = |message: String| Error(format!("{}: {message}", path.display()));
+    let included = included_paths(path, &value);
+    let Value::Object(mut file) = value else {
+        return Err(fail("expected a table of settings".into()));
+    };
+    let domain = match file.remove("domain") {
+        Some(Value::String(domain)) if !domain.is_empty() => domain,
+        Some(_) => return Err(fail("domain: expected a non-empty string".into())),
+        None => {
+            return Err(fail(
+                "domain: missing (the domain this file's rules serve)".into(),
+            ))
+        }
+    };
+    let headers: Headers = take(&mut file, "headers")
+        .map_err(fail)?
+        .unwrap_or_default();
+    let domain_headers: std::collections::BTreeMap<String, Headers> =
+        take(&mut file, "domain_headers")
+            .map_err(fail)?
+            .unwrap_or_default();
+    file.remove("reference");
+
+    let mut own_rules = Vec::new();
+    if let Some(Value::Array(list)) = file.get_mut("rules") {
+        let mut kept = Vec::new();
+        for (i, rule) in std::mem::take(list).into_iter().enumerate() {
+            let Value::Object(mut rule) = rule else {
+                kept.push(rule);
+                continue;
+            };
+            let own = own_rule(i, &mut rule).map_err(fail)?;
+            if !own.unlimited {
+                kept.push(Value::Object(rule));
+            }
+            own_rules.push(own);
+        }
+        *list = kept;
+    }
+    for included in &included {
+        if included.is_dir() {
+            read_reference_dir(included, &mut domains, &mut rules)?;
+        } else {
+            reference::read(included, &read_text(included)?, &mut domains, &mut rules)?;
+        }
+    }
+    if domains.contains(&domain) {
+        return Err(fail(format!(
+            "domain: {domain:?} is also configured by a reference file"
+        )));
+    }
+    let (mut loaded, algorithms) = finish(domains, rules, file, path)?;
+    let tree = loaded.domains.entry(&domain);
+    tree.headers = headers;
+    for rule in own_rules {
+        attach(tree, rule, &algorithms).map_err(fail)?;
+    }
+    for (name, headers) in domain_headers {
+        match loaded.domains.get_mut(&name) {
+            Some(domain) => domain.headers = headers,
+            None => {
+                return Err(fail(format!(
+                    "domain_headers: no domain {name:?} is configured"
+                )))
+            }
+        }
+    }
+    Ok(loaded)
+}
+
+/// Puts `rule`'s limit at the level of its descriptors in `tree`.
+fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(), String> {
+    let algorithm = algorithms.get(&rule.name);
+    if algorithm.is_some_and(Algorithm::is_concurrency) {
+        return Err(format!(
+            "{}: a concurrency limit counts requests in flight, and tollgate-server never sees \
+             a request end",
+            rule.at
+        ));
+    }
+    let (requests_per_unit, unit) = algorithm.map_or((u32::MAX, Unit::Second), |a| {
+        Unit::nearest(a.capacity(), a.window())
+    });
+    let stat_key = rule
+        .descriptors
+        .iter()
+        .map(|m| match &m.value {
+            Some(value) => format!("{}_{value}", m.key),
+            None => m.key.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    let mut node = &mut tree.root;
+    for m in &rule.descriptors {
+        node = node.child_mut(&m.key, m.value.as_deref());
+    }
+    if node.limit.is_some() {
+        return Err(format!(
+            "{}.descriptors: another rule has the same descriptors",
+            rule.at
+        ));
+    }
+    node.limit = Some(LimitSpec {
+        // An unlimited rule has no rule in the library (nothing to count).
+        kind: if rule.unlimited {
+            LimitKind::Unlimited
+        } else {
+            LimitKind::Rule(rule.name.as_str().into())
+        },
+        max_cost: algorithm.map_or(u64::MAX, |a| a.max_cost(Mode::Charge)),
+        name: rule.name,
+        requests_per_unit,
+        unit,
+        shadow: rule.shadow,
+        detailed_metric: rule.detailed_metric,
+        replaces: rule.replaces,
+        stat_key,
+    });
+    Ok(())
+}
+
+/// The reference files or directories tollgate's file at `path` includes, relative to it.
+fn included_paths(path: &Path, value: &Value) -> Vec<PathBuf> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    value
+        .get("reference")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(Value::as_str)
+                .map(|p| base.join(p))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Takes field `name` out of `table`, read as `T`.
+fn take<T: serde::de::DeserializeOwned>(
+    table: &mut Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, String> {
+    table
+        .remove(name)
+        .map(|value| serde_json::from_value(value).map_err(|error| format!("{name}: {error}")))
+        .transpose()
+}
+
+/// Takes tollgate-server's fields out of rule `i`.
+fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> {
+    let at = format!("rules[{i}]");
+    let name = match rule.get("name") {
+        Some(Value::String(name)) => name.clone(),
+        _ => {
+            return Err(format!(
+                "{at}.name: missing (tollgate-server names every limit)"
+            ))
+        }
+    };
+    let at = format!("{at} (rule {name:?})");
+    if rule.contains_key("tiers") {
+        return Err(format!(
+            "{at}.tiers: a tollgate-server rule is chosen by its descriptors, not by plans"
+        ));
+    }
+    let in_rule = |message: String| format!("{at}.{message}");
+    let descriptors: Vec<Match> = take(rule, "descriptors").map_err(in_rule)?.ok_or_else(|| {
+        format!("{at}.descriptors: missing (the descriptor entries this rule limits)")
+    })?;
+    if descriptors.is_empty() || descriptors.iter().any(|m| m.key.is_empty()) {
+        return Err(format!(
+            "{at}.descriptors: needs at least one entry, each with a non-empty key"
+        ));
+    }
+    let unlimited: bool = take(rule, "unlimited").map_err(in_rule)?.unwrap_or(false);
+    if unlimited {
+        // An unlimited rule is a name and its descriptors: nothing for the library to count.
+        rule.retain(|field, _| field == "name");
+    }
+    Ok(OwnRule {
+        shadow: rule.get("shadow").and_then(Value::as_bool).unwrap_or(false),
+        detailed_metric: take(rule, "detailed_metric")
+            .map_err(in_rule)?
+            .unwrap_or(false),
+        replaces: take(rule, "replaces").map_err(in_rule)?.unwrap_or_default(),
+        unlimited,
+        descriptors,
+        name,
+        at,
+    })
+}
+
+/// The algorithm of every rule in force, by name.
+type Algorithms = HashMap<String, Algorithm>;
+
+/// Builds the library's configuration from `file` (tollgate's settings, without
+/// tollgate-server's) and the rules the reference files added; checks it whole.
+fn finish(
+    domains: Domains,
+    rules: Vec<LibraryRule>,
+    mut file: Map<String, Value>,
+    path: &Path,
+) -> Result<(Loaded, Algorithms), Error> {
+    let list = file
+        .entry("rules")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(list) = list {
+        list.extend(rules.into_iter().map(|rule| rule.0));
+        if list.is_empty() {
+            // The library refuses a configuration that limits nothing; a server whose limits
+            // are all unlimited, or that has none yet, still answers. Never charged.
+            list.push(json!({ "name": IDLE_RULE, "rate": 1, "period": "1s" }));
+        }
+    }
+    let on_store_failure = match file.get("store").and_then(|s| s.get("on_failure")) {
+        Some(Value::String(policy)) if policy == "closed" => StoreFailure::Closed,
+        _ => StoreFailure::Open,
+    };
+    // JSON is YAML: the library reads the document it would read from a file.
+    let text = Value::Object(file).to_string();
+    let config =
+        Config::parse(ConfigFormat::Yaml, &text).map_err(|error| library_error(path, &error))?;
+    // Rules are checked against each other when a layer is built; the server's own store is
+    // connected later, so check with a memory store now.
+    let algorithms = config
+        .layer_with_store(MemoryStore::new())
+        .map_err(|error| library_error(path, &error))?
+        .limiter()
+        .rules_in_force()
+        .into_iter()
+        .map(|rule| (rule.name, rule.algorithm))
+        .collect();
+    let loaded = Loaded {
+        domains,
+        config,
+        on_store_failure,
+    };
+    Ok((loaded, algorithms))
+}
+
+/// An error of the library's about the configuration read from `path`: its place as a path in
+/// the file (`rules[2].period`, `store.url`) and the rule it names. (The library's line and
+/// column would be those of the document the server hands it, not of the file.)
+pub fn library_error(path: &Path, error: &ConfigFileError) -> Error {
+    let rule = error
+        .rule()
+        .map(|rule| format!(" (rule {rule:?})"))
+        .unwrap_or_default();
+    Error(format!(
+        "{}: {}{rule}: {}",
+        path.display(),
+        error.path(),
+        error.message()
+    ))
+}
+
+/// The rule a configuration with nothing to count holds, so the library accepts it.
+pub const IDLE_RULE: &str = "tollgate-server:idle";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error loading `text` as the file `name` gives, without the directory.
+    fn error(name: &str, text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let error = load(&path).expect_err("an invalid configuration").0;
+        error.replace(&format!("{}/", dir.path().display()), "")
+    }
+
+    const RULE: &str = "[[rules]]\nname = \"r\"\nrate = 1\nperiod = \"1s\"\n";
+
+    #[test]
+    fn tollgate_files_say_what_tollgate_server_needs() {
+        assert_eq!(
+            error("a.toml", RULE),
+            "a.toml: domain: missing (the domain this file's rules serve)"
+        );
+        assert_eq!(
+            error("a.toml", &format!("domain = \"d\"\n{RULE}")),
+            "a.toml: rules[0] (rule \"r\").descriptors: missing (the descriptor entries this rule limits)"
+        );
+        let twice = format!(
+            "domain = \"d\"\n{RULE}descriptors = [{{ key = \"k\" }}]\n{}descriptors = [{{ key = \"k\" }}]\n",
+            RULE.replace("\"r\"", "\"s\"")
+        );
+        assert_eq!(
+            error("a.toml", &twice),
+            "a.toml: rules[1] (rule \"s\").descriptors: another rule has the same descriptors"
+        );
+        let concurrent = "domain = \"d\"\n[[rules]]\nname = \"c\"\nconcurrent = 2\ndescriptors = [{ key = \"k\" }]\n";
+        assert!(
+            error("a.toml", concurrent).contains("a concurrency limit counts requests in flight")
+        );
+        // The library's own checks, at their place in the file.
+        let bad = "domain = \"d\"\n[[rules]]\nname = \"r\"\nrate = 0\nperiod = \"1s\"\ndescriptors = [{ key = \"k\" }]\n";
+        assert_eq!(
+            error("a.toml", bad),
+            "a.toml: rules[0].rate (rule \"r\"): must be greater than 0"
+        );
+    }
+
+    #[test]
+    fn reference_files_say_where() {
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1, nmae: x }\n"
+            ),
+            "r.yaml:4:55: descriptors[0].rate_limit: unknown field `nmae`, expected one of `unit`, `requests_per_unit`, `name`, `unlimited`, `replaces`"
+        );
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n  - key: k\n"
+            ),
+            "r.yaml: descriptors[1]: duplicate descriptor \"k\" at this level"
+        );
+    }
+}

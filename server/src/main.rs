@@ -1,0 +1,60 @@
+//! `tollgate-server`: Envoy's rate-limit service on tollgate's engine.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// The rate-limit service of Envoy, Istio and every client of
+/// `envoy.service.ratelimit.v3.RateLimitService`, on tollgate's engine.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-server", version)]
+struct Args {
+    /// The configuration: a reference-service YAML file, a directory of them, or tollgate's own
+    /// file (TOML or YAML) with a `domain` and a `descriptors` match per rule. Reloaded when it
+    /// changes.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Where gRPC (RateLimitService and grpc.health.v1.Health) is served.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Where HTTP (/healthcheck, /metrics) is served.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// How often the configuration's files are checked for changes, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    reload_interval_ms: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let settings = tollgate_server::service::Settings {
+        config: args.config,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        reload_interval: Duration::from_millis(args.reload_interval_ms.max(1)),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tollgate-server: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(tollgate_server::service::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate-server: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The gRPC side: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
+//!
+//! The service is written on `tonic::server::Grpc` with the hand-written messages of
+//! [`protocol`](super::protocol), as generated code would route it.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tonic::body::Body;
+use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::transport::server::TcpIncoming;
+use tonic::Status;
+use tonic_health::ServingStatus;
+use tonic_prost::ProstCodec;
+
+use super::decide::{decide, statuses, Answer, Refusal};
+use super::headers::response_headers;
+use super::protocol::{code, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT};
+use super::State;
+use crate::tree::Domains;
+
+/// `envoy.service.ratelimit.v3.RateLimitService`.
+#[derive(Clone)]
+pub(crate) struct RateLimitService {
+    state: Arc<State>,
+}
+
+impl NamedService for RateLimitService {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl tower_service::Service<http::Request<Body>> for RateLimitService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
+        }
+        let method = ShouldRateLimit(self.state.clone());
+        Box::pin(async move {
+            let mut grpc = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default());
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+/// The method `ShouldRateLimit`.
+struct ShouldRateLimit(Arc<State>);
+
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<tonic::Response<RateLimitResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move { should_rate_limit(&state, request.into_inner()).await })
+    }
+}
+
+/// One call: decide, count, answer.
+async fn should_rate_limit(
+    state: &State,
+    request: RateLimitRequest,
+) -> Result<tonic::Response<RateLimitResponse>, Status> {
+    let started = Instant::now();
+    let _in_flight = state.stats.in_flight();
+    let limiter = state.layer.limiter();
+    let mut attempts = 0;
+    loop {
+        // The answer borrows the trees in force: they stay alive until it is written.
+        let current = state.current.load_full();
+        let policy = current.on_store_failure;
+        match decide(&current.domains, limiter, policy, &request).await {
+            Ok(answer) => {
+                let response = respond(state, &current.domains, &answer);
+                state.stats.latency(started.elapsed());
+                return Ok(tonic::Response::new(response));
+            }
+            Err(Refusal::Invalid(status)) => {
+                state.stats.invalid_request();
+                tracing::debug!(message = status.message(), "invalid request");
+                return Err(status);
+            }
+            // A reload is between its two swaps: the trees in force a moment later agree with
+            // the rules.
+            Err(Refusal::RulesChanged(error)) if attempts < 3 => {
+                attempts += 1;
+                tracing::debug!(%error, "rules and trees out of step; asking again");
+                tokio::task::yield_now().await;
+            }
+            Err(Refusal::RulesChanged(error)) => {
+                return Err(Status::unavailable(format!("rules reloading: {error}")))
+            }
+        }
+    }
+}
+
+/// Counts `answer` and writes it in the protocol's terms.
+fn respond(state: &State, domains: &Domains, answer: &Answer<'_>) -> RateLimitResponse {
+    if answer.store_failed {
+        state.stats.store_error();
+    }
+    state.stats.record(answer);
+    let headers = domains
+        .get(answer.domain)
+        .map(|domain| domain.headers)
+        .unwrap_or_default();
+    RateLimitResponse {
+        overall_code: if answer.over_limit() {
+            code::OVER_LIMIT
+        } else {
+            code::OK
+        },
+        statuses: statuses(answer),
+        response_headers_to_add: response_headers(answer, headers),
+        request_headers_to_add: Vec::new(),
+    }
+}
+
+/// Serves gRPC on `listener` until `stop` turns true, then drains the calls in flight.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<RateLimitService>().await;
+    let service = RateLimitService { state };
+    let shutdown = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter.set_not_serving::<RateLimitService>().await;
+    };
+    // Without TCP_NODELAY, an answer's last small frame waits for the client's delayed
+    // acknowledgement (Nagle): 40 ms on a tail of calls. `Server::serve` sets it; a listener
+    // bound by the caller does not.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    if let Err(error) = served {
+        tracing::error!(%error, "gRPC server failed");
+    }
+}

@@ -1,0 +1,148 @@
+//! The messages of `envoy.service.ratelimit.v3.RateLimitService`, written by hand with prost's
+//! derive, field numbers as in Envoy's `rls.proto`, `ratelimit.proto` and `base.proto`.
+//!
+//! Keys, values and the domain are read as bytes, not strings: invalid UTF-8 is then answered
+//! with `INVALID_ARGUMENT` naming the descriptor, not with the codec's decode error. Fields this
+//! service does not use (`RateLimitDescriptor.limit`, a response's quota and metadata) are left
+//! out: prost skips unknown fields.
+
+/// The method's path.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// `envoy.service.ratelimit.v3.RateLimitRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitRequest {
+    /// `string domain = 1`.
+    #[prost(bytes = "vec", tag = "1")]
+    pub domain: Vec<u8>,
+    /// `repeated RateLimitDescriptor descriptors = 2`.
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<RateLimitDescriptor>,
+    /// `uint32 hits_addend = 3`: the cost of every descriptor; 0 counts as 1.
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitDescriptor {
+    /// `repeated Entry entries = 1`.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<Entry>,
+    /// `google.protobuf.UInt64Value hits_addend = 3`: this descriptor's cost, 0 included (a
+    /// look that charges nothing), overriding the request's.
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+    /// `bool is_negative_hits = 4`: give `hits_addend` back instead of charging it. Refused
+    /// (`INVALID_ARGUMENT`): a refund outside the atomic step is not offered yet.
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
+}
+
+/// `RateLimitDescriptor.Entry`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Entry {
+    /// `string key = 1`.
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    /// `string value = 2`.
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// `google.protobuf.UInt64Value`.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct UInt64Value {
+    /// `uint64 value = 1`.
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
+}
+
+/// `RateLimitResponse.Code`.
+pub mod code {
+    /// `UNKNOWN`.
+    pub const UNKNOWN: i32 = 0;
+    /// `OK`.
+    pub const OK: i32 = 1;
+    /// `OVER_LIMIT`.
+    pub const OVER_LIMIT: i32 = 2;
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimitResponse {
+    /// `Code overall_code = 1`.
+    #[prost(int32, tag = "1")]
+    pub overall_code: i32,
+    /// `repeated DescriptorStatus statuses = 2`, one per request descriptor, in order.
+    #[prost(message, repeated, tag = "2")]
+    pub statuses: Vec<DescriptorStatus>,
+    /// `repeated config.core.v3.HeaderValue response_headers_to_add = 3`.
+    #[prost(message, repeated, tag = "3")]
+    pub response_headers_to_add: Vec<HeaderValue>,
+    /// `repeated config.core.v3.HeaderValue request_headers_to_add = 4`.
+    #[prost(message, repeated, tag = "4")]
+    pub request_headers_to_add: Vec<HeaderValue>,
+}
+
+/// `RateLimitResponse.DescriptorStatus`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DescriptorStatus {
+    /// `Code code = 1`.
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    /// `RateLimit current_limit = 2`.
+    #[prost(message, optional, tag = "2")]
+    pub current_limit: Option<RateLimit>,
+    /// `uint32 limit_remaining = 3`.
+    #[prost(uint32, tag = "3")]
+    pub limit_remaining: u32,
+    /// `google.protobuf.Duration duration_until_reset = 4`.
+    #[prost(message, optional, tag = "4")]
+    pub duration_until_reset: Option<Duration>,
+}
+
+/// `RateLimitResponse.RateLimit`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RateLimit {
+    /// `uint32 requests_per_unit = 1`.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// `Unit unit = 2` (see [`crate::unit::Unit`] for the numbers).
+    #[prost(int32, tag = "2")]
+    pub unit: i32,
+    /// `string name = 3`.
+    #[prost(string, tag = "3")]
+    pub name: String,
+}
+
+/// `google.protobuf.Duration`.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct Duration {
+    /// `int64 seconds = 1`.
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    /// `int32 nanos = 2`.
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+impl From<std::time::Duration> for Duration {
+    fn from(d: std::time::Duration) -> Self {
+        Duration {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        }
+    }
+}
+
+/// `envoy.config.core.v3.HeaderValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeaderValue {
+    /// `string key = 1`.
+    #[prost(string, tag = "1")]
+    pub key: String,
+    /// `string value = 2`.
+    #[prost(string, tag = "2")]
+    pub value: String,
+}

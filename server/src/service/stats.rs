@@ -1,0 +1,221 @@
+//! The server's statistics, in Prometheus' text format on `/metrics`.
+//!
+//! Per domain and descriptor, the reference service's counters under its names (`total_hits`,
+//! `over_limit`, `near_limit`, `within_limit`, `shadow_mode`, as its statsd exporter maps them:
+//! `ratelimit_service_rate_limit_<name>{domain, key}`), so dashboards carry over; the decision
+//! latency as a histogram; the store's failures and the configuration's reloads. Written by hand:
+//! a few counters need no exporter.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::decide::Answer;
+
+/// Series per (domain, key) kept at most; beyond, new keys are counted under one overflow key,
+/// so `detailed_metric` on values chosen by clients cannot grow memory without bound.
+pub const MAX_SERIES: usize = 10_000;
+const OVERFLOW_KEY: &str = "_overflow";
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
+];
+
+#[derive(Debug, Default)]
+struct Series {
+    by_domain: HashMap<String, HashMap<String, Counts>>,
+    len: usize,
+}
+
+impl Series {
+    fn counts(&mut self, domain: &str, key: &str) -> &mut Counts {
+        if !self.by_domain.contains_key(domain) {
+            self.by_domain.insert(domain.to_owned(), HashMap::new());
+        }
+        let keys = self.by_domain.get_mut(domain).expect("inserted above");
+        let key = if keys.contains_key(key) || self.len < MAX_SERIES {
+            key
+        } else {
+            OVERFLOW_KEY
+        };
+        if !keys.contains_key(key) {
+            self.len += 1;
+            keys.insert(key.to_owned(), Counts::default());
+        }
+        keys.get_mut(key).expect("inserted above")
+    }
+}
+
+/// The reference's counters, in the order of [`COUNTERS`].
+type Counts = [u64; 5];
+const COUNTERS: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+
+/// Everything `/metrics` shows.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Counts by domain, then by statistics key; looked up without allocating.
+    descriptors: Mutex<Series>,
+    /// Decisions per latency bucket, each counted once (in the first bucket that holds it; the
+    /// last slot is above every bound): two atomic additions per call, not one per bucket,
+    /// on counters every worker thread shares. Made cumulative when rendered.
+    latency_buckets: [AtomicU64; BUCKETS.len() + 1],
+    latency_sum_micros: AtomicU64,
+    store_errors: AtomicU64,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    invalid_requests: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// One call in flight, counted while it lives.
+pub(crate) struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Stats {
+    /// Counts one answered request.
+    pub(crate) fn record(&self, answer: &Answer<'_>) {
+        let mut series = self
+            .descriptors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for judged in &answer.judged {
+            let Some(limit) = &judged.limit else { continue };
+            let counts = series.counts(answer.domain, &judged.stat_key);
+            let cost = judged.cost;
+            counts[0] += cost;
+            if judged.over {
+                counts[1] += cost;
+                if limit.shadow {
+                    counts[4] += cost;
+                }
+            } else {
+                counts[3] += cost;
+            }
+            if judged.near {
+                counts[2] += cost;
+            }
+        }
+    }
+
+    /// Counts one decision's latency.
+    pub(crate) fn latency(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let bucket = BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(BUCKETS.len());
+        self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.latency_sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Counts a call in flight until the guard is dropped.
+    pub(crate) fn in_flight(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.in_flight)
+    }
+
+    /// Counts a failed store call.
+    pub(crate) fn store_error(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a reload, applied or refused.
+    pub(crate) fn reload(&self, applied: bool) {
+        let counter = if applied {
+            &self.reloads
+        } else {
+            &self.reload_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request answered `INVALID_ARGUMENT`.
+    pub(crate) fn invalid_request(&self) {
+        self.invalid_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Everything, in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        {
+            let series = self
+                .descriptors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut all: Vec<(&str, &str, &Counts)> = series
+                .by_domain
+                .iter()
+                .flat_map(|(domain, keys)| {
+                    keys.iter().map(move |(k, c)| (domain.as_str(), &**k, c))
+                })
+                .collect();
+            all.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+            for (i, name) in COUNTERS.iter().enumerate() {
+                let metric = format!("ratelimit_service_rate_limit_{name}");
+                let _ = writeln!(out, "# TYPE {metric} counter");
+                for (domain, key, counts) in &all {
+                    let value = counts[i];
+                    let (domain, descriptor) = (label(domain), label(key));
+                    let _ = writeln!(
+                        out,
+                        "{metric}{{domain=\"{domain}\",key=\"{descriptor}\"}} {value}"
+                    );
+                }
+            }
+        }
+        let histogram = "tollgate_server_decision_seconds";
+        let _ = writeln!(out, "# TYPE {histogram} histogram");
+        let mut count = 0;
+        for (bound, in_bucket) in BUCKETS.iter().zip(&self.latency_buckets) {
+            count += in_bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{histogram}_bucket{{le=\"{bound}\"}} {count}");
+        }
+        count += self.latency_buckets[BUCKETS.len()].load(Ordering::Relaxed);
+        let sum = self.latency_sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{histogram}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{histogram}_sum {sum}");
+        let _ = writeln!(out, "{histogram}_count {count}");
+        let gauge = "tollgate_server_calls_in_flight";
+        let _ = writeln!(out, "# TYPE {gauge} gauge");
+        let _ = writeln!(out, "{gauge} {}", self.in_flight.load(Ordering::Relaxed));
+        for (name, value) in [
+            ("tollgate_server_store_errors_total", &self.store_errors),
+            ("tollgate_server_config_reloads_total", &self.reloads),
+            (
+                "tollgate_server_config_reload_failures_total",
+                &self.reload_failures,
+            ),
+            (
+                "tollgate_server_invalid_requests_total",
+                &self.invalid_requests,
+            ),
+        ] {
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        out
+    }
+}
+
+/// A label value, escaped as the text format requires.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

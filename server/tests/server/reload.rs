@@ -1,0 +1,65 @@
+//! Hot reload: a changed file takes over while calls flow; a bad one keeps the rules in force.
+
+use tollgate_server::service::protocol::RateLimitResponse;
+
+use crate::support::{ConfigDir, Server};
+
+fn limit(answer: &RateLimitResponse) -> u32 {
+    answer.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit)
+}
+
+fn config(per_unit: u32) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {{ unit: year, requests_per_unit: {per_unit} }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
+    let dir = ConfigDir::new();
+    let path = dir.write("edge.yaml", &config(3));
+    let mut server = Server::start(&path);
+    let client = server.client().await;
+    let ask = || client.ask("edge", &[&[("remote_address", "10.0.0.1")]]);
+    assert_eq!(limit(&ask().await), 3);
+
+    dir.write("edge.yaml", &config(5));
+    server.wait_for_log("configuration reloaded");
+    assert_eq!(limit(&ask().await), 5);
+
+    dir.write("edge.yaml", "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n");
+    let warning = server.wait_for_log("configuration not reloaded");
+    assert!(
+        warning.contains("edge.yaml: descriptors[0].rate_limit: unit: unknown unit"),
+        "{warning}"
+    );
+    assert_eq!(limit(&ask().await), 5);
+    assert_eq!(
+        server.metric("tollgate_server_config_reload_failures_total"),
+        1
+    );
+    assert_eq!(server.metric("tollgate_server_config_reloads_total"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_added_to_a_directory_adds_its_domain() {
+    let dir = ConfigDir::new();
+    dir.write("edge.yaml", &config(3));
+    let mut server = Server::start(dir.dir.path());
+    let client = server.client().await;
+    let other = || client.ask("other", &[&[("k", "v")]]);
+    assert_eq!(other().await.statuses[0].current_limit, None);
+    dir.write(
+        "other.yaml",
+        "domain: other\ndescriptors:\n  - key: k\n    rate_limit: { unit: year, requests_per_unit: 9 }\n",
+    );
+    server.wait_for_log("configuration reloaded");
+    assert_eq!(limit(&other().await), 9);
+    assert_eq!(
+        limit(&client.ask("edge", &[&[("remote_address", "a")]]).await),
+        3
+    );
+}

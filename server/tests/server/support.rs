@@ -1,0 +1,292 @@
+//! A real `tollgate-server` process on free loopback ports, and a real gRPC client.
+//!
+//! The server is started on port 0 and its `serving` log line says where it listens; every later
+//! log line is kept, so a test observes events (a reload, a drain) instead of waiting for them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use http::uri::PathAndQuery;
+use tollgate_server::service::protocol::{
+    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, UInt64Value, SHOULD_RATE_LIMIT,
+};
+use tonic::transport::Channel;
+use tonic_prost::ProstCodec;
+
+/// How long a server may take to start, reload or stop.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_tollgate-server");
+
+/// One server process, killed on drop.
+pub struct Server {
+    child: Child,
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    lines: mpsc::Receiver<String>,
+    /// Every log line read so far.
+    pub log: Vec<String>,
+}
+
+impl Server {
+    /// Starts a server on `config`, reloading every 50 ms.
+    pub fn start(config: &Path) -> Server {
+        Server::start_with(config, &[])
+    }
+
+    pub fn start_with(config: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(BINARY)
+            .arg("--config")
+            .arg(config)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--reload-interval-ms", "50"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tollgate-server");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            grpc: "0.0.0.0:0".parse().unwrap(),
+            http: "0.0.0.0:0".parse().unwrap(),
+            lines,
+            log: Vec::new(),
+        };
+        let serving = server.wait_for_log("serving");
+        server.grpc = field(&serving, "grpc=").parse().expect("gRPC address");
+        server.http = field(&serving, "http=").parse().expect("HTTP address");
+        server
+    }
+
+    /// Waits (bounded) for a log line containing `text` after those already seen; returns it.
+    pub fn wait_for_log(&mut self, text: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(text) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {text:?} within {DEADLINE:?}; the log:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// A client connected to this server's gRPC port.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.grpc).await
+    }
+
+    /// `GET path` on the HTTP port: the status code and the body.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.http, path)
+    }
+
+    /// The value of the Prometheus sample `name{labels}` (0 when absent).
+    pub fn metric(&self, sample: &str) -> u64 {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                while let Ok(line) = self.lines.try_recv() {
+                    self.log.push(line);
+                }
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value after `name` in a `key=value` log line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    let start = line
+        .find(name)
+        .unwrap_or_else(|| panic!("{name} in {line}"))
+        + name.len();
+    line[start..].split_whitespace().next().unwrap_or("")
+}
+
+/// Runs the binary to completion (for the start-up failures): its status and stderr.
+pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = Command::new(BINARY)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tollgate-server");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (child.wait().unwrap(), stderr)
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the HTTP port");
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A gRPC client of `RateLimitService`.
+#[derive(Clone)]
+pub struct Client {
+    grpc: tonic::client::Grpc<Channel>,
+}
+
+impl Client {
+    pub async fn connect(addr: SocketAddr) -> Client {
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to the gRPC port");
+        Client {
+            grpc: tonic::client::Grpc::new(channel),
+        }
+    }
+
+    /// Calls `ShouldRateLimit`.
+    pub async fn call(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        let mut grpc = self.grpc.clone();
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let codec = ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
+        grpc.unary(
+            tonic::Request::new(request),
+            PathAndQuery::from_static(SHOULD_RATE_LIMIT),
+            codec,
+        )
+        .await
+        .map(tonic::Response::into_inner)
+    }
+
+    /// Calls with one descriptor per list of `(key, value)` entries.
+    pub async fn ask(&self, domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
+        self.call(request(domain, descriptors))
+            .await
+            .expect("ShouldRateLimit answers")
+    }
+}
+
+/// A request of `descriptors` in `domain`.
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.as_bytes().to_vec(),
+        descriptors: descriptors.iter().map(|d| descriptor(d)).collect(),
+        hits_addend: 0,
+    }
+}
+
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.as_bytes().to_vec(),
+                value: v.as_bytes().to_vec(),
+            })
+            .collect(),
+        hits_addend: None,
+        is_negative_hits: false,
+    }
+}
+
+pub fn addend(value: u64) -> Option<UInt64Value> {
+    Some(UInt64Value { value })
+}
+
+/// A temporary directory holding one configuration file.
+pub struct ConfigDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    pub fn new() -> ConfigDir {
+        ConfigDir {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    /// Writes `text` to `name` (atomically: a reload never reads half a file) and returns its
+    /// path.
+    pub fn write(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join(name);
+        let partial = self.dir.path().join(format!(".{name}.partial"));
+        std::fs::write(&partial, text).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
+        path
+    }
+}
