@@ -979,7 +979,12 @@ async fn redis_store(
     url: &str,
     spec: &StoreSpec,
 ) -> Result<crate::store::redis::RedisStore, (&'static str, String)> {
-    let mut builder = crate::store::redis::RedisStore::builder().url(url);
+    // Failing open (or to local limits), an app starts while Redis is down and answers by its
+    // policy until Redis does; failing closed, it does not start without Redis.
+    let lazily = !matches!(spec.on_failure, Some(OnFailure::Closed));
+    let mut builder = crate::store::redis::RedisStore::builder()
+        .url(url)
+        .connect_lazily(lazily);
     if let Some(timeout) = spec.timeout {
         builder = builder.timeout(timeout.0);
     }

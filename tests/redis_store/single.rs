@@ -86,6 +86,62 @@ fn same_answers_as_the_memory_store_1024_scenarios() {
     differential_cases(1_024);
 }
 
+/// Built lazily while Redis is down, the store answers `Unavailable` at once (the failure policy's
+/// turn), and decides as soon as Redis is up, with no restart of the app; a configuration file
+/// builds that way unless it fails closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connected_lazily_a_store_built_while_redis_is_down_decides_once_it_is_up() {
+    let mut server = ENGINE.server();
+    server.kill();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .connect_lazily(true)
+        .build()
+        .await
+        .expect("built without Redis");
+    let limiter = Limiter::builder()
+        .rule(Rule::new("api", Limit::per_hour(3)))
+        .store(store)
+        .build()
+        .unwrap();
+    match limiter.charge("api", "k", 1).await {
+        Err(LimitError::Store(error)) => assert_eq!(error.kind(), StoreErrorKind::Unavailable),
+        other => panic!("{other:?}"),
+    }
+    server.restart();
+    // A new attempt at most once a second: bounded polling for the first decision.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let outcome = loop {
+        match limiter.charge("api", "k", 1).await {
+            Ok(outcome) => break outcome,
+            Err(LimitError::Store(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(other) => panic!("no recovery: {other}"),
+        }
+    };
+    assert_eq!(outcome.remaining, 2);
+    assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 1);
+
+    // From a file: failing open it starts without Redis, failing closed it does not.
+    server.kill();
+    let file = |policy: &str| {
+        format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\non_failure = \"{policy}\"\n\n\
+             [[rules]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n",
+            server.url()
+        )
+    };
+    let parse =
+        |policy: &str| Config::parse(tollgate::config::ConfigFormat::Toml, &file(policy)).unwrap();
+    assert!(parse("open").connect().await.is_ok(), "fail open: starts");
+    let refused = parse("closed")
+        .connect()
+        .await
+        .expect_err("fail closed: no start");
+    assert!(refused.to_string().contains("store.url"), "{refused}");
+}
+
 /// A managed service's Redis: `SCRIPT`, `FUNCTION`, `CONFIG` and `CLIENT` do not exist (renamed
 /// away, as services that forbid them answer "unknown command"). The store connects, and decides
 /// every scenario as the memory store does, with `EVALSHA` and `EVAL` alone: a script the server

@@ -179,7 +179,7 @@ async fn tls_from_a_configuration_file_the_layer_connects_and_counts() {
     let (cert, key) = ca.sign(&["tollgate-client"]);
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\nca_file = {:?}\n\
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_failure = \"closed\"\nca_file = {:?}\n\
          client_cert_file = {:?}\nclient_key_file = {:?}\n\n\
          [[rules]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n",
         server.url(),
@@ -188,6 +188,7 @@ async fn tls_from_a_configuration_file_the_layer_connects_and_counts() {
         write(dir.path(), "client.key", &key),
     );
     let config = Config::parse(ConfigFormat::Toml, &text).unwrap();
+    // Failing closed, the layer connects (and loads the scripts) before it is built.
     config.connect().await.expect("the layer connects over TLS");
     assert_eq!(server.server.command_calls("script|load"), 9);
 }

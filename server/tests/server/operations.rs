@@ -160,3 +160,27 @@ fn start_up_failures_exit_with_a_clear_message() {
         "{stderr}"
     );
 }
+
+/// Failing open, the server starts while Redis cannot be reached and answers by its policy (OK,
+/// no limit) until Redis can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_failing_open_the_server_starts_and_answers_ok() {
+    let dir = ConfigDir::new();
+    dir.write("edge.yaml", REFERENCE);
+    let closed_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.write(
+        "open.toml",
+        &format!(
+            "domain = \"other\"\nreference = [\"edge.yaml\"]\nrules = []\n\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed_port}\"\non_failure = \"open\"\n"
+        ),
+    );
+    let server = Server::start(&config);
+    let client = server.client().await;
+    let answer = client.ask("edge", &[&[("remote_address", "a")]]).await;
+    assert_eq!(answer.overall_code, code::OK);
+    assert_eq!(server.get("/healthcheck").0, 200);
+}

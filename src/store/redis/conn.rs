@@ -2,7 +2,8 @@
 //! client's connection (which follows slot moves and reconnects to nodes by itself). Both are
 //! cheap to clone and pipeline the commands of concurrent callers on shared sockets.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
@@ -20,6 +21,55 @@ pub(super) enum Conn {
     Cluster(ClusterConnection),
     /// The master that Sentinel names, followed through failovers.
     Sentinel(Failover),
+    /// Not connected yet: connects on first use (`RedisStoreBuilder::connect_lazily`).
+    Later(Arc<Later>),
+}
+
+/// A connection still to be made, and what makes it.
+pub(super) struct Later {
+    target: Target,
+    tls: Tls,
+    timeout: Duration,
+    conn: tokio::sync::OnceCell<Conn>,
+    /// When the last attempt failed: the next waits a second.
+    failed: Mutex<Option<Instant>>,
+}
+
+/// How long after a failed attempt the next one may start.
+const RETRY_CONNECTING: Duration = Duration::from_secs(1);
+
+impl Later {
+    /// The connection, made now if it can be.
+    async fn get(&self) -> Result<Conn, RedisError> {
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        let recent = *self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.is_some_and(|at| at.elapsed() < RETRY_CONNECTING) {
+            return Err(not_yet());
+        }
+        let made = self
+            .conn
+            .get_or_try_init(|| async {
+                Conn::connect(&self.target, &self.tls, self.timeout)
+                    .await
+                    .map_err(|_| not_yet())
+            })
+            .await;
+        if made.is_err() {
+            *self.failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+        made.cloned()
+    }
+}
+
+/// The error of a call while the lazy connection is not made.
+fn not_yet() -> RedisError {
+    RedisError::from((
+        ErrorKind::Io,
+        "not connected to Redis yet",
+        "the store was built with connect_lazily and Redis has not answered".to_owned(),
+    ))
 }
 
 /// Where the store connects.
@@ -58,6 +108,25 @@ impl Tls {
 }
 
 impl Conn {
+    /// A connection made on first use; one attempt now, so that a Redis that answers is
+    /// connected at once, and a warning when it does not.
+    pub(super) async fn later(target: &Target, tls: &Tls, timeout: Duration) -> Conn {
+        let later = Arc::new(Later {
+            target: target.clone(),
+            tls: tls.clone(),
+            timeout,
+            conn: tokio::sync::OnceCell::new(),
+            failed: Mutex::new(None),
+        });
+        if let Err(error) = later.get().await {
+            tracing::warn!(
+                %error,
+                "rate limit: Redis cannot be reached at start; the failure policy answers until it can"
+            );
+        }
+        Conn::Later(later)
+    }
+
     pub(super) async fn connect(
         target: &Target,
         tls: &Tls,
@@ -112,25 +181,45 @@ impl Conn {
 
     pub(super) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
         match self {
+            Conn::Later(later) => later.get().await?.query_made(cmd).await,
+            made => made.query_made(cmd).await,
+        }
+    }
+
+    /// [`query`](Self::query) on a connection made (a lazy one's is never lazy itself).
+    async fn query_made<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, RedisError> {
+        match self {
             Conn::Single(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
             Conn::Sentinel(f) => f.query(cmd).await,
+            Conn::Later(_) => Err(not_yet()),
         }
     }
 
     /// A call got no answer in time: behind Sentinel, the master may have moved.
     pub(super) fn suspect(&self) {
-        if let Conn::Sentinel(f) = self {
-            f.suspect();
+        match self {
+            Conn::Sentinel(f) => f.suspect(),
+            Conn::Later(later) => {
+                if let Some(conn) = later.conn.get() {
+                    conn.suspect();
+                }
+            }
+            _ => {}
         }
     }
 
     /// Loads `script` (on a cluster, into every primary).
     async fn load(&mut self, script: &Lua) -> Result<(), RedisError> {
-        match self {
+        let mut made = match self {
+            Conn::Later(later) => later.get().await?,
+            made => made.clone(),
+        };
+        match &mut made {
             Conn::Single(c) => script.script().load_async(c).await?,
             Conn::Cluster(c) => script.script().load_async(c).await?,
             Conn::Sentinel(f) => script.script().load_async(&mut f.manager()).await?,
+            Conn::Later(_) => return Err(not_yet()),
         };
         Ok(())
     }

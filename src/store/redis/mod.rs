@@ -213,6 +213,7 @@ pub struct RedisStoreBuilder {
     shards: Vec<(String, u32)>,
     lease: Duration,
     tls: conn::Tls,
+    lazily: bool,
 }
 
 impl RedisStore {
@@ -234,6 +235,7 @@ impl RedisStore {
             shards: Vec::new(),
             lease: leases::DEFAULT_LEASE,
             tls: conn::Tls::default(),
+            lazily: false,
         }
     }
 
@@ -334,6 +336,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether [`build`](Self::build) may return a store while Redis cannot be reached (default:
+    /// no, it fails). A store built lazily connects on first use: until Redis answers, its calls
+    /// fail as `Unavailable` at once (a new attempt at most once a second) and the layer's
+    /// failure policy answers for them; a warning says so once at start. For apps that fail
+    /// open and must start while Redis is down; `Config::connect` builds this way unless the
+    /// file says `on_failure = "closed"`.
+    pub fn connect_lazily(mut self, lazily: bool) -> Self {
+        self.lazily = lazily;
+        self
+    }
+
     /// **For tests**: the time comes from `clock` instead of the Redis server, and the deny cache
     /// follows it too. Don't use it in production: app hosts' clocks differ.
     pub fn clock(mut self, clock: impl Clock) -> Self {
@@ -356,12 +369,18 @@ impl RedisStoreBuilder {
                 ),
             ));
         }
-        let conn = Conn::connect(&self.target, &self.tls, self.timeout).await?;
         let scripts = Scripts::new();
-        let wait = conn::connect_timeout(self.timeout);
-        tokio::time::timeout(wait, conn.load_all(&scripts.all()))
-            .await
-            .map_err(|_| conn::timed_out(wait))??;
+        let conn = if self.lazily {
+            // Boxed: the connection's future nests deep, and callers' own futures hold it.
+            Box::pin(Conn::later(&self.target, &self.tls, self.timeout)).await
+        } else {
+            let conn = Conn::connect(&self.target, &self.tls, self.timeout).await?;
+            let wait = conn::connect_timeout(self.timeout);
+            tokio::time::timeout(wait, conn.load_all(&scripts.all()))
+                .await
+                .map_err(|_| conn::timed_out(wait))??;
+            conn
+        };
         let local: Arc<dyn Clock> = match &self.clock {
             Some(clock) => clock.clone(),
             None => Arc::new(SystemClock::new()),
@@ -548,10 +567,7 @@ impl Store for RedisStore {
                 .timed(async {
                     let mut conn = inner.conn.clone();
                     // A cluster cannot delete keys of several slots in one command.
-                    let per_command = match conn {
-                        Conn::Single(_) | Conn::Sentinel(_) => names.len(),
-                        Conn::Cluster(_) => 1,
-                    };
+                    let per_command = if inner.is_cluster() { 1 } else { names.len() };
                     for chunk in names.chunks(per_command.max(1)) {
                         let mut cmd = ::redis::cmd("DEL");
                         for name in chunk {
