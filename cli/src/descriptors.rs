@@ -182,7 +182,7 @@ fn charge<'a>(
     if charges.peek().is_none() {
         return Ok(Decision::default());
     }
-    match crate::run::now(limiter.charge_all(charges)) {
+    match crate::ready::now(limiter.charge_all(charges)) {
         Some(Ok(decision)) => Ok(decision),
         Some(Err(error)) => Err(error.to_string()),
         None => Err("store error".into()),

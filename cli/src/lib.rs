@@ -10,6 +10,7 @@
 pub mod check;
 pub mod descriptors;
 pub mod log;
+mod ready;
 pub mod replay;
 pub mod report;
 pub mod run;

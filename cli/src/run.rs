@@ -12,7 +12,6 @@
 //! clock stepped back) is skipped and counted: the engine's state cannot be rewound.
 
 use std::net::SocketAddr;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::Request;
@@ -22,6 +21,7 @@ use tollgate::Limiter;
 
 use crate::descriptors::ServerRun;
 use crate::log::{Entry, Skip};
+use crate::ready::now;
 use crate::stats::Tally;
 use crate::time::Micros;
 
@@ -102,18 +102,6 @@ impl Runner {
                 },
             ),
         }
-    }
-}
-
-/// The value of a future that is ready at once (the memory store's decisions).
-pub(crate) fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let mut future = std::pin::pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(value) => Some(value),
-        Poll::Pending => None,
     }
 }
 

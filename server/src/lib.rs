@@ -5,6 +5,7 @@
 //! ([`load`]) and how a request's descriptors find their limits ([`tree`]). The service itself
 //! (feature `service`, on by default) is the `tollgate-server` binary's: gRPC, HTTP, metrics.
 
+mod document;
 pub mod load;
 pub mod plan;
 pub mod reference;

@@ -36,21 +36,12 @@ use tollgate::algorithm::{Algorithm, Mode};
 use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
+use crate::document::yaml_error;
+pub use crate::document::Error;
+use crate::document::LibraryRule;
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec};
 use crate::unit::Unit;
-
-/// A configuration that cannot be used, with the file and place that says why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Error(pub String);
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Error {}
 
 /// A configuration, read and checked whole.
 pub struct Loaded {
@@ -78,23 +69,6 @@ impl fmt::Debug for Loaded {
         f.debug_struct("Loaded")
             .field("domains", &self.domains)
             .finish_non_exhaustive()
-    }
-}
-
-/// A rule of the library's configuration, as the library's file would write it.
-#[derive(Debug)]
-pub(crate) struct LibraryRule(Value);
-
-impl LibraryRule {
-    /// The reference's limit: a fixed window of one unit, aligned to the clock.
-    pub(crate) fn fixed_window(name: &str, requests_per_unit: u32, unit: Unit) -> Self {
-        LibraryRule(json!({
-            "name": name,
-            "algorithm": "fixed_window",
-            "limit": requests_per_unit,
-            "period": format!("{}s", unit.duration().as_secs()),
-            "aligned": true,
-        }))
     }
 }
 
@@ -197,24 +171,6 @@ fn parse_value(path: &Path, format: ConfigFormat, text: &str) -> Result<Value, E
         ConfigFormat::Yaml => {
             yaml_serde::from_str::<Value>(text).map_err(|error| yaml_error(path, &error))
         }
-    }
-}
-
-/// A YAML error as `file:line:column: message` (the message without the place it ends with).
-pub(crate) fn yaml_error(path: &Path, error: &yaml_serde::Error) -> Error {
-    let message = error.to_string();
-    match error.location() {
-        Some(at) => {
-            let suffix = format!(" at line {} column {}", at.line(), at.column());
-            let message = message.strip_suffix(&suffix).unwrap_or(&message);
-            Error(format!(
-                "{}:{}:{}: {message}",
-                path.display(),
-                at.line(),
-                at.column()
-            ))
-        }
-        None => Error(format!("{}: {message}", path.display())),
     }
 }
 

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::load::{yaml_error, Error, LibraryRule};
+use crate::document::{yaml_error, Error, LibraryRule};
 use crate::tree::{Domains, LimitKind, LimitSpec, Node};
 use crate::unit::Unit;
 
