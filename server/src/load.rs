@@ -469,16 +469,21 @@ fn finish(
     Ok((loaded, algorithms))
 }
 
-/// An error of the library's about the configuration read from `path`: its place as a path in
-/// the file (`rules[2].period`, `store.url`) and the rule it names. (The library's line and
-/// column would be those of the document the server hands it, not of the file.)
+/// An error of the library's about the configuration read from `path`: the line and column of
+/// its place in that file (the library's own would be those of the document the server hands
+/// it), its place as a path (`rules[2].period`, `store.url`) and the rule it names.
 pub fn library_error(path: &Path, error: &ConfigFileError) -> Error {
     let rule = error
         .rule()
         .map(|rule| format!(" (rule {rule:?})"))
         .unwrap_or_default();
+    let at = ConfigFormat::from_path(path)
+        .zip(std::fs::read_to_string(path).ok())
+        .and_then(|(format, text)| tollgate::config::locate(format, &text, error.path()))
+        .map(|(line, column)| format!(":{line}:{column}"))
+        .unwrap_or_default();
     Error(format!(
-        "{}: {}{rule}: {}",
+        "{}{at}: {}{rule}: {}",
         path.display(),
         error.path(),
         error.message()
@@ -525,11 +530,11 @@ mod tests {
         assert!(
             error("a.toml", concurrent).contains("a concurrency limit counts requests in flight")
         );
-        // The library's own checks, at their place in the file.
+        // The library's own checks, at their place in the file: line 4, column 8 is `0`.
         let bad = "domain = \"d\"\n[[rules]]\nname = \"r\"\nrate = 0\nperiod = \"1s\"\ndescriptors = [{ key = \"k\" }]\n";
         assert_eq!(
             error("a.toml", bad),
-            "a.toml: rules[0].rate (rule \"r\"): must be greater than 0"
+            "a.toml:4:8: rules[0].rate (rule \"r\"): must be greater than 0"
         );
     }
 

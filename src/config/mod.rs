@@ -18,6 +18,15 @@ use crate::store::Store;
 pub use error::ConfigFileError;
 pub use watch::ConfigWatch;
 
+/// The line and column (1-based) of `place` — a path such as `rules[2].period`, as
+/// [`ConfigFileError::path`] names it — in a configuration's `text`, or of the deepest part of it
+/// the text holds. For tools that hand [`Config::parse`] a document derived from a user's file
+/// (`tollgate-server` adds and removes fields of its own): they report the library's error at
+/// its place in the file the user wrote.
+pub fn locate(format: ConfigFormat, text: &str, place: &str) -> Option<(usize, usize)> {
+    locate::locate(format, text, place)
+}
+
 /// The plan (tier) of a request, put in its extensions by an earlier layer — typically the one
 /// that authenticates the caller — for rules whose tiers say `from = "extension"`.
 ///

@@ -156,7 +156,7 @@ fn start_up_failures_exit_with_a_clear_message() {
     ]);
     assert!(!status.success(), "{stderr}");
     assert!(
-        stderr.contains("redis.toml: store.url: rate-limit store unavailable"),
+        stderr.contains("redis.toml:7:7: store.url: rate-limit store unavailable"),
         "{stderr}"
     );
 }
