@@ -7,26 +7,17 @@
 //!
 //! `cargo run --release -p tollgate-server --example constant_answer -- 127.0.0.1:8091`
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use tollgate_server::service::protocol::{
     code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse,
-    SHOULD_RATE_LIMIT,
+    RateLimitServer,
 };
-use tonic::body::Body;
-use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::server::UnaryService;
 use tonic::Status;
-use tonic_prost::ProstCodec;
 
+/// The constant answer, behind the same route as tollgate-server's decision
+/// ([`RateLimitServer`]): the two servers differ by the method alone.
 #[derive(Clone)]
 struct Constant;
-
-impl NamedService for Constant {
-    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
-}
 
 impl UnaryService<RateLimitRequest> for Constant {
     type Response = RateLimitResponse;
@@ -70,26 +61,6 @@ impl UnaryService<RateLimitRequest> for Constant {
     }
 }
 
-impl tower_service::Service<http::Request<Body>> for Constant {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
-        }
-        Box::pin(async move {
-            let mut grpc = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default());
-            Ok(grpc.unary(Constant, request).await)
-        })
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::args()
@@ -97,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "127.0.0.1:8091".to_owned())
         .parse()?;
     tonic::transport::Server::builder()
-        .add_service(Constant)
+        .add_service(RateLimitServer(Constant))
         .serve(addr)
         .await?;
     Ok(())

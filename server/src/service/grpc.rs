@@ -3,58 +3,24 @@
 //! The service is written on `tonic::server::Grpc` with the hand-written messages of
 //! [`protocol`](super::protocol), as generated code would route it.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use tonic::body::Body;
-use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::server::UnaryService;
 use tonic::transport::server::TcpIncoming;
 use tonic::Status;
 use tonic_health::ServingStatus;
-use tonic_prost::ProstCodec;
 
 use super::decide::{decide, statuses, Answer, Refusal};
 use super::headers::response_headers;
-use super::protocol::{code, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT};
+use super::protocol::{code, RateLimitRequest, RateLimitResponse, RateLimitServer};
 use super::State;
 use crate::tree::Domains;
 
-/// `envoy.service.ratelimit.v3.RateLimitService`.
-#[derive(Clone)]
-pub(crate) struct RateLimitService {
-    state: Arc<State>,
-}
-
-impl NamedService for RateLimitService {
-    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
-}
-
-impl tower_service::Service<http::Request<Body>> for RateLimitService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
-        }
-        let method = ShouldRateLimit(self.state.clone());
-        Box::pin(async move {
-            let mut grpc = Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default());
-            Ok(grpc.unary(method, request).await)
-        })
-    }
-}
-
 /// The method `ShouldRateLimit`.
+#[derive(Clone)]
 struct ShouldRateLimit(Arc<State>);
 
 impl UnaryService<RateLimitRequest> for ShouldRateLimit {
@@ -135,14 +101,18 @@ pub(crate) async fn serve(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<RateLimitService>().await;
-    let service = RateLimitService { state };
+    reporter
+        .set_serving::<RateLimitServer<ShouldRateLimit>>()
+        .await;
+    let service = RateLimitServer(ShouldRateLimit(state));
     let shutdown = async move {
         let _ = stop.wait_for(|stop| *stop).await;
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;
-        reporter.set_not_serving::<RateLimitService>().await;
+        reporter
+            .set_not_serving::<RateLimitServer<ShouldRateLimit>>()
+            .await;
     };
     // Without TCP_NODELAY, an answer's last small frame waits for the client's delayed
     // acknowledgement (Nagle): 40 ms on a tail of calls. `Server::serve` sets it; a listener

@@ -5,6 +5,9 @@
 //! with `INVALID_ARGUMENT` naming the descriptor, not with the codec's decode error. Fields this
 //! service does not use (`RateLimitDescriptor.limit`, a response's quota and metadata) are left
 //! out: prost skips unknown fields.
+//!
+//! And the service's route, [`RateLimitServer`]: the one method, by its path, to the unary
+//! handler given — tollgate-server's decision, or the benchmark's constant floor.
 
 /// The method's path.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -145,4 +148,48 @@ pub struct HeaderValue {
     /// `string value = 2`.
     #[prost(string, tag = "2")]
     pub value: String,
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitService` as tonic serves it: `ShouldRateLimit` answered by
+/// `M`, any other method `UNIMPLEMENTED` (what generated code would route).
+#[derive(Clone)]
+pub struct RateLimitServer<M>(pub M);
+
+impl<M> tonic::server::NamedService for RateLimitServer<M> {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl<M> tower_service::Service<http::Request<tonic::body::Body>> for RateLimitServer<M>
+where
+    M: tonic::server::UnaryService<RateLimitRequest, Response = RateLimitResponse>
+        + Clone
+        + Send
+        + 'static,
+    M::Future: Send,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async {
+                Ok(tonic::Status::unimplemented("no such method").into_http())
+            });
+        }
+        let method = self.0.clone();
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
+            Ok(tonic::server::Grpc::new(codec).unary(method, request).await)
+        })
+    }
 }
