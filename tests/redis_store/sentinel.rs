@@ -95,7 +95,12 @@ async fn sentinel_the_store_follows_a_failover_and_keeps_deciding() {
             Err(LimitError::Store(_)) => failed += 1,
             Err(other) => panic!("{other}"),
         }
-        assert!(killed.elapsed() < PATIENCE, "no decision on a new master");
+        assert!(
+            killed.elapsed() < PATIENCE,
+            "no decision on a new master; the replica: {}; a sentinel: {}",
+            replica.run("ROLE"),
+            sentinels[0].run("INFO sentinel")
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     acknowledged += 1;

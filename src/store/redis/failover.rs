@@ -1,6 +1,6 @@
 //! Redis behind Sentinel: the store asks the sentinels which server is the master, talks to it
-//! through one auto-reconnecting connection, and asks again when the master may have changed — a
-//! call that failed on the connection, was refused by a replica (`READONLY`), or timed out. A
+//! through one auto-reconnecting connection, and asks again when the master may have changed — any
+//! call that failed (on the connection, refused by a replica with `READONLY`, …) or timed out. A
 //! master found at a new address gets a new connection; calls in flight on the old one fail and
 //! the layer's failure policy (with the circuit breaker) answers for them meanwhile.
 //!
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::sentinel::{SentinelClient, SentinelServerType};
-use ::redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+use ::redis::{Cmd, ConnectionAddr, FromRedisValue, RedisError};
 
 /// How often, at most, the sentinels are asked again: a burst of failed calls asks once.
 const ASK_AT_MOST_EVERY: Duration = Duration::from_millis(100);
@@ -82,10 +82,11 @@ impl Failover {
 
     pub(super) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RedisError> {
         let answer = cmd.query_async(&mut self.manager()).await;
-        if let Err(e) = &answer {
-            if master_may_have_moved(e) {
-                self.suspect();
-            }
+        if answer.is_err() {
+            // Any failure: the connection manager reports a dead master in more than one way
+            // (the error of its last reconnection attempt, among others), and asking again costs
+            // one sentinel query per 100 ms at most.
+            self.suspect();
         }
         answer
     }
@@ -105,48 +106,45 @@ impl Failover {
         };
         let inner = self.0.clone();
         runtime.spawn(async move {
-            let Ok(mut sentinel) = inner.sentinel.try_lock() else {
-                return;
-            };
-            let client = match sentinel.async_get_client().await {
-                Ok(client) => client,
-                Err(error) => {
-                    tracing::debug!(%error, "rate limit: the sentinels named no master");
-                    return;
-                }
-            };
-            let addr = client.get_connection_info().addr().clone();
-            let known = inner
-                .master
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .0
-                == addr;
-            if known {
-                return;
-            }
-            match ConnectionManager::new_with_config(client, inner.config.clone()).await {
-                Ok(manager) => {
-                    tracing::warn!(master = %addr, "rate limit: Redis master changed (Sentinel); following it");
-                    *inner.master.lock().unwrap_or_else(PoisonError::into_inner) = (addr, manager);
-                }
-                Err(error) => {
-                    tracing::debug!(%error, master = %addr, "rate limit: the new master does not answer yet");
-                }
-            }
+            // Bounded: a sentinel or a new master that does not answer must not hold the lock
+            // that every later attempt needs.
+            let _ = tokio::time::timeout(FIND_AT_MOST, find_master(&inner)).await;
         });
     }
 }
 
-/// Whether `e` may mean that the master is no longer where the connection goes: the connection
-/// failed, or the server became a replica.
-fn master_may_have_moved(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_unrecoverable_error()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-        )
+/// How long one search for the master may take.
+const FIND_AT_MOST: Duration = Duration::from_secs(2);
+
+/// Asks the sentinels for the master and moves to it if it changed.
+async fn find_master(inner: &Inner) {
+    let Ok(mut sentinel) = inner.sentinel.try_lock() else {
+        return;
+    };
+    let client = match sentinel.async_get_client().await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::debug!(%error, "rate limit: the sentinels named no master");
+            return;
+        }
+    };
+    let addr = client.get_connection_info().addr().clone();
+    let known = inner
+        .master
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .0
+        == addr;
+    if known {
+        return;
+    }
+    match ConnectionManager::new_with_config(client, inner.config.clone()).await {
+        Ok(manager) => {
+            tracing::warn!(master = %addr, "rate limit: Redis master changed (Sentinel); following it");
+            *inner.master.lock().unwrap_or_else(PoisonError::into_inner) = (addr, manager);
+        }
+        Err(error) => {
+            tracing::debug!(%error, master = %addr, "rate limit: the new master does not answer yet");
+        }
+    }
 }
