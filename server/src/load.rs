@@ -347,6 +347,7 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
         detailed_metric: rule.detailed_metric,
         replaces: rule.replaces,
         stat_key,
+        memo: Default::default(),
     });
     Ok(())
 }

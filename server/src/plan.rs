@@ -3,13 +3,19 @@
 //! atomic step of the store. The service answers from it; tools that replay traffic through a
 //! configuration (the `tollgate` command) charge the same plan.
 
+use smallvec::SmallVec;
+
 use crate::tree::{Domain, Entry, LimitKind, LimitSpec, Matched};
+
+/// Per descriptor of a request (Envoy sends a handful): up to four kept in place, not allocated.
+pub type PerDescriptor<T> = SmallVec<[T; 4]>;
 
 /// One descriptor of a request: its entries and the units it costs.
 #[derive(Debug)]
 pub struct Descriptor<'a> {
-    /// The entries, in order.
-    pub entries: Vec<Entry<'a>>,
+    /// The entries, in order (up to two kept in place: most descriptors Envoy sends have one or
+    /// two).
+    pub entries: SmallVec<[Entry<'a>; 2]>,
     /// The units it costs (0 only looks).
     pub cost: u64,
 }
@@ -18,20 +24,20 @@ pub struct Descriptor<'a> {
 #[derive(Debug)]
 pub struct Plan<'t> {
     /// Per descriptor, the limit that applies, if any.
-    pub matched: Vec<Option<Matched<'t>>>,
+    pub matched: PerDescriptor<Option<Matched<'t>>>,
     /// Per descriptor, the enforced charge it is part of (an index into [`Plan::charges`]).
-    pub slots: Vec<Option<usize>>,
+    pub slots: PerDescriptor<Option<usize>>,
     /// Per descriptor, whether it is over its limit whatever the store counts:
     /// `requests_per_unit: 0`, or a cost above what the limit can ever hold.
-    pub over_regardless: Vec<bool>,
+    pub over_regardless: PerDescriptor<bool>,
     /// The enforced charges: rule, the first descriptor with that key, the summed cost.
-    charges: Vec<(&'t str, usize, u64)>,
+    charges: PerDescriptor<(&'t str, usize, u64)>,
 }
 
 impl<'t> Plan<'t> {
     /// The plan of `descriptors` in `domain` (`None`: an unknown domain, nothing applies).
     pub fn new(domain: Option<&'t Domain>, descriptors: &[Descriptor<'_>]) -> Plan<'t> {
-        let mut matched: Vec<Option<Matched<'t>>> = descriptors
+        let mut matched: PerDescriptor<Option<Matched<'t>>> = descriptors
             .iter()
             .map(|d| domain.and_then(|domain| domain.find(&d.entries)))
             .collect();
@@ -48,10 +54,11 @@ impl<'t> Plan<'t> {
                 }
             }
         }
+        let n = matched.len();
         let mut plan = Plan {
-            slots: vec![None; matched.len()],
-            over_regardless: vec![false; matched.len()],
-            charges: Vec::new(),
+            slots: smallvec::smallvec![None; n],
+            over_regardless: smallvec::smallvec![false; n],
+            charges: SmallVec::new(),
             matched,
         };
         for (i, descriptor) in descriptors.iter().enumerate() {
@@ -91,7 +98,7 @@ impl<'t> Plan<'t> {
     }
 
     /// The enforced charges, `(rule, key, cost)`, for one atomic step.
-    pub fn charges(&self) -> impl Iterator<Item = (&str, &[u8], u64)> {
+    pub fn charges(&self) -> impl Iterator<Item = (&str, &[u8], u64)> + use<'_, 't> {
         self.charges.iter().map(|(rule, first, cost)| {
             let key = self.matched[*first].as_ref().map_or(&[][..], |m| &m.key);
             (*rule, key, *cost)
@@ -108,7 +115,7 @@ impl<'t> Plan<'t> {
     }
 
     /// The shadow limits: `(descriptor, rule, key)`, each charged on its own.
-    pub fn shadow(&self) -> impl Iterator<Item = (usize, &str, &[u8])> {
+    pub fn shadow(&self) -> impl Iterator<Item = (usize, &str, &[u8])> + use<'_, 't> {
         self.matched.iter().enumerate().filter_map(|(i, m)| {
             let m = m.as_ref()?;
             match &m.limit.kind {

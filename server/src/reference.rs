@@ -193,6 +193,7 @@ impl Walk<'_> {
             detailed_metric: descriptor.detailed_metric,
             replaces: rate_limit.replaces.iter().map(|r| r.name.clone()).collect(),
             stat_key: stat_key.to_owned(),
+            memo: Default::default(),
         })
     }
 }

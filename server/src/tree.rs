@@ -6,8 +6,12 @@
 //! applies is the one at the level of the descriptor's **last** entry: a shorter or longer
 //! descriptor, or a last level without a limit, has none (no fallback to a parent's limit).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+
+// Keys and values come from the configuration; a request only looks them up, so foldhash's
+// seeded hash serves (a third of SipHash's work per lookup, on every call).
+use foldhash::HashMap;
 
 use crate::unit::Unit;
 
@@ -78,7 +82,26 @@ pub struct LimitSpec {
     pub replaces: Vec<String>,
     /// The configured level's statistics key: `key_value.key` (the reference's).
     pub stat_key: String,
+    /// What the service derives from this limit once, on its first call, rather than per call.
+    #[cfg_attr(not(feature = "service"), allow(dead_code))]
+    pub(crate) memo: Memo,
 }
+
+/// What a running service derives from a limit once and keeps with it: the limit's
+/// `RateLimit-Policy` item and its name as a Structured Field string, and its statistics'
+/// counters (shared with the same statistics key in the trees before a reload, so counters never
+/// restart).
+#[derive(Debug, Default)]
+#[cfg_attr(not(feature = "service"), allow(dead_code))]
+pub(crate) struct Memo {
+    pub(crate) sf_name: OnceLock<String>,
+    pub(crate) policy_item: OnceLock<String>,
+    pub(crate) counts: OnceLock<Arc<Counts>>,
+}
+
+/// The reference's counters of one statistics key: `total_hits`, `over_limit`, `near_limit`,
+/// `within_limit`, `shadow_mode`.
+pub(crate) type Counts = [AtomicU64; 5];
 
 /// What a limit does with a charge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,7 +202,8 @@ impl Domain {
     /// The limit `entries` reach in this domain, if any.
     pub fn find<'t>(&'t self, entries: &[Entry<'_>]) -> Option<Matched<'t>> {
         let mut node = &self.root;
-        let mut key = Vec::new();
+        let length: usize = entries.iter().map(|e| e.value.len() + 1).sum();
+        let mut key = Vec::with_capacity(length);
         for (i, entry) in entries.iter().enumerate() {
             let (child, counted_as) = node.child(entry)?;
             if i > 0 {
@@ -199,6 +223,10 @@ impl Domain {
 /// percent-encoded, so `("a", "b/c")` and `("a/b", "c")` stay apart and a key reads as its values
 /// (`10.0.0.1`, `slowpath/10.0.0.1`) in logs and reports.
 fn push_part(key: &mut Vec<u8>, part: &[u8]) {
+    if !part.iter().any(|&byte| byte == b'%' || byte == b'/') {
+        key.extend_from_slice(part);
+        return;
+    }
     for &byte in part {
         match byte {
             b'%' => key.extend_from_slice(b"%25"),
@@ -291,6 +319,7 @@ mod tests {
             detailed_metric: false,
             replaces: Vec::new(),
             stat_key: name.into(),
+            memo: Memo::default(),
         }
     }
 

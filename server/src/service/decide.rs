@@ -13,14 +13,16 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use tollgate::algorithm::Outcome;
 use tollgate::{LimitError, Limiter};
 use tonic::Status;
 
 use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
 use crate::load::StoreFailure;
-use crate::plan::{Descriptor, Plan};
-use crate::tree::{Domains, Entry, LimitKind, LimitSpec};
+use crate::plan::{Descriptor, PerDescriptor, Plan};
+use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec};
 
 /// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
 pub const MAX_DESCRIPTORS: usize = 1024;
@@ -48,6 +50,8 @@ pub(crate) struct Judged<'t> {
 #[derive(Debug)]
 pub(crate) struct Answer<'t> {
     pub(crate) domain: &'t str,
+    /// The fields the domain's answers carry.
+    pub(crate) headers: Headers,
     pub(crate) judged: Vec<Judged<'t>>,
     /// Whether the store failed (its descriptors were answered by the failure policy).
     pub(crate) store_failed: bool,
@@ -73,7 +77,7 @@ impl Answer<'_> {
 }
 
 /// Checks `request` and returns its domain and descriptors.
-fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), Refusal> {
+fn validate(request: &RateLimitRequest) -> Result<(&str, PerDescriptor<Descriptor<'_>>), Refusal> {
     let invalid = |message: String| Err(Refusal::Invalid(Status::invalid_argument(message)));
     let Ok(domain) = std::str::from_utf8(&request.domain) else {
         return invalid("domain: not UTF-8".into());
@@ -91,7 +95,7 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), R
         ));
     }
     let request_cost = u64::from(request.hits_addend.max(1));
-    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    let mut descriptors = PerDescriptor::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         if descriptor.entries.is_empty() {
             return invalid(format!("descriptors[{i}]: no entries"));
@@ -107,17 +111,17 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, Vec<Descriptor<'_>>), R
                 descriptor.entries.len()
             ));
         }
-        let mut entries = Vec::with_capacity(descriptor.entries.len());
+        let mut entries = SmallVec::with_capacity(descriptor.entries.len());
         for (j, entry) in descriptor.entries.iter().enumerate() {
-            let at = format!("descriptors[{i}].entries[{j}]");
+            let at = || format!("descriptors[{i}].entries[{j}]");
             let Ok(key) = std::str::from_utf8(&entry.key) else {
-                return invalid(format!("{at}.key: not UTF-8"));
+                return invalid(format!("{}.key: not UTF-8", at()));
             };
             if key.is_empty() {
-                return invalid(format!("{at}.key: empty"));
+                return invalid(format!("{}.key: empty", at()));
             }
             let Ok(value) = std::str::from_utf8(&entry.value) else {
-                return invalid(format!("{at}.value: not UTF-8"));
+                return invalid(format!("{}.value: not UTF-8", at()));
             };
             entries.push(Entry { key, value });
         }
@@ -137,7 +141,8 @@ pub(crate) async fn decide<'t>(
     request: &'t RateLimitRequest,
 ) -> Result<Answer<'t>, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
-    let plan = Plan::new(domains.get(domain_name), &descriptors);
+    let domain = domains.get(domain_name);
+    let plan = Plan::new(domain, &descriptors);
     let mut judged: Vec<Judged<'t>> = descriptors
         .iter()
         .zip(&plan.matched)
@@ -207,6 +212,7 @@ pub(crate) async fn decide<'t>(
     }
     Ok(Answer {
         domain: domain_name,
+        headers: domain.map(|domain| domain.headers).unwrap_or_default(),
         judged,
         store_failed,
     })

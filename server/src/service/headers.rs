@@ -18,52 +18,61 @@ use super::decide::{Answer, Judged};
 use super::protocol::HeaderValue;
 use crate::tree::{Headers, LimitKind};
 
-/// The fields for `answer` under a domain's `headers` setting.
-pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<HeaderValue> {
-    let limited: Vec<&Judged<'_>> = answer
-        .judged
-        .iter()
-        .filter(|j| {
-            j.limit
-                .as_ref()
-                .is_some_and(|l| l.kind != LimitKind::Unlimited)
+/// The fields for `answer` under its domain's `headers` setting.
+pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
+    let headers = answer.headers;
+    let limited = || {
+        answer.judged.iter().filter_map(|j| match j.limit {
+            Some(limit) if limit.kind != LimitKind::Unlimited => Some((j, limit)),
+            _ => None,
         })
-        .collect();
-    let mut fields = Vec::new();
-    if limited.is_empty() || headers == Headers::Off {
-        return fields;
+    };
+    if limited().next().is_none() || headers == Headers::Off {
+        return Vec::new();
     }
+    let mut fields = Vec::with_capacity(6);
     let field = |name: &http::HeaderName, value: String| HeaderValue {
         key: name.as_str().to_owned(),
         value,
     };
     if matches!(headers, Headers::Draft | Headers::Both) {
-        // One item per limit, for the first descriptor that reached it.
-        let (mut policy, mut ratelimit) = (String::new(), String::new());
-        for (n, j) in limited.iter().enumerate() {
-            let Some(limit) = &j.limit else { continue };
-            let same =
-                |earlier: &&Judged<'_>| earlier.limit.is_some_and(|l| std::ptr::eq(l, *limit));
-            if limited[..n].iter().any(same) {
+        // One item per limit, for the first descriptor that reached it. The policy item and the
+        // quoted name are the limit's own, written once (`Memo`); per call, only two numbers.
+        // Sized for the usual answer, one limit: no string grows.
+        let (mut policy, mut ratelimit) = (String::with_capacity(96), String::with_capacity(96));
+        let mut numbers = itoa::Buffer::new();
+        for (n, (j, limit)) in limited().enumerate() {
+            if limited()
+                .take(n)
+                .any(|(_, earlier)| std::ptr::eq(earlier, limit))
+            {
                 continue;
             }
             if !policy.is_empty() {
                 policy.push_str(", ");
                 ratelimit.push_str(", ");
             }
-            let window = limit.unit.duration().as_secs();
-            push_sf_string(&mut policy, &limit.name);
-            let _ = write!(policy, ";q={};w={window}", limit.requests_per_unit);
-            push_sf_string(&mut ratelimit, &limit.name);
-            let _ = write!(ratelimit, ";r={};t={}", remaining(j), reset(j));
+            policy.push_str(limit.memo.policy_item.get_or_init(|| {
+                let mut item = sf_string(&limit.name);
+                let window = limit.unit.duration().as_secs();
+                let _ = write!(item, ";q={};w={window}", limit.requests_per_unit);
+                item
+            }));
+            ratelimit.push_str(limit.memo.sf_name.get_or_init(|| sf_string(&limit.name)));
+            ratelimit.push_str(";r=");
+            ratelimit.push_str(numbers.format(remaining(j)));
+            ratelimit.push_str(";t=");
+            ratelimit.push_str(numbers.format(reset(j)));
         }
         fields.push(field(&RATELIMIT_POLICY, policy));
         fields.push(field(&RATELIMIT, ratelimit));
     }
     if matches!(headers, Headers::Legacy | Headers::Both) {
-        if let Some(tightest) = limited.iter().min_by_key(|j| remaining(j)) {
-            let limit = tightest.limit.as_ref().map_or(0, |l| l.requests_per_unit);
-            fields.push(field(&X_RATELIMIT_LIMIT, limit.to_string()));
+        if let Some((tightest, limit)) = limited().min_by_key(|(j, _)| remaining(j)) {
+            fields.push(field(
+                &X_RATELIMIT_LIMIT,
+                limit.requests_per_unit.to_string(),
+            ));
             fields.push(field(
                 &X_RATELIMIT_REMAINING,
                 remaining(tightest).to_string(),
@@ -72,10 +81,9 @@ pub(crate) fn response_headers(answer: &Answer<'_>, headers: Headers) -> Vec<Hea
         }
     }
     if answer.over_limit() {
-        let retry = limited
-            .iter()
-            .filter(|j| j.over && j.limit.as_ref().is_some_and(|l| !l.shadow))
-            .map(|j| {
+        let retry = limited()
+            .filter(|(j, limit)| j.over && !limit.shadow)
+            .map(|(j, _)| {
                 j.outcome
                     .as_ref()
                     .and_then(|o| o.retry_after())
@@ -107,9 +115,10 @@ fn whole_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Appends `name` as a Structured Field string: quoted, `"` and `\` escaped, anything outside
-/// printable ASCII (which sf-strings cannot hold) written as `?`.
-fn push_sf_string(out: &mut String, name: &str) {
+/// `name` as a Structured Field string: quoted, `"` and `\` escaped, anything outside printable
+/// ASCII (which sf-strings cannot hold) written as `?`.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
     out.push('"');
     for c in name.chars() {
         match c {
@@ -122,4 +131,5 @@ fn push_sf_string(out: &mut String, name: &str) {
         }
     }
     out.push('"');
+    out
 }

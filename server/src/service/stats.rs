@@ -6,13 +6,15 @@
 //! latency as a histogram; the store's failures and the configuration's reloads. Written by hand:
 //! a few counters need no exporter.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use foldhash::HashMap;
+
 use super::decide::Answer;
+use crate::tree::Counts;
 
 /// Series per (domain, key) kept at most; beyond, new keys are counted under one overflow key,
 /// so `detailed_metric` on values chosen by clients cannot grow memory without bound.
@@ -24,16 +26,18 @@ const BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 1.0,
 ];
 
+/// Every statistics key's counters, by domain then key. A configured limit looks its counters up
+/// here once and keeps them (`Memo`); a `detailed_metric` limit looks up per call, by value.
 #[derive(Debug, Default)]
 struct Series {
-    by_domain: HashMap<String, HashMap<String, Counts>>,
+    by_domain: HashMap<String, HashMap<String, Arc<Counts>>>,
     len: usize,
 }
 
 impl Series {
-    fn counts(&mut self, domain: &str, key: &str) -> &mut Counts {
+    fn counts(&mut self, domain: &str, key: &str) -> Arc<Counts> {
         if !self.by_domain.contains_key(domain) {
-            self.by_domain.insert(domain.to_owned(), HashMap::new());
+            self.by_domain.insert(domain.to_owned(), HashMap::default());
         }
         let keys = self.by_domain.get_mut(domain).expect("inserted above");
         let key = if keys.contains_key(key) || self.len < MAX_SERIES {
@@ -43,14 +47,13 @@ impl Series {
         };
         if !keys.contains_key(key) {
             self.len += 1;
-            keys.insert(key.to_owned(), Counts::default());
+            keys.insert(key.to_owned(), Arc::default());
         }
-        keys.get_mut(key).expect("inserted above")
+        keys[key].clone()
     }
 }
 
-/// The reference's counters, in the order of [`COUNTERS`].
-type Counts = [u64; 5];
+/// The names of the reference's counters, in the order of [`Counts`].
 const COUNTERS: [&str; 5] = [
     "total_hits",
     "over_limit",
@@ -62,7 +65,7 @@ const COUNTERS: [&str; 5] = [
 /// Everything `/metrics` shows.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Counts by domain, then by statistics key; looked up without allocating.
+    /// Counts by domain, then by statistics key.
     descriptors: Mutex<Series>,
     /// Decisions per latency bucket, each counted once (in the first bucket that holds it; the
     /// last slot is above every bound): two atomic additions per call, not one per bucket,
@@ -88,27 +91,40 @@ impl Drop for InFlight<'_> {
 impl Stats {
     /// Counts one answered request.
     pub(crate) fn record(&self, answer: &Answer<'_>) {
-        let mut series = self
-            .descriptors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for judged in &answer.judged {
-            let Some(limit) = &judged.limit else { continue };
-            let counts = series.counts(answer.domain, &judged.stat_key);
-            let cost = judged.cost;
-            counts[0] += cost;
+            let Some(limit) = judged.limit else { continue };
+            let detailed;
+            let counts: &Counts = if limit.detailed_metric {
+                detailed = self.series(answer.domain, &judged.stat_key);
+                &detailed
+            } else {
+                limit
+                    .memo
+                    .counts
+                    .get_or_init(|| self.series(answer.domain, &limit.stat_key))
+            };
+            let add = |counter: usize| counts[counter].fetch_add(judged.cost, Ordering::Relaxed);
+            add(0);
             if judged.over {
-                counts[1] += cost;
+                add(1);
                 if limit.shadow {
-                    counts[4] += cost;
+                    add(4);
                 }
             } else {
-                counts[3] += cost;
+                add(3);
             }
             if judged.near {
-                counts[2] += cost;
+                add(2);
             }
         }
+    }
+
+    /// The counters of `key` in `domain`, created when new.
+    fn series(&self, domain: &str, key: &str) -> Arc<Counts> {
+        self.descriptors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .counts(domain, key)
     }
 
     /// Counts one decision's latency.
@@ -157,7 +173,7 @@ impl Stats {
                 .descriptors
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut all: Vec<(&str, &str, &Counts)> = series
+            let mut all: Vec<(&str, &str, &Arc<Counts>)> = series
                 .by_domain
                 .iter()
                 .flat_map(|(domain, keys)| {
@@ -169,7 +185,7 @@ impl Stats {
                 let metric = format!("ratelimit_service_rate_limit_{name}");
                 let _ = writeln!(out, "# TYPE {metric} counter");
                 for (domain, key, counts) in &all {
-                    let value = counts[i];
+                    let value = counts[i].load(Ordering::Relaxed);
                     let (domain, descriptor) = (label(domain), label(key));
                     let _ = writeln!(
                         out,

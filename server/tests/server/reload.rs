@@ -29,6 +29,9 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
     dir.write("edge.yaml", &config(5));
     server.wait_for_log("configuration reloaded");
     assert_eq!(limit(&ask().await), 5);
+    // The statistics of a key go on counting across the reload: a counter never restarts.
+    let hits = r#"ratelimit_service_rate_limit_total_hits{domain="edge",key="remote_address"}"#;
+    assert_eq!(server.metric(hits), 2);
 
     dir.write("edge.yaml", "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n");
     let warning = server.wait_for_log("configuration not reloaded");
@@ -37,6 +40,7 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
         "{warning}"
     );
     assert_eq!(limit(&ask().await), 5);
+    assert_eq!(server.metric(hits), 3);
     assert_eq!(
         server.metric("tollgate_server_config_reload_failures_total"),
         1
