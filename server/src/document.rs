@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 
 use serde_json::{json, Value};
+use tollgate::config::ConfigFormat;
 
 use crate::unit::Unit;
 
@@ -35,6 +36,27 @@ pub(crate) fn yaml_error(path: &Path, error: &yaml_serde::Error) -> Error {
                 at.column()
             ))
         }
+        None => Error(format!("{}: {message}", path.display())),
+    }
+}
+
+/// An error of the server's own checks of the file at `path`, whose `message` begins with the
+/// place it is about (`rules[1] (rule "api").descriptors: …`, `descriptors[0].rate_limit: …`):
+/// the place's line and column in the file's `text` follow the file's name, as the parser's own
+/// errors and the library's name them. A place the text does not hold (a missing field) is
+/// located at the deepest part it does hold.
+pub(crate) fn placed_error(path: &Path, format: ConfigFormat, text: &str, message: &str) -> Error {
+    // The place is the message's first part, without the rule's name the server puts in it.
+    let without_rule = match message.find(" (rule \"") {
+        Some(start) => match message[start..].find("\")") {
+            Some(end) => format!("{}{}", &message[..start], &message[start + end + 2..]),
+            None => message.to_owned(),
+        },
+        None => message.to_owned(),
+    };
+    let place = without_rule.split(": ").next().unwrap_or_default();
+    match tollgate::config::locate(format, text, place) {
+        Some((line, column)) => Error(format!("{}:{line}:{column}: {message}", path.display())),
         None => Error(format!("{}: {message}", path.display())),
     }
 }

@@ -36,9 +36,9 @@ use tollgate::algorithm::{Algorithm, Mode};
 use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
-use crate::document::yaml_error;
 pub use crate::document::Error;
 use crate::document::LibraryRule;
+use crate::document::{placed_error, yaml_error};
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec};
 use crate::unit::Unit;
@@ -94,7 +94,7 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
         reference::read(path, &text, &mut domains, &mut rules)?;
         return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
     }
-    own(path, value, domains, rules)
+    own(path, (format, &text), value, domains, rules)
 }
 
 /// Whether `path` is a configuration of tollgate-server's rather than a plain one of the library:
@@ -226,11 +226,12 @@ struct OwnRule {
 
 fn own(
     path: &Path,
+    (format, text): (ConfigFormat, &str),
     value: Value,
     mut domains: Domains,
     mut rules: Vec<LibraryRule>,
 ) -> Result<Loaded, Error> {
-    let fail = |message: String| Error(format!("{}: {message}", path.display()));
+    let fail = |message: String| placed_error(path, format, text, &message);
     let included = included_paths(path, &value);
     let Value::Object(mut file) = value else {
         return Err(fail("expected a table of settings".into()));
@@ -513,11 +514,11 @@ mod tests {
     fn tollgate_files_say_what_tollgate_server_needs() {
         assert_eq!(
             error("a.toml", RULE),
-            "a.toml: domain: missing (the domain this file's rules serve)"
+            "a.toml:1:1: domain: missing (the domain this file's rules serve)"
         );
         assert_eq!(
             error("a.toml", &format!("domain = \"d\"\n{RULE}")),
-            "a.toml: rules[0] (rule \"r\").descriptors: missing (the descriptor entries this rule limits)"
+            "a.toml:2:1: rules[0] (rule \"r\").descriptors: missing (the descriptor entries this rule limits)"
         );
         let twice = format!(
             "domain = \"d\"\n{RULE}descriptors = [{{ key = \"k\" }}]\n{}descriptors = [{{ key = \"k\" }}]\n",
@@ -525,7 +526,7 @@ mod tests {
         );
         assert_eq!(
             error("a.toml", &twice),
-            "a.toml: rules[1] (rule \"s\").descriptors: another rule has the same descriptors"
+            "a.toml:11:15: rules[1] (rule \"s\").descriptors: another rule has the same descriptors"
         );
         let concurrent = "domain = \"d\"\n[[rules]]\nname = \"c\"\nconcurrent = 2\ndescriptors = [{ key = \"k\" }]\n";
         assert!(
@@ -553,7 +554,7 @@ mod tests {
                 "r.yaml",
                 "domain: d\ndescriptors:\n  - key: k\n  - key: k\n"
             ),
-            "r.yaml: descriptors[1]: duplicate descriptor \"k\" at this level"
+            "r.yaml:4:5: descriptors[1]: duplicate descriptor \"k\" at this level"
         );
     }
 }

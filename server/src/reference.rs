@@ -16,8 +16,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
+use tollgate::config::ConfigFormat;
 
-use crate::document::{yaml_error, Error, LibraryRule};
+use crate::document::{placed_error, yaml_error, Error, LibraryRule};
 use crate::tree::{Domains, LimitKind, LimitSpec, Node};
 use crate::unit::Unit;
 
@@ -85,7 +86,7 @@ pub(crate) fn read(
     rules: &mut Vec<LibraryRule>,
 ) -> Result<(), Error> {
     let file: File = yaml_serde::from_str(text).map_err(|error| yaml_error(path, &error))?;
-    let fail = |message: String| Error(format!("{}: {message}", path.display()));
+    let fail = |message: String| placed_error(path, ConfigFormat::Yaml, text, &message);
     if file.domain.is_empty() {
         return Err(fail("domain: is empty".into()));
     }
@@ -141,7 +142,7 @@ impl Walk<'_> {
             if let Some(rate_limit) = &descriptor.rate_limit {
                 let spec = self
                     .limit(rate_limit, descriptor, &stat_key)
-                    .map_err(|message| format!("{at}.rate_limit: {message}"))?;
+                    .map_err(|message| format!("{at}.rate_limit.{message}"))?;
                 child.limit = Some(spec);
             }
             let nested = format!("{at}.descriptors");

@@ -36,7 +36,7 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
     dir.write("edge.yaml", "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n");
     let warning = server.wait_for_log("configuration not reloaded");
     assert!(
-        warning.contains("edge.yaml: descriptors[0].rate_limit: unit: unknown unit"),
+        warning.contains("edge.yaml:4:25: descriptors[0].rate_limit.unit: unknown unit"),
         "{warning}"
     );
     assert_eq!(limit(&ask().await), 5);
