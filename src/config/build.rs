@@ -17,7 +17,7 @@ use super::schema::{
 use super::Plan;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
-use crate::algorithm::Penalty;
+use crate::algorithm::{Lease, Penalty};
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::rules::cost::Cost;
@@ -171,6 +171,7 @@ struct Common {
     penalty: Option<Penalty>,
     count_if: Option<CountIf>,
     settle: Option<Settle>,
+    lease: Option<Lease>,
     shadow: bool,
 }
 
@@ -229,6 +230,10 @@ impl Common {
                 .settle
                 .as_ref()
                 .map(|settle| Settle::header(settle.header.0.clone())),
+            lease: spec
+                .lease
+                .as_ref()
+                .map(|lease| Lease::new(lease.units, lease.ttl.0)),
             shadow: spec.shadow,
         })
     }
@@ -261,6 +266,9 @@ impl Common {
         }
         if let Some(settle) = &self.settle {
             rule = rule.settle(settle.clone());
+        }
+        if let Some(lease) = self.lease {
+            rule = rule.lease(lease);
         }
         rule
     }

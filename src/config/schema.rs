@@ -137,9 +137,18 @@ pub(crate) struct RuleSpec {
     pub(crate) block: Option<BlockSpec>,
     pub(crate) count_if: Option<CountIfSpec>,
     pub(crate) settle: Option<SettleSpec>,
+    pub(crate) lease: Option<LeaseSpec>,
     #[serde(default)]
     pub(crate) shadow: bool,
     pub(crate) tiers: Option<TiersSpec>,
+}
+
+/// A quota lease: `lease = { units = 10, ttl = "1s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LeaseSpec {
+    pub(crate) units: u64,
+    pub(crate) ttl: HumanDuration,
 }
 
 impl RuleSpec {

@@ -178,6 +178,7 @@ impl RuleSet {
             cost,
             mode: rule.mode,
             penalty: rule.penalty.as_ref(),
+            lease: rule.lease.as_ref(),
         }
     }
 }

@@ -7,7 +7,7 @@ use http::{Method, StatusCode, Uri};
 
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
-use crate::algorithm::{Algorithm, Mode, Penalty};
+use crate::algorithm::{Algorithm, Lease, Mode, Penalty};
 use crate::key::{Key, RequestHead};
 use crate::rules::cost::Cost;
 use crate::rules::per_request::{LimitResolver, LimitSource};
@@ -40,6 +40,7 @@ pub struct Rule {
     penalty: Option<Penalty>,
     count_if: Option<CountIf>,
     settle: Option<Settle>,
+    lease: Option<Lease>,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -289,6 +290,15 @@ impl Rule {
         self
     }
 
+    /// Lets each instance lease a slice of a key's quota from a shared store (the Redis store)
+    /// and decide locally until it is spent or expires: one round trip per `units` charges on a
+    /// hot key instead of one per charge, for the bounded error [`Lease`] states. The memory
+    /// store is exact and ignores it. A token bucket, fixed window or sliding window only.
+    pub fn lease(mut self, lease: Lease) -> Rule {
+        self.lease = Some(lease);
+        self
+    }
+
     /// What to do when the request has no key (default: [`MissingKey::Reject`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Rule {
         self.missing_key = missing;
@@ -364,6 +374,23 @@ impl Rule {
         if let Some((field, message)) = self.penalty.as_ref().and_then(Penalty::problem) {
             return err(field, message);
         }
+        if let Some(lease) = &self.lease {
+            if let Some((field, message)) = lease.problem(self.limit.algorithm()) {
+                return err(field, message);
+            }
+            // A queued charge reserves (waits are always exact), and a limit chosen per request
+            // may change between two charges of a lease.
+            let exact = [
+                ("queue", self.queue.is_some()),
+                ("limit_from", self.source.is_some()),
+            ];
+            if let Some((field, _)) = exact.into_iter().find(|(_, set)| *set) {
+                return err(
+                    field,
+                    "not available on a rule with a lease: its charges are decided exactly".into(),
+                );
+            }
+        }
         if self.settle.is_some() && !self.limit.algorithm().reserves() {
             return err(
                 "settle",
@@ -434,6 +461,7 @@ impl Rule {
             penalty: self.penalty,
             count_if: self.count_if,
             settle: self.settle,
+            lease: self.lease,
         })
     }
 }
@@ -453,6 +481,7 @@ impl From<Limit> for Rule {
             penalty: None,
             count_if: None,
             settle: None,
+            lease: None,
         }
     }
 }
@@ -550,6 +579,7 @@ pub(crate) struct CompiledRule {
     pub(crate) penalty: Option<Penalty>,
     pub(crate) count_if: Option<CountIf>,
     pub(crate) settle: Option<Settle>,
+    pub(crate) lease: Option<Lease>,
 }
 
 impl CompiledRule {

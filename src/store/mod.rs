@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{Algorithm, Mode, Outcome, Penalty};
+use crate::algorithm::{Algorithm, Lease, Mode, Outcome, Penalty};
 use crate::key::namespace;
 
 #[cfg(feature = "redis")]
@@ -43,6 +43,9 @@ pub struct Charge<'a> {
     /// The rule's penalty, if it blocks keys it denies (DESIGN §10): a blocked key is denied
     /// without touching its counters, and a charge the rule denies starts a block.
     pub penalty: Option<&'a Penalty>,
+    /// The rule's quota lease, if a remote store may hand this instance a slice of the key's
+    /// quota to decide from locally ([`Lease`]); an exact store ignores it.
+    pub lease: Option<&'a Lease>,
 }
 
 /// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a

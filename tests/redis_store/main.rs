@@ -1,6 +1,6 @@
 //! The Redis store against real servers on loopback ports, once per engine: `redis::…` runs
 //! `redis-server`, `valkey::…` runs `valkey-server` (`cargo test --test redis_store valkey`
-//! selects Valkey's). One server, a Cluster, concurrency leases and per-request limits, and the
+//! selects Valkey's). One server, a Cluster, concurrency leases, quota leases and per-request limits, and the
 //! differential tests that keep the Lua script equal to the memory store.
 
 // The same test files are loaded once per engine, on purpose.
@@ -18,6 +18,7 @@ mod redis {
 
     mod cluster;
     mod concurrency;
+    mod lease;
     mod per_request;
     mod sentinel;
     mod single;
@@ -33,6 +34,7 @@ mod valkey {
 
     mod cluster;
     mod concurrency;
+    mod lease;
     mod per_request;
     mod sentinel;
     mod single;

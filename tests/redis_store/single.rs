@@ -312,6 +312,7 @@ async fn hand_picked_edges_match() {
                 cost,
                 mode: Mode::Charge,
                 penalty: None,
+                lease: None,
             }];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();

@@ -296,6 +296,7 @@ pub async fn run(
                         cost,
                         mode,
                         penalty: penalties[rule].as_ref(),
+                        lease: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -316,6 +317,7 @@ pub async fn run(
                         cost: *cost,
                         mode: *mode,
                         penalty: penalties[*rule].as_ref(),
+                        lease: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -334,6 +336,7 @@ pub async fn run(
                     cost: *units,
                     mode: Mode::Charge,
                     penalty: penalties[*rule].as_ref(),
+                    lease: None,
                 };
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
@@ -357,6 +360,7 @@ pub async fn run(
                     cost: *units,
                     mode: Mode::Reserve(ReserveBound::default()),
                     penalty: None,
+                    lease: None,
                 };
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;

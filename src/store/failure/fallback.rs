@@ -128,6 +128,8 @@ impl OwnedCharge {
             cost: self.cost,
             mode: self.mode,
             penalty: self.penalty.as_ref(),
+            // The fallback is the memory store: exact, it takes no leases.
+            lease: None,
         }
     }
 }

@@ -244,6 +244,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            lease: None,
         };
         guarded
             .apply(&[charge])
@@ -297,6 +298,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            lease: None,
         };
         // One slot taken in the shared store, then the store goes down and the breaker opens.
         assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());

@@ -9,6 +9,7 @@ mod keys;
 mod leases;
 mod lua;
 mod params;
+mod quota;
 mod shard;
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +25,7 @@ use self::conn::{Conn, Target};
 use self::fast::Fast;
 use self::leases::Leases;
 use self::lua::{Lua, Scripts};
+use self::quota::Quotas;
 use self::shard::Sharding;
 use super::{Charge, Outcomes, RuleName, Store, StoreError, StoreErrorKind, StoreFuture};
 use crate::algorithm::error::ConfigError;
@@ -200,6 +202,8 @@ struct Inner {
     lease: Duration,
     /// The concurrency leases this instance holds.
     leases: Leases,
+    /// The quota leases this instance holds (rules with a `lease`).
+    quotas: Quotas,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -402,6 +406,7 @@ impl RedisStoreBuilder {
                     .collect(),
                 lease: leases::lease_of(self.lease),
                 leases: Leases::default(),
+                quotas: Quotas::new(DEFAULT_CACHE_SIZE),
             }),
         })
     }
@@ -436,6 +441,28 @@ impl RedisStore {
     /// [`Store::apply`], with `finish` applied to the outcomes inside the one future (a single
     /// charge's caller gets its outcome without a second boxed future around the first).
     fn decide<T>(
+        &self,
+        batch: &[Charge<'_>],
+        finish: impl FnOnce(Outcomes) -> Result<T, StoreError> + Send + 'static,
+    ) -> StoreFuture<T> {
+        let inner = &self.inner;
+        if let [charge] = batch {
+            // A hot key's rule may lease a slice of its quota (a sharded rule spreads it instead).
+            if let Some(lease) = charge.lease {
+                if charge.mode == Mode::Charge
+                    && charge.cost > 0
+                    && !inner.shards.contains_key(charge.rule.as_str())
+                {
+                    return quota::charge(self, lease, charge, finish);
+                }
+            }
+        }
+        self.decide_exactly(batch, finish)
+    }
+
+    /// [`decide`](Self::decide) without quota leases: every charge as Redis decides it (or the
+    /// deny cache, which answers exactly as Redis would).
+    fn decide_exactly<T>(
         &self,
         batch: &[Charge<'_>],
         finish: impl FnOnce(Outcomes) -> Result<T, StoreError> + Send + 'static,
@@ -1022,6 +1049,7 @@ impl Inner {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            lease: None,
         };
         let mut fast =
             Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
