@@ -31,9 +31,9 @@ use crate::algorithm::{
     SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, Latest, SystemClock};
+use crate::key::KeyValue;
 #[cfg(doc)]
 use crate::key::MAX_KEY_LEN;
-use crate::key::KeyValue;
 
 mod listing;
 mod spans;

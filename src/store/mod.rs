@@ -24,8 +24,8 @@ use crate::key::namespace;
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStoreBuilder;
 pub use failure::CircuitBreaker;
-pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use failure::{FailurePolicy, Guarded};
+pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
 

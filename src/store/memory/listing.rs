@@ -42,7 +42,10 @@ impl At {
         };
         let text = cursor.as_str().strip_prefix('m').ok_or_else(bad)?;
         let (shard, after) = match text.split_once('.') {
-            Some((shard, hash)) => (shard, Some(u64::from_str_radix(hash, 16).map_err(|_| bad())?)),
+            Some((shard, hash)) => (
+                shard,
+                Some(u64::from_str_radix(hash, 16).map_err(|_| bad())?),
+            ),
             None => (text, None),
         };
         let shard: usize = shard.parse().map_err(|_| bad())?;

@@ -575,7 +575,12 @@ mod listing_blocks {
             .shards(4)
             .build();
         for i in 0..250 {
-            block(&store, "login", &key(i), MINUTE + Duration::from_secs(i as u64));
+            block(
+                &store,
+                "login",
+                &key(i),
+                MINUTE + Duration::from_secs(i as u64),
+            );
         }
         for i in 0..30 {
             block(&store, "signup", &key(i), MINUTE);
@@ -586,7 +591,9 @@ mod listing_blocks {
         assert!(pages.iter().all(|p| p.items.len() <= listing::PAGE));
         let mut seen = HashSet::new();
         for listed in pages.iter().flat_map(|p| &p.items) {
-            let i = (0..250).find(|&i| key(i) == listed.key).expect("a login key");
+            let i = (0..250)
+                .find(|&i| key(i) == listed.key)
+                .expect("a login key");
             assert!(seen.insert(i), "key {i} listed twice");
             // By the store's clock: the block's length less the 10 s since it began.
             assert_eq!(listed.remaining, Duration::from_secs(50 + i as u64));
@@ -607,7 +614,10 @@ mod listing_blocks {
         for i in 0..250 {
             block(&store, "login", &key(i), MINUTE);
         }
-        let sizes: Vec<usize> = walk(&store, "login").iter().map(|p| p.items.len()).collect();
+        let sizes: Vec<usize> = walk(&store, "login")
+            .iter()
+            .map(|p| p.items.len())
+            .collect();
         assert_eq!(sizes, [100, 100, 50]);
         let empty = MemoryStore::new();
         assert_eq!(walk(&empty, "login").len(), 1);
