@@ -319,7 +319,7 @@ async fn get_block(
     State(limiter): State<Limiter>,
     PathParams((rule, key)): PathParams<(String, String)>,
 ) -> Response {
-    if let Err(refused) = bounded(&key) {
+    if let Some(refused) = too_long(&key) {
         return refused;
     }
     match limiter.blocked(&rule, &key).await {
@@ -333,7 +333,7 @@ async fn delete_block(
     State(limiter): State<Limiter>,
     PathParams((rule, key)): PathParams<(String, String)>,
 ) -> Response {
-    if let Err(refused) = bounded(&key) {
+    if let Some(refused) = too_long(&key) {
         return refused;
     }
     match limiter.unblock(&rule, &key).await {
@@ -342,19 +342,19 @@ async fn delete_block(
     }
 }
 
-/// Refuses a key longer than the layer keeps (it would stand for its digest, not for itself).
-fn bounded(key: &str) -> Result<(), Response> {
-    if key.len() > MAX_KEY_LEN {
-        return Err(failure(
+/// The refusal of a key longer than the layer keeps (it would stand for its digest, not for
+/// itself), if it is.
+fn too_long(key: &str) -> Option<Response> {
+    (key.len() > MAX_KEY_LEN).then(|| {
+        failure(
             StatusCode::BAD_REQUEST,
             &format!(
                 "the key is {} bytes long, over the bound of {MAX_KEY_LEN}: the layer counts such \
                  a key by its digest, listed as sha256:<hex>",
                 key.len()
             ),
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 fn blocked_json(blocked: &BlockedKey) -> serde_json::Value {

@@ -486,6 +486,7 @@ mod tests {
                 mode: Mode::Charge,
                 limit_id: 0,
                 cacheable: true,
+                penalised: false,
             };
             cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 0);
         }
@@ -497,8 +498,39 @@ mod tests {
             mode: Mode::Charge,
             limit_id: 0,
             cacheable: true,
+            penalised: false,
         };
         cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 10_000_000);
         assert!(cache.get(view.hash, 10_000_000).is_some());
+    }
+
+    #[test]
+    fn a_blocked_answer_is_given_for_a_second_at_a_time() {
+        let cache = DenyCache::new(100);
+        let algorithm = ten_a_second();
+        let penalty = crate::algorithm::Penalty::fixed(Duration::from_secs(600));
+        let charge = Charge {
+            rule: RuleName::new("login"),
+            algorithm: &algorithm,
+            key: b"k",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: Some(&penalty),
+        };
+        let views = [CacheView {
+            penalised: true,
+            ..view(&cache, "login", 1, Mode::Charge)
+        }];
+        let blocked = denied(Duration::from_secs(600), 0, Duration::from_secs(600));
+        cache.learn(&views, &[blocked], &[false], 0);
+        let second = micros(BLOCK_RECHECK);
+        let local = cache.answer(&[charge], &views, second - 1).unwrap();
+        assert_eq!(
+            local[0].verdict,
+            Verdict::Denied {
+                retry_after: Duration::from_secs(600) - Duration::from_micros(second - 1)
+            }
+        );
+        assert!(cache.answer(&[charge], &views, second).is_none());
     }
 }
