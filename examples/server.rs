@@ -38,22 +38,49 @@
 //!
 //! A parameter that cannot be read (a status outside 100–999, an unknown unit) is answered with
 //! `400` and says why.
+//!
+//! ## Admin API (off by default)
+//!
+//! With `TOLLGATE_ADMIN_ADDR` set (e.g. `127.0.0.1:3001`), a second listener serves the blocks of
+//! the rules with a penalty, for operators. It refuses to start without `TOLLGATE_ADMIN_TOKEN`
+//! (at least 16 characters), and every request without `Authorization: Bearer <that token>` is
+//! answered `401` with `WWW-Authenticate: Bearer`. Keys in paths are percent-decoded; answers are
+//! JSON, errors `{"error": "..."}` (an unknown rule is `404`, a key over 128 bytes `400`).
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /_tollgate/blocks/{rule}` (`?cursor=` for the next page) | `{"rule", "blocks": [{"key", "remaining_ms", "offences"}], "next"}`; `next` is `null` on the last page |
+//! | `GET /_tollgate/blocks/{rule}/{key}` | the key's block, or `404` when it is not blocked |
+//! | `DELETE /_tollgate/blocks/{rule}/{key}` | lifts the block and forgets the offences: `204` |
+//!
+//! ```text
+//! TOLLGATE_ADMIN_ADDR=127.0.0.1:3001 TOLLGATE_ADMIN_TOKEN=$(openssl rand -hex 16) \
+//!   cargo run --example server --features config -- --config examples/configs/login_protection.yaml
+//! curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:3001/_tollgate/blocks/login-per-ip
+//! curl -X DELETE -H "Authorization: Bearer $TOKEN" http://127.0.0.1:3001/_tollgate/blocks/login-per-ip/127.0.0.1
+//! ```
+//!
+//! With a Redis store every instance sees the same blocks: list or lift them through any one.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::extract::Request;
-use axum::http::header::CONTENT_TYPE;
+use axum::extract::{Path as PathParams, Query, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use tollgate::config::Config;
 use tollgate::config::{ConfigFileError, ConfigWatch};
-use tollgate::{Decision, RateLimitLayer};
+use tollgate::key::MAX_KEY_LEN;
+use tollgate::store::{BlockedKey, Cursor, StoreErrorKind};
+use tollgate::{Decision, LimitError, Limiter, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
@@ -185,6 +212,178 @@ fn delay(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The admin API's settings: where it listens and the token it asks for.
+#[derive(Debug)]
+pub(crate) struct Admin {
+    pub(crate) addr: String,
+    pub(crate) token: String,
+}
+
+/// The shortest token the admin API accepts.
+const MIN_TOKEN_LEN: usize = 16;
+
+impl Admin {
+    /// The admin API's settings from `TOLLGATE_ADMIN_ADDR` and `TOLLGATE_ADMIN_TOKEN`: `None`
+    /// (off) without an address; an error for an address without a usable token.
+    pub(crate) fn from_env(
+        addr: Option<String>,
+        token: Option<String>,
+    ) -> Result<Option<Admin>, String> {
+        let Some(addr) = addr.filter(|a| !a.is_empty()) else {
+            return Ok(None);
+        };
+        match token {
+            Some(token) if token.len() >= MIN_TOKEN_LEN => Ok(Some(Admin { addr, token })),
+            Some(_) => Err(format!(
+                "TOLLGATE_ADMIN_TOKEN must be at least {MIN_TOKEN_LEN} characters long"
+            )),
+            None => Err(
+                "TOLLGATE_ADMIN_ADDR is set but TOLLGATE_ADMIN_TOKEN is not: the admin API does \
+                 not start without a token (at least 16 characters)"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+/// The admin API on `limiter`: its rules' blocks, every request refused without `token`.
+pub(crate) fn admin(limiter: Limiter, token: &str) -> Router {
+    let blocks = Router::new()
+        .route("/_tollgate/blocks/{rule}", get(list_blocks))
+        .route(
+            "/_tollgate/blocks/{rule}/{key}",
+            get(get_block).delete(delete_block),
+        );
+    // Per-key overrides (`GET/PUT/DELETE /_tollgate/overrides/{rule}/{key}`) go here: a
+    // `.route(..)` each, with handlers like the blocks' on `Limiter`, behind the same token.
+    blocks
+        .fallback(|| async { failure(StatusCode::NOT_FOUND, "no such admin resource") })
+        .with_state(limiter)
+        .layer(middleware::from_fn_with_state(
+            Sha256::digest(token.as_bytes()).into(),
+            bearer,
+        ))
+}
+
+/// Lets a request through only with the bearer token whose SHA-256 is `expected`. The digests
+/// are compared in constant time, so the time taken says nothing about the token.
+async fn bearer(State(expected): State<[u8; 32]>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
+    let matches = given.is_some_and(|given| {
+        given
+            .iter()
+            .zip(expected.iter())
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
+    });
+    if matches {
+        return next.run(request).await;
+    }
+    let mut refused = failure(StatusCode::UNAUTHORIZED, "a bearer token is required");
+    refused.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+    );
+    refused
+}
+
+#[derive(serde::Deserialize)]
+struct PageQuery {
+    cursor: Option<String>,
+}
+
+async fn list_blocks(
+    State(limiter): State<Limiter>,
+    PathParams(rule): PathParams<String>,
+    Query(page): Query<PageQuery>,
+) -> Response {
+    let cursor = page.cursor.filter(|c| !c.is_empty()).map(Cursor::new);
+    match limiter.blocks(&rule, cursor).await {
+        Ok(page) => Json(json!({
+            "rule": rule,
+            "blocks": page.items.iter().map(blocked_json).collect::<Vec<_>>(),
+            "next": page.next.as_ref().map(Cursor::as_str),
+        }))
+        .into_response(),
+        Err(error) => limit_failure(error),
+    }
+}
+
+async fn get_block(
+    State(limiter): State<Limiter>,
+    PathParams((rule, key)): PathParams<(String, String)>,
+) -> Response {
+    if let Some(refused) = too_long(&key) {
+        return refused;
+    }
+    match limiter.blocked(&rule, &key).await {
+        Ok(Some(blocked)) => Json(blocked_json(&blocked)).into_response(),
+        Ok(None) => failure(StatusCode::NOT_FOUND, "the key is not blocked"),
+        Err(error) => limit_failure(error),
+    }
+}
+
+async fn delete_block(
+    State(limiter): State<Limiter>,
+    PathParams((rule, key)): PathParams<(String, String)>,
+) -> Response {
+    if let Some(refused) = too_long(&key) {
+        return refused;
+    }
+    match limiter.unblock(&rule, &key).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => limit_failure(error),
+    }
+}
+
+/// The refusal of a key longer than the layer keeps (it would stand for its digest, not for
+/// itself), if it is.
+fn too_long(key: &str) -> Option<Response> {
+    (key.len() > MAX_KEY_LEN).then(|| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "the key is {} bytes long, over the bound of {MAX_KEY_LEN}: the layer counts such \
+                 a key by its digest, listed as sha256:<hex>",
+                key.len()
+            ),
+        )
+    })
+}
+
+fn blocked_json(blocked: &BlockedKey) -> serde_json::Value {
+    let remaining_ms = blocked.remaining.as_micros().div_ceil(1000);
+    let mut entry = json!({ "remaining_ms": remaining_ms, "offences": blocked.offences });
+    match std::str::from_utf8(&blocked.key) {
+        Ok(key) => entry["key"] = json!(key),
+        Err(_) => {
+            let hex: String = blocked.key.iter().map(|b| format!("{b:02x}")).collect();
+            entry["key_hex"] = json!(hex);
+        }
+    }
+    entry
+}
+
+fn limit_failure(error: LimitError) -> Response {
+    let status = match &error {
+        LimitError::UnknownRule(_) | LimitError::NoPenalty(_) => StatusCode::NOT_FOUND,
+        LimitError::Store(e) if e.kind() == StoreErrorKind::BadCursor => StatusCode::BAD_REQUEST,
+        LimitError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    failure(status, &error.to_string())
+}
+
+fn failure(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
 /// The layer the file describes, watched for changes. `Config::connect` builds it with any store:
 /// it connects to Redis when the file names it (the synchronous `Config::layer` cannot).
 pub(crate) async fn load(path: &Path) -> Result<(RateLimitLayer, ConfigWatch), ConfigFileError> {
@@ -213,6 +412,10 @@ fn usage() -> String {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let path = config_path()?;
+    let admin_settings = Admin::from_env(
+        std::env::var("TOLLGATE_ADMIN_ADDR").ok(),
+        std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
+    )?;
     tracing_subscriber::fmt().with_target(false).init();
     // The recorder comes first: the layer registers its counters when it is built.
     let metrics = PrometheusBuilder::new().install_recorder()?;
@@ -242,6 +445,20 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -i 'http://{addr}/v1/chat?header=x-tokens-used:1200&delay=200ms'");
     println!("  curl http://{addr}/metrics");
     println!("  curl http://{addr}/_tollgate/top                      # keys denied most");
+    if let Some(settings) = admin_settings {
+        let admin_listener = tokio::net::TcpListener::bind(&settings.addr).await?;
+        println!(
+            "admin API on http://{} (Authorization: Bearer $TOLLGATE_ADMIN_TOKEN):",
+            admin_listener.local_addr()?
+        );
+        println!("  GET /_tollgate/blocks/RULE, GET and DELETE /_tollgate/blocks/RULE/KEY");
+        let router = admin(limits.limiter().clone(), &settings.token);
+        tokio::spawn(async move {
+            if let Err(error) = axum::serve(admin_listener, router).await {
+                eprintln!("error: admin API: {error}");
+            }
+        });
+    }
     let app = app(limits, metrics).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await?;
     Ok(())

@@ -20,7 +20,8 @@ use crate::key::KeyValue;
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
-    Charge, CircuitBreaker, FailurePolicy, Guarded, MemoryStore, Store, StoreError,
+    BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore, Page, Store,
+    StoreError,
 };
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
@@ -733,6 +734,73 @@ impl Limiter {
         Ok(pending.await?)
     }
 
+    /// One page of the keys blocked now under `rule` — by its penalty or by
+    /// [`block`](Self::block), through any instance sharing the store — with what is left of
+    /// each block by the store's clock. Start with `None`, then give back each page's
+    /// [`next`](Page::next) until it is `None`: each call reads a bounded part of the store (at
+    /// most 100 keys on the memory store; one `SCAN` step of one node on Redis, never `KEYS`),
+    /// so a page may be empty before the end. A key blocked during the whole walk is listed;
+    /// one blocked or unblocked meanwhile may or may not be.
+    ///
+    /// Errors: [`UnknownRule`](LimitError::UnknownRule), [`NoPenalty`](LimitError::NoPenalty)
+    /// for a rule that cannot block keys, and the store's errors — among them a cursor the store
+    /// did not make ([`StoreErrorKind::BadCursor`](crate::store::StoreErrorKind::BadCursor)), or
+    /// a custom store that cannot list blocks (the [`Store::blocks`] default).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("login", Limit::per_minute(5)).block_for(Duration::from_secs(600)))
+    ///     .build()?;
+    /// limiter.block("login", "203.0.113.9", Duration::from_secs(60)).await?;
+    /// let mut blocked = Vec::new();
+    /// let mut cursor = None;
+    /// loop {
+    ///     let page = limiter.blocks("login", cursor).await?;
+    ///     blocked.extend(page.items);
+    ///     match page.next {
+    ///         Some(next) => cursor = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// assert_eq!(blocked.len(), 1);
+    /// assert_eq!(blocked[0].key, b"203.0.113.9");
+    /// assert!(blocked[0].remaining <= Duration::from_secs(60));
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn blocks(
+        &self,
+        rule: &str,
+        cursor: Option<Cursor>,
+    ) -> Result<Page<BlockedKey>, LimitError> {
+        let pending = {
+            let rules = self.rules();
+            let name = penalised(&rules, rule)?;
+            self.store().blocks(name, cursor.as_ref())
+        };
+        Ok(pending.await?)
+    }
+
+    /// The block of `key` under `rule` if the key is blocked now (with what is left of it, by
+    /// the store's clock), or `None`. The errors are those of [`blocks`](Self::blocks).
+    pub async fn blocked(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<BlockedKey>, LimitError> {
+        let key = KeyValue::new(key.as_ref());
+        let pending = {
+            let rules = self.rules();
+            let name = penalised(&rules, rule)?;
+            self.store().block_of(name, key.as_bytes())
+        };
+        Ok(pending.await?)
+    }
+
     /// Takes a slot of `key` under the concurrency rule `rule` ([`Limit::concurrent`]) if one is
     /// free, in the same store as the middleware's: the slot is held until the guard is dropped.
     /// `Ok(None)` when every slot is taken. For work outside a request — a background job that
@@ -875,6 +943,15 @@ impl Reservation {
 
 fn unknown(rule: &str) -> LimitError {
     LimitError::UnknownRule(rule.to_owned())
+}
+
+/// The name of `rule` as its store knows it, if it has a penalty (only such rules keep blocks).
+fn penalised<'r>(rules: &'r RuleSet, rule: &str) -> Result<&'r str, LimitError> {
+    let (_, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+    match compiled.penalty {
+        Some(_) => Ok(&compiled.name),
+        None => Err(LimitError::NoPenalty(rule.to_owned())),
+    }
 }
 
 impl fmt::Debug for Limiter {

@@ -25,13 +25,17 @@ use spinning_top::Spinlock;
 
 use smallvec::SmallVec;
 
-use super::{Charge, Outcomes, RuleName, Store, StoreFuture};
+use super::{BlockedKey, Charge, Cursor, Outcomes, Page, RuleName, Store, StoreFuture};
 use crate::algorithm::{
     Algorithm, Block, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, Penalty,
     SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, Latest, SystemClock};
+use crate::key::KeyValue;
+#[cfg(doc)]
+use crate::key::MAX_KEY_LEN;
 
+mod listing;
 mod spans;
 use spans::{BucketEntry, Spans};
 
@@ -60,6 +64,10 @@ const MIN_SWEEP: usize = 64;
 /// by the keys of [concurrency limits](crate::Limit::concurrent) with slots taken: those are
 /// never forgotten (that would admit one request too many), and there are at most as many of
 /// them as requests in flight.
+///
+/// The blocks of rules with a penalty are a third table under the same bound; each of its
+/// entries also keeps its key's bytes (at most [`MAX_KEY_LEN`]: longer keys are kept as their
+/// digest), so that [`Limiter::blocks`](crate::Limiter::blocks) can list them.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -73,7 +81,7 @@ struct Inner {
     buckets: Table<BucketEntry>,
     others: Table<Timed>,
     /// The blocks of rules with a penalty, beside the counters (only those rules look here).
-    blocks: Table<Blocked>,
+    blocks: Table<BlockEntry>,
 }
 
 /// Builds a [`MemoryStore`].
@@ -275,10 +283,18 @@ impl Store for MemoryStore {
                     offences,
                 };
                 let expires = penalty.forgotten_at(&block);
-                shard.put(hash, Blocked { block, expires }, now);
+                shard.set_block(hash, RuleName::new(rule), key, block, expires, now);
             }
         }
         StoreFuture::ready(Ok(()))
+    }
+
+    fn blocks(&self, rule: &str, cursor: Option<&Cursor>) -> StoreFuture<Page<BlockedKey>> {
+        StoreFuture::ready(self.list_blocks(rule, cursor))
+    }
+
+    fn block_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<BlockedKey>> {
+        StoreFuture::ready(Ok(self.block_now(rule, key)))
     }
 }
 
@@ -342,9 +358,10 @@ impl MemoryStore {
                     if offends(cell.charge) && block.is_none_or(|b| b.until <= now) {
                         let block = penalty.offend(*block, now);
                         let expires = penalty.forgotten_at(&block);
+                        let (rule, key) = (cell.charge.rule, cell.charge.key);
                         locked
                             .blocks(cell.hash)
-                            .put(cell.hash, Blocked { block, expires }, now);
+                            .set_block(cell.hash, rule, key, block, expires, now);
                         *outcome = Penalty::punish(*outcome, block.until, now);
                     }
                 }
@@ -438,13 +455,42 @@ enum Which {
     Blocks,
 }
 
-/// A key's block, with the moment it is forgotten.
-struct Blocked {
+/// A key's block, with the moment it is forgotten, and whose it is: the rule's digest and the
+/// key's bytes (at most [`MAX_KEY_LEN`]), so that the blocks of a rule can be listed.
+struct BlockEntry {
     block: Block,
     expires: Micros,
+    rule: u64,
+    key: Box<[u8]>,
 }
 
-impl Expiring for Blocked {
+impl ShardMap<BlockEntry> {
+    /// Stores the block of `(rule, key)`, whose hash is `hash`; the key's bytes are copied only
+    /// when it had no entry.
+    fn set_block(
+        &mut self,
+        hash: u64,
+        rule: RuleName<'_>,
+        key: &[u8],
+        block: Block,
+        expires: Micros,
+        now: Micros,
+    ) {
+        if let Some(entry) = self.map.get_mut(&hash) {
+            (entry.block, entry.expires) = (block, expires);
+            return;
+        }
+        let entry = BlockEntry {
+            block,
+            expires,
+            rule: rule.digest(),
+            key: KeyValue::new(key).as_bytes().into(),
+        };
+        self.put(hash, entry, now);
+    }
+}
+
+impl Expiring for BlockEntry {
     fn expires(&self, _: &Spans) -> Micros {
         self.expires
     }
@@ -705,7 +751,7 @@ struct Locked<'s> {
     shift: u32,
     buckets: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<BucketEntry>>); 2]>,
     others: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Timed>>); 2]>,
-    blocks: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Blocked>>); 1]>,
+    blocks: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<BlockEntry>>); 1]>,
 }
 
 impl<'s> Locked<'s> {
@@ -751,7 +797,7 @@ impl<'s> Locked<'s> {
         }
     }
 
-    fn blocks(&mut self, hash: u64) -> &mut ShardMap<Blocked> {
+    fn blocks(&mut self, hash: u64) -> &mut ShardMap<BlockEntry> {
         let index = shard_index(hash, self.shift);
         find(&mut self.blocks, index)
     }

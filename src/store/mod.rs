@@ -5,6 +5,7 @@
 //! (feature `redis`) shares limits between the instances of an app through the same trait.
 
 pub(crate) mod failure;
+mod listing;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
@@ -24,6 +25,7 @@ use crate::key::namespace;
 pub use self::redis::RedisStoreBuilder;
 pub use failure::CircuitBreaker;
 pub(crate) use failure::{FailurePolicy, Guarded};
+pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
 
@@ -155,6 +157,35 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// One page of the keys blocked now under `rule` (a block whose end has passed is not
+    /// listed, even while its offences are remembered), from the start of the listing or from
+    /// where `cursor`, a previous page's [`next`](Page::next), left it. Each call looks at a
+    /// bounded part of the store; a key blocked during the whole walk is listed (the memory
+    /// store lists it exactly once; Redis's `SCAN` may list a key twice while it resizes its
+    /// table). A cursor the store cannot read is an error of kind
+    /// [`BadCursor`](StoreErrorKind::BadCursor).
+    ///
+    /// The default answers that the store cannot list blocks (an error of kind
+    /// [`Config`](StoreErrorKind::Config)): a custom store that keeps blocks implements this and
+    /// [`block_of`](Store::block_of) to let operators see them.
+    fn blocks(&self, rule: &str, cursor: Option<&Cursor>) -> StoreFuture<Page<BlockedKey>> {
+        let _ = (rule, cursor);
+        StoreFuture::ready(Err(StoreError::new(
+            StoreErrorKind::Config,
+            "this store cannot list blocks",
+        )))
+    }
+
+    /// The block of `key` under `rule` if the key is blocked now, or `None`. The default answers
+    /// that the store cannot read blocks, as [`blocks`](Store::blocks).
+    fn block_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<BlockedKey>> {
+        let _ = (rule, key);
+        StoreFuture::ready(Err(StoreError::new(
+            StoreErrorKind::Config,
+            "this store cannot list blocks",
+        )))
+    }
+
     /// Checks, when a limiter is built, that this store can decide `rule` exactly (the default
     /// accepts every rule). A store with narrower arithmetic than the algorithms' — the Redis
     /// store's Lua counts in doubles — rejects the parameters it cannot handle here, so that the
@@ -206,6 +237,8 @@ pub enum StoreErrorKind {
     /// The store was not asked: its circuit breaker is open after repeated failures (see
     /// [`CircuitBreaker`]).
     CircuitOpen,
+    /// A listing was given a [`Cursor`] this store did not make (or cannot read any more).
+    BadCursor,
 }
 
 impl StoreError {
@@ -247,6 +280,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Protocol => "rate-limit store answered unexpectedly",
             StoreErrorKind::Config => "rate-limit store misconfigured",
             StoreErrorKind::CircuitOpen => "rate-limit store not asked (circuit breaker open)",
+            StoreErrorKind::BadCursor => "rate-limit store cannot read the listing's cursor",
         };
         write!(f, "{what}: {}", self.source)
     }

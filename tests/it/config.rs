@@ -8,7 +8,7 @@
 
 #[allow(dead_code)]
 #[path = "../../examples/server.rs"]
-mod server;
+pub(crate) mod server;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod axum;
 mod concurrency;
 mod config;

@@ -282,7 +282,8 @@ fn a_zero_block_or_an_empty_escalation_is_a_configuration_error() {
     );
 }
 
-/// A blocked key costs Redis one call per block: the deny cache answers it until the block ends.
+/// A blocked key costs Redis one call per block and per second at most: the deny cache answers
+/// it until the block ends, asking Redis again each second (a block lifted elsewhere).
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deny_cache_answers_a_blocked_key_without_redis_until_the_block_ends() {
@@ -345,4 +346,82 @@ async fn a_sharded_rule_cannot_have_a_penalty_on_redis() {
         error.to_string(),
         "rule \"hot\": block: a rule sharded over several Redis keys cannot block keys"
     );
+}
+
+/// Every key blocked — by its rule's penalty or by hand — is listed with what is left of its
+/// block; an ended or lifted block is not; bad names are errors. On every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_keys_are_listed_with_what_is_left_of_their_blocks() {
+    let bench = Bench::new();
+    for backend in backends() {
+        let clock = ManualClock::new(START);
+        let rule = Rule::new("login", Limit::per_minute(1)).block_for(10 * MINUTE);
+        let limiter = bench.limiter(backend, &clock, rule).await;
+        // `offender` is blocked by its second request, `admin` by hand.
+        for _ in 0..2 {
+            limiter.charge("login", "offender", 1).await.unwrap();
+        }
+        limiter.block("login", "admin", HOUR).await.unwrap();
+        clock.advance(MINUTE);
+        let listed = all_blocks(&limiter, "login").await;
+        assert_eq!(
+            listed,
+            [
+                ("admin".to_owned(), HOUR - MINUTE, 0),
+                ("offender".to_owned(), 9 * MINUTE, 1)
+            ],
+            "{backend:?}"
+        );
+        let one = limiter.blocked("login", "offender").await.unwrap().unwrap();
+        assert_eq!((one.remaining, one.offences), (9 * MINUTE, 1));
+        assert_eq!(limiter.blocked("login", "nobody").await.unwrap(), None);
+
+        limiter.unblock("login", "admin").await.unwrap();
+        clock.advance(9 * MINUTE);
+        assert!(
+            all_blocks(&limiter, "login").await.is_empty(),
+            "{backend:?}"
+        );
+        assert_eq!(limiter.blocked("login", "offender").await.unwrap(), None);
+
+        assert!(matches!(
+            limiter.blocks("nope", None).await,
+            Err(LimitError::UnknownRule(name)) if name == "nope"
+        ));
+        let cursor = tollgate::store::Cursor::new("not a cursor");
+        match limiter.blocks("login", Some(cursor)).await {
+            Err(LimitError::Store(e)) => {
+                assert_eq!(e.kind(), tollgate::store::StoreErrorKind::BadCursor)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let plain = Limiter::builder()
+        .rule(Rule::new("plain", Limit::per_minute(1)))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        plain.blocks("plain", None).await,
+        Err(LimitError::NoPenalty(_))
+    ));
+}
+
+/// Every page of `rule`'s blocks, as (key, remaining, offences), sorted by key.
+async fn all_blocks(limiter: &Limiter, rule: &str) -> Vec<(String, Duration, u64)> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = limiter.blocks(rule, cursor).await.unwrap();
+        all.extend(
+            page.items
+                .into_iter()
+                .map(|b| (String::from_utf8(b.key).unwrap(), b.remaining, b.offences)),
+        );
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    all.sort();
+    all
 }

@@ -16,6 +16,7 @@ mod redis {
     const ENGINE: crate::support::redis_server::Engine =
         crate::support::redis_server::Engine::Redis;
 
+    mod blocks;
     mod cluster;
     mod concurrency;
     mod lease;
@@ -32,6 +33,7 @@ mod valkey {
     const ENGINE: crate::support::redis_server::Engine =
         crate::support::redis_server::Engine::Valkey;
 
+    mod blocks;
     mod cluster;
     mod concurrency;
     mod lease;

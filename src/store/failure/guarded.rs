@@ -14,7 +14,9 @@ use super::fallback::Local;
 use super::policy::FailurePolicy;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Outcome, Penalty};
-use crate::store::{Charge, Outcomes, Store, StoreError, StoreErrorKind, StoreFuture};
+use crate::store::{
+    BlockedKey, Charge, Cursor, Outcomes, Page, Store, StoreError, StoreErrorKind, StoreFuture,
+};
 
 /// A remote store behind the circuit breaker, with the local fallback of
 /// [`FailurePolicy::Local`].
@@ -157,6 +159,20 @@ impl Store for Guarded {
             return StoreFuture::ready(Err(self.breaker.refused()));
         }
         self.store.set_block(rule, penalty, key, block)
+    }
+
+    fn blocks(&self, rule: &str, cursor: Option<&Cursor>) -> StoreFuture<Page<BlockedKey>> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.blocks(rule, cursor)
+    }
+
+    fn block_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<BlockedKey>> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.block_of(rule, key)
     }
 
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {

@@ -529,3 +529,207 @@ mod a_clock_stepping_back {
         }
     }
 }
+
+mod listing_blocks {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::store::{BlockedKey, Cursor, Page, StoreError, StoreErrorKind};
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn ready<T>(future: StoreFuture<T>) -> Result<T, StoreError> {
+        match future.into_ready() {
+            Ok(result) => result,
+            Err(_) => panic!("the memory store always answers at once"),
+        }
+    }
+
+    fn block(store: &MemoryStore, rule: &str, key: &[u8], d: Duration) {
+        let penalty = Penalty::escalating([MINUTE], 60 * MINUTE);
+        ready(store.set_block(rule, &penalty, key, Some(d))).unwrap();
+    }
+
+    fn page(store: &MemoryStore, rule: &str, cursor: Option<&Cursor>) -> Page<BlockedKey> {
+        ready(store.blocks(rule, cursor)).unwrap()
+    }
+
+    /// Every page of a walk, in order.
+    fn walk(store: &MemoryStore, rule: &str) -> Vec<Page<BlockedKey>> {
+        let mut pages = vec![page(store, rule, None)];
+        while let Some(next) = pages.last().unwrap().next.clone() {
+            pages.push(page(store, rule, Some(&next)));
+            assert!(pages.len() < 1_000, "the walk ends");
+        }
+        pages
+    }
+
+    fn key(i: usize) -> Vec<u8> {
+        format!("10.0.{}.{}", i / 256, i % 256).into_bytes()
+    }
+
+    #[test]
+    fn a_walk_lists_each_blocked_key_of_the_rule_once_over_bounded_pages() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(4)
+            .build();
+        for i in 0..250 {
+            block(
+                &store,
+                "login",
+                &key(i),
+                MINUTE + Duration::from_secs(i as u64),
+            );
+        }
+        for i in 0..30 {
+            block(&store, "signup", &key(i), MINUTE);
+        }
+        clock.advance(Duration::from_secs(10));
+        let pages = walk(&store, "login");
+        assert!(pages.len() >= 3, "{} pages", pages.len());
+        assert!(pages.iter().all(|p| p.items.len() <= listing::PAGE));
+        let mut seen = HashSet::new();
+        for listed in pages.iter().flat_map(|p| &p.items) {
+            let i = (0..250)
+                .find(|&i| key(i) == listed.key)
+                .expect("a login key");
+            assert!(seen.insert(i), "key {i} listed twice");
+            // By the store's clock: the block's length less the 10 s since it began.
+            assert_eq!(listed.remaining, Duration::from_secs(50 + i as u64));
+            assert_eq!(listed.offences, 0);
+        }
+        assert_eq!(seen.len(), 250);
+        let signups: usize = walk(&store, "signup").iter().map(|p| p.items.len()).sum();
+        assert_eq!(signups, 30);
+        assert!(walk(&store, "nobody").iter().all(|p| p.items.is_empty()));
+    }
+
+    #[test]
+    fn pages_hold_at_most_a_hundred_keys_and_the_last_has_no_cursor() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(Duration::from_secs(1_000)))
+            .shards(1)
+            .build();
+        for i in 0..250 {
+            block(&store, "login", &key(i), MINUTE);
+        }
+        let sizes: Vec<usize> = walk(&store, "login")
+            .iter()
+            .map(|p| p.items.len())
+            .collect();
+        assert_eq!(sizes, [100, 100, 50]);
+        let empty = MemoryStore::new();
+        assert_eq!(walk(&empty, "login").len(), 1);
+    }
+
+    #[test]
+    fn keys_blocked_during_the_whole_walk_are_listed_once_whatever_changes_meanwhile() {
+        let store = MemoryStore::builder()
+            .clock(ManualClock::new(Duration::from_secs(1_000)))
+            .shards(2)
+            .build();
+        for i in 0..300 {
+            block(&store, "login", &key(i), MINUTE);
+        }
+        let penalty = Penalty::fixed(MINUTE);
+        let mut listed = Vec::new();
+        let mut cursor = None;
+        let mut added = 1_000;
+        loop {
+            let page = page(&store, "login", cursor.as_ref());
+            listed.extend(page.items.into_iter().map(|b| b.key));
+            // Between pages: keys come and go (the stable ones are 0..200).
+            for _ in 0..40 {
+                block(&store, "login", &key(added), MINUTE);
+                added += 1;
+            }
+            for i in (200..300).step_by(7) {
+                ready(store.set_block("login", &penalty, &key(i), None)).unwrap();
+            }
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let unique: HashSet<&Vec<u8>> = listed.iter().collect();
+        assert_eq!(unique.len(), listed.len(), "no key listed twice");
+        for i in 0..200 {
+            assert!(unique.contains(&key(i)), "key {i} is listed");
+        }
+    }
+
+    #[test]
+    fn ended_blocks_are_not_listed_though_their_offences_are_remembered() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = store_at(&clock);
+        let limit = bucket(1, MINUTE);
+        let penalty = Penalty::escalating([10 * SECOND, MINUTE], 60 * MINUTE);
+        let offend = |key: &'static [u8]| {
+            let charge = Charge {
+                penalty: Some(&penalty),
+                ..charge("login", &limit, key, 1)
+            };
+            apply(&store, &[charge]);
+            apply(&store, &[charge])
+        };
+        // A denial blocks `short` for 10 s (its first offence).
+        assert!(!offend(b"short")[0].verdict.is_admitted());
+        block(&store, "login", b"long", MINUTE);
+        clock.advance(5 * SECOND);
+        let listed = |store: &MemoryStore| {
+            let mut all: Vec<(Vec<u8>, Duration, u64)> = walk(store, "login")
+                .into_iter()
+                .flat_map(|p| p.items)
+                .map(|b| (b.key, b.remaining, b.offences))
+                .collect();
+            all.sort();
+            all
+        };
+        assert_eq!(
+            listed(&store),
+            [
+                (b"long".to_vec(), 55 * SECOND, 0),
+                (b"short".to_vec(), 5 * SECOND, 1)
+            ]
+        );
+        clock.advance(5 * SECOND);
+        assert_eq!(listed(&store), [(b"long".to_vec(), 50 * SECOND, 0)]);
+        assert_eq!(ready(store.block_of("login", b"short")).unwrap(), None);
+        assert_eq!(
+            ready(store.block_of("login", b"long")).unwrap(),
+            Some(BlockedKey::new(b"long".to_vec(), 50 * SECOND, 0))
+        );
+        // The offence is still counted: the next denial blocks for the second duration.
+        let outcome = offend(b"short");
+        assert_eq!(
+            outcome[0].verdict,
+            Verdict::Denied {
+                retry_after: MINUTE
+            }
+        );
+        assert_eq!(
+            ready(store.block_of("login", b"short")).unwrap(),
+            Some(BlockedKey::new(b"short".to_vec(), MINUTE, 2))
+        );
+    }
+
+    #[test]
+    fn a_long_key_is_kept_and_listed_as_its_digest() {
+        let store = MemoryStore::new();
+        let long = vec![b'a'; crate::key::MAX_KEY_LEN + 1];
+        block(&store, "login", &long, MINUTE);
+        let listed = walk(&store, "login").remove(0).items;
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].key, crate::key::KeyValue::new(&long).as_bytes());
+        assert!(listed[0].key.starts_with(b"sha256:"));
+    }
+
+    #[test]
+    fn a_cursor_of_another_kind_is_refused() {
+        let store = MemoryStore::new();
+        let error = ready(store.blocks("login", Some(&Cursor::new("r:17")))).unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::BadCursor);
+    }
+}

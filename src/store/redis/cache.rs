@@ -21,7 +21,9 @@
 //! Under a rule with a penalty, a request is answered locally only when that rule's own entry
 //! denies it (a last-seen value cannot say whether Redis would count an offence). A key blocked by
 //! its rule's penalty is answered locally until its block ends (a blocked answer says exactly
-//! that). The answer to the offence that started a block is not cached: it may report the
+//! that), for at most [`BLOCK_RECHECK`] at a time: another instance may lift the block (an
+//! operator's `unblock`), and this one must not go on denying a key that every listing shows
+//! free. The answer to the offence that started a block is not cached: it may report the
 //! counters' longer wait, and a denial after the block but before that wait is a new offence,
 //! which only the store can count.
 //!
@@ -38,6 +40,10 @@ use crate::algorithm::{duration, micros, Algorithm, Micros, Mode, Outcome, Verdi
 use crate::store::{Charge, Outcomes, RuleName};
 
 const SHARDS: usize = 16;
+
+/// How long a blocked key's answer is given locally before Redis is asked again, so that a block
+/// lifted through another instance is seen here within this time.
+const BLOCK_RECHECK: Duration = Duration::from_secs(1);
 
 pub(super) struct DenyCache {
     hasher: foldhash::fast::RandomState,
@@ -209,8 +215,12 @@ impl DenyCache {
                 _ => None,
             };
             let exact_until = [next_unit_at, retry_at].into_iter().flatten().min();
+            let mut until = exact_until.map_or(until, |exact| exact.min(until));
+            if view.penalised {
+                until = until.min(at(BLOCK_RECHECK));
+            }
             let entry = Entry {
-                until: exact_until.map_or(until, |exact| exact.min(until)),
+                until,
                 cost: view.cost,
                 mode: view.mode,
                 limit_id: view.limit_id,
@@ -258,6 +268,8 @@ pub(super) struct CacheView {
     /// [`DenyCache::limit_id`] of the charge's limit.
     pub(super) limit_id: u64,
     pub(super) cacheable: bool,
+    /// The charge's rule has a penalty: its denials are blocks, which another instance may lift.
+    pub(super) penalised: bool,
 }
 
 #[cfg(test)]
@@ -303,6 +315,7 @@ mod tests {
             mode,
             limit_id: cache.limit_id(&ten_a_second()),
             cacheable: true,
+            penalised: false,
         }
     }
 
@@ -476,6 +489,7 @@ mod tests {
                 mode: Mode::Charge,
                 limit_id: 0,
                 cacheable: true,
+                penalised: false,
             };
             cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 0);
         }
@@ -487,8 +501,39 @@ mod tests {
             mode: Mode::Charge,
             limit_id: 0,
             cacheable: true,
+            penalised: false,
         };
         cache.learn(&[view], &[denied(SECOND, 0, SECOND)], &[], 10_000_000);
         assert!(cache.get(view.hash, 10_000_000).is_some());
+    }
+
+    #[test]
+    fn a_blocked_answer_is_given_for_a_second_at_a_time() {
+        let cache = DenyCache::new(100);
+        let algorithm = ten_a_second();
+        let penalty = crate::algorithm::Penalty::fixed(Duration::from_secs(600));
+        let charge = Charge {
+            rule: RuleName::new("login"),
+            algorithm: &algorithm,
+            key: b"k",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: Some(&penalty),
+        };
+        let views = [CacheView {
+            penalised: true,
+            ..view(&cache, "login", 1, Mode::Charge)
+        }];
+        let blocked = denied(Duration::from_secs(600), 0, Duration::from_secs(600));
+        cache.learn(&views, &[blocked], &[false], 0);
+        let second = micros(BLOCK_RECHECK);
+        let local = cache.answer(&[charge], &views, second - 1).unwrap();
+        assert_eq!(
+            local[0].verdict,
+            Verdict::Denied {
+                retry_after: Duration::from_secs(600) - Duration::from_micros(second - 1)
+            }
+        );
+        assert!(cache.answer(&[charge], &views, second).is_none());
     }
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Cmd, ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use ::redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, ServerErrorKind, Value};
 
 use super::failover::{self, Failover};
 use super::lua::Lua;
@@ -196,6 +197,55 @@ impl Conn {
         }
     }
 
+    /// Runs `cmd` on the server; on a cluster, on the master holding `slot` (any node for
+    /// `None`). For commands about a node rather than a key (`SCAN`, `CLUSTER SLOTS`).
+    pub(super) async fn query_node(
+        &mut self,
+        cmd: &Cmd,
+        slot: Option<u16>,
+    ) -> Result<Value, RedisError> {
+        match self.made().await? {
+            Conn::Cluster(mut c) => c.route_command(cmd.clone(), routing(slot)).await,
+            mut made => made.query_made(cmd).await,
+        }
+    }
+
+    /// Runs `pipe` on the server; on a cluster, on the master holding `slot`: the answers, in
+    /// order.
+    pub(super) async fn pipeline_on(
+        &mut self,
+        pipe: Pipeline,
+        slot: Option<u16>,
+    ) -> Result<Vec<Value>, RedisError> {
+        match self.made().await? {
+            Conn::Single(mut c) => pipe.query_async(&mut c).await,
+            Conn::Cluster(mut c) => {
+                let route = match routing(slot) {
+                    RoutingInfo::SingleNode(route) => route,
+                    _ => SingleNodeRoutingInfo::Random,
+                };
+                let count = pipe.len();
+                c.route_pipeline(pipe, 0, count, route).await
+            }
+            Conn::Sentinel(f) => {
+                let answer = pipe.query_async(&mut f.manager()).await;
+                if answer.is_err() {
+                    f.suspect();
+                }
+                answer
+            }
+            Conn::Later(_) => Err(not_yet()),
+        }
+    }
+
+    /// The connection, made now if it is a lazy one not made yet.
+    async fn made(&self) -> Result<Conn, RedisError> {
+        match self {
+            Conn::Later(later) => later.get().await,
+            made => Ok(made.clone()),
+        }
+    }
+
     /// A call got no answer in time: behind Sentinel, the master may have moved.
     pub(super) fn suspect(&self) {
         match self {
@@ -284,6 +334,14 @@ impl Conn {
             other => other,
         }
     }
+}
+
+/// A cluster's route to the master holding `slot`, or to any node.
+fn routing(slot: Option<u16>) -> RoutingInfo {
+    RoutingInfo::SingleNode(match slot {
+        Some(slot) => SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
+        None => SingleNodeRoutingInfo::Random,
+    })
 }
 
 /// The client of one server, with the certificates given for TLS.

@@ -7,6 +7,7 @@ mod failover;
 mod fast;
 mod keys;
 mod leases;
+mod listing;
 mod lua;
 mod params;
 mod quota;
@@ -27,7 +28,10 @@ use self::leases::Leases;
 use self::lua::{Lua, Scripts};
 use self::quota::Quotas;
 use self::shard::Sharding;
-use super::{Charge, Outcomes, RuleName, Store, StoreError, StoreErrorKind, StoreFuture};
+use super::{
+    BlockedKey, Charge, Cursor, Outcomes, Page, RuleName, Store, StoreError, StoreErrorKind,
+    StoreFuture,
+};
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
     duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
@@ -77,7 +81,9 @@ const TEST_GRACE_MS: u64 = 60_000;
 ///
 /// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
 /// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
-/// same script call; a sharded rule cannot have one.
+/// same script call; a sharded rule cannot have one. [`Limiter::blocks`](crate::Limiter::blocks)
+/// lists them with `SCAN <cursor> MATCH <prefix>:block:{*}:<rule> COUNT 100` (on a cluster, on
+/// each master in turn) and one pipeline of `TIME` and `GET`s per page, never `KEYS`.
 ///
 /// The circuit breaker's probes (below) charge `<prefix>:probe`, which is full again, and gone,
 /// within a millisecond.
@@ -130,7 +136,11 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// clock from the moment the answer arrived, so the local answer can be later than Redis's only
 /// by the network delay of the call that filled the cache, never earlier. A
 /// [`refund`](crate::Limiter::refund) or [`reset`](crate::Limiter::reset) through *this* store
-/// clears the entry; one made by another instance takes effect here when the entry expires. The
+/// clears the entry; one made by another instance takes effect here when the entry expires. A
+/// key blocked by its rule's penalty is answered locally for a second at a time (then Redis is
+/// asked again), so a block lifted through another instance
+/// ([`unblock`](crate::Limiter::unblock)) reaches this one within a second, and its decisions
+/// agree with [`blocks`](crate::Limiter::blocks) again. The
 /// cache holds a bounded number of entries ([`deny_cache_size`](RedisStoreBuilder::deny_cache_size)).
 ///
 /// # Hot keys: sharding
@@ -484,6 +494,7 @@ impl RedisStore {
                         && !charge.algorithm.is_concurrency()
                         && (charge.penalty.is_none()
                             || (charge.mode == Mode::Charge && charge.cost > 0)),
+                    penalised: charge.penalty.is_some(),
                 })
                 .collect(),
             None => SmallVec::new(),
@@ -655,6 +666,20 @@ impl Store for RedisStore {
                 })
                 .await
         })
+    }
+
+    fn blocks(&self, rule: &str, cursor: Option<&Cursor>) -> StoreFuture<Page<BlockedKey>> {
+        let (inner, rule, cursor) = (self.inner.clone(), rule.to_owned(), cursor.cloned());
+        StoreFuture::pending(async move {
+            inner
+                .listing(inner.list_blocks(&rule, cursor.as_ref()))
+                .await
+        })
+    }
+
+    fn block_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<BlockedKey>> {
+        let (inner, rule, key) = (self.inner.clone(), rule.to_owned(), key.to_vec());
+        StoreFuture::pending(async move { inner.listing(inner.block_now(&rule, &key)).await })
     }
 
     fn probe(&self) -> StoreFuture<()> {
@@ -880,6 +905,22 @@ impl Inner {
                     params::penalty(penalty),
                 )
             }),
+        }
+    }
+
+    /// Runs an operator's read (a listing) within the time a connection gets (the store's
+    /// timeout, at least 1 s): no request waits for it, and it may take a few round trips.
+    async fn listing<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let wait = conn::connect_timeout(self.timeout);
+        match tokio::time::timeout(wait, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.conn.suspect();
+                Err(conn::timed_out(wait))
+            }
         }
     }
 

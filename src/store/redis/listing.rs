@@ -1,0 +1,406 @@
+//! The blocks of a rule, listed a page at a time with `SCAN` (never `KEYS`).
+//!
+//! A rule's block keys are `<prefix>:block:{<tag>}:<rule>`: one `SCAN <cursor> MATCH
+//! <prefix>:block:{*}:<rule> COUNT 100` step finds some of them, and one pipeline of `TIME` and a
+//! `GET` per key found reads their blocks and the server's clock, so what is left of each block is
+//! counted by the clock that wrote it. On a cluster every master is scanned in turn (ordered by
+//! the first slot it serves, found with `CLUSTER SLOTS`), each step's commands sent to the master
+//! holding that slot. The cursor names the scan's place: `r<scan cursor>` on one server,
+//! `c<slot>.<scan cursor>` on a cluster.
+
+use ::redis::{Pipeline, Value};
+
+use super::{conn, keys, Inner};
+use crate::algorithm::{duration, Micros};
+use crate::store::{BlockedKey, Cursor, Page, StoreError, StoreErrorKind};
+
+/// The `COUNT` of each `SCAN` step: how many keys of the node one page looks at, roughly.
+const COUNT: u64 = 100;
+
+/// Where a walk is: the node (on a cluster, by the first slot its master serves) and the node's
+/// own `SCAN` cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct At {
+    slot: Option<u16>,
+    scan: u64,
+}
+
+impl At {
+    fn cursor(self) -> Cursor {
+        match self.slot {
+            Some(slot) => Cursor::new(format!("c{slot}.{}", self.scan)),
+            None => Cursor::new(format!("r{}", self.scan)),
+        }
+    }
+
+    fn read(cursor: &Cursor, cluster: bool) -> Result<At, StoreError> {
+        let bad = || {
+            StoreError::new(
+                StoreErrorKind::BadCursor,
+                format!("{cursor:?} is not a cursor of this Redis store's listings"),
+            )
+        };
+        let text = cursor.as_str();
+        if cluster {
+            let (slot, scan) = text
+                .strip_prefix('c')
+                .and_then(|t| t.split_once('.'))
+                .ok_or_else(bad)?;
+            let slot: u16 = slot.parse().map_err(|_| bad())?;
+            if slot >= 16_384 {
+                return Err(bad());
+            }
+            let scan = scan.parse().map_err(|_| bad())?;
+            Ok(At {
+                slot: Some(slot),
+                scan,
+            })
+        } else {
+            let scan = text.strip_prefix('r').ok_or_else(bad)?;
+            Ok(At {
+                slot: None,
+                scan: scan.parse().map_err(|_| bad())?,
+            })
+        }
+    }
+}
+
+impl Inner {
+    /// One page of the keys blocked now under `rule`; see
+    /// [`Store::blocks`](crate::store::Store::blocks).
+    pub(super) async fn list_blocks(
+        &self,
+        rule: &str,
+        cursor: Option<&Cursor>,
+    ) -> Result<Page<BlockedKey>, StoreError> {
+        let cluster = self.is_cluster();
+        let mut masters = None;
+        let at = match cursor {
+            Some(cursor) => At::read(cursor, cluster)?,
+            None if cluster => {
+                let first = self.masters(&mut masters).await?.first().copied();
+                match first {
+                    Some(slot) => At {
+                        slot: Some(slot),
+                        scan: 0,
+                    },
+                    None => return Ok(Page::new(Vec::new(), None)),
+                }
+            }
+            None => At {
+                slot: None,
+                scan: 0,
+            },
+        };
+        let mut scan = ::redis::cmd("SCAN");
+        scan.arg(at.scan)
+            .arg("MATCH")
+            .arg(pattern(&self.prefix, rule))
+            .arg("COUNT")
+            .arg(COUNT);
+        let reply = self.conn.clone().query_node(&scan, at.slot).await;
+        let (next, found): (String, Vec<Vec<u8>>) =
+            ::redis::from_redis_value(reply.map_err(conn::error)?)
+                .map_err(|e| protocol(format!("SCAN answered {e}")))?;
+        let next: u64 = next
+            .parse()
+            .map_err(|_| protocol(format!("SCAN answered the cursor {next:?}")))?;
+        let mut listed: Vec<(Vec<u8>, Vec<u8>)> = found
+            .into_iter()
+            .filter_map(|name| Some((key_of(&name, &self.prefix, rule)?, name)))
+            .collect();
+        // SCAN may return a key twice, within a step as across steps.
+        listed.sort_unstable();
+        listed.dedup();
+        let names: Vec<&[u8]> = listed.iter().map(|(_, name)| name.as_slice()).collect();
+        let (now, blocks) = self.read_blocks(&names, at.slot).await?;
+        let items = listed
+            .into_iter()
+            .zip(blocks)
+            .filter_map(|((key, _), block)| blocked_now(key, block?, now))
+            .collect();
+        let next = match (next, at.slot) {
+            (0, None) => None,
+            (0, Some(slot)) => {
+                let masters = self.masters(&mut masters).await?;
+                masters.iter().find(|&&s| s > slot).map(|&slot| At {
+                    slot: Some(slot),
+                    scan: 0,
+                })
+            }
+            (scan, slot) => Some(At { slot, scan }),
+        };
+        Ok(Page::new(items, next.map(At::cursor)))
+    }
+
+    /// The block of `key` under `rule`, if it is blocked now.
+    pub(super) async fn block_now(
+        &self,
+        rule: &str,
+        key: &[u8],
+    ) -> Result<Option<BlockedKey>, StoreError> {
+        let name = keys::block_name(&self.prefix, rule, key);
+        let slot = self.is_cluster().then(|| keys::slot(&name));
+        let (now, mut blocks) = self.read_blocks(&[&name], slot).await?;
+        Ok(blocks
+            .pop()
+            .flatten()
+            .and_then(|block| blocked_now(key.to_vec(), block, now)))
+    }
+
+    /// The time (the injected clock's in test mode, the server's otherwise) and the block
+    /// (`until`, `offences`) each of `names` holds, read in one pipeline on the node of `slot`.
+    async fn read_blocks(
+        &self,
+        names: &[&[u8]],
+        slot: Option<u16>,
+    ) -> Result<(Micros, Vec<Option<(Micros, u64)>>), StoreError> {
+        if names.is_empty() {
+            return Ok((0, Vec::new()));
+        }
+        let injected = self.injected_now()?;
+        let mut pipe = Pipeline::new();
+        if injected.is_none() {
+            pipe.cmd("TIME");
+        }
+        for name in names {
+            pipe.cmd("GET").arg(*name);
+        }
+        let mut answers = self
+            .conn
+            .clone()
+            .pipeline_on(pipe, slot)
+            .await
+            .map_err(conn::error)?
+            .into_iter();
+        let now = match injected {
+            Some(now) => now,
+            None => {
+                let time = answers
+                    .next()
+                    .ok_or_else(|| protocol("no answer to TIME"))?;
+                let (seconds, micros): (u64, u64) = ::redis::from_redis_value(time)
+                    .map_err(|e| protocol(format!("TIME answered {e}")))?;
+                seconds.saturating_mul(1_000_000).saturating_add(micros)
+            }
+        };
+        let blocks = answers.map(read_block).collect();
+        Ok((now, blocks))
+    }
+
+    /// The masters of a cluster, each by the first slot it serves, in slot order (asked once
+    /// per call, with `CLUSTER SLOTS`).
+    async fn masters<'m>(
+        &self,
+        masters: &'m mut Option<Vec<u16>>,
+    ) -> Result<&'m [u16], StoreError> {
+        if masters.is_none() {
+            let mut slots = ::redis::cmd("CLUSTER");
+            slots.arg("SLOTS");
+            let reply = self
+                .conn
+                .clone()
+                .query_node(&slots, None)
+                .await
+                .map_err(conn::error)?;
+            *masters = Some(first_slots(reply)?);
+        }
+        Ok(masters.as_deref().unwrap_or_default())
+    }
+}
+
+/// The first slot each master serves, sorted, from a `CLUSTER SLOTS` answer: ranges of
+/// `[start, end, [host, port, id…], replicas…]`.
+fn first_slots(reply: Value) -> Result<Vec<u16>, StoreError> {
+    let bad = || protocol("CLUSTER SLOTS answered something else than slot ranges");
+    let Value::Array(ranges) = reply else {
+        return Err(bad());
+    };
+    let mut firsts: Vec<(Vec<u8>, i64, u16)> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(start)), Some(Value::Array(master))) = (parts.first(), parts.get(2))
+        else {
+            return Err(bad());
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(host)) => host.clone(),
+            Some(Value::SimpleString(host)) => host.clone().into_bytes(),
+            _ => return Err(bad()),
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return Err(bad());
+        };
+        let start = u16::try_from(*start).map_err(|_| bad())?;
+        match firsts.iter_mut().find(|(h, p, _)| *h == host && p == port) {
+            Some(first) => first.2 = first.2.min(start),
+            None => firsts.push((host, *port, start)),
+        }
+    }
+    let mut slots: Vec<u16> = firsts.into_iter().map(|(_, _, slot)| slot).collect();
+    slots.sort_unstable();
+    Ok(slots)
+}
+
+/// A `GET` of a block key: `until,offences`, or nothing.
+fn read_block(value: Value) -> Option<(Micros, u64)> {
+    let Value::BulkString(raw) = value else {
+        return None;
+    };
+    let text = std::str::from_utf8(&raw).ok()?;
+    let (until, offences) = text.split_once(',')?;
+    Some((until.parse().ok()?, offences.parse().ok()?))
+}
+
+fn blocked_now(key: Vec<u8>, (until, offences): (Micros, u64), now: Micros) -> Option<BlockedKey> {
+    (until > now).then(|| BlockedKey::new(key, duration(until - now), offences))
+}
+
+/// The `MATCH` pattern of `rule`'s block keys: the prefix and the rule with glob characters
+/// escaped.
+fn pattern(prefix: &str, rule: &str) -> Vec<u8> {
+    let mut pattern = Vec::with_capacity(prefix.len() + rule.len() + 16);
+    escape(&mut pattern, prefix.as_bytes());
+    pattern.extend_from_slice(b":block:{*}:");
+    escape(&mut pattern, rule.as_bytes());
+    pattern
+}
+
+fn escape(into: &mut Vec<u8>, text: &[u8]) {
+    for &b in text {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            into.push(b'\\');
+        }
+        into.push(b);
+    }
+}
+
+/// The key whose block `name` holds, if `name` is a block key of `rule` (the pattern's `*` may
+/// also match names of other rules whose names end like this one's).
+fn key_of(name: &[u8], prefix: &str, rule: &str) -> Option<Vec<u8>> {
+    let rest = name
+        .strip_prefix(prefix.as_bytes())?
+        .strip_prefix(b":block:{")?;
+    let close = rest.iter().position(|&b| b == b'}')?;
+    let (tag, after) = (&rest[..close], &rest[close + 1..]);
+    if after.strip_prefix(b":")? != rule.as_bytes() || tag.contains(&b'|') {
+        return None;
+    }
+    match tag.strip_prefix(b"=") {
+        None => Some(tag.to_vec()),
+        Some(hex) => {
+            if hex.len() % 2 != 0 {
+                return None;
+            }
+            hex.chunks(2)
+                .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+                .collect()
+        }
+    }
+}
+
+fn protocol(message: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_names_read_back_to_their_keys() {
+        for key in [
+            &b"10.0.0.1"[..],
+            b"",
+            b"a{b}",
+            b"=x",
+            b"caf\xc3\xa9",
+            b"\xff\x00",
+        ] {
+            let name = keys::block_name("tg", "login", key);
+            assert_eq!(key_of(&name, "tg", "login").as_deref(), Some(key));
+            assert_eq!(key_of(&name, "tg", "gin"), None);
+            assert_eq!(key_of(&name, "t", "login"), None);
+        }
+        // A rule whose name ends like another's, and counters beside blocks, are not listed.
+        let other = keys::block_name("tg", "x}:login", b"k");
+        assert_eq!(key_of(&other, "tg", "login"), None);
+        assert_eq!(
+            key_of(&keys::key_name("tg", "login", b"k", None), "tg", "login"),
+            None
+        );
+    }
+
+    #[test]
+    fn patterns_escape_glob_characters() {
+        assert_eq!(pattern("tg", "login"), b"tg:block:{*}:login");
+        assert_eq!(
+            pattern("a*b", "r?[x]\\"),
+            b"a\\*b:block:{*}:r\\?\\[x\\]\\\\"
+        );
+    }
+
+    #[test]
+    fn cursors_read_back_and_foreign_ones_are_refused() {
+        for (at, cluster) in [
+            (
+                At {
+                    slot: None,
+                    scan: 0,
+                },
+                false,
+            ),
+            (
+                At {
+                    slot: None,
+                    scan: u64::MAX,
+                },
+                false,
+            ),
+            (
+                At {
+                    slot: Some(5461),
+                    scan: 17,
+                },
+                true,
+            ),
+        ] {
+            assert_eq!(At::read(&at.cursor(), cluster).unwrap(), at);
+        }
+        for (text, cluster) in [
+            ("m1", false),
+            ("r", false),
+            ("c1.2", false),
+            ("r3", true),
+            ("c16384.0", true),
+            ("c1", true),
+        ] {
+            let error = At::read(&Cursor::new(text), cluster).unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text}");
+        }
+    }
+
+    #[test]
+    fn masters_are_ordered_by_their_first_slot() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, master: Value| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), master])
+        };
+        let reply = Value::Array(vec![
+            range(10_923, 16_383, node("127.0.0.1", 7002)),
+            range(5_461, 10_000, node("127.0.0.1", 7001)),
+            range(0, 5_460, node("127.0.0.1", 7000)),
+            range(10_001, 10_922, node("127.0.0.1", 7000)),
+        ]);
+        assert_eq!(first_slots(reply).unwrap(), [0, 5_461, 10_923]);
+        assert!(first_slots(Value::Nil).is_err());
+    }
+}
