@@ -519,6 +519,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: Some(&penalty),
+            lease: None,
         };
         let views = [CacheView {
             penalised: true,
