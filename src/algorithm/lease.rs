@@ -92,7 +92,7 @@ impl Lease {
             return Some((
                 "lease.ttl",
                 format!(
-                    "must be more than 0 and at most {} s (a block set elsewhere is seen at \
+                    "must be more than 0 and at most {} s (a change made elsewhere is seen at \
                      most one lease late)",
                     MAX_LEASE_TTL.as_secs()
                 ),

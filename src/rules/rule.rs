@@ -378,11 +378,13 @@ impl Rule {
             if let Some((field, message)) = lease.problem(self.limit.algorithm()) {
                 return err(field, message);
             }
-            // A queued charge reserves (waits are always exact), and a limit chosen per request
-            // may change between two charges of a lease.
+            // A queued charge reserves (waits are always exact); a limit chosen per request may
+            // change between two charges of a lease; and under a penalty, a lease's larger
+            // charge that Redis cannot grant whole would count as an offence and block the key.
             let exact = [
                 ("queue", self.queue.is_some()),
                 ("limit_from", self.source.is_some()),
+                ("block", self.penalty.is_some()),
             ];
             if let Some((field, _)) = exact.into_iter().find(|(_, set)| *set) {
                 return err(
