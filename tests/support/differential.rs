@@ -183,6 +183,23 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
                     .boxed(),
             )
         }
+        // Windows of the same length and starts whose limit and roll-over change: a capacity
+        // equal to the limit takes the Redis fast path for a lone charge, one above it the
+        // general script (DESIGN §13: the window's count compared with the limit in force).
+        Algorithm::FixedWindow(fw) => {
+            let own = fw.clone();
+            Some(
+                (1..=2 * fw.capacity() + 2, 0u64..3)
+                    .prop_map(move |(limit, extra)| {
+                        let other = match own.months() {
+                            Some(utc) => FixedWindow::calendar_months(limit, utc),
+                            None => FixedWindow::new(limit, own.period()).with_start(own.start()),
+                        };
+                        Algorithm::FixedWindow(other.with_capacity(limit + extra * limit / 2))
+                    })
+                    .boxed(),
+            )
+        }
         _ => None,
     }
 }
