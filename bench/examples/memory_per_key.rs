@@ -74,6 +74,7 @@ fn tollgate(n: u64) -> (u64, u64) {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         let outcomes = match store.apply(std::slice::from_ref(&charge)).into_ready() {
             Ok(Ok(outcomes)) => outcomes,

@@ -172,6 +172,7 @@ struct Common {
     count_if: Option<CountIf>,
     settle: Option<Settle>,
     shadow: bool,
+    overrides: bool,
 }
 
 impl Common {
@@ -230,6 +231,7 @@ impl Common {
                 .as_ref()
                 .map(|settle| Settle::header(settle.header.0.clone())),
             shadow: spec.shadow,
+            overrides: spec.overrides,
         })
     }
 
@@ -238,6 +240,9 @@ impl Common {
             .key(self.key.clone())
             .methods(self.methods.iter().cloned())
             .shadow(self.shadow);
+        if self.overrides {
+            rule = rule.overridable();
+        }
         for path in &self.paths {
             rule = rule.path(path.clone());
         }

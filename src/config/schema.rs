@@ -139,6 +139,9 @@ pub(crate) struct RuleSpec {
     pub(crate) settle: Option<SettleSpec>,
     #[serde(default)]
     pub(crate) shadow: bool,
+    /// Keys may get overrides (`Rule::overridable`).
+    #[serde(default)]
+    pub(crate) overrides: bool,
     pub(crate) tiers: Option<TiersSpec>,
 }
 

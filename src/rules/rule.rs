@@ -40,6 +40,7 @@ pub struct Rule {
     penalty: Option<Penalty>,
     count_if: Option<CountIf>,
     settle: Option<Settle>,
+    overridable: bool,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -263,6 +264,21 @@ impl Rule {
         self
     }
 
+    /// Lets [`Limiter::set_override`](crate::Limiter::set_override) give one key of this rule
+    /// a limit of its own for a while (a customer raised tenfold for a day), kept in the store
+    /// so that every instance sees it on its next decision for the key. An override takes
+    /// precedence over the rule's own limit and over one the request brings, and the key's
+    /// state carries over as for any limit change (DESIGN §13).
+    ///
+    /// Off by default: every decision of an overridable rule reads the key's override in the
+    /// same step as its charge, which costs a lookup in memory and a little Redis work per call
+    /// (the charge takes the general script). Rules that are not overridable pay nothing.
+    /// In files: `overrides = true`.
+    pub fn overridable(mut self) -> Rule {
+        self.overridable = true;
+        self
+    }
+
     /// Counts only the requests whose response matches (DESIGN §11), e.g. failed logins:
     /// `.count_if(CountIf::status([401, 403]))`. Every request is charged when it arrives — so
     /// concurrent attempts can never get past the limit — and given its charge back when its
@@ -329,7 +345,7 @@ impl Rule {
         if self.limit.algorithm().is_concurrency() {
             self.check_concurrency(&name)?;
         }
-        if self.source.is_some() {
+        if self.source.is_some() || self.overridable {
             // Each of these charges again later, by rule and key, under the rule's own limit.
             let later = [
                 ("queue", self.queue.is_some()),
@@ -337,10 +353,12 @@ impl Rule {
                 ("settle", self.settle.is_some()),
             ];
             if let Some((field, _)) = later.into_iter().find(|(_, set)| *set) {
-                return err(
-                    field,
-                    "not available on a rule whose limit comes from the request".into(),
-                );
+                let whose = if self.source.is_some() {
+                    "not available on a rule whose limit comes from the request"
+                } else {
+                    "not available on a rule with overrides"
+                };
+                return err(field, whose.into());
             }
         }
         if let Some(cost) = self.cost.as_fixed() {
@@ -434,6 +452,7 @@ impl Rule {
             penalty: self.penalty,
             count_if: self.count_if,
             settle: self.settle,
+            overridable: self.overridable,
         })
     }
 }
@@ -453,6 +472,7 @@ impl From<Limit> for Rule {
             penalty: None,
             count_if: None,
             settle: None,
+            overridable: false,
         }
     }
 }
@@ -550,6 +570,8 @@ pub(crate) struct CompiledRule {
     pub(crate) penalty: Option<Penalty>,
     pub(crate) count_if: Option<CountIf>,
     pub(crate) settle: Option<Settle>,
+    /// Whether the store reads the key's override with each charge.
+    pub(crate) overridable: bool,
 }
 
 impl CompiledRule {

@@ -128,6 +128,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         },
         Charge {
             rule: RuleName::new("global"),
@@ -136,6 +137,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         },
     ];
     store.apply(&batch).await.expect("the cluster answers")
@@ -150,6 +152,7 @@ async fn global_left(store: &RedisStore, global: u64) -> u64 {
         cost: 0,
         mode: Mode::Check,
         penalty: None,
+        overrides: None,
     }];
     store.apply(&peek).await.unwrap()[0].remaining
 }

@@ -424,6 +424,7 @@ async fn hand_picked_edges_match() {
                 cost,
                 mode: Mode::Charge,
                 penalty: None,
+                overrides: None,
             }];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();

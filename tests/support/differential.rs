@@ -313,6 +313,7 @@ pub async fn run(
                         cost,
                         mode,
                         penalty: penalties[rule].as_ref(),
+                        overrides: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -333,6 +334,7 @@ pub async fn run(
                         cost: *cost,
                         mode: *mode,
                         penalty: penalties[*rule].as_ref(),
+                        overrides: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -351,6 +353,7 @@ pub async fn run(
                     cost: *units,
                     mode: Mode::Charge,
                     penalty: penalties[*rule].as_ref(),
+                    overrides: None,
                 };
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
@@ -374,6 +377,7 @@ pub async fn run(
                     cost: *units,
                     mode: Mode::Reserve(ReserveBound::default()),
                     penalty: None,
+                    overrides: None,
                 };
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;

@@ -54,6 +54,7 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         // The single-charge path the middleware takes for a request under one rule.
         match self.store.apply_one(&charge).into_ready() {
@@ -88,6 +89,7 @@ impl Limiter for TollgateVerdict {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         match self.0.store.apply_one(&charge).into_ready() {
             Ok(Ok(outcome)) => outcome.verdict.is_admitted(),

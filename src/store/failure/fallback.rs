@@ -128,6 +128,7 @@ impl OwnedCharge {
             cost: self.cost,
             mode: self.mode,
             penalty: self.penalty.as_ref(),
+            overrides: None,
         }
     }
 }

@@ -159,6 +159,34 @@ impl Store for Guarded {
         self.store.set_block(rule, penalty, key, block)
     }
 
+    fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&crate::algorithm::Limit, Duration)>,
+    ) -> StoreFuture<()> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.set_override(rule, key, limit)
+    }
+
+    fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&crate::store::OverrideCursor>,
+        count: usize,
+    ) -> StoreFuture<crate::store::OverridePage> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.overrides(rule, cursor, count)
+    }
+
+    fn validate_overrides(&self, rule: &str) -> Result<(), ConfigError> {
+        self.store.validate_overrides(rule)
+    }
+
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
         self.store.validate(rule, algorithm)
     }
@@ -244,6 +272,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         guarded
             .apply(&[charge])
@@ -297,6 +326,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         // One slot taken in the shared store, then the store goes down and the breaker opens.
         assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());

@@ -23,6 +23,7 @@ fn charge<'a>(rule: &'a str, algorithm: &'a Algorithm, key: &'a [u8], cost: u64)
         cost,
         mode: Mode::Charge,
         penalty: None,
+        overrides: None,
     }
 }
 
@@ -460,7 +461,7 @@ mod single_charge_fast_path {
                 let mode = mode(pick);
                 let cost = cost.min(algorithm.max_cost(mode));
                 let key = [b'k', key];
-                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode, penalty: None };
+                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode, penalty: None, overrides: None };
                 let one = apply(&fast, std::slice::from_ref(&charge));
                 let all = general.apply_batch(std::slice::from_ref(&charge));
                 prop_assert_eq!(one, all);
@@ -514,7 +515,7 @@ mod a_clock_stepping_back {
                 let algorithm = &algorithms[algorithm];
                 let cost = cost.min(algorithm.max_cost(Mode::Charge));
                 let key = [b'k', key];
-                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode: Mode::Charge, penalty: None };
+                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode: Mode::Charge, penalty: None, overrides: None };
                 prop_assert_eq!(
                     apply(&back, std::slice::from_ref(&charge)),
                     apply(&still, std::slice::from_ref(&charge))

@@ -317,6 +317,7 @@ mod tests {
             cost,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         let batch = [charge("tight", 5), charge("roomy", 1)];
         let views = [
@@ -387,6 +388,7 @@ mod tests {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         let under_own = [view(&cache, "r", 1, Mode::Charge)];
         let under_other = [CacheView {
@@ -409,6 +411,7 @@ mod tests {
             cost: 5,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         let v = [view(&cache, "r", 5, Mode::Charge)];
         cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);

@@ -1023,6 +1023,7 @@ impl Inner {
             cost: 1,
             mode: Mode::Charge,
             penalty: None,
+            overrides: None,
         };
         let mut fast =
             Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
