@@ -75,6 +75,7 @@ fn tollgate(n: u64) -> (u64, u64) {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         let outcomes = match store.apply(std::slice::from_ref(&charge)).into_ready() {
             Ok(Ok(outcomes)) => outcomes,

@@ -22,13 +22,18 @@ pub struct FixedWindow {
 const LONGEST_MONTH: Micros = 31 * 86_400_000_000;
 
 /// The state of one key under a [`FixedWindow`].
+///
+/// It keeps how far the window is below full, not what is left, so that a limit chosen per
+/// request (DESIGN §13) compares the window's count with the limit in force: 60 spent of 100,
+/// read under 80, leaves 20. The balance under any capacity is `capacity − spent`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedWindowState {
     /// Start of the window the state was last updated in.
     pub window_start: Micros,
-    /// Units left in that window; negative while reservations are owed (each later window pays
-    /// `limit` units of the debt before anything is available again).
-    pub balance: i64,
+    /// Units spent in that window: without roll-over the window's count; with roll-over what
+    /// the windows so far have not paid back (each new window pays `limit` units of it, never
+    /// below 0). Above the capacity while reservations are owed.
+    pub spent: u64,
 }
 
 impl FixedWindow {
@@ -102,6 +107,11 @@ impl FixedWindow {
         i64::try_from(self.capacity).unwrap_or(i64::MAX)
     }
 
+    /// The signed balance of `state` under this window's capacity: `capacity − spent`.
+    fn balance(&self, state: FixedWindowState) -> i128 {
+        i128::from(self.capacity) - i128::from(state.spent)
+    }
+
     /// The largest cost that can ever pass in `mode`. A reservation bounded by a wait can go
     /// furthest from a full window in its last microsecond: `m` more windows of `limit` units
     /// wait `(m − 1)·period + 1 µs`.
@@ -134,24 +144,26 @@ impl FixedWindow {
         };
         FixedWindowState {
             window_start,
-            balance: self.full(),
+            spent: 0,
         }
     }
 
-    /// The state rolled forward to the window that contains `now`: `min(v + r·k, C)`.
+    /// The state rolled forward to the window that contains `now`: each window pays back
+    /// `limit` units of what was spent, never below 0 (`min(v + r·k, C)` as a balance).
     fn roll(&self, state: FixedWindowState, now: Micros) -> FixedWindowState {
         let windows = self.windows_between(state.window_start, now);
-        let granted = i128::from(windows) * i128::from(self.limit) + i128::from(state.balance);
         FixedWindowState {
             window_start: self.boundary(state.window_start, windows),
-            balance: clamp(granted.min(i128::from(self.full()))),
+            spent: state
+                .spent
+                .saturating_sub(windows.saturating_mul(self.limit)),
         }
     }
 
     /// Wait until the balance reaches `units` (negative: a debt of that many), from a rolled
     /// state: the start of the first window that brings it there, `ts + p·ceil((units − v)/r) − now`.
     fn wait_for(&self, state: FixedWindowState, now: Micros, units: impl Into<i128>) -> Micros {
-        let missing = units.into() - i128::from(state.balance);
+        let missing = units.into() - self.balance(state);
         if missing <= 0 {
             return 0;
         }
@@ -193,9 +205,9 @@ impl FixedWindow {
     /// negative and the work may start at the first window that brings it back to zero.
     pub fn evaluate(&self, state: FixedWindowState, now: Micros, cost: u64, mode: Mode) -> Outcome {
         let rolled = self.roll(state, now);
-        let owed = i128::from(rolled.balance) - i128::from(cost);
+        let owed = self.balance(rolled) - i128::from(cost);
         let after = FixedWindowState {
-            balance: clamp(owed),
+            spent: rolled.spent.saturating_add(cost),
             ..rolled
         };
         let verdict = if owed >= 0 {
@@ -220,8 +232,9 @@ impl FixedWindow {
             }
         };
         let left = if verdict.is_admitted() { after } else { rolled };
-        let remaining = left.balance.max(0) as u64;
-        let reset = if left.balance >= self.full() {
+        let balance = clamp(self.balance(left));
+        let remaining = balance.max(0) as u64;
+        let reset = if balance >= self.full() {
             Duration::ZERO
         } else {
             duration(self.wait_for(left, now, remaining + 1))
@@ -230,7 +243,7 @@ impl FixedWindow {
             verdict,
             limit: self.capacity,
             remaining,
-            balance: left.balance,
+            balance,
             next_unit_in: reset,
             full_in: duration(self.wait_for(left, now, self.capacity)),
             offence: false,
@@ -300,7 +313,7 @@ impl FixedWindow {
     pub fn commit(&self, state: FixedWindowState, now: Micros, cost: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
         FixedWindowState {
-            balance: clamp(i128::from(rolled.balance) - i128::from(cost)),
+            spent: rolled.spent.saturating_add(cost),
             ..rolled
         }
     }
@@ -308,9 +321,8 @@ impl FixedWindow {
     /// Gives `units` back, never above capacity.
     pub fn refund(&self, state: FixedWindowState, now: Micros, units: u64) -> FixedWindowState {
         let rolled = self.roll(state, now);
-        let back = i128::from(rolled.balance) + i128::from(units);
         FixedWindowState {
-            balance: clamp(back.min(i128::from(self.full()))),
+            spent: rolled.spent.saturating_sub(units),
             ..rolled
         }
     }

@@ -173,6 +173,7 @@ struct Common {
     settle: Option<Settle>,
     lease: Option<Lease>,
     shadow: bool,
+    overrides: bool,
 }
 
 impl Common {
@@ -235,6 +236,7 @@ impl Common {
                 .as_ref()
                 .map(|lease| Lease::new(lease.units, lease.ttl.0)),
             shadow: spec.shadow,
+            overrides: spec.overrides,
         })
     }
 
@@ -243,6 +245,9 @@ impl Common {
             .key(self.key.clone())
             .methods(self.methods.iter().cloned())
             .shadow(self.shadow);
+        if self.overrides {
+            rule = rule.overridable();
+        }
         for path in &self.paths {
             rule = rule.path(path.clone());
         }

@@ -140,6 +140,9 @@ pub(crate) struct RuleSpec {
     pub(crate) lease: Option<LeaseSpec>,
     #[serde(default)]
     pub(crate) shadow: bool,
+    /// Keys may get overrides (`Rule::overridable`).
+    #[serde(default)]
+    pub(crate) overrides: bool,
     pub(crate) tiers: Option<TiersSpec>,
 }
 

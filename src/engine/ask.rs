@@ -56,6 +56,9 @@ impl RuleSet {
     pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
         self.rules.iter().try_for_each(|rule| {
             store.validate(&rule.name, rule.algorithm())?;
+            if rule.overridable {
+                store.validate_overrides(&rule.name)?;
+            }
             match &rule.penalty {
                 Some(penalty) => store.validate_penalty(&rule.name, penalty),
                 None => Ok(()),
@@ -68,6 +71,9 @@ impl RuleSet {
     /// plan of one charge (the usual case) takes the store's single-charge path.
     pub(crate) fn ask(self: &Arc<Self>, ledger: &Ledger, plan: &mut Decision) -> Answer {
         let store = ledger.store_ref();
+        if self.overridable {
+            plan.expect_overrides(|index| self.rules[index].overridable);
+        }
         if plan.has_applied() {
             if let Some(later) = self.per_request(ledger, plan) {
                 return Answer::Later(Pending::Batch(later));
@@ -165,6 +171,7 @@ impl RuleSet {
         let rule = &self.rules[entry.index];
         Charge {
             algorithm: algorithm_of(&entry.applied, rule.algorithm()),
+            overrides: entry.overridden.as_deref(),
             ..self.charge(entry.index, &entry.key, entry.cost)
         }
     }
@@ -179,6 +186,7 @@ impl RuleSet {
             mode: rule.mode,
             penalty: rule.penalty.as_ref(),
             lease: rule.lease.as_ref(),
+            overrides: None,
         }
     }
 }

@@ -1,13 +1,13 @@
 //! `Decision`: what the limiter decided for one request, for headers and for handlers.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use http::StatusCode;
 
-use crate::algorithm::{Outcome, Verdict};
+use crate::algorithm::{Limit, Outcome, Verdict};
 use crate::key::KeyValue;
 use crate::rules::per_request::Applied;
 use crate::rules::set::{Charges, Refusal};
@@ -51,6 +51,9 @@ pub struct RuleDecision {
     pub(crate) index: usize,
     /// The limit this request was charged under, when the rule takes it from the request.
     pub(crate) applied: Option<Applied>,
+    /// For a rule with overrides: where the store puts the key's override, if it charged under
+    /// one.
+    pub(crate) overridden: Option<Arc<OnceLock<Limit>>>,
 }
 
 impl RuleDecision {
@@ -80,7 +83,18 @@ impl Decision {
             cost,
             index,
             applied,
+            overridden: None,
         });
+    }
+
+    /// Gives each charge of a rule with overrides a place for the override the store finds.
+    #[cold]
+    pub(crate) fn expect_overrides(&mut self, overridable: impl Fn(usize) -> bool) {
+        for entry in &mut self.rules {
+            if overridable(entry.index) {
+                entry.overridden = Some(Arc::default());
+            }
+        }
     }
 
     /// The planned charges, mutably (to replace a per-request limit that cannot work).
@@ -96,7 +110,9 @@ impl Decision {
     /// Whether some rule's limit came from the request.
     #[inline]
     pub(crate) fn has_applied(&self) -> bool {
-        self.rules.iter().any(|r| r.applied.is_some())
+        self.rules
+            .iter()
+            .any(|r| r.applied.is_some() || r.override_limit().is_some())
     }
 
     /// Fills in the store's outcomes, one per planned charge, in order.
@@ -201,8 +217,16 @@ impl RuleDecision {
     /// ([`Rule::limit_from`](crate::Rule::limit_from),
     /// [`Rule::limit_from_extension`](crate::Rule::limit_from_extension)); `None` when the rule's
     /// own limit applied.
+    ///
+    /// For a rule with overrides ([`Rule::overridable`](crate::Rule::overridable)), the key's
+    /// override when the store charged under one: it takes precedence over the request's.
     pub fn limit(&self) -> Option<&crate::algorithm::Limit> {
-        self.applied.as_ref().and_then(|cell| cell.get()?.as_ref())
+        self.override_limit()
+            .or_else(|| self.applied.as_ref().and_then(|cell| cell.get()?.as_ref()))
+    }
+
+    fn override_limit(&self) -> Option<&Limit> {
+        self.overridden.as_ref()?.get()
     }
 }
 

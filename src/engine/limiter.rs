@@ -15,13 +15,13 @@ use super::ledger::Ledger;
 use super::ledger::StoreRef;
 use super::slot::{SlotGuard, Slots};
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{CostTooLarge, Mode, Outcome, ReserveBound};
+use crate::algorithm::{CostTooLarge, Limit, Mode, Outcome, ReserveBound};
 use crate::key::KeyValue;
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
-    BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore, Page, Store,
-    StoreError,
+    BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore,
+    OverrideCursor, OverridePage, Page, Store, StoreError,
 };
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
@@ -191,6 +191,17 @@ pub enum LimitError {
     NoPenalty(String),
     /// The rule is not a concurrency limit, so it has no slots to acquire.
     NotConcurrent(String),
+    /// The rule has no overrides ([`Rule::overridable`](crate::Rule::overridable)), so its
+    /// keys cannot be given one.
+    NotOverridable(String),
+    /// An override that cannot be kept: a limit the rule cannot use, a key past
+    /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), a TTL of zero or of more than a year.
+    BadOverride {
+        /// The rule.
+        rule: String,
+        /// What is wrong, in words.
+        reason: String,
+    },
     /// The store failed.
     Store(StoreError),
 }
@@ -222,6 +233,17 @@ impl fmt::Display for LimitError {
                 f,
                 "rate-limit rule {name:?} is not a concurrency limit: it has no slots to acquire"
             ),
+            LimitError::NotOverridable(name) => write!(
+                f,
+                "rate-limit rule {name:?} has no overrides: build it with `overridable()` \
+                 (`overrides = true` in a file) to give its keys limits of their own"
+            ),
+            LimitError::BadOverride { rule, reason } => {
+                write!(
+                    f,
+                    "rate-limit rule {rule:?}: override refused, nothing written: {reason}"
+                )
+            }
             LimitError::EmptyBatch => {
                 f.write_str("a batch of rate-limit charges names no rule: nothing to decide")
             }
@@ -241,6 +263,8 @@ impl std::error::Error for LimitError {
             | LimitError::Repeated(_)
             | LimitError::NoPenalty(_)
             | LimitError::NotConcurrent(_)
+            | LimitError::NotOverridable(_)
+            | LimitError::BadOverride { .. }
             | LimitError::EmptyBatch => None,
         }
     }
@@ -734,6 +758,108 @@ impl Limiter {
         Ok(pending.await?)
     }
 
+    /// Gives `key` under `rule` the limit `limit` for `ttl` from now (a customer raised tenfold
+    /// for a day, Upstash's `setDynamicLimit`), replacing any override the key has. It is kept
+    /// in the store, so every instance charges the key under it from its next decision; it
+    /// takes precedence over the rule's own limit and over one the request brings, is
+    /// reported in `RateLimit-Policy`, and the key's state carries over as for any limit
+    /// change (DESIGN §13). The rule must be [`overridable`](crate::Rule::overridable).
+    ///
+    /// Refused with nothing written: an unknown rule, a rule without overrides, a limit the
+    /// rule cannot use (a zero rate or period, another family: a rate for a concurrency rule
+    /// or the reverse, numbers the store cannot count), a key longer than
+    /// [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN), a TTL of zero or longer than a year.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("api", Limit::per_minute(1)).overridable())
+    ///     .build()?;
+    /// let day = Duration::from_secs(86_400);
+    /// limiter.set_override("api", "acme", Limit::per_minute(10), day).await?;
+    /// for _ in 0..10 {
+    ///     assert!(limiter.charge("api", "acme", 1).await?.is_allowed());
+    /// }
+    /// assert!(!limiter.charge("api", "acme", 1).await?.is_allowed());
+    /// let page = limiter.overrides("api", None).await?;
+    /// assert_eq!(page.entries[0].key.as_bytes(), b"acme");
+    /// limiter.clear_override("api", "acme").await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn set_override(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+        limit: Limit,
+        ttl: Duration,
+    ) -> Result<(), LimitError> {
+        const YEAR: Duration = Duration::from_secs(366 * 86_400);
+        let key = key.as_ref();
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = overridable(&rules, rule)?;
+            let bad = |reason: String| LimitError::BadOverride {
+                rule: rule.to_owned(),
+                reason,
+            };
+            if key.len() > crate::key::MAX_KEY_LEN {
+                return Err(bad(format!(
+                    "a key of {} bytes is longer than {} (MAX_KEY_LEN)",
+                    key.len(),
+                    crate::key::MAX_KEY_LEN
+                )));
+            }
+            if ttl.is_zero() || ttl > YEAR {
+                return Err(bad(format!(
+                    "a TTL of {ttl:?} is not between 1 µs and a year"
+                )));
+            }
+            let store = self.store();
+            super::ask::usable(&compiled.name, compiled.algorithm(), &limit, None, store)
+                .map_err(bad)?;
+            self.store()
+                .set_override(&compiled.name, key, Some((&limit, ttl)))
+        };
+        Ok(pending.await?)
+    }
+
+    /// Removes the override of `key` under `rule`, if any: its next decision is under the
+    /// rule's own limit (or one the request brings), its state carried over.
+    pub async fn clear_override(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<(), LimitError> {
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = overridable(&rules, rule)?;
+            self.store()
+                .set_override(&compiled.name, key.as_ref(), None)
+        };
+        Ok(pending.await?)
+    }
+
+    /// One page of `rule`'s overrides in force (key, limit, time left), at most 100, from
+    /// `cursor` on (`None`: from the start); the page's `next` is the cursor of the following
+    /// page, `None` after the last. Overrides set or ending during a listing may or may not be
+    /// in it; none is listed twice.
+    pub async fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<OverrideCursor>,
+    ) -> Result<OverridePage, LimitError> {
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = overridable(&rules, rule)?;
+            self.store().overrides(&compiled.name, cursor.as_ref(), 100)
+        };
+        Ok(pending.await?)
+    }
+
     /// One page of the keys blocked now under `rule` — by its penalty or by
     /// [`block`](Self::block), through any instance sharing the store — with what is left of
     /// each block by the store's clock. Start with `None`, then give back each page's
@@ -853,6 +979,8 @@ impl Limiter {
         mode: Option<Mode>,
     ) -> Result<Outcome, LimitError> {
         let key = KeyValue::new(key);
+        // Where the store puts the key's override, for a rule with overrides.
+        let slot = std::sync::OnceLock::new();
         let pending = {
             let rules = self.rules();
             let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
@@ -866,6 +994,7 @@ impl Limiter {
                 })?;
             let charge = Charge {
                 mode,
+                overrides: compiled.overridable.then_some(&slot),
                 ..rules.charge(index, &key, cost)
             };
             self.store_ref().apply_one(&charge)
@@ -943,6 +1072,18 @@ impl Reservation {
 
 fn unknown(rule: &str) -> LimitError {
     LimitError::UnknownRule(rule.to_owned())
+}
+
+/// The rule named `rule`, if it has overrides.
+fn overridable<'r>(
+    rules: &'r RuleSet,
+    rule: &str,
+) -> Result<(usize, &'r crate::rules::rule::CompiledRule), LimitError> {
+    let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
+    if !compiled.overridable {
+        return Err(LimitError::NotOverridable(rule.to_owned()));
+    }
+    Ok((index, compiled))
 }
 
 /// The name of `rule` as its store knows it, if it has a penalty (only such rules keep blocks).

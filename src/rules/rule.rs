@@ -41,6 +41,7 @@ pub struct Rule {
     count_if: Option<CountIf>,
     settle: Option<Settle>,
     lease: Option<Lease>,
+    overridable: bool,
 }
 
 /// What a rule does with a request whose key is missing (no API key header, no user id, no peer
@@ -264,6 +265,21 @@ impl Rule {
         self
     }
 
+    /// Lets [`Limiter::set_override`](crate::Limiter::set_override) give one key of this rule
+    /// a limit of its own for a while (a customer raised tenfold for a day), kept in the store
+    /// so that every instance sees it on its next decision for the key. An override takes
+    /// precedence over the rule's own limit and over one the request brings, and the key's
+    /// state carries over as for any limit change (DESIGN §13).
+    ///
+    /// Off by default: every decision of an overridable rule reads the key's override in the
+    /// same step as its charge, which costs a lookup in memory and a little Redis work per call
+    /// (the charge takes the general script). Rules that are not overridable pay nothing.
+    /// In files: `overrides = true`.
+    pub fn overridable(mut self) -> Rule {
+        self.overridable = true;
+        self
+    }
+
     /// Counts only the requests whose response matches (DESIGN §11), e.g. failed logins:
     /// `.count_if(CountIf::status([401, 403]))`. Every request is charged when it arrives — so
     /// concurrent attempts can never get past the limit — and given its charge back when its
@@ -339,7 +355,7 @@ impl Rule {
         if self.limit.algorithm().is_concurrency() {
             self.check_concurrency(&name)?;
         }
-        if self.source.is_some() {
+        if self.source.is_some() || self.overridable {
             // Each of these charges again later, by rule and key, under the rule's own limit.
             let later = [
                 ("queue", self.queue.is_some()),
@@ -347,10 +363,12 @@ impl Rule {
                 ("settle", self.settle.is_some()),
             ];
             if let Some((field, _)) = later.into_iter().find(|(_, set)| *set) {
-                return err(
-                    field,
-                    "not available on a rule whose limit comes from the request".into(),
-                );
+                let whose = if self.source.is_some() {
+                    "not available on a rule whose limit comes from the request"
+                } else {
+                    "not available on a rule with overrides"
+                };
+                return err(field, whose.into());
             }
         }
         if let Some(cost) = self.cost.as_fixed() {
@@ -464,6 +482,7 @@ impl Rule {
             count_if: self.count_if,
             settle: self.settle,
             lease: self.lease,
+            overridable: self.overridable,
         })
     }
 }
@@ -484,6 +503,7 @@ impl From<Limit> for Rule {
             count_if: None,
             settle: None,
             lease: None,
+            overridable: false,
         }
     }
 }
@@ -582,6 +602,8 @@ pub(crate) struct CompiledRule {
     pub(crate) count_if: Option<CountIf>,
     pub(crate) settle: Option<Settle>,
     pub(crate) lease: Option<Lease>,
+    /// Whether the store reads the key's override with each charge.
+    pub(crate) overridable: bool,
 }
 
 impl CompiledRule {

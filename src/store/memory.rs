@@ -15,20 +15,25 @@
 //! aim a collision at another client's key.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use spinning_top::guard::SpinlockGuard;
 use spinning_top::Spinlock;
 
 use smallvec::SmallVec;
 
-use super::{BlockedKey, Charge, Cursor, Outcomes, Page, RuleName, Store, StoreFuture};
+use super::{
+    BlockedKey, Charge, Cursor, Outcomes, OverrideCursor, OverrideEntry, OverridePage, Page,
+    RuleName, Store, StoreFuture,
+};
 use crate::algorithm::{
-    Algorithm, Block, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, Penalty,
-    SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
+    duration, micros, Algorithm, Block, BurstPoolState, FixedWindowState, Limit, Micros, Mode,
+    Outcome, Penalty, SlidingLogState, SlidingWindowState, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, Latest, SystemClock};
 use crate::key::KeyValue;
@@ -82,7 +87,14 @@ struct Inner {
     others: Table<Timed>,
     /// The blocks of rules with a penalty, beside the counters (only those rules look here).
     blocks: Table<BlockEntry>,
+    /// Per-key overrides by rule and key, with their expiry (only overridable rules look here).
+    overrides: Mutex<Overrides>,
+    /// How many overrides `overrides` holds: a charge finds none without taking the lock.
+    overridden: AtomicUsize,
 }
+
+/// Overrides by rule name, then key: the limit and when it ends.
+type Overrides = BTreeMap<String, BTreeMap<Vec<u8>, (Limit, Micros)>>;
 
 /// Builds a [`MemoryStore`].
 #[derive(Debug)]
@@ -122,6 +134,8 @@ impl MemoryStoreBuilder {
                 buckets: Table::new(self.shards, per_shard, &spans),
                 others: Table::new(self.shards, per_shard, &spans),
                 blocks: Table::new(self.shards, per_shard, &spans),
+                overrides: Mutex::default(),
+                overridden: AtomicUsize::new(0),
                 spans,
             }),
         }
@@ -262,6 +276,89 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(()))
     }
 
+    fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&Limit, std::time::Duration)>,
+    ) -> StoreFuture<()> {
+        let now = self.now();
+        let mut table = self
+            .inner
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Expired overrides go whenever one is set: the table never holds more than were set
+        // within the longest TTL.
+        for keys in table.values_mut() {
+            keys.retain(|_, (_, until)| *until > now);
+        }
+        table.retain(|_, keys| !keys.is_empty());
+        match limit {
+            Some((limit, ttl)) => {
+                let until = now.saturating_add(micros(ttl));
+                table
+                    .entry(rule.to_owned())
+                    .or_default()
+                    .insert(key.to_vec(), (limit.clone(), until));
+            }
+            None => {
+                if let Some(keys) = table.get_mut(rule) {
+                    keys.remove(key);
+                }
+            }
+        }
+        let count = table.values().map(BTreeMap::len).sum();
+        self.inner.overridden.store(count, Ordering::Release);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&OverrideCursor>,
+        count: usize,
+    ) -> StoreFuture<OverridePage> {
+        use std::ops::Bound;
+        let now = self.now();
+        let table = self
+            .inner
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut page = OverridePage::default();
+        let Some(keys) = table.get(rule) else {
+            return StoreFuture::ready(Ok(page));
+        };
+        // The cursor is the last key of the previous page.
+        let from = match cursor {
+            Some(cursor) => Bound::Excluded(cursor.as_bytes()),
+            None => Bound::Unbounded,
+        };
+        let count = count.clamp(1, super::MAX_OVERRIDE_PAGE);
+        let mut live = keys
+            .range::<[u8], _>((from, Bound::Unbounded))
+            .filter(|(_, (_, until))| *until > now);
+        for (key, (limit, until)) in live.by_ref().take(count) {
+            page.entries.push(OverrideEntry {
+                key: crate::key::KeyValue::new(key),
+                limit: limit.clone(),
+                expires_in: duration(until - now),
+            });
+        }
+        if live.next().is_some() {
+            page.next = page
+                .entries
+                .last()
+                .map(|last| OverrideCursor(last.key.as_bytes().to_vec()));
+        }
+        StoreFuture::ready(Ok(page))
+    }
+
+    fn validate_overrides(&self, _rule: &str) -> Result<(), crate::algorithm::error::ConfigError> {
+        Ok(())
+    }
+
     fn set_block(
         &self,
         rule: &str,
@@ -303,8 +400,62 @@ impl MemoryStore {
     fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
         match batch {
             [charge] => smallvec::smallvec![self.decide_one(charge)],
+            _ if batch.iter().any(|c| c.overrides.is_some()) => self.overridden(batch),
             _ => self.apply_batch(batch),
         }
+    }
+
+    /// A charge with a penalty or whose rule has overrides.
+    #[cold]
+    fn special_one(&self, charge: &Charge<'_>) -> Outcome {
+        if charge.overrides.is_some() {
+            let outcomes = self.overridden(std::slice::from_ref(charge));
+            return outcomes.into_iter().next().expect("one outcome per charge");
+        }
+        penalised_one(self, charge)
+    }
+
+    /// A batch with charges of overridable rules: each such key's override in force replaces
+    /// its charge's limit (unless the cost could never pass under it: then the rule's own
+    /// decides, as for a per-request limit), and is reported in the charge's slot.
+    fn overridden(&self, batch: &[Charge<'_>]) -> Outcomes {
+        let found: SmallVec<[Option<Limit>; 2]> =
+            if self.inner.overridden.load(Ordering::Acquire) == 0 {
+                batch.iter().map(|_| None).collect()
+            } else {
+                let now = self.now();
+                let table = self
+                    .inner
+                    .overrides
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                batch
+                    .iter()
+                    .map(|c| {
+                        c.overrides?;
+                        let (limit, until) = table.get(c.rule.as_str())?.get(c.key)?;
+                        let fits = c.cost <= limit.algorithm().max_cost(c.mode);
+                        (*until > now && fits).then(|| limit.clone())
+                    })
+                    .collect()
+            };
+        let charges: SmallVec<[Charge<'_>; 2]> = batch
+            .iter()
+            .zip(&found)
+            .map(|(c, limit)| Charge {
+                algorithm: limit.as_ref().map_or(c.algorithm, Limit::algorithm),
+                overrides: None,
+                ..*c
+            })
+            .collect();
+        let outcomes = self.apply_now(&charges);
+        drop(charges);
+        for (charge, limit) in batch.iter().zip(found) {
+            if let (Some(slot), Some(limit)) = (charge.overrides, limit) {
+                let _ = slot.set(limit);
+            }
+        }
+        outcomes
     }
 
     /// Any batch: lock every shard involved in order, decide all, commit all or nothing.
@@ -374,8 +525,8 @@ impl MemoryStore {
     /// decision, without collecting cells, sorting shards or searching the held guards.
     #[inline]
     fn decide_one(&self, charge: &Charge<'_>) -> Outcome {
-        if charge.penalty.is_some() {
-            return penalised_one(self, charge);
+        if charge.penalty.is_some() || charge.overrides.is_some() {
+            return self.special_one(charge);
         }
         let now = self.now();
         let hash = self.hash(charge.rule, charge.key);

@@ -7,18 +7,20 @@
 pub(crate) mod failure;
 mod listing;
 pub(crate) mod memory;
+mod overrides;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
-use crate::algorithm::{Algorithm, Lease, Mode, Outcome, Penalty};
+use crate::algorithm::{Algorithm, Lease, Limit, Mode, Outcome, Penalty};
 use crate::key::namespace;
 
 #[cfg(feature = "redis")]
@@ -28,6 +30,7 @@ pub(crate) use failure::{FailurePolicy, Guarded};
 pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
+pub use overrides::{OverrideCursor, OverrideEntry, OverridePage, MAX_OVERRIDE_PAGE};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +51,11 @@ pub struct Charge<'a> {
     /// The rule's quota lease, if a remote store may hand this instance a slice of the key's
     /// quota to decide from locally ([`Lease`]); an exact store ignores it.
     pub lease: Option<&'a Lease>,
+    /// For a rule with overrides ([`Rule::overridable`](crate::Rule::overridable)): the store
+    /// reads the key's override in the same atomic step, charges under it in place of
+    /// `algorithm` when there is one, and puts it here (for the `RateLimit-Policy` field).
+    /// `None` for every other rule: the store reads no override.
+    pub overrides: Option<&'a OnceLock<Limit>>,
 }
 
 /// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a
@@ -186,6 +194,43 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// Gives `key` under `rule` the limit `limit` for `ttl` from now (replacing any override it
+    /// has), or, with `None`, removes its override. Only charges whose
+    /// [`overrides`](Charge::overrides) is set read overrides. The caller has checked the limit
+    /// and the TTL. The default answers that the store keeps no overrides.
+    fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&Limit, std::time::Duration)>,
+    ) -> StoreFuture<()> {
+        let _ = (rule, key, limit);
+        StoreFuture::ready(Err(no_overrides()))
+    }
+
+    /// Up to `count` of `rule`'s overrides in force, from `cursor` on (`None`: from the start).
+    /// The default answers that the store keeps no overrides.
+    fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&OverrideCursor>,
+        count: usize,
+    ) -> StoreFuture<OverridePage> {
+        let _ = (rule, cursor, count);
+        StoreFuture::ready(Err(no_overrides()))
+    }
+
+    /// Checks, when a limiter is built, that this store keeps overrides for `rule`, a rule with
+    /// [`overridable`](crate::Rule::overridable). The default refuses: a store that does not
+    /// read overrides must say so rather than ignore them.
+    fn validate_overrides(&self, rule: &str) -> Result<(), ConfigError> {
+        Err(ConfigError::new(
+            rule,
+            "overrides",
+            "this store keeps no overrides",
+        ))
+    }
+
     /// Checks, when a limiter is built, that this store can decide `rule` exactly (the default
     /// accepts every rule). A store with narrower arithmetic than the algorithms' — the Redis
     /// store's Lua counts in doubles — rejects the parameters it cannot handle here, so that the
@@ -212,6 +257,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn probe(&self) -> StoreFuture<()> {
         StoreFuture::ready(Ok(()))
     }
+}
+
+fn no_overrides() -> StoreError {
+    StoreError::new(StoreErrorKind::Config, "this store keeps no overrides")
 }
 
 /// A store failed to answer (unreachable, timed out, or an unexpected reply).

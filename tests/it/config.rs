@@ -214,7 +214,8 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
             .key(Key::bearer())
             .path("/v1/chat")
             .cost(Cost::header(header_name("x-llm-tokens")).or(500))
-            .shadow(true),
+            .shadow(true)
+            .overridable(),
         )
         .rule(
             Rule::new("llm-spend", Limit::token_bucket(100_000, 60 * minute))
@@ -222,6 +223,11 @@ async fn the_annotated_example_is_the_layer_built_in_code() {
                 .path("/v1/chat")
                 .cost(Cost::header(header_name("x-llm-estimate")).or(1_000))
                 .settle(Settle::header(header_name("x-tokens-used"))),
+        )
+        .rule(
+            Rule::new("search", Limit::token_bucket(2_000, Duration::from_secs(1)))
+                .path("/search")
+                .lease(tollgate::algorithm::Lease::new(20, Duration::from_secs(1))),
         )
         .rule(
             Rule::new("upstream", Limit::per_second(5).capacity(1))
@@ -1482,7 +1488,7 @@ fn misspellings_name_the_rule_and_the_nearest_name() {
         (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\n[rules.tiers.plans.free]\nunlimted = true", "line 9, column 1: rules[0].tiers.plans.free.unlimted (rule \"api\"): unknown field (did you mean `unlimited`?)"),
         (Toml, "[store]\nkind = \"memory\"\nmax_key = 5\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"", "line 3, column 1: store.max_key: unknown field (did you mean `max_keys`?)"),
         // Nothing near: a long list is not repeated, a short one is.
-        (Toml, "[[rules]]\nname = \"api\"\ncolour = \"red\"", "line 3, column 1: rules[0].colour (rule \"api\"): unknown field (none of this table's 26 fields is spelled like it; the configuration reference lists them)"),
+        (Toml, "[[rules]]\nname = \"api\"\ncolour = \"red\"", "line 3, column 1: rules[0].colour (rule \"api\"): unknown field (none of this table's 28 fields is spelled like it; the configuration reference lists them)"),
         (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size (rule \"api\"): unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
         // Values.
         (Toml, "[[rules]]\nname = \"api\"\nalgorithm = \"sliding-window\"\nlimit = 5\nperiod = \"1m\"", "line 3, column 13: rules[0].algorithm (rule \"api\"): unknown value \"sliding-window\" (did you mean \"sliding_window\"?)"),
@@ -1646,7 +1652,7 @@ fn file_errors_name_the_file_and_the_line() {
     assert_eq!(error.rule(), Some("a"));
     assert_eq!(
         error.message(),
-        "unknown field (none of this table's 26 fields is spelled like it; the configuration \
+        "unknown field (none of this table's 28 fields is spelled like it; the configuration \
          reference lists them)"
     );
 

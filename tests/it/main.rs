@@ -18,6 +18,7 @@ mod hyper;
 mod middleware;
 mod operations;
 mod outcomes;
+mod overrides;
 mod penalties;
 mod per_request;
 mod queue;

@@ -129,6 +129,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         },
         Charge {
             rule: RuleName::new("global"),
@@ -138,6 +139,7 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         },
     ];
     store.apply(&batch).await.expect("the cluster answers")
@@ -153,6 +155,7 @@ async fn global_left(store: &RedisStore, global: u64) -> u64 {
         mode: Mode::Check,
         penalty: None,
         lease: None,
+        overrides: None,
     }];
     store.apply(&peek).await.unwrap()[0].remaining
 }

@@ -283,6 +283,118 @@ async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
     }
 }
 
+/// DESIGN §13 for fixed windows on both stores: a window keeps its count and compares it with
+/// the limit in force (60 of 100 used, moved to 80, leaves 20; moved to 50, none and a balance
+/// of −10, the next window 40); with roll-over the units spent are read under the new capacity;
+/// a debt is owed under any limit. Through the fast path (a lone charge of a window without
+/// roll-over), the general script (checks, roll-over, reservations, a rule with a penalty), with
+/// the deny cache on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_whose_limit_changes_counts_alike_on_both_stores() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, FixedWindow, ReserveBound, WindowStart};
+    use tollgate::Penalty;
+    let server = ENGINE.server();
+    let minute = Duration::from_secs(60);
+    let window = |limit, capacity| {
+        Algorithm::FixedWindow(
+            FixedWindow::new(limit, minute)
+                .with_capacity(capacity)
+                .with_start(WindowStart::Aligned(Duration::ZERO)),
+        )
+    };
+    let (hundred, eighty, fifty) = (window(100, 100), window(80, 80), window(50, 50));
+    let (ten, twenty, five) = (window(10, 10), window(20, 20), window(5, 5));
+    let (roll30, roll20) = (window(10, 30), window(10, 20));
+    let on = |rule, cost, mode, limit: &Algorithm| {
+        Step::ApplyUnder(vec![(rule, 1, cost, mode, limit.clone())])
+    };
+    let charge = |cost, limit: &Algorithm| on(0, cost, Mode::Charge, limit);
+    let check = |limit: &Algorithm| on(0, 0, Mode::Check, limit);
+    let reserve = Mode::Reserve(ReserveBound::default());
+    let steps = vec![
+        // Up: 60 of 100, then 80: 20 left, then none.
+        charge(60, &hundred),
+        check(&eighty),
+        charge(20, &eighty),
+        charge(1, &eighty),
+        // Down below the count: 80 used, moved to 50, −30 (even a check is refused); the next
+        // window pays 50 back: 20 left.
+        check(&fifty),
+        charge(1, &fifty),
+        Step::Advance(60_000_000),
+        check(&fifty),
+        charge(20, &fifty),
+        // Roll-over: 10 a minute up to 30, 25 spent; a window later 15 spent: 15 left under
+        // 30, 5 under 20.
+        Step::Advance(60_000_000),
+        Step::Reset(0, 1),
+        charge(25, &roll30),
+        Step::Advance(60_000_000),
+        check(&roll30),
+        check(&roll20),
+        charge(5, &roll20),
+        charge(1, &roll20),
+        // A debt: 16 reserved at 10 a minute; under 20, 4 left; under 5, 11 owed, then 6.
+        Step::Advance(180_000_000),
+        Step::Reset(0, 1),
+        on(0, 16, reserve, &ten),
+        check(&twenty),
+        check(&five),
+        Step::Advance(60_000_000),
+        check(&five),
+        // A rule with a penalty takes the general script: 60 of 100, then 80: 20 left, taken.
+        on(1, 60, Mode::Charge, &hundred),
+        on(1, 20, Mode::Charge, &eighty),
+        on(1, 1, Mode::Charge, &eighty),
+    ];
+    let rules = vec![
+        (hundred.clone(), None),
+        (
+            hundred.clone(),
+            Some(Penalty::fixed(Duration::from_secs(1))),
+        ),
+    ];
+    // A whole minute: aligned windows start with the scenario.
+    let scenario = (1_750_000_020_000_000, rules, steps);
+    for cache in [true, false] {
+        let redis = RedisStore::builder()
+            .url(server.url())
+            .prefix(format!("fixed{cache}"))
+            .deny_cache(cache);
+        let answers = differential::run(redis, &scenario).await;
+        let seen: Vec<(bool, u64, i64)> = answers
+            .iter()
+            .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (true, 40, 40),
+                (true, 20, 20),
+                (true, 0, 0),
+                (false, 0, 0),
+                (false, 0, -30),
+                (false, 0, -30),
+                (true, 20, 20),
+                (true, 0, 0),
+                (true, 5, 5),
+                (true, 15, 15),
+                (true, 5, 5),
+                (true, 0, 0),
+                (false, 0, 0),
+                (true, 0, -6),
+                (true, 4, 4),
+                (false, 0, -11),
+                (false, 0, -6),
+                (true, 40, 40),
+                (true, 0, 0),
+                (false, 0, 0),
+            ]
+        );
+    }
+}
+
 /// The memory store's exact numbers, through Redis: a hand-picked scenario that the property
 /// test might take long to find (a sliding log at the edge of its window, a burst pool split).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,6 +425,7 @@ async fn hand_picked_edges_match() {
                 mode: Mode::Charge,
                 penalty: None,
                 lease: None,
+                overrides: None,
             }];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();

@@ -183,6 +183,23 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
                     .boxed(),
             )
         }
+        // Windows of the same length and starts whose limit and roll-over change: a capacity
+        // equal to the limit takes the Redis fast path for a lone charge, one above it the
+        // general script (DESIGN §13: the window's count compared with the limit in force).
+        Algorithm::FixedWindow(fw) => {
+            let own = fw.clone();
+            Some(
+                (1..=2 * fw.capacity() + 2, 0u64..3)
+                    .prop_map(move |(limit, extra)| {
+                        let other = match own.months() {
+                            Some(utc) => FixedWindow::calendar_months(limit, utc),
+                            None => FixedWindow::new(limit, own.period()).with_start(own.start()),
+                        };
+                        Algorithm::FixedWindow(other.with_capacity(limit + extra * limit / 2))
+                    })
+                    .boxed(),
+            )
+        }
         _ => None,
     }
 }
@@ -297,6 +314,7 @@ pub async fn run(
                         mode,
                         penalty: penalties[rule].as_ref(),
                         lease: None,
+                        overrides: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -318,6 +336,7 @@ pub async fn run(
                         mode: *mode,
                         penalty: penalties[*rule].as_ref(),
                         lease: None,
+                        overrides: None,
                     })
                     .collect();
                 let expected = apply(memory, &batch).await;
@@ -337,6 +356,7 @@ pub async fn run(
                     mode: Mode::Charge,
                     penalty: penalties[*rule].as_ref(),
                     lease: None,
+                    overrides: None,
                 };
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
@@ -361,6 +381,7 @@ pub async fn run(
                     mode: Mode::Reserve(ReserveBound::default()),
                     penalty: None,
                     lease: None,
+                    overrides: None,
                 };
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;

@@ -55,6 +55,7 @@ impl<S: Store + ?Sized> Limiter for Tollgate<S> {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         // The single-charge path the middleware takes for a request under one rule.
         match self.store.apply_one(&charge).into_ready() {
@@ -90,6 +91,7 @@ impl Limiter for TollgateVerdict {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         match self.0.store.apply_one(&charge).into_ready() {
             Ok(Ok(outcome)) => outcome.verdict.is_admitted(),

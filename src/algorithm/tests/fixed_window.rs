@@ -15,7 +15,7 @@ fn aligned_windows_start_on_whole_minutes() {
         state,
         FixedWindowState {
             window_start: T0,
-            balance: 5
+            spent: 0
         }
     );
     let mut run = Run::new(&fw, state);
@@ -91,12 +91,144 @@ fn unused_units_roll_over_up_to_the_capacity() {
     );
 }
 
+/// A state `fw` leaves after charging `cost` at `at`, from a fresh key at `at`.
+fn spent(fw: &FixedWindow, at: Micros, cost: u64) -> FixedWindowState {
+    let state = fw.fresh(at, 0);
+    assert!(fw
+        .evaluate(state, at, cost, Mode::Charge)
+        .verdict
+        .is_admitted());
+    fw.commit(state, at, cost)
+}
+
+#[test]
+fn a_larger_limit_compares_the_windows_count_with_it() {
+    // DESIGN §13: 60 of 100 used, moved to 80, leaves 20 (not the 40 the old limit left).
+    let (hundred, eighty) = (aligned(100, secs(60)), aligned(80, secs(60)));
+    let state = spent(&hundred, T0 + 10 * SEC, 60);
+    let t = T0 + 20 * SEC;
+    assert_eq!(
+        eighty.evaluate(state, t, 0, Mode::Check),
+        allowed(80, 20, secs(40))
+    );
+    let mut run = Run::new(&eighty, state);
+    assert_eq!(run.charge(t, 20), allowed(80, 0, secs(40)));
+    assert_eq!(run.charge(t, 1), denied(80, 0, secs(40), secs(40)));
+    // The next window is a whole one under the limit in force.
+    assert_eq!(run.peek(T0 + 60 * SEC), allowed(80, 80, Duration::ZERO));
+    // Moved up to 150 instead: the 60 used leave 90.
+    let more = aligned(150, secs(60));
+    assert_eq!(more.evaluate(state, t, 0, Mode::Check).remaining, 90);
+}
+
+#[test]
+fn a_smaller_limit_below_the_count_refuses_until_the_window_pays_it_back() {
+    // 60 of 100 used, moved to 50: the count is over the new limit, nothing is left in this
+    // window (a balance of −10), and the next window pays the 10 over it back: 40 left.
+    let fifty = aligned(50, secs(60));
+    let state = spent(&aligned(100, secs(60)), T0 + 10 * SEC, 60);
+    let t = T0 + 20 * SEC;
+    let out = fifty.evaluate(state, t, 1, Mode::Charge);
+    assert_eq!(out, denied(50, 0, secs(40), secs(40)));
+    assert_eq!(out.balance, -10);
+    assert_eq!(
+        fifty
+            .evaluate(state, T0 + 60 * SEC, 0, Mode::Check)
+            .remaining,
+        40
+    );
+    // Moved to 60: exactly used up; to 70: 10 left.
+    assert_eq!(
+        aligned(60, secs(60))
+            .evaluate(state, t, 0, Mode::Check)
+            .balance,
+        0
+    );
+    assert_eq!(
+        aligned(70, secs(60))
+            .evaluate(state, t, 0, Mode::Check)
+            .remaining,
+        10
+    );
+}
+
+#[test]
+fn an_idle_key_is_full_under_any_limit() {
+    let state = aligned(100, secs(60)).fresh(T0, 0);
+    for limit in [1, 20, 100, 1_000] {
+        let fw = aligned(limit, secs(60));
+        assert_eq!(
+            fw.evaluate(state, T0 + SEC, 0, Mode::Check),
+            allowed(limit, limit, Duration::ZERO)
+        );
+    }
+    // A key whose windows paid back all it spent is as idle.
+    let state = spent(&aligned(100, secs(60)), T0, 100);
+    let later = aligned(30, secs(60)).evaluate(state, T0 + 240 * SEC, 0, Mode::Check);
+    assert_eq!(later, allowed(30, 30, Duration::ZERO));
+}
+
+#[test]
+fn rolled_over_units_are_what_the_new_capacity_leaves_above_the_spent() {
+    // 10 a second rolling over up to 30: 25 spent at T0, one window pays 10 back (15 spent).
+    let thirty = aligned(10, secs(1)).with_capacity(30);
+    let state = spent(&thirty, T0, 25);
+    let t = T0 + SEC + 100 * MS;
+    assert_eq!(thirty.evaluate(state, t, 0, Mode::Check).remaining, 15);
+    // Under a capacity of 20 the same 15 spent leave 5; of 40, 25.
+    let twenty = aligned(10, secs(1)).with_capacity(20);
+    assert_eq!(twenty.evaluate(state, t, 0, Mode::Check).remaining, 5);
+    let forty = aligned(10, secs(1)).with_capacity(40);
+    assert_eq!(forty.evaluate(state, t, 0, Mode::Check).remaining, 25);
+    // Windows pay back at the limit in force: 20 a second pays the 25 back in two windows.
+    let fast = aligned(20, secs(1)).with_capacity(30);
+    assert_eq!(fast.evaluate(state, T0 + SEC, 0, Mode::Check).remaining, 25);
+    assert_eq!(
+        fast.evaluate(state, T0 + 2 * SEC, 0, Mode::Check).remaining,
+        30
+    );
+}
+
+#[test]
+fn a_debt_is_owed_under_any_limit() {
+    // 10 a minute, 16 reserved from a full window: 16 spent, 6 owed.
+    let ten = aligned(10, secs(60));
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    let state = ten.fresh(T0, 0);
+    assert_eq!(
+        ten.evaluate(state, T0, 16, unbounded),
+        reserved(10, 0, secs(60), secs(60))
+    );
+    let state = ten.commit(state, T0, 16);
+    // Moved to 20 a minute: the window holds 20, of which 16 are spent: 4 left.
+    let twenty = aligned(20, secs(60));
+    assert_eq!(
+        twenty.evaluate(state, T0 + SEC, 0, Mode::Check).remaining,
+        4
+    );
+    // Moved to 5 a minute: 11 owed, paid back by 5 a window: at W + 120 s 1 is still owed,
+    // at W + 180 s 4 are left.
+    let five = aligned(5, secs(60));
+    let out = five.evaluate(state, T0 + SEC, 0, Mode::Check);
+    assert_eq!(out.balance, -11);
+    assert_eq!(
+        five.evaluate(state, T0 + 120 * SEC, 0, Mode::Check).balance,
+        -1
+    );
+    assert_eq!(
+        five.evaluate(state, T0 + 180 * SEC, 0, Mode::Check)
+            .remaining,
+        4
+    );
+    assert_eq!(five.expires_at(state), T0 + 240 * SEC);
+}
+
 #[test]
 fn expires_when_the_window_would_be_full_again() {
     let fw = aligned(10, secs(1)).with_capacity(25);
     let state = FixedWindowState {
         window_start: T0,
-        balance: 3,
+        spent: 22,
     };
     // 22 missing: three windows of 10.
     assert_eq!(fw.expires_at(state), T0 + 3 * SEC);
@@ -112,12 +244,12 @@ fn expires_when_the_window_would_be_full_again() {
     let plain = aligned(5, secs(1));
     let drained = FixedWindowState {
         window_start: T0,
-        balance: 0,
+        spent: 5,
     };
     assert_eq!(plain.expires_at(drained), T0 + SEC);
     let full = FixedWindowState {
         window_start: T0,
-        balance: 5,
+        spent: 0,
     };
     assert_eq!(plain.expires_at(full), T0);
 }
@@ -160,14 +292,14 @@ fn reservations_wait_for_the_window_that_pays_them_back() {
         run.step(T0, 16, unbounded),
         reserved(10, 0, secs(60), secs(60))
     );
-    assert_eq!(run.state.balance, -6);
+    assert_eq!(run.state.spent, 16);
     // At W + 30 s reserve 5 → v' = −11: wait until W + 120 s, 90 s from now.
     let t = T0 + 30 * SEC;
     assert_eq!(
         run.step(t, 5, unbounded),
         reserved(10, 0, secs(90), secs(90))
     );
-    assert_eq!(run.state.balance, -11);
+    assert_eq!(run.state.spent, 21);
     // Nothing passes before the debt is paid: at W + 60 s the balance is −1.
     assert_eq!(
         run.charge(T0 + 60 * SEC, 1),
@@ -178,7 +310,7 @@ fn reservations_wait_for_the_window_that_pays_them_back() {
     assert_eq!(fw.expires_at(run.state), T0 + 180 * SEC);
     // A refund pays the debt back first.
     fw.refund(run.state, t, 11);
-    assert_eq!(fw.refund(run.state, t, 11).balance, 0);
+    assert_eq!(fw.refund(run.state, t, 11).spent, 10);
 }
 
 #[test]
@@ -221,7 +353,7 @@ fn a_bounded_reservation_is_denied_until_the_queue_would_take_it() {
     // Drained: 5 units wait for W + 60 s, within 30 s from W + 30 s on.
     let drained = FixedWindowState {
         window_start: T0,
-        balance: 0,
+        spent: 10,
     };
     assert_eq!(
         fw.evaluate(drained, T0 + 10 * SEC, 5, by_wait),

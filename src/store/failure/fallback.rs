@@ -130,6 +130,7 @@ impl OwnedCharge {
             penalty: self.penalty.as_ref(),
             // The fallback is the memory store: exact, it takes no leases.
             lease: None,
+            overrides: None,
         }
     }
 }

@@ -175,6 +175,34 @@ impl Store for Guarded {
         self.store.block_of(rule, key)
     }
 
+    fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&crate::algorithm::Limit, Duration)>,
+    ) -> StoreFuture<()> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.set_override(rule, key, limit)
+    }
+
+    fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&crate::store::OverrideCursor>,
+        count: usize,
+    ) -> StoreFuture<crate::store::OverridePage> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.overrides(rule, cursor, count)
+    }
+
+    fn validate_overrides(&self, rule: &str) -> Result<(), ConfigError> {
+        self.store.validate_overrides(rule)
+    }
+
     fn validate(&self, rule: &str, algorithm: &Algorithm) -> Result<(), ConfigError> {
         self.store.validate(rule, algorithm)
     }
@@ -261,6 +289,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         guarded
             .apply(&[charge])
@@ -315,6 +344,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         // One slot taken in the shared store, then the store goes down and the breaker opens.
         assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());

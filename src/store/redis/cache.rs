@@ -331,6 +331,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         let batch = [charge("tight", 5), charge("roomy", 1)];
         let views = [
@@ -402,6 +403,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         let under_own = [view(&cache, "r", 1, Mode::Charge)];
         let under_other = [CacheView {
@@ -425,6 +427,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         let v = [view(&cache, "r", 5, Mode::Charge)];
         cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);
@@ -520,6 +523,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: Some(&penalty),
             lease: None,
+            overrides: None,
         };
         let views = [CacheView {
             penalised: true,

@@ -130,9 +130,13 @@ impl Fast {
             }
             (Kind::Fixed(w), Value::BulkString(bytes)) => {
                 let [flags, into, balance] = numbers(bytes)?;
+                // The script answers the units left under this call's capacity; the state
+                // keeps what was spent.
+                let spent = i128::from(w.capacity()) - i128::from(balance);
                 let state = FixedWindowState {
                     window_start: BASE,
-                    balance,
+                    spent: u64::try_from(spent)
+                        .map_err(|_| protocol(format!("{balance} left above the capacity")))?,
                 };
                 (flags, w.evaluate(state, at(into)?, self.cost, Mode::Charge))
             }

@@ -752,9 +752,10 @@ struct Item<'r> {
 /// What one record's charge took: the candidate it chose, what a burst pool took from its steady
 /// bucket, when, whether the key held no state (for a charge: before it, so that an undo of a
 /// charge that created the key removes it again while any other undo keeps the key; for a check
-/// or an undo: after it), and the state a token bucket's or burst pool's charge found, which an
-/// undo restores when nothing changed the key since (a charge from full forgets how long the
-/// bucket had been full, which a larger limit chosen per request would read).
+/// or an undo: after it), and the state a token bucket's, burst pool's or fixed window's charge
+/// found, which an undo restores when nothing changed the key since (a charge from full forgets
+/// how long the bucket had been full, and a window's charge pays a debt back at the limit it
+/// brought: a limit chosen per request would read either differently).
 #[derive(Clone, Copy, Debug, Default)]
 struct Taken {
     chosen: usize,
@@ -1091,6 +1092,7 @@ impl Inner {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
+            overrides: None,
         };
         let mut fast =
             Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");

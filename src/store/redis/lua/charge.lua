@@ -9,8 +9,8 @@ for _, rec in ipairs(records) do
       local p = rec.c[rec.chosen]
       local s, aux = p.alg.commit(p, p.state, now, rec.cost)
       rec.aux_out = aux
-      -- The state a bucket's or pool's charge found, for an exact undo.
-      if p.code == 1 or p.code == 5 then rec.found = p.state end
+      -- The state a bucket's, pool's or window's charge found, for an exact undo.
+      if p.code <= 2 or p.code == 5 then rec.found = p.state end
       save(p, s)
     end
   elseif rec.res[1] ~= 2 then

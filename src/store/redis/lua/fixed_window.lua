@@ -1,5 +1,7 @@
--- Fixed window (src/algorithm/fixed_window.rs): { ws = window start, rem = units left, negative
--- while reservations are owed }.
+-- Fixed window (src/algorithm/fixed_window.rs): { ws = window start, rem = units left under this
+-- call's capacity, negative while reservations are owed }. The key keeps the units spent
+-- (`FixedWindowState::spent`), read as `rem = cap − spent` under whatever limit the call brings
+-- (DESIGN §13: a window's count compared with the limit in force).
 -- `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
 
 local function make_fixed()
@@ -139,7 +141,15 @@ local function make_fixed()
     return struct.pack('<dd', s.ws, s.rem)
   end
 
-  fixed.undo = fixed.refund
+  -- Takes back a charge: the state it found, when nothing changed the key since (exactly: the
+  -- charge may have rolled the key into a later window, paying a debt back at the limit it
+  -- brought, and a later call under another limit would pay at its own), or else the units
+  -- given back.
+  function fixed.undo(p, s, now, units, aux, at, ws, rem)
+    local before = { ws = ws, rem = rem }
+    if fixed.encode(s) == fixed.encode(fixed.commit(p, before, at, units)) then return before end
+    return fixed.refund(p, s, now, units)
+  end
 
   return fixed
 end

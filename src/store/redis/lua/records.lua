@@ -146,16 +146,21 @@ end
 -- the signed balance, time until full (µs), missing (charge: 1 when the chosen key held no state
 -- before the call, so that an undo of the charge removes the key again; check, refund and undo:
 -- 1 when it holds none after the call, so that the answer does not move with the clock), and for
--- a token bucket's or burst pool's charge the state it found (a bucket's, 0; a pool's two),
--- which an undo restores when nothing changed the key since.
+-- a token bucket's, burst pool's or fixed window's charge the state it found (a bucket's, 0; a
+-- pool's two; a window's start and units left), which an undo restores when nothing changed the
+-- key since.
 local reply = {}
 local function answer(rec, res)
   -- A blocked key's answer moves with the clock (the block ends) even when its counter is gone.
   local created = 0
   if rec.c[rec.chosen].missing and not rec.blocked then created = 1 end
-  -- The state a bucket's or pool's charge found, for an exact undo.
+  -- The state a bucket's, pool's or window's charge found, for an exact undo.
   local b1, b2, found = 0, 0, rec.found
-  if type(found) == 'table' then b1, b2 = found.s, found.p elseif found then b1 = found end
+  if type(found) == 'table' then
+    if found.ws then b1, b2 = found.ws, found.rem else b1, b2 = found.s, found.p end
+  elseif found then
+    b1 = found
+  end
   reply[#reply + 1] = struct.pack(
     '<dddddddddddd', res[1], res[2], res[3], res[4], res[5], rec.chosen - 1, rec.aux_out or 0,
     res[6], res[7], created, b1, b2

@@ -1,0 +1,221 @@
+//! Per-key overrides (DESIGN §19, issue 27 item 5) on the memory store: two app instances
+//! sharing one store see an override set through the other on their next decision, reported in
+//! `RateLimit-Policy`; it ends with its TTL, is listed a page at a time, and bad input is
+//! refused with nothing written.
+
+use crate::support::oneshot::{send, Limited};
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tollgate::clock::ManualClock;
+use tollgate::{Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, Rule};
+use tower::{service_fn, Layer};
+
+type Body = Full<Bytes>;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn limiter(store: &MemoryStore) -> Limiter {
+    Limiter::builder()
+        .rule(
+            Rule::new("api", Limit::per_minute(2))
+                .key(Key::header(http::HeaderName::from_static("x-api-key")))
+                .overridable(),
+        )
+        .rule(Rule::new("plain", Limit::per_minute(2)).path("/plain"))
+        .store(store.clone())
+        .build()
+        .expect("valid rules")
+}
+
+fn app(limiter: Limiter) -> impl Limited<Body> {
+    let layer = RateLimitLayer::builder().limiter(limiter).build().unwrap();
+    layer.layer(service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }))
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-api-key", key)
+        .body(Body::default())
+        .unwrap()
+}
+
+fn summary(response: &Response<Bytes>) -> String {
+    let field = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+    };
+    format!(
+        "{} | {} | {}",
+        response.status().as_u16(),
+        field("ratelimit-policy"),
+        field("ratelimit")
+    )
+}
+
+#[tokio::test]
+async fn an_override_set_through_one_instance_applies_on_the_others_next_decision() {
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let (one, two) = (limiter(&store), limiter(&store));
+    let two_app = app(two.clone());
+    assert_eq!(
+        summary(&send(&two_app, request("acme")).await),
+        "200 | \"api\";q=2;w=60 | \"api\";r=1;t=30"
+    );
+    one.set_override("api", "acme", Limit::per_minute(10), DAY)
+        .await
+        .unwrap();
+    // The state carries over (DESIGN §13): the bucket was empty 30 s ago, which at 10 a
+    // minute is 5 units; this request leaves 4.
+    let seen = summary(&send(&two_app, request("acme")).await);
+    assert_eq!(seen, "200 | \"api\";q=10;w=60 | \"api\";r=4;t=6");
+    // Another key keeps the rule's own limit.
+    assert_eq!(
+        summary(&send(&two_app, request("other")).await),
+        "200 | \"api\";q=2;w=60 | \"api\";r=1;t=30"
+    );
+    // Listed by either instance, with the time left.
+    clock.advance(Duration::from_secs(3_600));
+    let page = two.overrides("api", None).await.unwrap();
+    assert_eq!(page.entries.len(), 1);
+    assert_eq!(page.entries[0].key.as_bytes(), b"acme");
+    assert_eq!(page.entries[0].limit, Limit::per_minute(10));
+    assert_eq!(page.entries[0].expires_in, DAY - Duration::from_secs(3_600));
+    assert!(page.next.is_none());
+    // Cleared through the other: the rule's own limit again at once.
+    one.clear_override("api", "acme").await.unwrap();
+    assert_eq!(
+        summary(&send(&two_app, request("acme")).await),
+        "200 | \"api\";q=2;w=60 | \"api\";r=1;t=30"
+    );
+    assert!(two.overrides("api", None).await.unwrap().entries.is_empty());
+}
+
+#[tokio::test]
+async fn an_override_ends_with_its_ttl() {
+    let clock = ManualClock::new(Duration::from_secs(1_750_000_000));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let limiter = limiter(&store);
+    limiter
+        .set_override(
+            "api",
+            "acme",
+            Limit::per_minute(60),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    assert_eq!(limiter.charge("api", "acme", 1).await.unwrap().limit, 60);
+    clock.advance(Duration::from_secs(600));
+    assert_eq!(limiter.charge("api", "acme", 1).await.unwrap().limit, 2);
+    assert!(limiter
+        .overrides("api", None)
+        .await
+        .unwrap()
+        .entries
+        .is_empty());
+}
+
+#[tokio::test]
+async fn overrides_are_listed_a_page_at_a_time() {
+    let store = MemoryStore::new();
+    let limiter = limiter(&store);
+    for i in 0..250 {
+        limiter
+            .set_override("api", format!("k{i:03}"), Limit::per_minute(5), DAY)
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    let mut pages = 0;
+    loop {
+        let page = limiter.overrides("api", cursor).await.unwrap();
+        pages += 1;
+        assert!(page.entries.len() <= 100);
+        seen.extend(page.entries.iter().map(|e| e.key.as_bytes().to_vec()));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<Vec<u8>> = (0..250).map(|i| format!("k{i:03}").into_bytes()).collect();
+    assert_eq!(seen, expected);
+}
+
+#[tokio::test]
+async fn bad_overrides_are_refused_and_nothing_is_written() {
+    let store = MemoryStore::new();
+    let limiter = limiter(&store);
+    let ok = Limit::per_minute(10);
+    let refused = |result: Result<(), LimitError>| result.unwrap_err().to_string();
+
+    let zero = refused(
+        limiter
+            .set_override("api", "a", Limit::per_minute(0), DAY)
+            .await,
+    );
+    assert!(zero.contains("override refused"), "{zero}");
+    let unknown = limiter.set_override("nope", "a", ok.clone(), DAY).await;
+    assert!(matches!(unknown, Err(LimitError::UnknownRule(_))));
+    let plain = limiter.set_override("plain", "a", ok.clone(), DAY).await;
+    assert!(matches!(plain, Err(LimitError::NotOverridable(_))));
+    assert!(refused(plain).contains("overridable()"));
+    let long = "k".repeat(129);
+    let too_long = refused(limiter.set_override("api", &long, ok.clone(), DAY).await);
+    assert!(too_long.contains("129 bytes"), "{too_long}");
+    let never = refused(
+        limiter
+            .set_override("api", "a", ok.clone(), Duration::ZERO)
+            .await,
+    );
+    assert!(never.contains("TTL"), "{never}");
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    let forever = refused(limiter.set_override("api", "a", ok.clone(), century).await);
+    assert!(forever.contains("TTL"), "{forever}");
+    let family = limiter
+        .set_override("api", "a", Limit::concurrent(3), DAY)
+        .await;
+    assert!(matches!(family, Err(LimitError::BadOverride { .. })));
+
+    // Nothing written: nothing listed, and the key is charged under the rule's own limit.
+    assert!(limiter
+        .overrides("api", None)
+        .await
+        .unwrap()
+        .entries
+        .is_empty());
+    assert_eq!(limiter.charge("api", "a", 1).await.unwrap().limit, 2);
+    assert_eq!(limiter.charge("api", &long, 1).await.unwrap().limit, 2);
+    assert!(matches!(
+        limiter.overrides("plain", None).await,
+        Err(LimitError::NotOverridable(_))
+    ));
+}
+
+#[test]
+fn a_rule_with_overrides_cannot_queue() {
+    // Refused like a per-request rule's queue: it would charge again under its own limit.
+    let queued = Limiter::builder()
+        .rule(
+            Rule::new("api", Limit::per_minute(2))
+                .overridable()
+                .queue(tollgate::Queue::burst(2)),
+        )
+        .build();
+    let error = queued.unwrap_err().to_string();
+    assert!(
+        error.contains("not available on a rule with overrides"),
+        "{error}"
+    );
+}
