@@ -42,7 +42,8 @@
 //! ## Admin API (off by default)
 //!
 //! With `TOLLGATE_ADMIN_ADDR` set (e.g. `127.0.0.1:3001`), a second listener serves the blocks of
-//! the rules with a penalty, for operators. It refuses to start without `TOLLGATE_ADMIN_TOKEN`
+//! the rules with a penalty and the per-key overrides of the rules with `overrides = true`, for
+//! operators. It refuses to start without `TOLLGATE_ADMIN_TOKEN`
 //! (at least 16 characters), and every request without `Authorization: Bearer <that token>` is
 //! answered `401` with `WWW-Authenticate: Bearer`. Keys in paths are percent-decoded; answers are
 //! JSON, errors `{"error": "..."}` (an unknown rule is `404`, a key over 128 bytes `400`).
@@ -52,6 +53,10 @@
 //! | `GET /_tollgate/blocks/{rule}` (`?cursor=` for the next page) | `{"rule", "blocks": [{"key", "remaining_ms", "offences"}], "next"}`; `next` is `null` on the last page |
 //! | `GET /_tollgate/blocks/{rule}/{key}` | the key's block, or `404` when it is not blocked |
 //! | `DELETE /_tollgate/blocks/{rule}/{key}` | lifts the block and forgets the offences: `204` |
+//! | `GET /_tollgate/overrides/{rule}` (`?cursor=`) | `{"rule", "overrides": [{"key", "quota", "window_ms", "expires_in_ms"}], "next"}` |
+//! | `GET /_tollgate/overrides/{rule}/{key}` | the key's override, or `404` when it has none |
+//! | `PUT /_tollgate/overrides/{rule}/{key}` with `{"limit": {"rate": 600, "period": "1m"}, "ttl_seconds": 86400}` | sets it (the limit in the configuration's fields: `algorithm`, `rate`/`limit`, `period`, `capacity`…): `204`; a bad limit or TTL is `400` naming the field, nothing written |
+//! | `DELETE /_tollgate/overrides/{rule}/{key}` | removes it: `204`; the key's count carries over |
 //!
 //! ```text
 //! TOLLGATE_ADMIN_ADDR=127.0.0.1:3001 TOLLGATE_ADMIN_TOKEN=$(openssl rand -hex 16) \
@@ -76,11 +81,10 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tollgate::config::Config;
-use tollgate::config::{ConfigFileError, ConfigWatch};
+use tollgate::config::{Config, ConfigFileError, ConfigFormat, ConfigWatch};
 use tollgate::key::MAX_KEY_LEN;
-use tollgate::store::{BlockedKey, Cursor, StoreErrorKind};
-use tollgate::{Decision, LimitError, Limiter, RateLimitLayer};
+use tollgate::store::{BlockedKey, Cursor, OverrideCursor, OverrideEntry, StoreErrorKind};
+use tollgate::{Decision, Limit, LimitError, Limiter, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
@@ -246,7 +250,8 @@ impl Admin {
     }
 }
 
-/// The admin API on `limiter`: its rules' blocks, every request refused without `token`.
+/// The admin API on `limiter`: its rules' blocks and overrides, every request refused without
+/// `token`.
 pub(crate) fn admin(limiter: Limiter, token: &str) -> Router {
     let blocks = Router::new()
         .route("/_tollgate/blocks/{rule}", get(list_blocks))
@@ -254,9 +259,14 @@ pub(crate) fn admin(limiter: Limiter, token: &str) -> Router {
             "/_tollgate/blocks/{rule}/{key}",
             get(get_block).delete(delete_block),
         );
-    // Per-key overrides (`GET/PUT/DELETE /_tollgate/overrides/{rule}/{key}`) go here: a
-    // `.route(..)` each, with handlers like the blocks' on `Limiter`, behind the same token.
+    let overrides = Router::new()
+        .route("/_tollgate/overrides/{rule}", get(list_overrides))
+        .route(
+            "/_tollgate/overrides/{rule}/{key}",
+            get(get_override).put(put_override).delete(delete_override),
+        );
     blocks
+        .merge(overrides)
         .fallback(|| async { failure(StatusCode::NOT_FOUND, "no such admin resource") })
         .with_state(limiter)
         .layer(middleware::from_fn_with_state(
@@ -342,6 +352,168 @@ async fn delete_block(
     }
 }
 
+async fn list_overrides(
+    State(limiter): State<Limiter>,
+    PathParams(rule): PathParams<String>,
+    Query(page): Query<PageQuery>,
+) -> Response {
+    let cursor = match page.cursor.filter(|c| !c.is_empty()).map(|c| from_hex(&c)) {
+        None => None,
+        Some(Some(bytes)) => Some(OverrideCursor::from_bytes(bytes)),
+        Some(None) => {
+            return failure(
+                StatusCode::BAD_REQUEST,
+                "cursor: not a cursor this API gave",
+            )
+        }
+    };
+    match limiter.overrides(&rule, cursor).await {
+        Ok(page) => Json(json!({
+            "rule": rule,
+            "overrides": page.entries.iter().map(override_json).collect::<Vec<_>>(),
+            "next": page.next.as_ref().map(|next| to_hex(next.as_bytes())),
+        }))
+        .into_response(),
+        Err(error) => limit_failure(error),
+    }
+}
+
+async fn get_override(
+    State(limiter): State<Limiter>,
+    PathParams((rule, key)): PathParams<(String, String)>,
+) -> Response {
+    if let Some(refused) = too_long(&key) {
+        return refused;
+    }
+    match limiter.override_of(&rule, &key).await {
+        Ok(Some(entry)) => Json(override_json(&entry)).into_response(),
+        Ok(None) => failure(StatusCode::NOT_FOUND, "the key has no override"),
+        Err(error) => limit_failure(error),
+    }
+}
+
+/// The body of `PUT /_tollgate/overrides/{rule}/{key}`: the limit, in the configuration's words
+/// (`{"rate": 600, "period": "1m"}`, `{"algorithm": "fixed_window", "limit": 1000, "period":
+/// "1d"}`), and how long it holds.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    limit: serde_json::Map<String, serde_json::Value>,
+    ttl_seconds: u64,
+}
+
+/// The fields of a rule that make its limit: all an override's `limit` may hold.
+const LIMIT_FIELDS: [&str; 11] = [
+    "algorithm",
+    "rate",
+    "limit",
+    "period",
+    "capacity",
+    "initial",
+    "pool",
+    "aligned",
+    "aligned_at",
+    "calendar",
+    "utc_offset",
+];
+
+async fn put_override(
+    State(limiter): State<Limiter>,
+    PathParams((rule, key)): PathParams<(String, String)>,
+    body: Result<Json<OverrideBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    if let Some(refused) = too_long(&key) {
+        return refused;
+    }
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(rejection) => return failure(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    let limit = match limit_of(body.limit) {
+        Ok(limit) => limit,
+        Err(message) => return failure(StatusCode::BAD_REQUEST, &message),
+    };
+    let ttl = Duration::from_secs(body.ttl_seconds);
+    match limiter.set_override(&rule, &key, limit, ttl).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => limit_failure(error),
+    }
+}
+
+async fn delete_override(
+    State(limiter): State<Limiter>,
+    PathParams((rule, key)): PathParams<(String, String)>,
+) -> Response {
+    if let Some(refused) = too_long(&key) {
+        return refused;
+    }
+    match limiter.clear_override(&rule, &key).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => limit_failure(error),
+    }
+}
+
+/// A limit written with the configuration's fields, read by the configuration's own parser (so
+/// its errors are the file's: `limit.rate: ...`).
+fn limit_of(fields: serde_json::Map<String, serde_json::Value>) -> Result<Limit, String> {
+    if let Some(field) = fields.keys().find(|f| !LIMIT_FIELDS.contains(&f.as_str())) {
+        return Err(format!(
+            "limit.{field}: not a field of a limit (one of {})",
+            LIMIT_FIELDS.join(", ")
+        ));
+    }
+    let mut rule = fields;
+    rule.insert("name".into(), json!("override"));
+    // JSON is YAML: the document is read as a file of one rule would be.
+    let document = json!({ "rules": [rule] }).to_string();
+    let layer = Config::parse(ConfigFormat::Yaml, &document)
+        .and_then(|config| config.layer())
+        .map_err(|error| {
+            let message = error.to_string();
+            match message.split_once("rules[0].") {
+                Some((_, rest)) => {
+                    format!("limit.{}", rest.replacen(" (rule \"override\")", "", 1))
+                }
+                None => message,
+            }
+        })?;
+    let summary = layer.limiter().rules_in_force().remove(0);
+    Ok(Limit::from(summary.algorithm))
+}
+
+/// An override as JSON: the key, the limit as `RateLimit-Policy` states it (`quota` units per
+/// `window_ms`), and the time it has left.
+fn override_json(entry: &OverrideEntry) -> serde_json::Value {
+    let algorithm = entry.limit.algorithm();
+    let mut json = key_json(entry.key.as_bytes());
+    json["quota"] = json!(algorithm.capacity());
+    json["window_ms"] = json!(algorithm.window().as_millis());
+    json["expires_in_ms"] = json!(entry.expires_in.as_micros().div_ceil(1000));
+    json
+}
+
+/// `{"key": ...}`, or `{"key_hex": ...}` for a key that is not UTF-8.
+fn key_json(key: &[u8]) -> serde_json::Value {
+    match std::str::from_utf8(key) {
+        Ok(key) => json!({ "key": key }),
+        Err(_) => json!({ "key_hex": to_hex(key) }),
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 /// The refusal of a key longer than the layer keeps (it would stand for its digest, not for
 /// itself), if it is.
 fn too_long(key: &str) -> Option<Response> {
@@ -358,21 +530,18 @@ fn too_long(key: &str) -> Option<Response> {
 }
 
 fn blocked_json(blocked: &BlockedKey) -> serde_json::Value {
-    let remaining_ms = blocked.remaining.as_micros().div_ceil(1000);
-    let mut entry = json!({ "remaining_ms": remaining_ms, "offences": blocked.offences });
-    match std::str::from_utf8(&blocked.key) {
-        Ok(key) => entry["key"] = json!(key),
-        Err(_) => {
-            let hex: String = blocked.key.iter().map(|b| format!("{b:02x}")).collect();
-            entry["key_hex"] = json!(hex);
-        }
-    }
+    let mut entry = key_json(&blocked.key);
+    entry["remaining_ms"] = json!(blocked.remaining.as_micros().div_ceil(1000));
+    entry["offences"] = json!(blocked.offences);
     entry
 }
 
 fn limit_failure(error: LimitError) -> Response {
     let status = match &error {
-        LimitError::UnknownRule(_) | LimitError::NoPenalty(_) => StatusCode::NOT_FOUND,
+        LimitError::UnknownRule(_) | LimitError::NoPenalty(_) | LimitError::NotOverridable(_) => {
+            StatusCode::NOT_FOUND
+        }
+        LimitError::BadOverride { .. } => StatusCode::BAD_REQUEST,
         LimitError::Store(e) if e.kind() == StoreErrorKind::BadCursor => StatusCode::BAD_REQUEST,
         LimitError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

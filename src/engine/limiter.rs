@@ -21,7 +21,7 @@ use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
     BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore,
-    OverrideCursor, OverridePage, Page, Store, StoreError,
+    OverrideCursor, OverrideEntry, OverridePage, Page, Store, StoreError,
 };
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
@@ -856,6 +856,21 @@ impl Limiter {
             let rules = self.rules();
             let (_, compiled) = overridable(&rules, rule)?;
             self.store().overrides(&compiled.name, cursor.as_ref(), 100)
+        };
+        Ok(pending.await?)
+    }
+
+    /// The override of `key` under `rule` in force now (its limit and the time it has left), or
+    /// `None`. The errors are those of [`overrides`](Self::overrides).
+    pub async fn override_of(
+        &self,
+        rule: &str,
+        key: impl AsRef<[u8]>,
+    ) -> Result<Option<OverrideEntry>, LimitError> {
+        let pending = {
+            let rules = self.rules();
+            let (_, compiled) = overridable(&rules, rule)?;
+            self.store().override_of(&compiled.name, key.as_ref())
         };
         Ok(pending.await?)
     }

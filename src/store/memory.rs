@@ -355,6 +355,25 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(page))
     }
 
+    fn override_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<OverrideEntry>> {
+        let now = self.now();
+        let table = self
+            .inner
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let entry = table
+            .get(rule)
+            .and_then(|keys| keys.get(key))
+            .filter(|(_, until)| *until > now)
+            .map(|(limit, until)| OverrideEntry {
+                key: crate::key::KeyValue::new(key),
+                limit: limit.clone(),
+                expires_in: duration(until - now),
+            });
+        StoreFuture::ready(Ok(entry))
+    }
+
     fn validate_overrides(&self, _rule: &str) -> Result<(), crate::algorithm::error::ConfigError> {
         Ok(())
     }

@@ -208,6 +208,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         StoreFuture::ready(Err(no_overrides()))
     }
 
+    /// The override of `key` under `rule` in force now, if any. The default answers that the
+    /// store keeps no overrides.
+    fn override_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<OverrideEntry>> {
+        let _ = (rule, key);
+        StoreFuture::ready(Err(no_overrides()))
+    }
+
     /// Up to `count` of `rule`'s overrides in force, from `cursor` on (`None`: from the start).
     /// The default answers that the store keeps no overrides.
     fn overrides(

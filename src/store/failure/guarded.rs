@@ -187,6 +187,17 @@ impl Store for Guarded {
         self.store.set_override(rule, key, limit)
     }
 
+    fn override_of(
+        &self,
+        rule: &str,
+        key: &[u8],
+    ) -> StoreFuture<Option<crate::store::OverrideEntry>> {
+        if self.breaker.is_open() {
+            return StoreFuture::ready(Err(self.breaker.refused()));
+        }
+        self.store.override_of(rule, key)
+    }
+
     fn overrides(
         &self,
         rule: &str,
