@@ -34,6 +34,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
+
+const SECOND: Duration = Duration::from_secs(1);
+use tollgate::algorithm::Lease;
 use tollgate::clock::SystemClock;
 use tollgate::{Limit, Limiter, RedisStore, Rule};
 
@@ -595,6 +598,31 @@ fn main() {
         server.run("FLUSHALL");
         let uncached = hammer(&server, tight(false).await, "tight", true, duration).await;
 
+        // Allowed decisions on one hot key, in the same run: every charge sent (exact), then
+        // with a quota lease of 10 units held at most a second (one call per 10 charges).
+        let hot = |lease: bool| {
+            let url = server.url();
+            async move {
+                let store = RedisStore::builder()
+                    .url(url)
+                    .timeout(Duration::from_secs(2))
+                    .build()
+                    .await
+                    .expect("connect");
+                let rule = Rule::new("hot", Limit::fixed_window(1_000_000_000, 3_600 * SECOND));
+                let rule = if lease {
+                    rule.lease(Lease::new(10, SECOND))
+                } else {
+                    rule
+                };
+                Limiter::builder().rule(rule).store(store).build().unwrap()
+            }
+        };
+        server.run("FLUSHALL");
+        let exact_hot = hammer(&server, hot(false).await, "hot", true, duration).await;
+        server.run("FLUSHALL");
+        let leased_hot = hammer(&server, hot(true).await, "hot", true, duration).await;
+
         // Redis time per decision: every algorithm beside the floor, through the same client and
         // the same callers, in rounds (the machine's speed changes; medians of the rounds).
         // Each round cycles through every row in short slices, so that the machine's changes of
@@ -684,6 +712,26 @@ fn main() {
                 run.decisions
             );
         }
+        for (name, run) in [("exact           ", &exact_hot), ("lease of 10 units", &leased_hot)] {
+            println!(
+                "one hot key, all allowed, {name}: {:>10.0} decisions/s on one instance, \
+                 {:.4} EVALSHA per decision ({} calls for {} decisions)",
+                run.per_second(),
+                run.calls_per_decision(),
+                run.evalsha,
+                run.decisions
+            );
+        }
+        println!(
+            "quota lease: {:.1}x fewer Redis calls per decision, {:.1}x the decisions per second",
+            exact_hot.calls_per_decision() / leased_hot.calls_per_decision(),
+            leased_hot.per_second() / exact_hot.per_second()
+        );
+        assert_eq!(exact_hot.evalsha, exact_hot.decisions, "exact: one call each");
+        assert!(
+            leased_hot.evalsha * 10 <= leased_hot.decisions + 10 * CALLERS as u64,
+            "leased: one call per 10 decisions"
+        );
         assert_eq!(
             uncached.evalsha, uncached.decisions,
             "one call per decision"

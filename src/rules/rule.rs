@@ -403,6 +403,7 @@ impl Rule {
                 ("queue", self.queue.is_some()),
                 ("limit_from", self.source.is_some()),
                 ("block", self.penalty.is_some()),
+                ("overrides", self.overridable),
             ];
             if let Some((field, _)) = exact.into_iter().find(|(_, set)| *set) {
                 return err(

@@ -170,3 +170,98 @@ async fn near_the_limit_a_charge_is_decided_exactly_and_the_units_held_go_back()
     assert_eq!(allowed, [true, true, false]);
     assert_eq!(exact.check("api", "k", 0).await.unwrap().remaining, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_hot_key_one_charge_asks_for_the_lease_and_the_others_wait_for_it() {
+    let server = ENGINE.server();
+    let clock = clock();
+    let rule = Rule::new("api", Limit::fixed_window(100_000, HOUR))
+        .lease(Lease::new(10, Duration::from_secs(60)));
+    let limiter = instance(&server, &clock, "c", rule).await;
+    let calls = server.command_calls("evalsha");
+    // 64 callers at once on one key, 10 charges each.
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    assert!(limiter.charge("api", "hot", 1).await.unwrap().is_allowed());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let used = server.command_calls("evalsha") - calls;
+    // 640 charges: 64 leases of 10, every charge waiting for the one asking (a charge that
+    // waited 64 rounds would be decided exactly, a call of its own).
+    assert!(used >= 64, "{used}");
+    assert!(used <= 64 + 8, "{used} calls for 640 charges");
+    let exact = instance(
+        &server,
+        &clock,
+        "c",
+        Rule::new("api", Limit::fixed_window(100_000, HOUR)),
+    )
+    .await;
+    // Everything admitted was charged, nothing more held back than one lease.
+    let remaining = exact.check("api", "hot", 0).await.unwrap().remaining;
+    assert!(
+        (100_000 - 650..=100_000 - 640).contains(&remaining),
+        "{remaining}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_fails_every_charge_waiting_for_a_lease_within_the_timeout() {
+    let server = ENGINE.server();
+    let clock = clock();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .prefix("p")
+        .clock(clock.clone())
+        .timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .expect("connect");
+    let rule = Rule::new("api", Limit::fixed_window(1_000, HOUR))
+        .lease(Lease::new(10, Duration::from_secs(60)));
+    let limiter = Limiter::builder()
+        .rule(rule)
+        .store(store)
+        .on_store_failure(tollgate::FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    server.pause();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move { limiter.charge("api", "hot", 1).await })
+        })
+        .collect();
+    // A guard against a hang, not a measure: each charge fails after one call's timeout, the
+    // one asking by its own and those waiting for it with it.
+    let all = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut results = Vec::new();
+        for task in tasks {
+            results.push(task.await.unwrap());
+        }
+        results
+    })
+    .await
+    .expect("no charge waits past the store's timeout for a lease");
+    server.resume();
+    let mut waited = 0;
+    for result in all {
+        match result {
+            Err(tollgate::LimitError::Store(error)) => {
+                waited += usize::from(error.to_string().contains("quota lease failed"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // One charge asked; those that came while it was asking failed with it, not after asking
+    // again one by one.
+    assert!(waited > 0);
+}

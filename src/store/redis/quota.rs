@@ -14,6 +14,10 @@
 //!   while its window lasts; a sliding window's never, as a unit given back later would count in
 //!   another window).
 //!
+//! Only one charge of a key asks Redis at a time on this instance: the others wait for its
+//! answer and are then admitted from the lease it brought (on a hot key, dozens of charges
+//! arrive while one lease is asked for).
+//!
 //! A fixed window's lease ends with its window (Redis's `next_unit_in` at the grant), so a
 //! window is never over-admitted. Only charges of one key lease; a batch of several rules,
 //! checks and reservations are decided exactly. At most `units` are held per key: a slice
@@ -25,18 +29,25 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tokio::sync::watch;
+
 use smallvec::smallvec;
 
 use super::{Inner, Item, Op, Record, RedisStore, Taken};
 use crate::algorithm::{duration, micros, Algorithm, Lease, Micros, Mode, Outcome, Verdict};
-use crate::store::{Charge, Outcomes, RuleName, StoreError, StoreFuture};
+use crate::store::{Charge, Outcomes, RuleName, StoreError, StoreErrorKind, StoreFuture};
 
 const SHARDS: usize = 16;
+
+/// The most times one charge waits for a lease another charge of this instance is asking for
+/// (each wait is one call's round trip; among `n` charges waiting on a hot key, a lease of
+/// `units` admits `units` of them per call). Past it, the charge is decided exactly.
+const MAX_WAITS: u32 = 64;
 
 /// The leases this instance holds, by `(rule, key)`.
 pub(super) struct Quotas {
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Mutex<HashMap<u64, Held>>]>,
+    shards: Box<[Mutex<HashMap<u64, Slot>>]>,
     per_shard: usize,
 }
 
@@ -82,8 +93,29 @@ fn with_held(outcome: Outcome, held: u64, since: std::time::Duration) -> Outcome
 struct Found {
     /// Units of a live lease, taken out to pay part of this charge.
     held: u64,
+    /// Waited too long for another charge's lease: this one is decided exactly, for its cost.
+    exact: bool,
     /// An ended lease's units to give back first.
     give_back: Option<(Arc<Record>, u64)>,
+}
+
+/// A slot of the table: a lease held, or one being asked for (its sender is dropped when the
+/// answer is in, which wakes the charges waiting for it).
+enum Slot {
+    Held(Held),
+    /// Turns `false` if the call failed.
+    Asking(watch::Receiver<bool>),
+}
+
+/// What a charge does after looking in the table.
+enum Lookup {
+    /// Admitted from the lease held.
+    Admitted(Outcome),
+    /// Another charge of this instance is asking Redis for the key's next lease: wait for it
+    /// rather than ask too (on a hot key, dozens of charges would each ask for a lease at once).
+    Wait(watch::Receiver<bool>),
+    /// Ask Redis; the sender (when this charge registered its asking) wakes those waiting.
+    Ask(Found, Option<watch::Sender<bool>>),
 }
 
 impl Quotas {
@@ -102,61 +134,104 @@ impl Quotas {
         h.finish()
     }
 
-    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
         self.shards[(hash as usize) % SHARDS]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits `cost` from a live lease, or takes out what the table holds for the key.
-    fn take(&self, hash: u64, limit_id: u64, cost: u64, now: Micros) -> Result<Outcome, Found> {
+    /// Admits `cost` from a live lease, or says to wait for the lease being asked for, or takes
+    /// out what the table holds for the key and registers this charge as the one asking.
+    fn take(&self, hash: u64, limit_id: u64, cost: u64, now: Micros, may_wait: bool) -> Lookup {
         let mut shard = self.shard(hash);
-        let Some(held) = shard.get_mut(&hash) else {
-            return Err(Found {
-                held: 0,
-                give_back: None,
-            });
+        let mut found = Found {
+            held: 0,
+            exact: false,
+            give_back: None,
         };
-        let live = held.limit_id == limit_id && now < held.until;
-        if live && held.units >= cost {
-            held.units -= cost;
-            return Ok(held.outcome(now));
+        match shard.get_mut(&hash) {
+            Some(Slot::Held(held)) => {
+                let live = held.limit_id == limit_id && now < held.until;
+                if live && held.units >= cost {
+                    held.units -= cost;
+                    return Lookup::Admitted(held.outcome(now));
+                }
+                if live {
+                    found.held = held.units;
+                } else if held.units > 0 && now < held.returnable_until {
+                    found.give_back = Some((held.record.clone(), held.units));
+                }
+            }
+            // A charge that asked was dropped (its sender with it): nobody is asking.
+            Some(Slot::Asking(asking)) if asking.has_changed().is_err() => {}
+            Some(Slot::Asking(asking)) if may_wait => return Lookup::Wait(asking.clone()),
+            // Waited long enough: decided exactly, beside the one asking.
+            Some(Slot::Asking(_)) => {
+                found.exact = true;
+                return Lookup::Ask(found, None);
+            }
+            None => {}
         }
-        let held = shard.remove(&hash).expect("found above");
-        Err(if live {
-            Found {
-                held: held.units,
-                give_back: None,
+        shard.remove(&hash);
+        if shard.len() >= self.per_shard {
+            // Ended leases make room; their units are not given back (under-admission only).
+            shard.retain(|_, slot| match slot {
+                Slot::Held(held) => now < held.until,
+                Slot::Asking(asking) => asking.has_changed().is_ok(),
+            });
+            if shard.len() >= self.per_shard {
+                return Lookup::Ask(found, None);
             }
-        } else {
-            Found {
-                held: 0,
-                give_back: (held.units > 0 && now < held.returnable_until)
-                    .then_some((held.record, held.units)),
-            }
-        })
+        }
+        let (sender, receiver) = watch::channel(true);
+        shard.insert(hash, Slot::Asking(receiver));
+        Lookup::Ask(found, Some(sender))
     }
 
     /// Keeps `new` for the key; returns the units that exceed `most` once merged with a lease
     /// granted meanwhile (or all of them when the table is full), to give back.
     fn keep(&self, hash: u64, new: Held, most: u64, now: Micros) -> Option<(Arc<Record>, u64)> {
         let mut shard = self.shard(hash);
-        if let Some(held) = shard.get_mut(&hash) {
+        if let Some(Slot::Held(held)) = shard.get_mut(&hash) {
             if held.limit_id == new.limit_id && now < held.until {
                 let total = held.units.saturating_add(new.units);
                 held.units = total.min(most);
-                return (total > most).then(|| (new.record, total - most));
+                return match total.checked_sub(most) {
+                    Some(excess) if excess > 0 => Some((new.record, excess)),
+                    _ => None,
+                };
             }
         }
         if shard.len() >= self.per_shard && !shard.contains_key(&hash) {
-            // Ended leases make room; their units are not given back (under-admission only).
-            shard.retain(|_, held| now < held.until);
-            if shard.len() >= self.per_shard {
-                return Some((new.record, new.units)).filter(|(_, units)| *units > 0);
-            }
+            return Some((new.record, new.units)).filter(|(_, units)| *units > 0);
         }
-        shard.insert(hash, new);
+        shard.insert(hash, Slot::Held(new));
         None
+    }
+}
+
+/// The parts of a charge a lease's future keeps (the charge itself is borrowed).
+struct Owned {
+    rule: Box<str>,
+    digest: u64,
+    key: Box<[u8]>,
+    algorithm: Algorithm,
+    cost: u64,
+}
+
+impl Owned {
+    /// The charge of `cost` units, exactly (no lease).
+    fn charge(&self, cost: u64) -> Charge<'_> {
+        Charge {
+            rule: RuleName::known(&self.rule, self.digest),
+            algorithm: &self.algorithm,
+            key: &self.key,
+            cost,
+            mode: Mode::Charge,
+            penalty: None,
+            lease: None,
+            overrides: None,
+        }
     }
 }
 
@@ -169,87 +244,128 @@ pub(super) fn charge<T>(
 ) -> StoreFuture<T> {
     let inner = &store.inner;
     let quotas = &inner.quotas;
-    let now = inner.local.now();
     let hash = quotas.hash(charge.rule, charge.key);
     let limit_id = quotas.hasher.hash_one(charge.algorithm);
-    let found = match quotas.take(hash, limit_id, charge.cost, now) {
-        Ok(outcome) => return StoreFuture::ready(finish(smallvec![outcome])),
-        Err(found) => found,
+    let first = match quotas.take(hash, limit_id, charge.cost, inner.local.now(), true) {
+        Lookup::Admitted(outcome) => return StoreFuture::ready(finish(smallvec![outcome])),
+        next => next,
     };
-    let size = lease.units().max(charge.cost);
-    let need = charge.cost - found.held.min(charge.cost);
-    let ask = size - found.held.min(size);
-    let exact = |cost: u64| {
-        let charge = Charge {
-            cost,
-            lease: None,
-            ..*charge
-        };
-        store.decide_exactly(std::slice::from_ref(&charge), Ok)
+    let owned = Owned {
+        rule: charge.rule.as_str().into(),
+        digest: charge.rule.digest(),
+        key: charge.key.into(),
+        algorithm: charge.algorithm.clone(),
+        cost: charge.cost,
     };
-    // Both calls are put together now (they borrow the charge); the second is sent only if the
-    // first is denied, and only when it asks for less.
-    let leased = exact(ask);
-    let fallback = (need < ask).then(|| exact(need));
-    let record = Arc::new(inner.record(charge, true));
-    let injected = inner.injected_now();
-    let (ttl, most, cost, algorithm) = (
-        micros(lease.ttl()),
-        lease.units(),
-        charge.cost,
-        charge.algorithm.clone(),
-    );
-    let inner = store.inner.clone();
+    let (store, lease) = (store.clone(), *lease);
     StoreFuture::pending(async move {
-        let injected = injected?;
-        if let Some((record, units)) = found.give_back {
-            give_back(&inner, injected, &record, units).await?;
-        }
-        let granted = leased.await?[0];
-        if !granted.verdict.is_admitted() {
-            // Not that much left: the charge alone, exactly; what was held goes back.
-            let outcome = match fallback {
-                Some(exact) => exact.await?[0],
-                None => granted,
-            };
-            if found.held > 0 && !outcome.verdict.is_admitted() {
-                give_back(&inner, injected, &record, found.held).await?;
-            }
-            return finish(smallvec![outcome]);
-        }
-        let held = found.held + ask - cost;
-        let granted_at = inner.local.now();
-        let mut until = granted_at.saturating_add(ttl);
-        let mut returnable_until = Micros::MAX;
-        match algorithm {
-            Algorithm::FixedWindow(_) => {
-                // The lease ends with its window: its units count in no other.
-                let window_end = granted_at.saturating_add(micros(granted.next_unit_in));
-                until = until.min(window_end);
-                returnable_until = window_end;
-            }
-            Algorithm::SlidingWindow(_) => returnable_until = 0,
-            _ => {}
-        }
-        let outcome = with_held(granted, held, std::time::Duration::ZERO);
-        if held > 0 {
-            let new = Held {
-                units: held,
-                until,
-                returnable_until,
-                limit_id,
-                granted,
-                granted_at,
-                record: record.clone(),
-            };
-            if let Some((record, units)) = inner.quotas.keep(hash, new, most, granted_at) {
-                if granted_at < returnable_until {
-                    give_back(&inner, injected, &record, units).await?;
+        let mut next = first;
+        let mut waits = 0;
+        let (found, asking) = loop {
+            match next {
+                Lookup::Wait(mut asking) => {
+                    // Granted, refused or dropped: the sender is gone either way. A lease
+                    // serves `units` charges, so among many waiting some look again several
+                    // times; past MAX_WAITS a charge is decided exactly. A call that failed
+                    // fails those waiting for it: none waits past one call's timeout for it.
+                    let _ = asking.changed().await;
+                    if !*asking.borrow() {
+                        return Err(StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "the call for this key's quota lease failed",
+                        ));
+                    }
+                    waits += 1;
+                    let now = store.inner.local.now();
+                    let may_wait = waits < MAX_WAITS;
+                    next = store
+                        .inner
+                        .quotas
+                        .take(hash, limit_id, owned.cost, now, may_wait);
                 }
+                Lookup::Ask(found, asking) => break (found, asking),
+                Lookup::Admitted(outcome) => return finish(smallvec![outcome]),
+            }
+        };
+        let outcome = acquire(&store, &owned, &lease, found, hash, limit_id).await;
+        // Those waiting look again now that the lease (if any) is in the table.
+        if let (Some(asking), Err(_)) = (&asking, &outcome) {
+            asking.send_replace(false);
+        }
+        drop(asking);
+        finish(smallvec![outcome?])
+    })
+}
+
+/// Asks Redis for a lease big enough for `owned`'s charge (what `found` holds counts toward it),
+/// keeps what is left of it, and answers the charge.
+async fn acquire(
+    store: &RedisStore,
+    owned: &Owned,
+    lease: &Lease,
+    found: Found,
+    hash: u64,
+    limit_id: u64,
+) -> Result<Outcome, StoreError> {
+    let inner = &store.inner;
+    let injected = inner.injected_now()?;
+    let record = inner.record(&owned.charge(owned.cost), true);
+    if let Some((ended, units)) = found.give_back {
+        give_back(inner, injected, &ended, units).await?;
+    }
+    let cost = owned.cost;
+    let size = if found.exact {
+        cost
+    } else {
+        lease.units().max(cost)
+    };
+    let need = cost - found.held.min(cost);
+    let ask = size - found.held.min(size);
+    let exact = |cost: u64| store.decide_exactly(std::slice::from_ref(&owned.charge(cost)), Ok);
+    let granted = exact(ask).await?[0];
+    if !granted.verdict.is_admitted() {
+        // Not that much left: the charge alone, exactly; what was held goes back.
+        let outcome = if need < ask {
+            exact(need).await?[0]
+        } else {
+            granted
+        };
+        if found.held > 0 && !outcome.verdict.is_admitted() {
+            give_back(inner, injected, &record, found.held).await?;
+        }
+        return Ok(outcome);
+    }
+    let held = found.held + ask - cost;
+    let granted_at = inner.local.now();
+    let mut until = granted_at.saturating_add(micros(lease.ttl()));
+    let mut returnable_until = Micros::MAX;
+    match owned.algorithm {
+        Algorithm::FixedWindow(_) => {
+            // The lease ends with its window: its units count in no other.
+            let window_end = granted_at.saturating_add(micros(granted.next_unit_in));
+            until = until.min(window_end);
+            returnable_until = window_end;
+        }
+        Algorithm::SlidingWindow(_) => returnable_until = 0,
+        _ => {}
+    }
+    if held > 0 {
+        let new = Held {
+            units: held,
+            until,
+            returnable_until,
+            limit_id,
+            granted,
+            granted_at,
+            record: Arc::new(record),
+        };
+        if let Some((record, units)) = inner.quotas.keep(hash, new, lease.units(), granted_at) {
+            if granted_at < returnable_until {
+                give_back(inner, injected, &record, units).await?;
             }
         }
-        finish(smallvec![outcome])
-    })
+    }
+    Ok(with_held(granted, held, std::time::Duration::ZERO))
 }
 
 /// Gives `units` of a lease back to the key in Redis. (Boxed: the script call's future nests
