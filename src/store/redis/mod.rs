@@ -86,6 +86,14 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// lists them with `SCAN <cursor> MATCH <prefix>:block:{*}:<rule> COUNT 100` (on a cluster, on
 /// each master in turn) and one pipeline of `TIME` and `GET`s per page, never `KEYS`.
 ///
+/// Rules with overrides ([`Rule::overridable`](crate::Rule::overridable)) keep each key's
+/// override in `<prefix>:override:{<key value>}:<rule>` (same slot), set by a script with the
+/// server's time and a `PX` expiry of its TTL, cleared with `DEL`, and read by the same script
+/// call as the charge (one `GET`, for these rules only), which charges the key's counters under
+/// the override while it lasts. Such a rule takes neither the single-key fast path nor the deny
+/// cache, and cannot be sharded. [`Limiter::overrides`](crate::Limiter::overrides) lists them as
+/// blocks are listed, at most 100 a page.
+///
 /// The circuit breaker's probes (below) charge `<prefix>:probe`, which is full again, and gone,
 /// within a millisecond.
 ///

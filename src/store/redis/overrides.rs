@@ -316,10 +316,10 @@ impl Inner {
                 }),
             }
         };
-        let mut page = OverridePage::default();
-        page.entries = entries;
-        page.next = next.map(At::cursor);
-        Ok(page)
+        Ok(OverridePage {
+            entries,
+            next: next.map(At::cursor),
+        })
     }
 
     /// The time (the injected clock's, or the server's `TIME`) and each of `names`' values, in
