@@ -1234,7 +1234,7 @@ impl Inner {
     }
 
     /// One script call; the outcome of each item, with the candidate it chose, and the
-    /// override each item was decided under (deciding only; empty without overridable items).
+    /// override each item was decided under (deciding only).
     async fn call(
         &self,
         op: Op,
@@ -1353,8 +1353,7 @@ impl Packed {
     }
 }
 
-/// Per record (or item) of a call: the override it was decided under, if any. Empty when no
-/// item reads overrides.
+/// Per record (or item) of a call: the override it was decided under, if any.
 type Applied = SmallVec<[Option<Limit>; 2]>;
 
 /// Reads the script's reply: twelve integers per item, then the time the script used, as
@@ -1365,15 +1364,11 @@ fn decode(
     deciding: bool,
 ) -> Result<(Vec<(Outcome, Taken)>, Applied), StoreError> {
     let fixed = 8 * (12 * items.len() + 1);
-    let applied = if deciding && items.iter().any(|i| i.record.overrides.is_some()) {
-        read_applied(reply.get(fixed..).unwrap_or_default(), items)?
+    let (reply, applied) = if deciding && items.iter().any(|i| i.record.overrides.is_some()) {
+        let (head, tail) = reply.split_at(fixed.min(reply.len()));
+        (head, read_applied(tail, items)?)
     } else {
-        Applied::new()
-    };
-    let reply = if applied.is_empty() {
-        reply
-    } else {
-        &reply[..fixed]
+        (reply, items.iter().map(|_| None).collect())
     };
     if reply.len() != fixed {
         return Err(protocol(format!(
