@@ -171,7 +171,7 @@ impl RuleSet {
         let rule = &self.rules[entry.index];
         Charge {
             algorithm: algorithm_of(&entry.applied, rule.algorithm()),
-            overrides: entry.overridden.as_deref(),
+            overrides: entry.overridden.as_ref(),
             ..self.charge(entry.index, &entry.key, entry.cost)
         }
     }

@@ -995,7 +995,7 @@ impl Limiter {
     ) -> Result<Outcome, LimitError> {
         let key = KeyValue::new(key);
         // Where the store puts the key's override, for a rule with overrides.
-        let slot = std::sync::OnceLock::new();
+        let slot = Arc::new(std::sync::OnceLock::new());
         let pending = {
             let rules = self.rules();
             let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;

@@ -14,7 +14,7 @@ pub(crate) mod redis;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
@@ -54,8 +54,9 @@ pub struct Charge<'a> {
     /// For a rule with overrides ([`Rule::overridable`](crate::Rule::overridable)): the store
     /// reads the key's override in the same atomic step, charges under it in place of
     /// `algorithm` when there is one, and puts it here (for the `RateLimit-Policy` field).
-    /// `None` for every other rule: the store reads no override.
-    pub overrides: Option<&'a OnceLock<Limit>>,
+    /// `None` for every other rule: the store reads no override. (Shared, so that a store
+    /// answering later, from a future of its own, can fill it in.)
+    pub overrides: Option<&'a Arc<OnceLock<Limit>>>,
 }
 
 /// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a

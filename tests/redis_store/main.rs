@@ -1,7 +1,8 @@
 //! The Redis store against real servers on loopback ports, once per engine: `redis::…` runs
 //! `redis-server`, `valkey::…` runs `valkey-server` (`cargo test --test redis_store valkey`
-//! selects Valkey's). One server, a Cluster, concurrency leases, quota leases and per-request limits, and the
-//! differential tests that keep the Lua script equal to the memory store.
+//! selects Valkey's). One server, a Cluster, concurrency leases, quota leases, per-request limits,
+//! per-key overrides, and the differential tests that keep the Lua script equal to the memory
+//! store.
 
 // The same test files are loaded once per engine, on purpose.
 #![allow(clippy::duplicate_mod)]
@@ -20,6 +21,7 @@ mod redis {
     mod cluster;
     mod concurrency;
     mod lease;
+    mod overrides;
     mod per_request;
     mod sentinel;
     mod single;
@@ -37,6 +39,7 @@ mod valkey {
     mod cluster;
     mod concurrency;
     mod lease;
+    mod overrides;
     mod per_request;
     mod sentinel;
     mod single;

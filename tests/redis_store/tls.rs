@@ -190,7 +190,7 @@ async fn tls_from_a_configuration_file_the_layer_connects_and_counts() {
     let config = Config::parse(ConfigFormat::Toml, &text).unwrap();
     // Failing closed, the layer connects (and loads the scripts) before it is built.
     config.connect().await.expect("the layer connects over TLS");
-    assert_eq!(server.server.command_calls("script|load"), 9);
+    assert_eq!(server.server.command_calls("script|load"), 10);
 }
 
 /// TLS files beside a plain `redis://` URL are a mistake the file's check names, before any

@@ -1,8 +1,10 @@
-//! The differential test: the same scenario — rules, keys, costs, modes, refunds, resets and
-//! times — against the memory store and the Redis store, comparing every field of every outcome.
+//! The differential test: the same scenario — rules, keys, costs, modes, refunds, resets, blocks,
+//! overrides and times — against the memory store and the Redis store, comparing every field of
+//! every outcome and the override each charge was decided under.
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -14,7 +16,7 @@ use tollgate::clock::ManualClock;
 use tollgate::store::RedisStoreBuilder;
 use tollgate::store::{Charge, Outcomes, RuleName, Store};
 use tollgate::MemoryStore;
-use tollgate::Penalty;
+use tollgate::{Limit, Penalty};
 
 /// One step of a scenario.
 #[derive(Clone, Debug)]
@@ -32,6 +34,10 @@ pub enum Step {
     /// A settlement's extra charge: units owed, into debt if need be (token buckets; others
     /// skip it).
     Owe(usize, usize, u64),
+    /// `Limiter::set_override` (a limit of the rule's algorithm, for a TTL in µs) or
+    /// `clear_override` (`None`). A rule with such a step is overridable: its charges read
+    /// overrides, and make only unbounded reservations (an overridable rule cannot queue).
+    Override(usize, usize, Option<(Algorithm, u64)>),
 }
 
 /// A rule of a scenario: its algorithm and, for some, a penalty.
@@ -231,9 +237,19 @@ fn batch<T: std::fmt::Debug>(
         .prop_flat_map(move |chosen| chosen.into_iter().map(&charge).collect::<Vec<_>>())
 }
 
-fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
+fn step(rules: Vec<Algorithm>, overrides: bool) -> BoxedStrategy<Step> {
     let n = rules.len();
     let limited = rules.clone();
+    let overridden = rules.clone();
+    // Overrides of the rule's own algorithm (DESIGN §13: the state carries over), or none.
+    let set_override = (0..n, 0..KEYS.len())
+        .prop_flat_map(move |(r, k)| {
+            let own = overridden[r].clone();
+            let limit = other_limit(&own).unwrap_or_else(|| Just(own).boxed());
+            prop::option::weighted(0.8, (limit, 1u64..5_000_000))
+                .prop_map(move |o| Step::Override(r, k, o))
+        })
+        .boxed();
     let block = prop_oneof![Just(None), (1u64..3_000_000).prop_map(Some),];
     let apply = batch(n, move |rule| charge(&rules, rule)).prop_map(Step::Apply);
     let apply_under =
@@ -253,6 +269,9 @@ fn step(rules: Vec<Algorithm>) -> BoxedStrategy<Step> {
         1 => (0..n, 0..KEYS.len()).prop_map(|(r, k)| Step::Reset(r, k)),
         1 => (0..n, 0..KEYS.len(), block).prop_map(|(r, k, b)| Step::Block(r, k, b)),
         1 => (0..n, 0..KEYS.len(), 1u64..30).prop_map(|(r, k, u)| Step::Owe(r, k, u)),
+        // Only some scenarios: an overridable rule takes neither Redis's fast path nor the deny
+        // cache, which the others keep testing.
+        (if overrides { 2 } else { 0 }) => set_override,
     ]
     .boxed()
 }
@@ -263,10 +282,11 @@ pub fn scenario() -> impl Strategy<Value = (u64, Vec<ScenarioRule>, Vec<Step>)> 
     (
         1_700_000_000_000_000u64..1_800_000_000_000_000,
         prop::collection::vec(rule(), 1..=3),
+        prop::bool::weighted(0.3),
     )
-        .prop_flat_map(|(start, rules)| {
+        .prop_flat_map(|(start, rules, overrides)| {
             let algorithms = rules.iter().map(|(a, _)| a.clone()).collect();
-            let steps = prop::collection::vec(step(algorithms), 1..40);
+            let steps = prop::collection::vec(step(algorithms, overrides), 1..40);
             (Just(start), Just(rules), steps)
         })
 }
@@ -277,6 +297,57 @@ fn name(rule: usize) -> String {
 
 async fn apply(store: &dyn Store, batch: &[Charge<'_>]) -> Outcomes {
     store.apply(batch).await.expect("the store answers")
+}
+
+/// A charge's mode as an overridable rule makes it: a bounded reservation would be a queue's,
+/// which such a rule cannot have.
+fn mode_of(mode: Mode, overridable: bool) -> Mode {
+    match mode {
+        Mode::Reserve(_) if overridable => Mode::Reserve(ReserveBound::default()),
+        mode => mode,
+    }
+}
+
+/// Applies `batch` to both stores, each charge of an overridable rule with a place for its
+/// override, and checks that they answer alike; the outcomes.
+async fn both(
+    memory: &dyn Store,
+    redis: &dyn Store,
+    batch: &[Charge<'_>],
+    overridable: &[bool],
+    what: &dyn Fn() -> String,
+) -> Outcomes {
+    let slots =
+        || -> Vec<Arc<OnceLock<Limit>>> { overridable.iter().map(|_| Arc::default()).collect() };
+    let (on_memory, on_redis) = (slots(), slots());
+    fn with<'a>(
+        batch: &[Charge<'a>],
+        slots: &'a [Arc<OnceLock<Limit>>],
+        overridable: &[bool],
+    ) -> Vec<Charge<'a>> {
+        batch
+            .iter()
+            .zip(slots)
+            .zip(overridable)
+            .map(|((charge, slot), &o)| Charge {
+                overrides: o.then_some(slot),
+                ..*charge
+            })
+            .collect()
+    }
+    let expected = apply(memory, &with(batch, &on_memory, overridable)).await;
+    let got = apply(redis, &with(batch, &on_redis, overridable)).await;
+    assert_eq!(got, expected, "{} (left: Redis, right: memory)", what());
+    let applied = |slots: &[Arc<OnceLock<Limit>>]| -> Vec<Option<Limit>> {
+        slots.iter().map(|slot| slot.get().cloned()).collect()
+    };
+    assert_eq!(
+        applied(&on_redis),
+        applied(&on_memory),
+        "{}: overrides applied (left: Redis, right: memory)",
+        what()
+    );
+    got
 }
 
 /// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
@@ -300,6 +371,13 @@ pub async fn run(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let (redis, memory, clock) = (&redis, &memory, &clock);
     let names: Vec<String> = (0..rules.len()).map(name).collect();
+    let overridable: Vec<bool> = (0..rules.len())
+        .map(|r| {
+            steps
+                .iter()
+                .any(|step| matches!(step, Step::Override(o, ..) if *o == r))
+        })
+        .collect();
     let mut answers = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         match step {
@@ -311,19 +389,15 @@ pub async fn run(
                         algorithm: &rules[rule],
                         key: KEYS[key],
                         cost,
-                        mode,
+                        mode: mode_of(mode, overridable[rule]),
                         penalty: penalties[rule].as_ref(),
                         lease: None,
                         overrides: None,
                     })
                     .collect();
-                let expected = apply(memory, &batch).await;
-                let got = apply(redis, &batch).await;
-                assert_eq!(
-                    got, expected,
-                    "step {i} {step:?} differs (left: Redis, right: memory)"
-                );
-                answers.push(got);
+                let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
+                let what = || format!("step {i} {step:?} differs");
+                answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::ApplyUnder(charges) => {
                 let batch: Vec<Charge<'_>> = charges
@@ -333,19 +407,15 @@ pub async fn run(
                         algorithm: limit,
                         key: KEYS[*key],
                         cost: *cost,
-                        mode: *mode,
+                        mode: mode_of(*mode, overridable[*rule]),
                         penalty: penalties[*rule].as_ref(),
                         lease: None,
                         overrides: None,
                     })
                     .collect();
-                let expected = apply(memory, &batch).await;
-                let got = apply(redis, &batch).await;
-                assert_eq!(
-                    got, expected,
-                    "step {i} {step:?} differs (left: Redis, right: memory)"
-                );
-                answers.push(got);
+                let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
+                let what = || format!("step {i} {step:?} differs");
+                answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::Refund(rule, key, units) => {
                 let charge = Charge {
@@ -391,6 +461,15 @@ pub async fn run(
                 );
             }
             Step::Owe(..) => {}
+            Step::Override(rule, key, limit) => {
+                let (name, key) = (&names[*rule], KEYS[*key]);
+                let limit = limit
+                    .as_ref()
+                    .map(|(a, ttl)| (Limit::from(a.clone()), Duration::from_micros(*ttl)));
+                let limit = limit.as_ref().map(|(limit, ttl)| (limit, *ttl));
+                memory.set_override(name, key, limit).await.unwrap();
+                redis.set_override(name, key, limit).await.unwrap();
+            }
             Step::Block(rule, key, block) => {
                 if let Some(penalty) = &penalties[*rule] {
                     let block = block.map(Duration::from_micros);

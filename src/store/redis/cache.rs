@@ -148,7 +148,9 @@ impl DenyCache {
         views: &[CacheView],
         now: Micros,
     ) -> Option<Outcomes> {
-        if self.is_empty() {
+        // An override set through another instance applies on the key's next decision: a batch
+        // with a rule that has overrides goes to Redis.
+        if self.is_empty() || batch.iter().any(|c| c.overrides.is_some()) {
             return None;
         }
         let mut denied = false;

@@ -39,7 +39,12 @@ enum Kind {
 impl Fast {
     /// The fast path for `charge`, when one applies (`sharded`: the rule is split over keys).
     pub(super) fn new(prefix: &str, charge: &Charge<'_>, sharded: bool) -> Option<Fast> {
-        if sharded || charge.penalty.is_some() || charge.mode != Mode::Charge {
+        // A rule with overrides reads its key's override in the general script.
+        if sharded
+            || charge.penalty.is_some()
+            || charge.overrides.is_some()
+            || charge.mode != Mode::Charge
+        {
             return None;
         }
         let kind = match charge.algorithm {

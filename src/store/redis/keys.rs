@@ -37,6 +37,12 @@ pub(super) fn block_name(prefix: &str, rule: &str, key: &[u8]) -> Vec<u8> {
     key_name(&format!("{prefix}:block"), rule, key, None)
 }
 
+/// The name of the Redis key holding the override of `(rule, key)`:
+/// `<prefix>:override:{<tag>}:<rule>`, in the same cluster slot as the key's counters.
+pub(super) fn override_name(prefix: &str, rule: &str, key: &[u8]) -> Vec<u8> {
+    key_name(&format!("{prefix}:override"), rule, key, None)
+}
+
 /// The key the circuit breaker's probes charge: `<prefix>:probe`, apart from every limit's key
 /// (theirs have a hash tag right after the prefix).
 pub(super) fn probe_name(prefix: &str) -> Vec<u8> {
@@ -109,6 +115,12 @@ mod tests {
         let a = slot(&key_name("tg", "per-ip", b"10.0.0.1", None));
         let b = slot(&key_name("tg", "expensive", b"10.0.0.1", None));
         assert_eq!(a, b);
+        assert_eq!(a, slot(&block_name("tg", "per-ip", b"10.0.0.1")));
+        assert_eq!(a, slot(&override_name("tg", "per-ip", b"10.0.0.1")));
+        assert_eq!(
+            override_name("tg", "per-ip", b"a{b"),
+            b"tg:override:{=617b62}:per-ip"
+        );
         let shards: std::collections::HashSet<u16> = (0..8)
             .map(|i| slot(&key_name("tg", "global", b"", Some(i))))
             .collect();

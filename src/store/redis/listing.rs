@@ -92,26 +92,7 @@ impl Inner {
                 scan: 0,
             },
         };
-        let mut scan = ::redis::cmd("SCAN");
-        scan.arg(at.scan)
-            .arg("MATCH")
-            .arg(pattern(&self.prefix, rule))
-            .arg("COUNT")
-            .arg(COUNT);
-        let reply = self.conn.clone().query_node(&scan, at.slot).await;
-        let (next, found): (String, Vec<Vec<u8>>) =
-            ::redis::from_redis_value(reply.map_err(conn::error)?)
-                .map_err(|e| protocol(format!("SCAN answered {e}")))?;
-        let next: u64 = next
-            .parse()
-            .map_err(|_| protocol(format!("SCAN answered the cursor {next:?}")))?;
-        let mut listed: Vec<(Vec<u8>, Vec<u8>)> = found
-            .into_iter()
-            .filter_map(|name| Some((key_of(&name, &self.prefix, rule)?, name)))
-            .collect();
-        // SCAN may return a key twice, within a step as across steps.
-        listed.sort_unstable();
-        listed.dedup();
+        let (next, listed) = self.scan_step(at.scan, at.slot, "block", rule).await?;
         let names: Vec<&[u8]> = listed.iter().map(|(_, name)| name.as_slice()).collect();
         let (now, blocks) = self.read_blocks(&names, at.slot).await?;
         let items = listed
@@ -131,6 +112,38 @@ impl Inner {
             (scan, slot) => Some(At { slot, scan }),
         };
         Ok(Page::new(items, next.map(At::cursor)))
+    }
+
+    /// One `SCAN <scan> MATCH <prefix>:<kind>:{*}:<rule> COUNT 100` step on the node of `slot`:
+    /// the next scan cursor, and the keys found (each with its key name), sorted, each once.
+    pub(super) async fn scan_step(
+        &self,
+        scan: u64,
+        slot: Option<u16>,
+        kind: &str,
+        rule: &str,
+    ) -> Result<(u64, Vec<(Vec<u8>, Vec<u8>)>), StoreError> {
+        let mut cmd = ::redis::cmd("SCAN");
+        cmd.arg(scan)
+            .arg("MATCH")
+            .arg(pattern(&self.prefix, kind, rule))
+            .arg("COUNT")
+            .arg(COUNT);
+        let reply = self.conn.clone().query_node(&cmd, slot).await;
+        let (next, found): (String, Vec<Vec<u8>>) =
+            ::redis::from_redis_value(reply.map_err(conn::error)?)
+                .map_err(|e| protocol(format!("SCAN answered {e}")))?;
+        let next: u64 = next
+            .parse()
+            .map_err(|_| protocol(format!("SCAN answered the cursor {next:?}")))?;
+        let mut listed: Vec<(Vec<u8>, Vec<u8>)> = found
+            .into_iter()
+            .filter_map(|name| Some((key_of(&name, &self.prefix, kind, rule)?, name)))
+            .collect();
+        // SCAN may return a key twice, within a step as across steps.
+        listed.sort_unstable();
+        listed.dedup();
+        Ok((next, listed))
     }
 
     /// The block of `key` under `rule`, if it is blocked now.
@@ -175,14 +188,7 @@ impl Inner {
             .into_iter();
         let now = match injected {
             Some(now) => now,
-            None => {
-                let time = answers
-                    .next()
-                    .ok_or_else(|| protocol("no answer to TIME"))?;
-                let (seconds, micros): (u64, u64) = ::redis::from_redis_value(time)
-                    .map_err(|e| protocol(format!("TIME answered {e}")))?;
-                seconds.saturating_mul(1_000_000).saturating_add(micros)
-            }
+            None => server_time(answers.next())?,
         };
         let blocks = answers.map(read_block).collect();
         Ok((now, blocks))
@@ -190,7 +196,7 @@ impl Inner {
 
     /// The masters of a cluster, each by the first slot it serves, in slot order (asked once
     /// per call, with `CLUSTER SLOTS`).
-    async fn masters<'m>(
+    pub(super) async fn masters<'m>(
         &self,
         masters: &'m mut Option<Vec<u16>>,
     ) -> Result<&'m [u16], StoreError> {
@@ -207,6 +213,14 @@ impl Inner {
         }
         Ok(masters.as_deref().unwrap_or_default())
     }
+}
+
+/// The server's time (µs) from its answer to `TIME`.
+pub(super) fn server_time(answer: Option<Value>) -> Result<Micros, StoreError> {
+    let time = answer.ok_or_else(|| protocol("no answer to TIME"))?;
+    let (seconds, micros): (u64, u64) =
+        ::redis::from_redis_value(time).map_err(|e| protocol(format!("TIME answered {e}")))?;
+    Ok(seconds.saturating_mul(1_000_000).saturating_add(micros))
 }
 
 /// The first slot each master serves, sorted, from a `CLUSTER SLOTS` answer: ranges of
@@ -258,12 +272,14 @@ fn blocked_now(key: Vec<u8>, (until, offences): (Micros, u64), now: Micros) -> O
     (until > now).then(|| BlockedKey::new(key, duration(until - now), offences))
 }
 
-/// The `MATCH` pattern of `rule`'s block keys: the prefix and the rule with glob characters
-/// escaped.
-fn pattern(prefix: &str, rule: &str) -> Vec<u8> {
-    let mut pattern = Vec::with_capacity(prefix.len() + rule.len() + 16);
+/// The `MATCH` pattern of `rule`'s keys of `kind` (`block`, `override`): the prefix and the rule
+/// with glob characters escaped.
+fn pattern(prefix: &str, kind: &str, rule: &str) -> Vec<u8> {
+    let mut pattern = Vec::with_capacity(prefix.len() + kind.len() + rule.len() + 16);
     escape(&mut pattern, prefix.as_bytes());
-    pattern.extend_from_slice(b":block:{*}:");
+    pattern.push(b':');
+    pattern.extend_from_slice(kind.as_bytes());
+    pattern.extend_from_slice(b":{*}:");
     escape(&mut pattern, rule.as_bytes());
     pattern
 }
@@ -277,12 +293,14 @@ fn escape(into: &mut Vec<u8>, text: &[u8]) {
     }
 }
 
-/// The key whose block `name` holds, if `name` is a block key of `rule` (the pattern's `*` may
-/// also match names of other rules whose names end like this one's).
-fn key_of(name: &[u8], prefix: &str, rule: &str) -> Option<Vec<u8>> {
+/// The key whose block (or override: `kind`) `name` holds, if `name` is such a key of `rule`
+/// (the pattern's `*` may also match names of other rules whose names end like this one's).
+fn key_of(name: &[u8], prefix: &str, kind: &str, rule: &str) -> Option<Vec<u8>> {
     let rest = name
         .strip_prefix(prefix.as_bytes())?
-        .strip_prefix(b":block:{")?;
+        .strip_prefix(b":")?
+        .strip_prefix(kind.as_bytes())?
+        .strip_prefix(b":{")?;
     let close = rest.iter().position(|&b| b == b'}')?;
     let (tag, after) = (&rest[..close], &rest[close + 1..]);
     if after.strip_prefix(b":")? != rule.as_bytes() || tag.contains(&b'|') {
@@ -320,24 +338,30 @@ mod tests {
             b"\xff\x00",
         ] {
             let name = keys::block_name("tg", "login", key);
-            assert_eq!(key_of(&name, "tg", "login").as_deref(), Some(key));
-            assert_eq!(key_of(&name, "tg", "gin"), None);
-            assert_eq!(key_of(&name, "t", "login"), None);
+            assert_eq!(key_of(&name, "tg", "block", "login").as_deref(), Some(key));
+            assert_eq!(key_of(&name, "tg", "block", "gin"), None);
+            assert_eq!(key_of(&name, "t", "block", "login"), None);
         }
         // A rule whose name ends like another's, and counters beside blocks, are not listed.
         let other = keys::block_name("tg", "x}:login", b"k");
-        assert_eq!(key_of(&other, "tg", "login"), None);
+        assert_eq!(key_of(&other, "tg", "block", "login"), None);
         assert_eq!(
-            key_of(&keys::key_name("tg", "login", b"k", None), "tg", "login"),
+            key_of(
+                &keys::key_name("tg", "login", b"k", None),
+                "tg",
+                "block",
+                "login"
+            ),
             None
         );
     }
 
     #[test]
     fn patterns_escape_glob_characters() {
-        assert_eq!(pattern("tg", "login"), b"tg:block:{*}:login");
+        assert_eq!(pattern("tg", "block", "login"), b"tg:block:{*}:login");
+        assert_eq!(pattern("tg", "override", "login"), b"tg:override:{*}:login");
         assert_eq!(
-            pattern("a*b", "r?[x]\\"),
+            pattern("a*b", "block", "r?[x]\\"),
             b"a\\*b:block:{*}:r\\?\\[x\\]\\\\"
         );
     }

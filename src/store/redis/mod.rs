@@ -9,13 +9,14 @@ mod keys;
 mod leases;
 mod listing;
 mod lua;
+mod overrides;
 mod params;
 mod quota;
 mod shard;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ::redis::{Cmd, Value};
@@ -29,12 +30,12 @@ use self::lua::{Lua, Scripts};
 use self::quota::Quotas;
 use self::shard::Sharding;
 use super::{
-    BlockedKey, Charge, Cursor, Outcomes, Page, RuleName, Store, StoreError, StoreErrorKind,
-    StoreFuture,
+    BlockedKey, Charge, Cursor, Outcomes, OverrideCursor, OverridePage, Page, RuleName, Store,
+    StoreError, StoreErrorKind, StoreFuture,
 };
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
-    duration, micros, Algorithm, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
+    duration, micros, Algorithm, Limit, Micros, Mode, Outcome, Penalty, TokenBucket, Verdict,
 };
 use crate::clock::{Clock, SystemClock};
 
@@ -84,6 +85,14 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// same script call; a sharded rule cannot have one. [`Limiter::blocks`](crate::Limiter::blocks)
 /// lists them with `SCAN <cursor> MATCH <prefix>:block:{*}:<rule> COUNT 100` (on a cluster, on
 /// each master in turn) and one pipeline of `TIME` and `GET`s per page, never `KEYS`.
+///
+/// Rules with overrides ([`Rule::overridable`](crate::Rule::overridable)) keep each key's
+/// override in `<prefix>:override:{<key value>}:<rule>` (same slot), set by a script with the
+/// server's time and a `PX` expiry of its TTL, cleared with `DEL`, and read by the same script
+/// call as the charge (one `GET`, for these rules only), which charges the key's counters under
+/// the override while it lasts. Such a rule takes neither the single-key fast path nor the deny
+/// cache, and cannot be sharded. [`Limiter::overrides`](crate::Limiter::overrides) lists them as
+/// blocks are listed, at most 100 a page.
 ///
 /// The circuit breaker's probes (below) charge `<prefix>:probe`, which is full again, and gone,
 /// within a millisecond.
@@ -461,6 +470,7 @@ impl RedisStore {
             if let Some(lease) = charge.lease {
                 if charge.mode == Mode::Charge
                     && charge.cost > 0
+                    && charge.overrides.is_none()
                     && !inner.shards.contains_key(charge.rule.as_str())
                 {
                     return quota::charge(self, lease, charge, finish);
@@ -490,8 +500,10 @@ impl RedisStore {
                     // charge denied then is a blocked answer, exact until the block ends): the
                     // offence itself may outlast its block, and a later denial is an offence.
                     // A slot's denial ends when a response does, not with the clock.
+                    // An override set through another instance applies on the next decision.
                     cacheable: !inner.shards.contains_key(charge.rule.as_str())
                         && !charge.algorithm.is_concurrency()
+                        && charge.overrides.is_none()
                         && (charge.penalty.is_none()
                             || (charge.mode == Mode::Charge && charge.cost > 0)),
                     penalised: charge.penalty.is_some(),
@@ -527,9 +539,17 @@ impl RedisStore {
             }
         }
         let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
+        // Where each overridable charge's override goes (`Charge::overrides`).
+        let slots: SmallVec<[Option<Arc<OnceLock<Limit>>>; 2]> =
+            batch.iter().map(|c| c.overrides.cloned()).collect();
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            let (outcomes, missing) = inner.timed(inner.decide(now, &records)).await?;
+            let (outcomes, missing, applied) = inner.timed(inner.decide(now, &records)).await?;
+            for (slot, limit) in slots.iter().zip(applied) {
+                if let (Some(slot), Some(limit)) = (slot, limit) {
+                    let _ = slot.set(limit);
+                }
+            }
             if outcomes.iter().all(|o| o.verdict.is_admitted()) {
                 // The batch was charged: this instance now holds its leases, and renews them.
                 for record in &records {
@@ -682,6 +702,53 @@ impl Store for RedisStore {
         StoreFuture::pending(async move { inner.listing(inner.block_now(&rule, &key)).await })
     }
 
+    fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&Limit, Duration)>,
+    ) -> StoreFuture<()> {
+        let inner = &self.inner;
+        let now = match inner.injected_now() {
+            Ok(now) => now,
+            Err(error) => return StoreFuture::ready(Err(error)),
+        };
+        let (rule, key) = (rule.to_owned(), key.to_vec());
+        let limit = limit.map(|(limit, ttl)| (limit.clone(), ttl));
+        let inner = self.inner.clone();
+        StoreFuture::pending(async move {
+            let limit = limit.as_ref().map(|(limit, ttl)| (limit, *ttl));
+            inner
+                .timed(inner.set_override(&rule, &key, limit, now))
+                .await
+        })
+    }
+
+    fn overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&OverrideCursor>,
+        count: usize,
+    ) -> StoreFuture<OverridePage> {
+        let (inner, rule, cursor) = (self.inner.clone(), rule.to_owned(), cursor.cloned());
+        StoreFuture::pending(async move {
+            inner
+                .listing(inner.list_overrides(&rule, cursor.as_ref(), count))
+                .await
+        })
+    }
+
+    fn validate_overrides(&self, rule: &str) -> Result<(), ConfigError> {
+        if self.inner.shards.contains_key(rule) {
+            return Err(ConfigError::new(
+                rule,
+                "overrides",
+                "a rule sharded over several Redis keys cannot have overrides",
+            ));
+        }
+        Ok(())
+    }
+
     fn probe(&self) -> StoreFuture<()> {
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
@@ -727,6 +794,46 @@ struct Record {
     sharding: Option<Arc<Sharding>>,
     /// A rule with a penalty: its block's key, and the script's numbers (see `params`).
     penalty: Option<(Vec<u8>, params::Args)>,
+    /// A rule with overrides: its override's key (read when deciding), and what an undo needs
+    /// to take back a charge made under the override.
+    overrides: Option<Overridable>,
+}
+
+/// A charge of a rule with overrides, as its record keeps it.
+struct Overridable {
+    name: Vec<u8>,
+    rule: Box<str>,
+    key: Box<[u8]>,
+}
+
+impl Record {
+    /// This record with its candidates' numbers under `limit`, the override its charge was
+    /// decided under: what an undo of that charge takes back.
+    fn under(&self, limit: &Limit) -> Record {
+        let (rule, key) = match &self.overrides {
+            Some(o) => (&*o.rule, &*o.key),
+            None => ("", &[][..]),
+        };
+        Record {
+            mode: self.mode,
+            cost: self.cost,
+            limit: limit.algorithm().capacity(),
+            candidates: self
+                .candidates
+                .iter()
+                .map(|c| Candidate {
+                    name: c.name.clone(),
+                    slot: c.slot,
+                    shard: c.shard,
+                    args: overrides::numbers_under(limit, &c.args, rule, key, self.cost, self.mode),
+                    lease: c.lease,
+                })
+                .collect(),
+            sharding: self.sharding.clone(),
+            penalty: None,
+            overrides: None,
+        }
+    }
 }
 
 struct Candidate {
@@ -800,6 +907,11 @@ enum Op {
 }
 
 impl Op {
+    /// Whether the operation decides (and so reads blocks and overrides).
+    fn decides(self) -> bool {
+        matches!(self, Op::Apply | Op::Check)
+    }
+
     /// The script that runs the operation.
     fn script(self, scripts: &Scripts) -> &Lua {
         match self {
@@ -906,6 +1018,11 @@ impl Inner {
                     params::penalty(penalty),
                 )
             }),
+            overrides: charge.overrides.map(|_| Overridable {
+                name: keys::override_name(&self.prefix, &charge.rule, charge.key),
+                rule: charge.rule.as_str().into(),
+                key: charge.key.into(),
+            }),
         }
     }
 
@@ -941,11 +1058,12 @@ impl Inner {
     /// Decides a batch: one script call, or one per slot on a cluster. Beside each outcome:
     /// whether its key holds no state after the call (its answer then does not move with the
     /// clock, which the deny cache must know).
+    /// And per record: the override it was charged under, if any.
     async fn decide(
         &self,
         now: Option<Micros>,
         records: &[Record],
-    ) -> Result<(Outcomes, Missing), StoreError> {
+    ) -> Result<(Outcomes, Missing, Applied), StoreError> {
         let groups = if self.is_cluster() {
             self.groups(records)
         } else {
@@ -953,11 +1071,12 @@ impl Inner {
         };
         if groups.len() <= 1 {
             let items: SmallVec<[Item<'_>; 2]> = records.iter().map(Item::apply).collect();
-            let results = self.call(Op::Apply, now, &items).await?;
-            return Ok(results
+            let (results, applied) = self.call(Op::Apply, now, &items).await?;
+            let (outcomes, missing) = results
                 .into_iter()
                 .map(|(o, taken)| (o, taken.missing))
-                .unzip());
+                .unzip();
+            return Ok((outcomes, missing, applied));
         }
         self.cross_slot(now, records, &groups).await
     }
@@ -977,35 +1096,43 @@ impl Inner {
         now: Option<Micros>,
         records: &[Record],
         groups: &[Vec<usize>],
-    ) -> Result<(Outcomes, Missing), StoreError> {
+    ) -> Result<(Outcomes, Missing, Applied), StoreError> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; records.len()];
         let mut missing: Missing = smallvec::smallvec![false; records.len()];
         let mut taken = vec![Taken::default(); records.len()];
+        let mut applied: Applied = smallvec::smallvec![None; records.len()];
         for (g, group) in groups.iter().enumerate() {
             let items: Vec<Item<'_>> = group.iter().map(|&i| Item::apply(&records[i])).collect();
-            let results = self.call(Op::Apply, now, &items).await?;
+            let (results, found) = self.call(Op::Apply, now, &items).await?;
             let denied = results.iter().any(|(o, _)| !o.verdict.is_admitted());
-            for (&i, (outcome, took)) in group.iter().zip(results) {
+            for ((&i, (outcome, took)), limit) in group.iter().zip(results).zip(found) {
                 outcomes[i] = Some(outcome);
                 missing[i] = took.missing;
                 taken[i] = took;
+                applied[i] = limit;
             }
             if !denied {
                 continue;
             }
             for earlier in &groups[..g] {
                 // Each group committed atomically on its own: take this request's charges back
-                // (the script leaves checks alone and reports what every key has left).
+                // (the script leaves checks alone and reports what every key has left), under
+                // the override a charge was made under.
+                let under: Vec<Option<Record>> = earlier
+                    .iter()
+                    .map(|&i| Some(records[i].under(applied[i].as_ref()?)))
+                    .collect();
                 let items: Vec<Item<'_>> = earlier
                     .iter()
-                    .map(|&i| Item {
+                    .zip(&under)
+                    .map(|(&i, under)| Item {
                         only: Some(taken[i].chosen),
                         undo: taken[i],
-                        ..Item::apply(&records[i])
+                        ..Item::apply(under.as_ref().unwrap_or(&records[i]))
                     })
                     .collect();
                 match self.call(Op::Undo, now, &items).await {
-                    Ok(results) => {
+                    Ok((results, _)) => {
                         for (&i, (outcome, took)) in earlier.iter().zip(results) {
                             outcomes[i] = Some(outcome);
                             missing[i] = took.missing;
@@ -1021,10 +1148,11 @@ impl Inner {
                 let items: Vec<Item<'_>> =
                     later.iter().map(|&i| Item::apply(&records[i])).collect();
                 match self.call(Op::Check, now, &items).await {
-                    Ok(results) => {
-                        for (&i, (outcome, took)) in later.iter().zip(results) {
+                    Ok((results, found)) => {
+                        for ((&i, (outcome, took)), limit) in later.iter().zip(results).zip(found) {
                             outcomes[i] = Some(outcome);
                             missing[i] = took.missing;
+                            applied[i] = limit;
                         }
                     }
                     Err(error) => {
@@ -1050,7 +1178,7 @@ impl Inner {
                 })
             })
             .collect();
-        Ok((outcomes, missing))
+        Ok((outcomes, missing, applied))
     }
 
     /// The `EVALSHA` of a fast path's call, with its script.
@@ -1105,31 +1233,39 @@ impl Inner {
         Ok(())
     }
 
-    /// One script call; the outcome of each item, with the candidate it chose.
+    /// One script call; the outcome of each item, with the candidate it chose, and the
+    /// override each item was decided under (deciding only).
     async fn call(
         &self,
         op: Op,
         now: Option<Micros>,
         items: &[Item<'_>],
-    ) -> Result<Vec<(Outcome, Taken)>, StoreError> {
+    ) -> Result<(Vec<(Outcome, Taken)>, Applied), StoreError> {
         let cmd = self.command(op, now, items);
         let mut conn = self.conn.clone();
         let reply: Vec<u8> = conn
             .eval(op.script(&self.scripts), &cmd)
             .await
             .map_err(conn::error)?;
-        decode(&reply, items)
+        decode(&reply, items, op.decides())
     }
 
     fn command<'r>(&self, op: Op, now: Option<Micros>, items: &[Item<'r>]) -> Cmd {
         let candidates = || items.iter().flat_map(|item| item.candidates());
         // Blocks are read when deciding, never by refunds and undos.
-        let deciding = matches!(op, Op::Apply | Op::Check);
+        let deciding = op.decides();
         let penalty = |item: &Item<'r>| item.record.penalty.as_ref().filter(|_| deciding);
         let blocks = || items.iter().filter_map(penalty);
-        let keys = candidates().count() + blocks().count();
+        // Overrides too are read when deciding only.
+        let overrides = || {
+            items
+                .iter()
+                .filter_map(|item| item.record.overrides.as_ref().filter(|_| deciding))
+        };
+        let keys = candidates().count() + blocks().count() + overrides().count();
         let names: usize = candidates().map(|c| c.name.len()).sum::<usize>()
-            + blocks().map(|(name, _)| name.len()).sum::<usize>();
+            + blocks().map(|(name, _)| name.len()).sum::<usize>()
+            + overrides().map(|o| o.name.len()).sum::<usize>();
         let numbers = 3
             + 8 * items.len()
             + candidates().map(|c| c.args.len()).sum::<usize>()
@@ -1146,6 +1282,9 @@ impl Inner {
             if let Some((name, _)) = penalty(item) {
                 cmd.arg(name);
             }
+            if let Some(overrides) = item.record.overrides.as_ref().filter(|_| deciding) {
+                cmd.arg(&overrides.name);
+            }
         }
         // Every number as one string of little-endian doubles, exact below 2^53 (the script
         // reads them with one `struct.unpack` instead of one `tonumber` each).
@@ -1157,11 +1296,13 @@ impl Inner {
             packed.push(candidates.len() as u64);
             packed.push(params::mode_code(item.mode));
             packed.push(params::units_arg(item.cost));
-            // Deciding, the five undo numbers give way to the penalty's count (0: none).
+            // Deciding, the five undo numbers give way to the penalty's count (0: none) and
+            // whether the rule has overrides.
             match (deciding, penalty(item)) {
                 (true, found) => {
                     packed.push(found.map_or(0, |(_, args)| args.len() as u64));
-                    packed.0.extend_from_slice(&[0; 32]);
+                    packed.push(u64::from(item.record.overrides.is_some()));
+                    packed.0.extend_from_slice(&[0; 24]);
                 }
                 (false, _) => {
                     packed.push(item.undo.steady);
@@ -1212,10 +1353,24 @@ impl Packed {
     }
 }
 
+/// Per record (or item) of a call: the override it was decided under, if any.
+type Applied = SmallVec<[Option<Limit>; 2]>;
+
 /// Reads the script's reply: twelve integers per item, then the time the script used, as
-/// little-endian doubles.
-fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, StoreError> {
-    if reply.len() != 8 * (12 * items.len() + 1) {
+/// little-endian doubles; then, `deciding` items of overridable rules, the overrides' part.
+fn decode(
+    reply: &[u8],
+    items: &[Item<'_>],
+    deciding: bool,
+) -> Result<(Vec<(Outcome, Taken)>, Applied), StoreError> {
+    let fixed = 8 * (12 * items.len() + 1);
+    let (reply, applied) = if deciding && items.iter().any(|i| i.record.overrides.is_some()) {
+        let (head, tail) = reply.split_at(fixed.min(reply.len()));
+        (head, read_applied(tail, items)?)
+    } else {
+        (reply, items.iter().map(|_| None).collect())
+    };
+    if reply.len() != fixed {
         return Err(protocol(format!(
             "the script answered {} bytes for {} charges",
             reply.len(),
@@ -1284,7 +1439,42 @@ fn decode(reply: &[u8], items: &[Item<'_>]) -> Result<Vec<(Outcome, Taken)>, Sto
             };
             Ok((outcome, taken))
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(|results| (results, applied))
+}
+
+/// The overrides' part of a reply: per overridable item, the length of the value applied (0:
+/// none) as a double, then the value.
+fn read_applied(mut tail: &[u8], items: &[Item<'_>]) -> Result<Applied, StoreError> {
+    let mut applied = Applied::with_capacity(items.len());
+    for item in items {
+        if item.record.overrides.is_none() {
+            applied.push(None);
+            continue;
+        }
+        let (length, rest) = tail
+            .split_first_chunk::<8>()
+            .ok_or_else(|| protocol("the script's reply ends before its overrides".to_owned()))?;
+        let length = f64::from_le_bytes(*length);
+        if !(length >= 0.0 && length <= rest.len() as f64) || length.fract() != 0.0 {
+            return Err(protocol(format!(
+                "the script answered an override of {length} bytes"
+            )));
+        }
+        let (value, rest) = rest.split_at(length as usize);
+        applied.push(match value {
+            [] => None,
+            value => Some(overrides::decode(value)?.1),
+        });
+        tail = rest;
+    }
+    if !tail.is_empty() {
+        return Err(protocol(format!(
+            "the script answered {} bytes after its overrides",
+            tail.len()
+        )));
+    }
+    Ok(applied)
 }
 
 fn protocol(message: String) -> StoreError {

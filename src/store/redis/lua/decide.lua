@@ -1,6 +1,6 @@
 -- Deciding, for the charge and the check: every record read with its penalty's block key and
--- numbers, each candidate evaluated and the better one chosen (a sharded rule's two shards), a
--- blocked key denied; and a denial's offence.
+-- numbers and its override (overrides.lua), each candidate evaluated and the better one chosen
+-- (a sharded rule's two shards), a blocked key denied; and a denial's offence.
 
 local records = {}
 for r = 1, count do
@@ -11,6 +11,10 @@ for r = 1, count do
     rec.pen = { key = keys[k], forget = argv[a], ds = ds }
     k = k + 1
     a = a + rec.aux
+  end
+  if rec.at == 1 then
+    override(rec, keys[k])
+    k = k + 1
   end
   records[r] = rec
 end

@@ -7,17 +7,19 @@
 //! |---|---|---|
 //! | [`BUCKET_NOW`], [`BUCKET_AT`] | a token bucket's charge of one key (`fast.rs`), on the server's time or a test clock's | `fast.lua`, `fast_bucket_now.lua` or `fast_bucket_at.lua`, `fast_bucket.lua` |
 //! | [`SLIDING`], [`FIXED`] | a sliding or fixed window's charge of one key (`fast.rs`) | `fast.lua`, `fast_sliding.lua` or `fast_fixed.lua` |
-//! | [`CHARGE`] | any other charge: a batch, all or nothing | the time, the algorithms, `records.lua`, `decide.lua`, `charge.lua` |
+//! | [`CHARGE`] | any other charge: a batch, all or nothing | the time, the algorithms, `records.lua`, `overrides.lua`, `decide.lua`, `charge.lua` |
 //! | [`CHECK`] | a cross-slot batch's later slots after a denial | as the charge, ending in `check.lua` |
 //! | [`REFUND`] | `Store::refund` | the time, the algorithms, `records.lua`, `settle.lua`, `refund.lua` |
 //! | [`UNDO`] | a cross-slot batch's earlier slots after a denial | as the refund, ending in `undo.lua` |
 //! | [`BLOCK`] | `Store::set_block` | the time, `integers.lua`, `blocks.lua`, `block.lua` |
+//! | [`OVERRIDE`] | `Store::set_override` | the time, `integers.lua`, `override.lua` |
 //! | [`LEASE`] | renewing concurrency leases (`leases.rs`) | `lease.lua` alone |
 //!
 //! The algorithms' parts are `integers.lua`, `blocks.lua` (deciding only), `numbers.lua`,
 //! `token_bucket.lua`, `calendar.lua`, `fixed_window.lua`, `sliding_window.lua`,
 //! `sliding_log.lua`, `burst_pool.lua` and `slots.lua` (concurrency leases). A reset needs no
-//! script: it deletes the rule's keys and its block key (`DEL`); a lease given back is a `ZREM`.
+//! script: it deletes the rule's keys and its block key (`DEL`); a lease given back is a `ZREM`;
+//! an override cleared is a `DEL`.
 
 use ::redis::Script;
 
@@ -84,6 +86,7 @@ pub(super) const CHARGE: &str = concat!(
     time!(),
     include_str!("blocks.lua"),
     algorithms!(),
+    include_str!("overrides.lua"),
     include_str!("decide.lua"),
     include_str!("charge.lua"),
 );
@@ -93,6 +96,7 @@ pub(super) const CHECK: &str = concat!(
     time!(),
     include_str!("blocks.lua"),
     algorithms!(),
+    include_str!("overrides.lua"),
     include_str!("decide.lua"),
     include_str!("check.lua"),
 );
@@ -119,6 +123,9 @@ pub(super) const BLOCK: &str = concat!(
     include_str!("blocks.lua"),
     include_str!("block.lua")
 );
+
+/// A key's override set.
+pub(super) const OVERRIDE: &str = concat!(time!(), include_str!("override.lua"));
 
 /// Concurrency leases renewed.
 pub(super) const LEASE: &str = include_str!("lease.lua");
@@ -165,6 +172,7 @@ pub(super) struct Scripts {
     pub(super) refund: Lua,
     pub(super) undo: Lua,
     pub(super) block: Lua,
+    pub(super) set_override: Lua,
 }
 
 impl Scripts {
@@ -179,11 +187,12 @@ impl Scripts {
             refund: Lua::new(REFUND),
             undo: Lua::new(UNDO),
             block: Lua::new(BLOCK),
+            set_override: Lua::new(OVERRIDE),
         }
     }
 
     /// Every one, to load when the store connects.
-    pub(super) fn all(&self) -> [&Lua; 9] {
+    pub(super) fn all(&self) -> [&Lua; 10] {
         [
             &self.bucket_now,
             &self.bucket_at,
@@ -194,6 +203,7 @@ impl Scripts {
             &self.refund,
             &self.undo,
             &self.block,
+            &self.set_override,
         ]
     }
 }
@@ -209,7 +219,8 @@ mod tests {
         use std::path::Path;
 
         let scripts = [
-            BUCKET_NOW, BUCKET_AT, SLIDING, FIXED, CHARGE, CHECK, REFUND, UNDO, BLOCK, LEASE,
+            BUCKET_NOW, BUCKET_AT, SLIDING, FIXED, CHARGE, CHECK, REFUND, UNDO, BLOCK, OVERRIDE,
+            LEASE,
         ];
         let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/redis/lua");
         let mut parts = 0;

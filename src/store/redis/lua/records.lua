@@ -5,15 +5,17 @@
 --          for a sharded rule's two candidate shards), mode (0 charge, 1 check, 2 reserve), cost,
 --          aux (undo: the units a burst pool took from its steady bucket; charge and check: how
 --          many penalty numbers follow the candidates, 0 for a rule without a penalty), at
---          (undo: the time of the charge), created (undo: 1 when the charge found no key, which
---          it then created), two numbers (undo: the state the charge found, as its reply gave
---          it), then n times: algorithm code and parameters (see `read`), then (charge and
---          check) the penalty's numbers: forget_after, then the block durations in order of
---          offence (µs).
+--          (undo: the time of the charge; charge and check: 1 for a rule with overrides, else 0),
+--          created (undo: 1 when the charge found no key, which it then created), two numbers
+--          (undo: the state the charge found, as its reply gave it), then n times: algorithm
+--          code and parameters (see `read`), then (charge and check) the penalty's numbers:
+--          forget_after, then the block durations in order of offence (µs).
 -- KEYS     one per candidate, in order, each record's block key after its candidates (charge
---          and check, rules with a penalty).
+--          and check, rules with a penalty), then its override key (charge and check, rules with
+--          overrides).
 -- Reply    one string of little-endian doubles, like ARGV[1] (cheaper to build and to read than
---          an array reply): twelve integers per record (see `answer`), then the time used.
+--          an array reply): twelve integers per record (see `answer`), then the time used; then,
+--          when a record of an overridable rule was decided, the overrides' part (overrides.lua).
 
 -- Each call defines only the algorithms its records use (a script runs from the top every time).
 local MAKERS = { make_bucket, make_fixed, make_sliding, make_log, make_pool, make_slots }
@@ -167,8 +169,12 @@ local function answer(rec, res)
   )
 end
 
--- The reply: every record's answer, then the time used.
+-- The overrides' part of the reply (overrides.lua), when a record reads one.
+local tail = false
+
+-- The reply: every record's answer, then the time used (and the overrides' part).
 local function finish()
   reply[#reply + 1] = struct.pack('<d', now)
+  if tail then reply[#reply + 1] = table.concat(tail) end
   return table.concat(reply)
 end

@@ -1,0 +1,491 @@
+//! Per-key overrides on Redis (DESIGN §19): a key of an overridable rule charged under a limit of
+//! its own until the override ends.
+//!
+//! An override is one string key beside the counters, `<prefix>:override:{<tag>}:<rule>` (the
+//! counters' slot), written by the `OVERRIDE` script and read by the charge's own script call
+//! (only for overridable rules): its value carries the numbers the script charges under, in the
+//! encoding of the call's own numbers, so the script swaps them in for the rule's. The value,
+//! all little-endian:
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 0–7 | `until`: when the override ends (µs, by the clock of the call that set it), a double |
+//! | 8–15 | the format's version, 1, a double |
+//! | 16–23 | `S`, how many of the script's numbers follow, a double |
+//! | 24–31 | the largest cost a charge or check can pass under the limit, a double |
+//! | 32… | the `S` numbers the script charges under (those of `params::push` for an unbounded reservation of nothing: the script puts in what a request's cost and mode change) |
+//! | then | the limit for the Rust side, as 64-bit integers (see [`describe`]) |
+//!
+//! The key's expiry (`PX`) is the override's TTL (plus a test clock's slack): it goes by
+//! itself, and while it lasts the script applies it only while `until` is ahead. A value that
+//! cannot be read is an error (a `Protocol` error on the Rust side, an error reply from the
+//! script), never a panic or a silent limit.
+
+use std::time::Duration;
+
+use ::redis::{Cmd, Pipeline, Value};
+
+use super::{conn, keys, params, push_now, Inner, Packed};
+use crate::algorithm::{
+    duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Limit, Micros, Mode,
+    ReserveBound, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
+};
+use crate::key::KeyValue;
+use crate::store::{OverrideCursor, OverrideEntry, OverridePage, StoreError, StoreErrorKind};
+
+/// The format's version, in every value.
+const VERSION: f64 = 1.0;
+/// The header: until, version, count of the script's numbers, largest cost.
+const HEADER: usize = 32;
+
+/// The value of an override of `limit` for `key` under `rule`, without its first eight bytes
+/// (`until`, which the `OVERRIDE` script writes by its clock).
+pub(super) fn encode(limit: &Limit, rule: &str, key: &[u8]) -> Vec<u8> {
+    let algorithm = limit.algorithm();
+    let mut numbers = params::Args::new();
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    match algorithm {
+        // A slot's lease and id are the request's: the script keeps them.
+        Algorithm::Concurrency(slots) => params::push_slots(&mut numbers, slots, 0, 0),
+        _ => params::push(&mut numbers, algorithm, rule, key, 0, unbounded),
+    }
+    let mut value = Packed(Vec::with_capacity(HEADER + 8 * numbers.len() + 80));
+    value.0.extend_from_slice(&VERSION.to_le_bytes());
+    value.push(numbers.len() as u64);
+    value.push(algorithm.max_cost(Mode::Charge).min(params::EXACT));
+    for &n in &numbers {
+        value.push(n);
+    }
+    for word in describe(algorithm) {
+        value.0.extend_from_slice(&word.to_le_bytes());
+    }
+    value.0
+}
+
+/// The limit as 64-bit integers: the algorithm's code (as in the script), then its numbers as
+/// its constructors take them (periods and offsets in µs, a window start as its kind — 0 per
+/// key, 1 aligned — and offset in seconds and nanoseconds, a calendar month's UTC offset as a
+/// signed µs count after a flag).
+fn describe(algorithm: &Algorithm) -> Vec<u64> {
+    let bucket = |tb: &TokenBucket| [tb.rate(), micros(tb.period()), tb.capacity(), tb.initial()];
+    let start = |start: WindowStart| match start {
+        WindowStart::PerKey => [0, 0, 0],
+        WindowStart::Aligned(at) => [1, at.as_secs(), u64::from(at.subsec_nanos())],
+    };
+    let mut words = Vec::with_capacity(12);
+    match algorithm {
+        Algorithm::TokenBucket(tb) => {
+            words.push(1);
+            words.extend(bucket(tb));
+        }
+        Algorithm::FixedWindow(w) => {
+            words.extend([2, w.limit(), micros(w.period()), w.capacity()]);
+            words.extend(start(w.start()));
+            match w.months() {
+                Some(utc) => words.extend([1, utc as u64]),
+                None => words.extend([0, 0]),
+            }
+        }
+        Algorithm::SlidingWindow(w) => {
+            words.extend([3, w.limit(), micros(w.period())]);
+            words.extend(start(w.start()));
+        }
+        Algorithm::SlidingLog(w) => words.extend([4, w.limit(), micros(w.period())]),
+        Algorithm::BurstPool(p) => {
+            words.push(5);
+            words.extend(bucket(p.steady()));
+            words.extend(bucket(p.pool()));
+        }
+        Algorithm::Concurrency(c) => words.extend([6, c.max()]),
+    }
+    words
+}
+
+/// Reads a value back: when it ends, and the limit. Anything malformed is a `Protocol` error.
+pub(super) fn decode(raw: &[u8]) -> Result<(Micros, Limit), StoreError> {
+    let bad = |what: &str| protocol(format!("an override's value is malformed: {what}"));
+    if raw.len() < HEADER || raw.len() % 8 != 0 {
+        return Err(bad("too short"));
+    }
+    let double = |i: usize| f64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    let until = double(0);
+    if double(1) != VERSION {
+        return Err(bad("unknown version"));
+    }
+    let count = double(2);
+    if !(until.is_finite() && until >= 0.0 && (0.0..=16.0).contains(&count)) {
+        return Err(bad("header"));
+    }
+    let words_at = HEADER + 8 * count as usize;
+    if raw.len() < words_at {
+        return Err(bad("too short"));
+    }
+    let words: Vec<u64> = raw[words_at..]
+        .chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        .collect();
+    let limit = rebuild(&words).ok_or_else(|| bad("unknown limit"))?;
+    // A limit that would not pass the checks a set passes is no limit to charge under.
+    if limit.check("override").is_err() {
+        return Err(bad("unusable limit"));
+    }
+    Ok((until as Micros, limit))
+}
+
+fn rebuild(words: &[u64]) -> Option<Limit> {
+    let period = |us: u64| Duration::from_micros(us);
+    let bucket = |w: &[u64]| {
+        TokenBucket::new(w[0], period(w[1]))
+            .with_capacity(w[2])
+            .with_initial(w[3])
+    };
+    let start = |w: &[u64]| match w[0] {
+        0 => Some(WindowStart::PerKey),
+        1 => Some(WindowStart::Aligned(Duration::new(
+            w[1],
+            u32::try_from(w[2]).ok().filter(|&n| n < 1_000_000_000)?,
+        ))),
+        _ => None,
+    };
+    let algorithm = match *words.first()? {
+        1 if words.len() == 5 => Algorithm::TokenBucket(bucket(&words[1..])),
+        2 if words.len() == 9 => {
+            let w = match words[7] {
+                0 => FixedWindow::new(words[1], period(words[2])),
+                1 => FixedWindow::calendar_months(words[1], words[8] as i64),
+                _ => return None,
+            };
+            Algorithm::FixedWindow(w.with_capacity(words[3]).with_start(start(&words[4..7])?))
+        }
+        3 if words.len() == 6 => Algorithm::SlidingWindow(
+            SlidingWindow::new(words[1], period(words[2])).with_start(start(&words[3..6])?),
+        ),
+        4 if words.len() == 3 => Algorithm::SlidingLog(SlidingLog::new(words[1], period(words[2]))),
+        5 if words.len() == 9 => {
+            Algorithm::BurstPool(BurstPool::new(bucket(&words[1..5]), bucket(&words[5..9])))
+        }
+        6 if words.len() == 2 => Algorithm::Concurrency(Concurrency::new(words[1])),
+        _ => return None,
+    };
+    Some(Limit::from(algorithm))
+}
+
+/// The cursor of a listing: the node (on a cluster, by the first slot its master serves), the
+/// node's `SCAN` cursor, and how many of that step's names (sorted) earlier pages listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct At {
+    slot: Option<u16>,
+    scan: u64,
+    skip: usize,
+}
+
+impl At {
+    fn cursor(self) -> OverrideCursor {
+        let text = match self.slot {
+            Some(slot) => format!("c{slot}.{}.{}", self.scan, self.skip),
+            None => format!("r{}.{}", self.scan, self.skip),
+        };
+        OverrideCursor::from_bytes(text)
+    }
+
+    fn read(cursor: &OverrideCursor, cluster: bool) -> Result<At, StoreError> {
+        let bad = || {
+            StoreError::new(
+                StoreErrorKind::BadCursor,
+                format!("{cursor:?} is not a cursor of this Redis store's override listings"),
+            )
+        };
+        let text = std::str::from_utf8(cursor.as_bytes()).map_err(|_| bad())?;
+        let (slot, rest) = match (cluster, text.split_at_checked(1)) {
+            (true, Some(("c", rest))) => {
+                let (slot, rest) = rest.split_once('.').ok_or_else(bad)?;
+                let slot: u16 = slot.parse().map_err(|_| bad())?;
+                if slot >= 16_384 {
+                    return Err(bad());
+                }
+                (Some(slot), rest)
+            }
+            (false, Some(("r", rest))) => (None, rest),
+            _ => return Err(bad()),
+        };
+        let (scan, skip) = rest.split_once('.').ok_or_else(bad)?;
+        Ok(At {
+            slot,
+            scan: scan.parse().map_err(|_| bad())?,
+            skip: skip.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl Inner {
+    /// Sets (`Some`) or removes (`None`) the override of `key` under `rule`.
+    pub(super) async fn set_override(
+        &self,
+        rule: &str,
+        key: &[u8],
+        limit: Option<(&Limit, Duration)>,
+        now: Option<Micros>,
+    ) -> Result<(), StoreError> {
+        let name = keys::override_name(&self.prefix, rule, key);
+        let mut conn = self.conn.clone();
+        match limit {
+            None => {
+                let mut cmd = ::redis::cmd("DEL");
+                cmd.arg(&name);
+                conn.query::<i64>(&cmd).await.map_err(conn::error)?;
+            }
+            Some((limit, ttl)) => {
+                // The script writes `until` by its clock, in the same step as the key.
+                let script = &self.scripts.set_override;
+                let mut cmd = Cmd::new();
+                cmd.arg("EVALSHA").arg(script.hash()).arg(1).arg(&name);
+                let mut packed = Packed(Vec::with_capacity(8 * 3));
+                push_now(&mut packed, now);
+                packed.push(micros(ttl).clamp(1, params::MAX_SPAN));
+                cmd.arg(packed.0.as_slice());
+                cmd.arg(encode(limit, rule, key));
+                let _: Vec<u8> = conn.eval(script, &cmd).await.map_err(conn::error)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Up to `count` of `rule`'s overrides in force: one `SCAN` step of one node, from `cursor`.
+    pub(super) async fn list_overrides(
+        &self,
+        rule: &str,
+        cursor: Option<&OverrideCursor>,
+        count: usize,
+    ) -> Result<OverridePage, StoreError> {
+        let cluster = self.is_cluster();
+        let count = count.clamp(1, crate::store::MAX_OVERRIDE_PAGE);
+        let mut masters = None;
+        let at = match cursor {
+            Some(cursor) => At::read(cursor, cluster)?,
+            None if cluster => match self.masters(&mut masters).await?.first() {
+                Some(&slot) => At {
+                    slot: Some(slot),
+                    scan: 0,
+                    skip: 0,
+                },
+                None => return Ok(OverridePage::default()),
+            },
+            None => At {
+                slot: None,
+                scan: 0,
+                skip: 0,
+            },
+        };
+        let (next, mut listed) = self.scan_step(at.scan, at.slot, "override", rule).await?;
+        let total = listed.len();
+        let page: Vec<(Vec<u8>, Vec<u8>)> = listed.drain(..).skip(at.skip).take(count).collect();
+        let names: Vec<&[u8]> = page.iter().map(|(_, name)| name.as_slice()).collect();
+        let (now, values) = self.read_values(&names, at.slot).await?;
+        let mut entries = Vec::with_capacity(page.len());
+        for ((key, _), value) in page.into_iter().zip(values) {
+            let Some(raw) = value else { continue };
+            let (until, limit) = decode(&raw)?;
+            if until > now {
+                entries.push(OverrideEntry {
+                    key: KeyValue::new(&key),
+                    limit,
+                    expires_in: duration(until - now),
+                });
+            }
+        }
+        let next = if at.skip + count < total {
+            Some(At {
+                skip: at.skip + count,
+                ..at
+            })
+        } else {
+            match (next, at.slot) {
+                (0, None) => None,
+                (0, Some(slot)) => {
+                    let masters = self.masters(&mut masters).await?;
+                    masters.iter().find(|&&s| s > slot).map(|&slot| At {
+                        slot: Some(slot),
+                        scan: 0,
+                        skip: 0,
+                    })
+                }
+                (scan, slot) => Some(At {
+                    slot,
+                    scan,
+                    skip: 0,
+                }),
+            }
+        };
+        Ok(OverridePage {
+            entries,
+            next: next.map(At::cursor),
+        })
+    }
+
+    /// The time (the injected clock's, or the server's `TIME`) and each of `names`' values, in
+    /// one pipeline on the node of `slot`.
+    async fn read_values(
+        &self,
+        names: &[&[u8]],
+        slot: Option<u16>,
+    ) -> Result<(Micros, Vec<Option<Vec<u8>>>), StoreError> {
+        if names.is_empty() {
+            return Ok((0, Vec::new()));
+        }
+        let injected = self.injected_now()?;
+        let mut pipe = Pipeline::new();
+        if injected.is_none() {
+            pipe.cmd("TIME");
+        }
+        for name in names {
+            pipe.cmd("GET").arg(*name);
+        }
+        let mut answers = self
+            .conn
+            .clone()
+            .pipeline_on(pipe, slot)
+            .await
+            .map_err(conn::error)?
+            .into_iter();
+        let now = match injected {
+            Some(now) => now,
+            None => super::listing::server_time(answers.next())?,
+        };
+        let values = answers
+            .map(|value| match value {
+                Value::BulkString(raw) => Ok(Some(raw)),
+                Value::Nil => Ok(None),
+                other => Err(protocol(format!("GET of an override answered {other:?}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((now, values))
+    }
+}
+
+/// What an override changes in a charge's script numbers when the script did not (an undo of a
+/// charge made under it, on a cluster): the candidate's numbers under `limit`.
+pub(super) fn numbers_under(
+    limit: &Limit,
+    own: &params::Args,
+    rule: &str,
+    key: &[u8],
+    cost: u64,
+    mode: Mode,
+) -> params::Args {
+    let mut args = params::Args::new();
+    match limit.algorithm() {
+        Algorithm::Concurrency(slots) => {
+            let (lease, id) = (own.get(2).copied(), own.get(3).copied());
+            params::push_slots(&mut args, slots, lease.unwrap_or(0), id.unwrap_or(0));
+        }
+        algorithm => params::push(&mut args, algorithm, rule, key, cost, mode),
+    }
+    args
+}
+
+fn protocol(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(limit: Limit) {
+        let mut raw = 1_750_000_000_000_000f64.to_le_bytes().to_vec();
+        raw.extend(encode(&limit, "r", b"k"));
+        let (until, back) = decode(&raw).unwrap();
+        assert_eq!(until, 1_750_000_000_000_000);
+        assert_eq!(back, limit);
+    }
+
+    #[test]
+    fn every_limit_reads_back() {
+        let minute = Duration::from_secs(60);
+        for limit in [
+            Limit::per_minute(10),
+            Limit::token_bucket(3, Duration::from_millis(1_500))
+                .capacity(7)
+                .initial(2),
+            Limit::fixed_window(100, minute),
+            Limit::fixed_window(100, minute).capacity(250).aligned(),
+            Limit::fixed_window(5, Duration::from_secs(3_600))
+                .aligned_at(Duration::new(1_800, 250_000_000)),
+            Limit::calendar_month(10_000, -5 * 3_600),
+            Limit::calendar_week(700, 3_600),
+            Limit::sliding_window(50, minute),
+            Limit::sliding_window(50, minute).aligned(),
+            Limit::sliding_log(20, Duration::from_secs(10)),
+            Limit::per_second(5).pool(100, 10, minute),
+            Limit::concurrent(8),
+        ] {
+            round_trip(limit);
+        }
+    }
+
+    #[test]
+    fn malformed_values_are_protocol_errors() {
+        let mut good = 1.0f64.to_le_bytes().to_vec();
+        good.extend(encode(&Limit::per_minute(10), "r", b"k"));
+        let mut cases: Vec<Vec<u8>> = vec![
+            Vec::new(),
+            b"1,2".to_vec(),
+            good[..good.len() - 8].to_vec(),
+            good[..good.len() - 3].to_vec(),
+            good[..40].to_vec(),
+        ];
+        let mut version = good.clone();
+        version[8..16].copy_from_slice(&2f64.to_le_bytes());
+        cases.push(version);
+        let mut count = good.clone();
+        count[16..24].copy_from_slice(&1e9f64.to_le_bytes());
+        cases.push(count);
+        let mut kind = good.clone();
+        let at = good.len() - 40;
+        kind[at..at + 8].copy_from_slice(&9u64.to_le_bytes());
+        cases.push(kind);
+        let mut zero = good.clone();
+        zero[at + 8..at + 16].copy_from_slice(&0u64.to_le_bytes());
+        cases.push(zero);
+        for raw in cases {
+            let error = decode(&raw).unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::Protocol, "{raw:?}");
+        }
+        assert!(decode(&good).is_ok());
+    }
+
+    #[test]
+    fn cursors_read_back_and_foreign_ones_are_refused() {
+        for (at, cluster) in [
+            (
+                At {
+                    slot: None,
+                    scan: 0,
+                    skip: 100,
+                },
+                false,
+            ),
+            (
+                At {
+                    slot: Some(5461),
+                    scan: u64::MAX,
+                    skip: 0,
+                },
+                true,
+            ),
+        ] {
+            assert_eq!(At::read(&at.cursor(), cluster).unwrap(), at);
+        }
+        for (text, cluster) in [
+            (&b"r1"[..], false),
+            (b"c1.2.3", false),
+            (b"r1.2", true),
+            (b"c16384.0.0", true),
+            (b"\xff", false),
+            (b"", true),
+        ] {
+            let error = At::read(&OverrideCursor::from_bytes(text), cluster).unwrap_err();
+            assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text:?}");
+        }
+    }
+}
