@@ -150,8 +150,16 @@ async fn seen_through_the_other(target: Target<'_>, prefix: &str) {
         assert_eq!(entries[0].key.as_bytes(), b"acme");
         assert_eq!(entries[0].limit, Limit::per_minute(10));
         assert_eq!(entries[0].expires_in, DAY - Duration::from_secs(3_600));
+        // One key read alone, as the admin API reads it.
+        let read = instance.override_of("api", "acme").await.unwrap().unwrap();
+        assert_eq!(
+            (read.limit, read.expires_in),
+            (Limit::per_minute(10), DAY - Duration::from_secs(3_600))
+        );
+        assert_eq!(instance.override_of("api", "other").await.unwrap(), None);
     }
     one.clear_override("api", "acme").await.unwrap();
+    assert_eq!(two.override_of("api", "acme").await.unwrap(), None);
     // The bucket is full again after an hour: 2, less this request.
     assert_eq!(
         summary(&send(&two_app, request("acme")).await),

@@ -724,6 +724,15 @@ impl Store for RedisStore {
         })
     }
 
+    fn override_of(
+        &self,
+        rule: &str,
+        key: &[u8],
+    ) -> StoreFuture<Option<crate::store::OverrideEntry>> {
+        let (inner, rule, key) = (self.inner.clone(), rule.to_owned(), key.to_vec());
+        StoreFuture::pending(async move { inner.listing(inner.override_now(&rule, &key)).await })
+    }
+
     fn overrides(
         &self,
         rule: &str,

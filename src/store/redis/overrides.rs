@@ -322,6 +322,27 @@ impl Inner {
         })
     }
 
+    /// The override of `key` under `rule` in force now, if any: its value and the time, in one
+    /// pipeline on the key's node.
+    pub(super) async fn override_now(
+        &self,
+        rule: &str,
+        key: &[u8],
+    ) -> Result<Option<OverrideEntry>, StoreError> {
+        let name = keys::override_name(&self.prefix, rule, key);
+        let slot = self.is_cluster().then(|| keys::slot(&name));
+        let (now, mut values) = self.read_values(&[&name], slot).await?;
+        let Some(raw) = values.pop().flatten() else {
+            return Ok(None);
+        };
+        let (until, limit) = decode(&raw)?;
+        Ok((until > now).then(|| OverrideEntry {
+            key: KeyValue::new(key),
+            limit,
+            expires_in: duration(until - now),
+        }))
+    }
+
     /// The time (the injected clock's, or the server's `TIME`) and each of `names`' values, in
     /// one pipeline on the node of `slot`.
     async fn read_values(

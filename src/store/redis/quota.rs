@@ -27,6 +27,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
@@ -99,12 +100,26 @@ struct Found {
     give_back: Option<(Arc<Record>, u64)>,
 }
 
-/// A slot of the table: a lease held, or one being asked for (its sender is dropped when the
-/// answer is in, which wakes the charges waiting for it).
+/// A slot of the table: a lease held, or one being asked for.
 enum Slot {
     Held(Held),
-    /// Turns `false` if the call failed.
-    Asking(watch::Receiver<bool>),
+    Asking(Asking),
+}
+
+/// A lease being asked for: its sender is dropped when the answer is in (turning `false` first
+/// if the call failed), which wakes the charges waiting for it; `waiting` sums their costs, so
+/// the lease asked for covers them.
+#[derive(Clone)]
+struct Asking {
+    answered: watch::Receiver<bool>,
+    waiting: Arc<AtomicU64>,
+}
+
+impl Asking {
+    /// Whether the charge asking is still at it (it was not dropped, and has not answered).
+    fn live(&self) -> bool {
+        self.answered.has_changed().is_ok()
+    }
 }
 
 /// What a charge does after looking in the table.
@@ -114,8 +129,9 @@ enum Lookup {
     /// Another charge of this instance is asking Redis for the key's next lease: wait for it
     /// rather than ask too (on a hot key, dozens of charges would each ask for a lease at once).
     Wait(watch::Receiver<bool>),
-    /// Ask Redis; the sender (when this charge registered its asking) wakes those waiting.
-    Ask(Found, Option<watch::Sender<bool>>),
+    /// Ask Redis; the sender (when this charge registered its asking) wakes those waiting, whose
+    /// costs add up in the counter.
+    Ask(Found, Option<(watch::Sender<bool>, Arc<AtomicU64>)>),
 }
 
 impl Quotas {
@@ -150,6 +166,19 @@ impl Quotas {
             give_back: None,
         };
         match shard.get_mut(&hash) {
+            // While a lease is asked for, charges queue behind it (a charge arriving now does not
+            // take units those waiting were promised), and the lease asked for covers them.
+            Some(Slot::Asking(asking)) if asking.live() && may_wait => {
+                asking.waiting.fetch_add(cost, Ordering::Relaxed);
+                return Lookup::Wait(asking.answered.clone());
+            }
+            // Waited long enough: decided exactly, beside the one asking.
+            Some(Slot::Asking(asking)) if asking.live() => {
+                found.exact = true;
+                return Lookup::Ask(found, None);
+            }
+            // A charge that asked was dropped: nobody is asking.
+            Some(Slot::Asking(_)) => {}
             Some(Slot::Held(held)) => {
                 let live = held.limit_id == limit_id && now < held.until;
                 if live && held.units >= cost {
@@ -162,14 +191,6 @@ impl Quotas {
                     found.give_back = Some((held.record.clone(), held.units));
                 }
             }
-            // A charge that asked was dropped (its sender with it): nobody is asking.
-            Some(Slot::Asking(asking)) if asking.has_changed().is_err() => {}
-            Some(Slot::Asking(asking)) if may_wait => return Lookup::Wait(asking.clone()),
-            // Waited long enough: decided exactly, beside the one asking.
-            Some(Slot::Asking(_)) => {
-                found.exact = true;
-                return Lookup::Ask(found, None);
-            }
             None => {}
         }
         shard.remove(&hash);
@@ -177,15 +198,22 @@ impl Quotas {
             // Ended leases make room; their units are not given back (under-admission only).
             shard.retain(|_, slot| match slot {
                 Slot::Held(held) => now < held.until,
-                Slot::Asking(asking) => asking.has_changed().is_ok(),
+                Slot::Asking(asking) => asking.live(),
             });
             if shard.len() >= self.per_shard {
                 return Lookup::Ask(found, None);
             }
         }
-        let (sender, receiver) = watch::channel(true);
-        shard.insert(hash, Slot::Asking(receiver));
-        Lookup::Ask(found, Some(sender))
+        let (sender, answered) = watch::channel(true);
+        let waiting = Arc::new(AtomicU64::new(0));
+        shard.insert(
+            hash,
+            Slot::Asking(Asking {
+                answered,
+                waiting: waiting.clone(),
+            }),
+        );
+        Lookup::Ask(found, Some((sender, waiting)))
     }
 
     /// Keeps `new` for the key; returns the units that exceed `most` once merged with a lease
@@ -264,10 +292,10 @@ pub(super) fn charge<T>(
         let (found, asking) = loop {
             match next {
                 Lookup::Wait(mut asking) => {
-                    // Granted, refused or dropped: the sender is gone either way. A lease
-                    // serves `units` charges, so among many waiting some look again several
-                    // times; past MAX_WAITS a charge is decided exactly. A call that failed
-                    // fails those waiting for it: none waits past one call's timeout for it.
+                    // Granted, refused or dropped: the sender is gone either way. The lease
+                    // covered the charges waiting when it was asked for; one that came later
+                    // waits for the next (past MAX_WAITS it is decided exactly). A call that
+                    // failed fails those waiting for it: none waits past one call's timeout.
                     let _ = asking.changed().await;
                     if !*asking.borrow() {
                         return Err(StoreError::new(
@@ -287,23 +315,25 @@ pub(super) fn charge<T>(
                 Lookup::Admitted(outcome) => return finish(smallvec![outcome]),
             }
         };
-        let outcome = acquire(&store, &owned, &lease, found, hash, limit_id).await;
+        let waiting = asking.as_ref().map(|(_, waiting)| waiting.clone());
+        let outcome = acquire(&store, &owned, &lease, found, waiting, hash, limit_id).await;
         // Those waiting look again now that the lease (if any) is in the table.
-        if let (Some(asking), Err(_)) = (&asking, &outcome) {
-            asking.send_replace(false);
+        if let (Some((answered, _)), Err(_)) = (&asking, &outcome) {
+            answered.send_replace(false);
         }
         drop(asking);
         finish(smallvec![outcome?])
     })
 }
 
-/// Asks Redis for a lease big enough for `owned`'s charge (what `found` holds counts toward it),
-/// keeps what is left of it, and answers the charge.
+/// Asks Redis for a lease big enough for `owned`'s charge and for the charges `waiting` for it
+/// (what `found` holds counts toward it), keeps what is left of it, and answers the charge.
 async fn acquire(
     store: &RedisStore,
     owned: &Owned,
     lease: &Lease,
     found: Found,
+    waiting: Option<Arc<AtomicU64>>,
     hash: u64,
     limit_id: u64,
 ) -> Result<Outcome, StoreError> {
@@ -314,10 +344,16 @@ async fn acquire(
         give_back(inner, injected, &ended, units).await?;
     }
     let cost = owned.cost;
+    // `units`, or what this charge and those waiting for it need when more: they take it at
+    // once, so it is never held beyond the lease's `units`.
+    let waiting = waiting.map_or(0, |waiting| waiting.load(Ordering::Relaxed));
     let size = if found.exact {
         cost
     } else {
-        lease.units().max(cost)
+        lease
+            .units()
+            .max(cost.saturating_add(waiting))
+            .min(owned.algorithm.capacity().max(cost))
     };
     let need = cost - found.held.min(cost);
     let ask = size - found.held.min(size);
