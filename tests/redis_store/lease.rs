@@ -194,10 +194,9 @@ async fn on_a_hot_key_one_charge_asks_for_the_lease_and_the_others_wait_for_it()
         task.await.unwrap();
     }
     let used = server.command_calls("evalsha") - calls;
-    // 640 charges: 64 leases of 10, every charge waiting for the one asking (a charge that
-    // waited 64 rounds would be decided exactly, a call of its own).
-    assert!(used >= 64, "{used}");
-    assert!(used <= 64 + 8, "{used} calls for 640 charges");
+    // 640 charges: at most 64 calls (leases of 10), fewer when charges queue behind the one
+    // asking, as a slice asked for then covers them.
+    assert!(used <= 64, "{used} calls for 640 charges");
     let exact = instance(
         &server,
         &clock,

@@ -2,37 +2,34 @@
 //! one charge and admits the key's next charges from it locally, until the slice is spent or the
 //! lease ends.
 //!
-//! A charge of `cost` units on a leased key:
-//! - **Held, enough left, not ended**: admitted here, nothing sent. Its outcome is Redis's answer
-//!   to the lease's charge, with what this instance still holds counted as remaining and the
-//!   times moved on by the time since (an estimate: other instances' charges since are not
-//!   seen).
-//! - **Otherwise** one charge goes to Redis for `max(units, cost)` minus what is still held, so
-//!   the instance then holds `max(units, cost) − cost`; if Redis cannot grant that much, the
-//!   charge is decided exactly (a second call, only near the limit), and the units held go back.
-//!   A lease that ended goes back first (a token bucket's units at any time; a fixed window's
-//!   while its window lasts; a sliding window's never, as a unit given back later would count in
-//!   another window).
+//! The units a key holds are the permits of a semaphore, handed out first come, first served:
+//! - **Units held, nobody queued**: a charge takes its cost at once and is admitted here,
+//!   nothing sent. Its outcome is Redis's answer to the lease's charge, with the units still held
+//!   counted as remaining and the times moved on since (an estimate: other instances' charges
+//!   since are not seen).
+//! - **Not enough held**: the charge queues for its cost, and one charge at a time asks Redis for
+//!   the key's next lease: `units`, or what the charges queued need when more (they take it at
+//!   once). Charges arriving meanwhile queue behind, so on a hot key one call serves every charge
+//!   that came during the last one. If charges are still queued when a lease comes in, the next
+//!   one is asked for at once.
+//! - **Redis cannot grant the lease** (the limit is near): the queued charges are each decided
+//!   exactly (a call each, only near the limit).
+//! - **A call fails**: the charges queued for it fail with it, at once.
 //!
-//! Only one charge of a key asks Redis at a time on this instance: the others wait for its
-//! answer and are then admitted from the lease it brought (on a hot key, dozens of charges
-//! arrive while one lease is asked for).
-//!
-//! A fixed window's lease ends with its window (Redis's `next_unit_in` at the grant), so a
-//! window is never over-admitted. Only charges of one key lease; a batch of several rules,
-//! checks and reservations are decided exactly. At most `units` are held per key: a slice
-//! granted while another charge of the same key was already holding units gives back what
-//! exceeds `units`. Bounded like the deny cache: a full table leases nothing new (the charge is
-//! exact) until leases end.
+//! A lease that ended gives its unused units back to Redis: a token bucket's at any time, a fixed
+//! window's while its window lasts, a sliding window's never (a unit given back later would count
+//! in another window). A fixed window's lease ends with its window (Redis's `next_unit_in` at the
+//! grant), so a window is never over-admitted. Only charges of one key lease; a batch of several
+//! rules, checks and reservations are decided exactly. Bounded like the deny cache: a full table
+//! leases nothing new (the charge is exact) until leases end.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::watch;
-
 use smallvec::smallvec;
+use tokio::sync::Semaphore;
 
 use super::{Inner, Item, Op, Record, RedisStore, Taken};
 use crate::algorithm::{duration, micros, Algorithm, Lease, Micros, Mode, Outcome, Verdict};
@@ -40,39 +37,57 @@ use crate::store::{Charge, Outcomes, RuleName, StoreError, StoreErrorKind, Store
 
 const SHARDS: usize = 16;
 
-/// The most times one charge waits for a lease another charge of this instance is asking for
-/// (each wait is one call's round trip; among `n` charges waiting on a hot key, a lease of
-/// `units` admits `units` of them per call). Past it, the charge is decided exactly.
-const MAX_WAITS: u32 = 64;
+/// The most units one lease hands out as permits (tokio's semaphore holds fewer than `usize`).
+const MOST_PERMITS: u64 = 1 << 28;
 
 /// The leases this instance holds, by `(rule, key)`.
 pub(super) struct Quotas {
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Mutex<HashMap<u64, Slot>>]>,
+    shards: Box<[Mutex<HashMap<u64, Held>>]>,
     per_shard: usize,
 }
 
-/// One lease: what is left of it, until when, and what Redis said when it was granted.
+/// One key's lease: its units as permits, the charges queued for more, and what Redis said when
+/// the last slice was granted.
 struct Held {
-    units: u64,
-    /// The lease ends then (local clock).
+    queue: Arc<Queue>,
+    /// A charge of this instance is asking Redis for the next slice.
+    asking: bool,
+    /// The lease ends then (local clock); 0 before the first slice.
     until: Micros,
     /// Its units may go back to Redis until then (local clock).
     returnable_until: Micros,
     /// The limit it was granted under: a charge under another (a limit chosen per request) asks
-    /// Redis.
+    /// anew.
     limit_id: u64,
-    granted: Outcome,
-    granted_at: Micros,
     /// The key's record, to give units back.
     record: Arc<Record>,
 }
 
+/// The units of one lease and the charges queued for them.
+struct Queue {
+    permits: Semaphore,
+    /// The costs of the charges queued and not yet served (the one asking included, until it is
+    /// served).
+    queued: AtomicU64,
+    /// The last call for this lease failed: those queued fail too.
+    failed: AtomicBool,
+    /// Redis's answer to the last slice, and when it came.
+    granted: Mutex<Option<(Outcome, Micros)>>,
+}
+
+impl Queue {
+    /// The outcome of a charge admitted from these units at `now`.
+    fn outcome(&self, now: Micros) -> Option<Outcome> {
+        let (granted, at) = (*self.granted.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let held = self.permits.available_permits() as u64;
+        Some(with_held(granted, held, duration(now.saturating_sub(at))))
+    }
+}
+
 impl Held {
-    /// The outcome of a charge admitted from this lease at `now`.
-    fn outcome(&self, now: Micros) -> Outcome {
-        let since = duration(now.saturating_sub(self.granted_at));
-        with_held(self.granted, self.units, since)
+    fn live(&self, limit_id: u64, now: Micros) -> bool {
+        self.limit_id == limit_id && (self.asking || now < self.until)
     }
 }
 
@@ -90,48 +105,14 @@ fn with_held(outcome: Outcome, held: u64, since: std::time::Duration) -> Outcome
     }
 }
 
-/// What a charge found in the table before asking Redis.
-struct Found {
-    /// Units of a live lease, taken out to pay part of this charge.
-    held: u64,
-    /// Waited too long for another charge's lease: this one is decided exactly, for its cost.
-    exact: bool,
-    /// An ended lease's units to give back first.
-    give_back: Option<(Arc<Record>, u64)>,
-}
-
-/// A slot of the table: a lease held, or one being asked for.
-enum Slot {
-    Held(Held),
-    Asking(Asking),
-}
-
-/// A lease being asked for: its sender is dropped when the answer is in (turning `false` first
-/// if the call failed), which wakes the charges waiting for it; `waiting` sums their costs, so
-/// the lease asked for covers them.
-#[derive(Clone)]
-struct Asking {
-    answered: watch::Receiver<bool>,
-    waiting: Arc<AtomicU64>,
-}
-
-impl Asking {
-    /// Whether the charge asking is still at it (it was not dropped, and has not answered).
-    fn live(&self) -> bool {
-        self.answered.has_changed().is_ok()
-    }
-}
-
 /// What a charge does after looking in the table.
 enum Lookup {
-    /// Admitted from the lease held.
+    /// Admitted from the units held.
     Admitted(Outcome),
-    /// Another charge of this instance is asking Redis for the key's next lease: wait for it
-    /// rather than ask too (on a hot key, dozens of charges would each ask for a lease at once).
-    Wait(watch::Receiver<bool>),
-    /// Ask Redis; the sender (when this charge registered its asking) wakes those waiting, whose
-    /// costs add up in the counter.
-    Ask(Found, Option<(watch::Sender<bool>, Arc<AtomicU64>)>),
+    /// Queued for its cost; `ask` when this charge is the one to ask Redis for the next slice.
+    Queued { queue: Arc<Queue>, ask: bool },
+    /// No lease for this charge (the table is full): decided exactly.
+    Exact,
 }
 
 impl Quotas {
@@ -150,95 +131,121 @@ impl Quotas {
         h.finish()
     }
 
-    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
+    fn shard(&self, hash: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
         self.shards[(hash as usize) % SHARDS]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits `cost` from a live lease, or says to wait for the lease being asked for, or takes
-    /// out what the table holds for the key and registers this charge as the one asking.
-    fn take(&self, hash: u64, limit_id: u64, cost: u64, now: Micros, may_wait: bool) -> Lookup {
+    /// Admits `cost` from the units held, or queues the charge for them (and says whether it is
+    /// the one to ask Redis). An ended lease is taken out, its unused units to give back.
+    fn take(
+        &self,
+        hash: u64,
+        limit_id: u64,
+        cost: u64,
+        now: Micros,
+        record: impl FnOnce() -> Record,
+    ) -> (Lookup, Option<(Arc<Record>, u64)>) {
         let mut shard = self.shard(hash);
-        let mut found = Found {
-            held: 0,
-            exact: false,
-            give_back: None,
-        };
-        match shard.get_mut(&hash) {
-            // While a lease is asked for, charges queue behind it (a charge arriving now does not
-            // take units those waiting were promised), and the lease asked for covers them.
-            Some(Slot::Asking(asking)) if asking.live() && may_wait => {
-                asking.waiting.fetch_add(cost, Ordering::Relaxed);
-                return Lookup::Wait(asking.answered.clone());
-            }
-            // Waited long enough: decided exactly, beside the one asking.
-            Some(Slot::Asking(asking)) if asking.live() => {
-                found.exact = true;
-                return Lookup::Ask(found, None);
-            }
-            // A charge that asked was dropped: nobody is asking.
-            Some(Slot::Asking(_)) => {}
-            Some(Slot::Held(held)) => {
-                let live = held.limit_id == limit_id && now < held.until;
-                if live && held.units >= cost {
-                    held.units -= cost;
-                    return Lookup::Admitted(held.outcome(now));
+        let mut give_back = None;
+        if let Some(held) = shard.get_mut(&hash) {
+            if held.live(limit_id, now) {
+                let queue = held.queue.clone();
+                let permits = u32::try_from(cost).unwrap_or(u32::MAX);
+                if let Ok(taken) = queue.permits.try_acquire_many(permits) {
+                    taken.forget();
+                    if let Some(outcome) = queue.outcome(now) {
+                        return (Lookup::Admitted(outcome), None);
+                    }
                 }
-                if live {
-                    found.held = held.units;
-                } else if held.units > 0 && now < held.returnable_until {
-                    found.give_back = Some((held.record.clone(), held.units));
-                }
+                queue.queued.fetch_add(cost, Ordering::Relaxed);
+                let ask = !std::mem::replace(&mut held.asking, true);
+                return (Lookup::Queued { queue, ask }, None);
             }
-            None => {}
+            let held = shard.remove(&hash).expect("found above");
+            // Wakes any charge still queued on it: it looks again.
+            held.queue.permits.close();
+            let unused = held.queue.permits.available_permits() as u64;
+            if unused > 0 && now < held.returnable_until {
+                give_back = Some((held.record, unused));
+            }
         }
-        shard.remove(&hash);
         if shard.len() >= self.per_shard {
             // Ended leases make room; their units are not given back (under-admission only).
-            shard.retain(|_, slot| match slot {
-                Slot::Held(held) => now < held.until,
-                Slot::Asking(asking) => asking.live(),
-            });
+            shard.retain(|_, held| held.asking || now < held.until);
             if shard.len() >= self.per_shard {
-                return Lookup::Ask(found, None);
+                return (Lookup::Exact, give_back);
             }
         }
-        let (sender, answered) = watch::channel(true);
-        let waiting = Arc::new(AtomicU64::new(0));
-        shard.insert(
-            hash,
-            Slot::Asking(Asking {
-                answered,
-                waiting: waiting.clone(),
-            }),
-        );
-        Lookup::Ask(found, Some((sender, waiting)))
+        let queue = Arc::new(Queue {
+            permits: Semaphore::new(0),
+            queued: AtomicU64::new(cost),
+            failed: AtomicBool::new(false),
+            granted: Mutex::new(None),
+        });
+        let held = Held {
+            queue: queue.clone(),
+            asking: true,
+            until: 0,
+            returnable_until: 0,
+            limit_id,
+            record: Arc::new(record()),
+        };
+        shard.insert(hash, held);
+        (Lookup::Queued { queue, ask: true }, give_back)
     }
 
-    /// Keeps `new` for the key; returns the units that exceed `most` once merged with a lease
-    /// granted meanwhile (or all of them when the table is full), to give back.
-    fn keep(&self, hash: u64, new: Held, most: u64, now: Micros) -> Option<(Arc<Record>, u64)> {
+    /// Records a slice Redis granted: `units` handed to the charges queued (first come, first
+    /// served; what is left stays held), Redis's answer `granted`. Whether charges are still
+    /// queued beyond it: then the lease stays "asking", and the caller asks again.
+    fn granted(
+        &self,
+        hash: u64,
+        queue: &Arc<Queue>,
+        units: u64,
+        granted: Outcome,
+        ends: (Micros, Micros),
+        now: Micros,
+    ) -> bool {
+        *queue.granted.lock().unwrap_or_else(PoisonError::into_inner) = Some((granted, now));
         let mut shard = self.shard(hash);
-        if let Some(Slot::Held(held)) = shard.get_mut(&hash) {
-            if held.limit_id == new.limit_id && now < held.until {
-                let total = held.units.saturating_add(new.units);
-                held.units = total.min(most);
-                return match total.checked_sub(most) {
-                    Some(excess) if excess > 0 => Some((new.record, excess)),
-                    _ => None,
-                };
-            }
+        // The units go to the charges queued, first come first served: their demand is met now
+        // (counted here, not when each wakes, so the next slice is not asked for them again).
+        let queued = queue.queued.load(Ordering::Relaxed);
+        queue.queued.fetch_sub(queued.min(units), Ordering::Relaxed);
+        queue
+            .permits
+            .add_permits(usize::try_from(units).unwrap_or(usize::MAX));
+        let Some(held) = shard
+            .get_mut(&hash)
+            .filter(|h| Arc::ptr_eq(&h.queue, queue))
+        else {
+            // The lease was ended meanwhile: the units go to the charges queued, if any.
+            return false;
+        };
+        (held.until, held.returnable_until) = ends;
+        held.asking = queued > units;
+        held.asking
+    }
+
+    /// The call for `queue`'s next slice failed or was refused: the lease ends, and the charges
+    /// queued look again (`failed`: they fail).
+    fn end(&self, hash: u64, queue: &Arc<Queue>, failed: bool) {
+        queue.failed.store(failed, Ordering::Relaxed);
+        let mut shard = self.shard(hash);
+        if shard
+            .get(&hash)
+            .is_some_and(|held| Arc::ptr_eq(&held.queue, queue))
+        {
+            shard.remove(&hash);
         }
-        if shard.len() >= self.per_shard && !shard.contains_key(&hash) {
-            return Some((new.record, new.units)).filter(|(_, units)| *units > 0);
-        }
-        shard.insert(hash, Slot::Held(new));
-        None
+        queue.permits.close();
     }
 }
 
 /// The parts of a charge a lease's future keeps (the charge itself is borrowed).
+#[derive(Clone)]
 struct Owned {
     rule: Box<str>,
     digest: u64,
@@ -271,13 +278,14 @@ pub(super) fn charge<T>(
     finish: impl FnOnce(Outcomes) -> Result<T, StoreError> + Send + 'static,
 ) -> StoreFuture<T> {
     let inner = &store.inner;
-    let quotas = &inner.quotas;
-    let hash = quotas.hash(charge.rule, charge.key);
-    let limit_id = quotas.hasher.hash_one(charge.algorithm);
-    let first = match quotas.take(hash, limit_id, charge.cost, inner.local.now(), true) {
-        Lookup::Admitted(outcome) => return StoreFuture::ready(finish(smallvec![outcome])),
-        next => next,
-    };
+    let hash = inner.quotas.hash(charge.rule, charge.key);
+    let limit_id = inner.quotas.hasher.hash_one(charge.algorithm);
+    let now = inner.local.now();
+    let record = || inner.record(charge, true);
+    let (first, give_back) = inner.quotas.take(hash, limit_id, charge.cost, now, record);
+    if let (Lookup::Admitted(outcome), None) = (&first, &give_back) {
+        return StoreFuture::ready(finish(smallvec![*outcome]));
+    }
     let owned = Owned {
         rule: charge.rule.as_str().into(),
         digest: charge.rule.digest(),
@@ -287,91 +295,131 @@ pub(super) fn charge<T>(
     };
     let (store, lease) = (store.clone(), *lease);
     StoreFuture::pending(async move {
-        let mut next = first;
-        let mut waits = 0;
-        let (found, asking) = loop {
-            match next {
-                Lookup::Wait(mut asking) => {
-                    // Granted, refused or dropped: the sender is gone either way. The lease
-                    // covered the charges waiting when it was asked for; one that came later
-                    // waits for the next (past MAX_WAITS it is decided exactly). A call that
-                    // failed fails those waiting for it: none waits past one call's timeout.
-                    let _ = asking.changed().await;
-                    if !*asking.borrow() {
-                        return Err(StoreError::new(
-                            StoreErrorKind::Unavailable,
-                            "the call for this key's quota lease failed",
-                        ));
-                    }
-                    waits += 1;
-                    let now = store.inner.local.now();
-                    let may_wait = waits < MAX_WAITS;
-                    next = store
-                        .inner
-                        .quotas
-                        .take(hash, limit_id, owned.cost, now, may_wait);
-                }
-                Lookup::Ask(found, asking) => break (found, asking),
-                Lookup::Admitted(outcome) => return finish(smallvec![outcome]),
-            }
-        };
-        let waiting = asking.as_ref().map(|(_, waiting)| waiting.clone());
-        let outcome = acquire(&store, &owned, &lease, found, waiting, hash, limit_id).await;
-        // Those waiting look again now that the lease (if any) is in the table.
-        if let (Some((answered, _)), Err(_)) = (&asking, &outcome) {
-            answered.send_replace(false);
-        }
-        drop(asking);
-        finish(smallvec![outcome?])
+        let outcome = decide(&store, owned, lease, first, give_back, hash, limit_id).await?;
+        finish(smallvec![outcome])
     })
 }
 
-/// Asks Redis for a lease big enough for `owned`'s charge and for the charges `waiting` for it
-/// (what `found` holds counts toward it), keeps what is left of it, and answers the charge.
-async fn acquire(
+/// The part of [`charge`] that waits: giving an ended lease back, asking for a slice or queuing
+/// for one.
+async fn decide(
     store: &RedisStore,
-    owned: &Owned,
-    lease: &Lease,
-    found: Found,
-    waiting: Option<Arc<AtomicU64>>,
+    owned: Owned,
+    lease: Lease,
+    first: Lookup,
+    give_back: Option<(Arc<Record>, u64)>,
     hash: u64,
     limit_id: u64,
 ) -> Result<Outcome, StoreError> {
     let inner = &store.inner;
     let injected = inner.injected_now()?;
-    let record = inner.record(&owned.charge(owned.cost), true);
-    if let Some((ended, units)) = found.give_back {
-        give_back(inner, injected, &ended, units).await?;
+    if let Some((record, units)) = give_back {
+        give_back_units(inner, injected, &record, units).await?;
     }
-    let cost = owned.cost;
-    // `units`, or what this charge and those waiting for it need when more: they take it at
-    // once, so it is never held beyond the lease's `units`.
-    let waiting = waiting.map_or(0, |waiting| waiting.load(Ordering::Relaxed));
-    let size = if found.exact {
-        cost
-    } else {
-        lease
-            .units()
-            .max(cost.saturating_add(waiting))
-            .min(owned.algorithm.capacity().max(cost))
+    let exactly = || async {
+        let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(owned.cost)), Ok);
+        Ok::<_, StoreError>(exact.await?[0])
     };
-    let need = cost - found.held.min(cost);
-    let ask = size - found.held.min(size);
-    let exact = |cost: u64| store.decide_exactly(std::slice::from_ref(&owned.charge(cost)), Ok);
-    let granted = exact(ask).await?[0];
-    if !granted.verdict.is_admitted() {
-        // Not that much left: the charge alone, exactly; what was held goes back.
-        let outcome = if need < ask {
-            exact(need).await?[0]
-        } else {
-            granted
+    let mut next = first;
+    loop {
+        let (queue, ask) = match next {
+            Lookup::Admitted(outcome) => return Ok(outcome),
+            Lookup::Exact => return exactly().await,
+            Lookup::Queued { queue, ask } => (queue, ask),
         };
-        if found.held > 0 && !outcome.verdict.is_admitted() {
-            give_back(inner, injected, &record, found.held).await?;
+        if ask {
+            match ask_for_slice(store, &owned, &lease, &queue, hash, owned.cost).await {
+                Ok(Some((outcome, more))) => {
+                    if more {
+                        // Charges still queued: the next slice is asked for beside this answer.
+                        let (store, owned) = (store.clone(), owned.clone());
+                        tokio::spawn(async move {
+                            let asked = refill(&store, &owned, &lease, &queue, hash).await;
+                            if asked.is_err() {
+                                store.inner.quotas.end(hash, &queue, true);
+                            }
+                        });
+                    }
+                    return Ok(outcome);
+                }
+                // Refused a slice (the limit is near): this charge alone, exactly.
+                Ok(None) => return exactly().await,
+                Err(error) => {
+                    inner.quotas.end(hash, &queue, true);
+                    return Err(error);
+                }
+            }
         }
-        return Ok(outcome);
+        let permits = u32::try_from(owned.cost).unwrap_or(u32::MAX);
+        let taken = queue.permits.acquire_many(permits).await;
+        match taken {
+            Ok(taken) => {
+                taken.forget();
+                let now = inner.local.now();
+                return Ok(queue.outcome(now).unwrap_or(Outcome {
+                    verdict: Verdict::Allowed,
+                    limit: owned.algorithm.capacity(),
+                    remaining: 0,
+                    balance: 0,
+                    next_unit_in: std::time::Duration::ZERO,
+                    full_in: std::time::Duration::ZERO,
+                    offence: false,
+                }));
+            }
+            Err(_) if queue.failed.load(Ordering::Relaxed) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the call for this key's quota lease failed",
+                ));
+            }
+            // The lease ended, or Redis could not grant a slice: look again (exactly when the
+            // slice was refused).
+            Err(_) => {
+                let now = inner.local.now();
+                let record = || inner.record(&owned.charge(owned.cost), true);
+                let (lookup, give_back) =
+                    inner.quotas.take(hash, limit_id, owned.cost, now, record);
+                if let Some((record, units)) = give_back {
+                    give_back_units(inner, injected, &record, units).await?;
+                }
+                next = match lookup {
+                    Lookup::Queued { ask: true, queue } => {
+                        inner.quotas.end(hash, &queue, false);
+                        Lookup::Exact
+                    }
+                    other => other,
+                };
+            }
+        }
     }
-    let held = found.held + ask - cost;
+}
+
+/// Asks Redis for one slice of the key's quota: `units`, or what the charges queued need when
+/// more (`own` units of it for the charge asking, which is admitted with it). Redis's answer
+/// and whether charges are still queued beyond the slice; `None` if Redis could not grant it
+/// (the lease ends, the charges queued look again).
+async fn ask_for_slice(
+    store: &RedisStore,
+    owned: &Owned,
+    lease: &Lease,
+    queue: &Arc<Queue>,
+    hash: u64,
+    own: u64,
+) -> Result<Option<(Outcome, bool)>, StoreError> {
+    let inner = &store.inner;
+    let queued = queue.queued.load(Ordering::Relaxed);
+    let size = lease
+        .units()
+        .max(queued)
+        .max(own)
+        .min(owned.algorithm.capacity().max(own))
+        .min(MOST_PERMITS);
+    let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(size)), Ok);
+    let granted = exact.await?[0];
+    if !granted.verdict.is_admitted() {
+        inner.quotas.end(hash, queue, false);
+        return Ok(None);
+    }
     let granted_at = inner.local.now();
     let mut until = granted_at.saturating_add(micros(lease.ttl()));
     let mut returnable_until = Micros::MAX;
@@ -385,28 +433,35 @@ async fn acquire(
         Algorithm::SlidingWindow(_) => returnable_until = 0,
         _ => {}
     }
-    if held > 0 {
-        let new = Held {
-            units: held,
-            until,
-            returnable_until,
-            limit_id,
-            granted,
-            granted_at,
-            record: Arc::new(record),
-        };
-        if let Some((record, units)) = inner.quotas.keep(hash, new, lease.units(), granted_at) {
-            if granted_at < returnable_until {
-                give_back(inner, injected, &record, units).await?;
-            }
-        }
-    }
-    Ok(with_held(granted, held, std::time::Duration::ZERO))
+    // The charge asking takes its own units first: it is served.
+    queue.queued.fetch_sub(own, Ordering::Relaxed);
+    let handed = size - own;
+    let ends = (until, returnable_until);
+    let more = inner
+        .quotas
+        .granted(hash, queue, handed, granted, ends, granted_at);
+    Ok(Some((
+        with_held(granted, handed, std::time::Duration::ZERO),
+        more,
+    )))
+}
+
+/// Asks for slices while charges stay queued on `queue` (a hot key under steady load), beside
+/// the answers of the charges that asked.
+async fn refill(
+    store: &RedisStore,
+    owned: &Owned,
+    lease: &Lease,
+    queue: &Arc<Queue>,
+    hash: u64,
+) -> Result<(), StoreError> {
+    while let Some((_, true)) = ask_for_slice(store, owned, lease, queue, hash, 0).await? {}
+    Ok(())
 }
 
 /// Gives `units` of a lease back to the key in Redis. (Boxed: the script call's future nests
-/// deep, and the lease's future holds it beside two others.)
-fn give_back<'a>(
+/// deep, and the lease's future holds it beside others.)
+fn give_back_units<'a>(
     inner: &'a Arc<Inner>,
     now: Option<Micros>,
     record: &'a Record,
