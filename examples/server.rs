@@ -83,7 +83,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tollgate::config::{Config, ConfigFileError, ConfigFormat, ConfigWatch};
 use tollgate::key::MAX_KEY_LEN;
-use tollgate::store::{BlockedKey, Cursor, OverrideCursor, OverrideEntry, StoreErrorKind};
+use tollgate::store::{BlockedKey, Cursor, OverrideEntry, StoreErrorKind};
 use tollgate::{Decision, Limit, LimitError, Limiter, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
@@ -357,21 +357,12 @@ async fn list_overrides(
     PathParams(rule): PathParams<String>,
     Query(page): Query<PageQuery>,
 ) -> Response {
-    let cursor = match page.cursor.filter(|c| !c.is_empty()).map(|c| from_hex(&c)) {
-        None => None,
-        Some(Some(bytes)) => Some(OverrideCursor::from_bytes(bytes)),
-        Some(None) => {
-            return failure(
-                StatusCode::BAD_REQUEST,
-                "cursor: not a cursor this API gave",
-            )
-        }
-    };
+    let cursor = page.cursor.filter(|c| !c.is_empty()).map(Cursor::new);
     match limiter.overrides(&rule, cursor).await {
         Ok(page) => Json(json!({
             "rule": rule,
-            "overrides": page.entries.iter().map(override_json).collect::<Vec<_>>(),
-            "next": page.next.as_ref().map(|next| to_hex(next.as_bytes())),
+            "overrides": page.items.iter().map(override_json).collect::<Vec<_>>(),
+            "next": page.next.as_ref().map(Cursor::as_str),
         }))
         .into_response(),
         Err(error) => limit_failure(error),
@@ -502,16 +493,6 @@ fn key_json(key: &[u8]) -> serde_json::Value {
 
 fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// The refusal of a key longer than the layer keeps (it would stand for its digest, not for

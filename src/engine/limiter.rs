@@ -20,8 +20,8 @@ use crate::key::KeyValue;
 use crate::rules::rule::{MissingKey, Rule, RuleSummary};
 use crate::rules::set::{AccessList, Route, RuleSet};
 use crate::store::{
-    BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore,
-    OverrideCursor, OverrideEntry, OverridePage, Page, Store, StoreError,
+    BlockedKey, Charge, CircuitBreaker, Cursor, FailurePolicy, Guarded, MemoryStore, OverrideEntry,
+    Page, Store, StoreError,
 };
 
 /// Rules and their store: what the middleware asks for every request, and a handle for code outside
@@ -785,7 +785,7 @@ impl Limiter {
     /// }
     /// assert!(!limiter.charge("api", "acme", 1).await?.is_allowed());
     /// let page = limiter.overrides("api", None).await?;
-    /// assert_eq!(page.entries[0].key.as_bytes(), b"acme");
+    /// assert_eq!(page.items[0].key.as_bytes(), b"acme");
     /// limiter.clear_override("api", "acme").await?;
     /// # Ok(()) }
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
@@ -850,8 +850,8 @@ impl Limiter {
     pub async fn overrides(
         &self,
         rule: &str,
-        cursor: Option<OverrideCursor>,
-    ) -> Result<OverridePage, LimitError> {
+        cursor: Option<Cursor>,
+    ) -> Result<Page<OverrideEntry>, LimitError> {
         let pending = {
             let rules = self.rules();
             let (_, compiled) = overridable(&rules, rule)?;

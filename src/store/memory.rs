@@ -28,8 +28,7 @@ use spinning_top::Spinlock;
 use smallvec::SmallVec;
 
 use super::{
-    BlockedKey, Charge, Cursor, Outcomes, OverrideCursor, OverrideEntry, OverridePage, Page,
-    RuleName, Store, StoreFuture,
+    BlockedKey, Charge, Cursor, Outcomes, OverrideEntry, Page, RuleName, Store, StoreFuture,
 };
 use crate::algorithm::{
     duration, micros, Algorithm, Block, BurstPoolState, FixedWindowState, Limit, Micros, Mode,
@@ -316,9 +315,9 @@ impl Store for MemoryStore {
     fn overrides(
         &self,
         rule: &str,
-        cursor: Option<&OverrideCursor>,
+        cursor: Option<&Cursor>,
         count: usize,
-    ) -> StoreFuture<OverridePage> {
+    ) -> StoreFuture<Page<OverrideEntry>> {
         use std::ops::Bound;
         let now = self.now();
         let table = self
@@ -326,13 +325,23 @@ impl Store for MemoryStore {
             .overrides
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut page = OverridePage::default();
+        let mut page = Page::new(Vec::new(), None);
         let Some(keys) = table.get(rule) else {
             return StoreFuture::ready(Ok(page));
         };
-        // The cursor is the last key of the previous page.
-        let from = match cursor {
-            Some(cursor) => Bound::Excluded(cursor.as_bytes()),
+        // The cursor is the last key of the previous page, `o` and its bytes in hex.
+        let after = match cursor.map(|cursor| override_cursor_key(cursor.as_str())) {
+            Some(Some(key)) => Some(key),
+            Some(None) => {
+                return StoreFuture::ready(Err(crate::store::StoreError::new(
+                    crate::store::StoreErrorKind::BadCursor,
+                    "not a cursor of this memory store's override listings",
+                )))
+            }
+            None => None,
+        };
+        let from = match &after {
+            Some(key) => Bound::Excluded(key.as_slice()),
             None => Bound::Unbounded,
         };
         let count = count.clamp(1, super::MAX_OVERRIDE_PAGE);
@@ -340,17 +349,22 @@ impl Store for MemoryStore {
             .range::<[u8], _>((from, Bound::Unbounded))
             .filter(|(_, (_, until))| *until > now);
         for (key, (limit, until)) in live.by_ref().take(count) {
-            page.entries.push(OverrideEntry {
+            page.items.push(OverrideEntry {
                 key: crate::key::KeyValue::new(key),
                 limit: limit.clone(),
                 expires_in: duration(until - now),
             });
         }
         if live.next().is_some() {
-            page.next = page
-                .entries
-                .last()
-                .map(|last| OverrideCursor(last.key.as_bytes().to_vec()));
+            page.next = page.items.last().map(|last| {
+                let hex: String = last
+                    .key
+                    .as_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                Cursor::new(format!("o{hex}"))
+            });
         }
         StoreFuture::ready(Ok(page))
     }
@@ -1189,3 +1203,15 @@ impl<S: Expiring> ShardMap<S> {
 
 #[cfg(test)]
 mod tests;
+
+/// The key an override listing's cursor (`o` and the key's bytes in hex) goes on after.
+fn override_cursor_key(text: &str) -> Option<Vec<u8>> {
+    let hex = text.strip_prefix('o')?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}

@@ -30,7 +30,8 @@ pub(crate) use failure::{FailurePolicy, Guarded};
 pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
-pub use overrides::{OverrideCursor, OverrideEntry, OverridePage, MAX_OVERRIDE_PAGE};
+pub use overrides::OverrideEntry;
+pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
 #[derive(Clone, Copy, Debug)]
@@ -221,9 +222,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn overrides(
         &self,
         rule: &str,
-        cursor: Option<&OverrideCursor>,
+        cursor: Option<&Cursor>,
         count: usize,
-    ) -> StoreFuture<OverridePage> {
+    ) -> StoreFuture<Page<OverrideEntry>> {
         let _ = (rule, cursor, count);
         StoreFuture::ready(Err(no_overrides()))
     }

@@ -86,10 +86,10 @@ async fn an_override_set_through_one_instance_applies_on_the_others_next_decisio
     // Listed by either instance, with the time left.
     clock.advance(Duration::from_secs(3_600));
     let page = two.overrides("api", None).await.unwrap();
-    assert_eq!(page.entries.len(), 1);
-    assert_eq!(page.entries[0].key.as_bytes(), b"acme");
-    assert_eq!(page.entries[0].limit, Limit::per_minute(10));
-    assert_eq!(page.entries[0].expires_in, DAY - Duration::from_secs(3_600));
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].key.as_bytes(), b"acme");
+    assert_eq!(page.items[0].limit, Limit::per_minute(10));
+    assert_eq!(page.items[0].expires_in, DAY - Duration::from_secs(3_600));
     assert!(page.next.is_none());
     // Cleared through the other: the rule's own limit again at once.
     one.clear_override("api", "acme").await.unwrap();
@@ -97,7 +97,7 @@ async fn an_override_set_through_one_instance_applies_on_the_others_next_decisio
         summary(&send(&two_app, request("acme")).await),
         "200 | \"api\";q=2;w=60 | \"api\";r=1;t=30"
     );
-    assert!(two.overrides("api", None).await.unwrap().entries.is_empty());
+    assert!(two.overrides("api", None).await.unwrap().items.is_empty());
 }
 
 #[tokio::test]
@@ -121,7 +121,7 @@ async fn an_override_ends_with_its_ttl() {
         .overrides("api", None)
         .await
         .unwrap()
-        .entries
+        .items
         .is_empty());
 }
 
@@ -141,8 +141,8 @@ async fn overrides_are_listed_a_page_at_a_time() {
     loop {
         let page = limiter.overrides("api", cursor).await.unwrap();
         pages += 1;
-        assert!(page.entries.len() <= 100);
-        seen.extend(page.entries.iter().map(|e| e.key.as_bytes().to_vec()));
+        assert!(page.items.len() <= 100);
+        seen.extend(page.items.iter().map(|e| e.key.as_bytes().to_vec()));
         match page.next {
             Some(next) => cursor = Some(next),
             None => break,
@@ -193,7 +193,7 @@ async fn bad_overrides_are_refused_and_nothing_is_written() {
         .overrides("api", None)
         .await
         .unwrap()
-        .entries
+        .items
         .is_empty());
     assert_eq!(limiter.charge("api", "a", 1).await.unwrap().limit, 2);
     assert_eq!(limiter.charge("api", &long, 1).await.unwrap().limit, 2);

@@ -105,8 +105,8 @@ async fn walk(limiter: &Limiter, rule: &str) -> (Vec<OverrideEntry>, Vec<usize>)
     let mut cursor = None;
     loop {
         let page = limiter.overrides(rule, cursor).await.unwrap();
-        sizes.push(page.entries.len());
-        all.extend(page.entries);
+        sizes.push(page.items.len());
+        all.extend(page.items);
         match page.next {
             Some(next) => cursor = Some(next),
             None => break,

@@ -201,9 +201,9 @@ impl Store for Guarded {
     fn overrides(
         &self,
         rule: &str,
-        cursor: Option<&crate::store::OverrideCursor>,
+        cursor: Option<&crate::store::Cursor>,
         count: usize,
-    ) -> StoreFuture<crate::store::OverridePage> {
+    ) -> StoreFuture<crate::store::Page<crate::store::OverrideEntry>> {
         if self.breaker.is_open() {
             return StoreFuture::ready(Err(self.breaker.refused()));
         }

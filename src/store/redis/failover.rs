@@ -41,6 +41,9 @@ pub(super) struct Failover(Arc<Inner>);
 struct Inner {
     /// The sentinels' client; locked by the one task asking them.
     sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The sentinels' addresses and the master's name, to build that client afresh.
+    sentinels: Vec<String>,
+    name: String,
     /// The master's address and the connection to it.
     master: Mutex<(ConnectionAddr, ConnectionManager)>,
     /// When the sentinels were last asked.
@@ -54,20 +57,14 @@ impl Failover {
         master: &str,
         config: ConnectionManagerConfig,
     ) -> Result<Failover, RedisError> {
-        // An owned name: without redis' TLS feature the builder takes a `String`, with it any
-        // `AsRef<str>`.
-        #[allow(clippy::unnecessary_to_owned)]
-        let mut sentinel = SentinelClient::build(
-            sentinels.to_vec(),
-            master.to_owned(),
-            None,
-            SentinelServerType::Master,
-        )?;
+        let mut sentinel = sentinel_client(sentinels, master)?;
         let client = sentinel.async_get_client().await?;
         let addr = client.get_connection_info().addr().clone();
         let manager = ConnectionManager::new_with_config(client, config.clone()).await?;
         Ok(Failover(Arc::new(Inner {
             sentinel: tokio::sync::Mutex::new(sentinel),
+            sentinels: sentinels.to_vec(),
+            name: master.to_owned(),
             master: Mutex::new((addr, manager)),
             asked: Mutex::new(Instant::now()),
             config,
@@ -116,15 +113,42 @@ impl Failover {
 /// How long one search for the master may take.
 const FIND_AT_MOST: Duration = Duration::from_secs(2);
 
+/// How long the sentinels may take to name the master, within a search.
+const ASK_SENTINELS_AT_MOST: Duration = Duration::from_secs(1);
+
+/// A client of `sentinels` for the master they call `name`.
+fn sentinel_client(sentinels: &[String], name: &str) -> Result<SentinelClient, RedisError> {
+    // An owned name: without redis' TLS feature the builder takes a `String`, with it any
+    // `AsRef<str>`.
+    #[allow(clippy::unnecessary_to_owned)]
+    SentinelClient::build(
+        sentinels.to_vec(),
+        name.to_owned(),
+        None,
+        SentinelServerType::Master,
+    )
+}
+
 /// Asks the sentinels for the master and moves to it if it changed.
 async fn find_master(inner: &Inner) {
     let Ok(mut sentinel) = inner.sentinel.try_lock() else {
         return;
     };
-    let client = match sentinel.async_get_client().await {
-        Ok(client) => client,
-        Err(error) => {
-            tracing::debug!(%error, "rate limit: the sentinels named no master");
+    let asked = tokio::time::timeout(ASK_SENTINELS_AT_MOST, sentinel.async_get_client()).await;
+    let client = match asked {
+        Ok(Ok(client)) => client,
+        failed => {
+            match failed {
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "rate limit: the sentinels named no master")
+                }
+                _ => tracing::debug!("rate limit: the sentinels did not answer in time"),
+            }
+            // The client keeps a connection to each sentinel; one left broken by a failure or
+            // by a search cut short must not fail every later search: the next starts afresh.
+            if let Ok(fresh) = sentinel_client(&inner.sentinels, &inner.name) {
+                *sentinel = fresh;
+            }
             return;
         }
     };

@@ -30,8 +30,8 @@ use self::lua::{Lua, Scripts};
 use self::quota::Quotas;
 use self::shard::Sharding;
 use super::{
-    BlockedKey, Charge, Cursor, Outcomes, OverrideCursor, OverridePage, Page, RuleName, Store,
-    StoreError, StoreErrorKind, StoreFuture,
+    BlockedKey, Charge, Cursor, Outcomes, OverrideEntry, Page, RuleName, Store, StoreError,
+    StoreErrorKind, StoreFuture,
 };
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{
@@ -724,11 +724,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn override_of(
-        &self,
-        rule: &str,
-        key: &[u8],
-    ) -> StoreFuture<Option<crate::store::OverrideEntry>> {
+    fn override_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<OverrideEntry>> {
         let (inner, rule, key) = (self.inner.clone(), rule.to_owned(), key.to_vec());
         StoreFuture::pending(async move { inner.listing(inner.override_now(&rule, &key)).await })
     }
@@ -736,9 +732,9 @@ impl Store for RedisStore {
     fn overrides(
         &self,
         rule: &str,
-        cursor: Option<&OverrideCursor>,
+        cursor: Option<&Cursor>,
         count: usize,
-    ) -> StoreFuture<OverridePage> {
+    ) -> StoreFuture<Page<OverrideEntry>> {
         let (inner, rule, cursor) = (self.inner.clone(), rule.to_owned(), cursor.cloned());
         StoreFuture::pending(async move {
             inner

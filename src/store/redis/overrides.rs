@@ -31,7 +31,7 @@ use crate::algorithm::{
     ReserveBound, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
 };
 use crate::key::KeyValue;
-use crate::store::{OverrideCursor, OverrideEntry, OverridePage, StoreError, StoreErrorKind};
+use crate::store::{Cursor, OverrideEntry, Page, StoreError, StoreErrorKind};
 
 /// The format's version, in every value.
 const VERSION: f64 = 1.0;
@@ -180,22 +180,22 @@ struct At {
 }
 
 impl At {
-    fn cursor(self) -> OverrideCursor {
+    fn cursor(self) -> Cursor {
         let text = match self.slot {
             Some(slot) => format!("c{slot}.{}.{}", self.scan, self.skip),
             None => format!("r{}.{}", self.scan, self.skip),
         };
-        OverrideCursor::from_bytes(text)
+        Cursor::new(text)
     }
 
-    fn read(cursor: &OverrideCursor, cluster: bool) -> Result<At, StoreError> {
+    fn read(cursor: &Cursor, cluster: bool) -> Result<At, StoreError> {
         let bad = || {
             StoreError::new(
                 StoreErrorKind::BadCursor,
                 format!("{cursor:?} is not a cursor of this Redis store's override listings"),
             )
         };
-        let text = std::str::from_utf8(cursor.as_bytes()).map_err(|_| bad())?;
+        let text = cursor.as_str();
         let (slot, rest) = match (cluster, text.split_at_checked(1)) {
             (true, Some(("c", rest))) => {
                 let (slot, rest) = rest.split_once('.').ok_or_else(bad)?;
@@ -254,9 +254,9 @@ impl Inner {
     pub(super) async fn list_overrides(
         &self,
         rule: &str,
-        cursor: Option<&OverrideCursor>,
+        cursor: Option<&Cursor>,
         count: usize,
-    ) -> Result<OverridePage, StoreError> {
+    ) -> Result<Page<OverrideEntry>, StoreError> {
         let cluster = self.is_cluster();
         let count = count.clamp(1, crate::store::MAX_OVERRIDE_PAGE);
         let mut masters = None;
@@ -268,7 +268,7 @@ impl Inner {
                     scan: 0,
                     skip: 0,
                 },
-                None => return Ok(OverridePage::default()),
+                None => return Ok(Page::new(Vec::new(), None)),
             },
             None => At {
                 slot: None,
@@ -316,10 +316,7 @@ impl Inner {
                 }),
             }
         };
-        Ok(OverridePage {
-            entries,
-            next: next.map(At::cursor),
-        })
+        Ok(Page::new(entries, next.map(At::cursor)))
     }
 
     /// The override of `key` under `rule` in force now, if any: its value and the time, in one
@@ -498,14 +495,14 @@ mod tests {
             assert_eq!(At::read(&at.cursor(), cluster).unwrap(), at);
         }
         for (text, cluster) in [
-            (&b"r1"[..], false),
-            (b"c1.2.3", false),
-            (b"r1.2", true),
-            (b"c16384.0.0", true),
-            (b"\xff", false),
-            (b"", true),
+            ("r1", false),
+            ("c1.2.3", false),
+            ("r1.2", true),
+            ("c16384.0.0", true),
+            ("\u{ff}", false),
+            ("", true),
         ] {
-            let error = At::read(&OverrideCursor::from_bytes(text), cluster).unwrap_err();
+            let error = At::read(&Cursor::new(text), cluster).unwrap_err();
             assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text:?}");
         }
     }
