@@ -220,7 +220,7 @@ pub fn simulate(
             method: Method::GET,
             uri: http::Uri::from_static("/"),
             peer: Some(client_ip(*client)),
-            headers: Vec::new(),
+            headers: Default::default(),
         };
         for runner in runners.iter_mut() {
             runner.tally.lines += 1;

@@ -23,12 +23,7 @@ pub fn write_log(lines: usize, out: &mut impl Write) -> io::Result<()> {
     for i in 0..lines {
         let client = rng.u32(0..5_000);
         let at = START + i / 50;
-        let (day, hour, minute, second) = (
-            1 + at / 86_400,
-            at / 3600 % 24,
-            at / 60 % 60,
-            at % 60,
-        );
+        let (day, hour, minute, second) = (1 + at / 86_400, at / 3600 % 24, at / 60 % 60, at % 60);
         writeln!(
             out,
             "10.{}.{}.{} - - [{day:02}/Nov/2023:{hour:02}:{minute:02}:{second:02} +0000] \"GET /v1/items/{} HTTP/1.1\" 200 512 \"https://example.com/\" \"Mozilla/5.0 (X11; Linux x86_64)\"",

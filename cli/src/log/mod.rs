@@ -15,6 +15,7 @@ use std::io::BufRead;
 use std::net::IpAddr;
 
 use http::{HeaderName, HeaderValue, Method, Uri};
+use smallvec::SmallVec;
 
 use crate::time::Stamp;
 
@@ -33,8 +34,11 @@ pub struct Entry {
     /// The client's address, when the log has it.
     pub peer: Option<IpAddr>,
     /// The headers the log recorded (for `combined`: `Referer` and `User-Agent`).
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Headers,
 }
+
+/// A line's headers: two without an allocation of their own, as many as the log gives.
+pub type Headers = SmallVec<[(HeaderName, HeaderValue); 2]>;
 
 /// Why a line was not replayed; counted per reason in the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
