@@ -88,9 +88,9 @@ pub fn limited_only(rule: &RuleTally, other: Option<&RuleTally>) -> LimitedOnly 
         .keys
         .iter()
         .filter(|(key, k)| {
-            k.limited && other.is_none_or(|o| o.keys.get(*key).is_none_or(|k| !k.limited))
+            k.limited && other.is_none_or(|o| o.keys.get(key).is_none_or(|k| !k.limited))
         })
-        .map(|(key, k)| (&key[..], k.denied))
+        .map(|(key, k)| (key, k.denied))
         .collect();
     keys.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     LimitedOnly {
