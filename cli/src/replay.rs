@@ -50,12 +50,13 @@ pub fn runner(path: &Path, map: &DescriptorMap) -> Result<Runner, Box<dyn std::e
 /// Reads every entry of `source` and runs it through every runner.
 pub fn replay(source: &mut dyn Source, runners: &mut [Runner]) -> io::Result<()> {
     let mut spreader = Spreader::default();
-    while let Some(next) = source.next_entry() {
+    // Each line is read where the spreader will hold it.
+    while let Some(next) = source.next_into(spreader.slot()) {
         for runner in runners.iter_mut() {
             runner.tally.lines += 1;
         }
         let skipped = match next? {
-            Ok(entry) => spreader.push(entry, runners).err(),
+            Ok(()) => spreader.push_slot(runners).err(),
             Err(reason) => Some(reason),
         };
         if let Some(reason) = skipped {

@@ -125,7 +125,11 @@ impl Runner {
 /// Orders entries in time (spreading shared seconds) and hands them to every runner.
 #[derive(Default)]
 pub struct Spreader {
-    group: Vec<Entry>,
+    /// The group's lines, then entries already run, kept to be read into again (see
+    /// [`Spreader::slot`]).
+    entries: Vec<Entry>,
+    /// How many of `entries` are the group.
+    held: usize,
     /// The second of the group, and where in it the group's first line goes.
     second: Micros,
     start: Micros,
@@ -134,48 +138,68 @@ pub struct Spreader {
 }
 
 impl Spreader {
-    /// Takes one entry; runs the ones whose time is now known.
-    pub fn push(&mut self, mut entry: Entry, runners: &mut [Runner]) -> Result<(), Skip> {
-        let at = entry.stamp.at;
+    /// Where the next line is read into, before [`Spreader::push_slot`] takes it: a place after
+    /// the group's lines, so a line read there is neither moved nor allocated anew.
+    pub fn slot(&mut self) -> &mut Entry {
+        if self.entries.len() == self.held {
+            self.entries.push(Entry::default());
+        }
+        &mut self.entries[self.held]
+    }
+
+    /// Takes the entry read into [`Spreader::slot`]; runs the ones whose time is now known.
+    pub fn push_slot(&mut self, runners: &mut [Runner]) -> Result<(), Skip> {
+        let index = self.held;
+        let stamp = self.entries[index].stamp;
+        let at = stamp.at;
         if self.latest.is_some_and(|latest| at < latest) {
             return Err(Skip::Backwards);
         }
         self.latest = Some(at);
-        if !entry.stamp.whole_second {
+        if !stamp.whole_second {
             self.flush(runners);
-            run_all(runners, at, &mut entry);
+            run_all(runners, at, &mut self.entries[index]);
             return Ok(());
         }
         let second = at - at % SECOND;
-        if self.group.is_empty() || second != self.second {
+        if self.held == 0 || second != self.second {
             self.flush(runners);
             self.second = second;
             self.start = second;
-        } else if self.group.len() >= GROUP {
+        } else if self.held >= GROUP {
             let end = self.start + (self.second + SECOND - self.start) / 2;
             self.run_group(end, runners);
         }
-        self.group.push(entry);
+        // The line opens the group if the group was just run.
+        if self.held != index {
+            self.entries.swap(self.held, index);
+        }
+        self.held += 1;
         Ok(())
+    }
+
+    /// Takes one entry; runs the ones whose time is now known.
+    pub fn push(&mut self, entry: Entry, runners: &mut [Runner]) -> Result<(), Skip> {
+        *self.slot() = entry;
+        self.push_slot(runners)
     }
 
     /// Runs what is held (at the end of the log).
     pub fn flush(&mut self, runners: &mut [Runner]) {
-        if !self.group.is_empty() {
+        if self.held > 0 {
             self.run_group(self.second + SECOND, runners);
         }
     }
 
     /// Runs the group evenly over `[start, end)`.
     fn run_group(&mut self, end: Micros, runners: &mut [Runner]) {
-        let n = self.group.len() as u64;
+        let n = self.held as u64;
         let span = end.saturating_sub(self.start);
-        for (i, entry) in self.group.iter_mut().enumerate() {
+        for (i, entry) in self.entries[..self.held].iter_mut().enumerate() {
             let at = self.start + span * i as u64 / n;
             run_all(runners, at, entry);
         }
-        // What the runs left of the entries (their times, peers) goes in one step.
-        self.group.clear();
+        self.held = 0;
         self.start = end;
     }
 }

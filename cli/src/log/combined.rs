@@ -11,7 +11,7 @@ use http::{HeaderValue, Method, Uri};
 use memchr::memchr;
 
 use super::lines::{Line, Lines};
-use super::{parse_peer, Entry, Headers, Skip, Source};
+use super::{parse_peer, Entry, Skip, Source};
 use crate::time::{parse_clf, Stamp};
 
 pub(super) struct Reader<R> {
@@ -30,9 +30,15 @@ impl<R: BufRead> Reader<R> {
 
 impl<R: BufRead> Source for Reader<R> {
     fn next_entry(&mut self) -> Option<io::Result<Result<Entry, Skip>>> {
+        let mut entry = Entry::default();
+        let read = self.next_into(&mut entry)?;
+        Some(read.map(|read| read.map(|()| entry)))
+    }
+
+    fn next_into(&mut self, entry: &mut Entry) -> Option<io::Result<Result<(), Skip>>> {
         let recent = &mut self.recent;
         Some(self.lines.next_line()?.map(|line| match line {
-            Line::Text(text) => recent.parse(text),
+            Line::Text(text) => parse(text, recent, entry),
             Line::TooLong => Err(Skip::TooLong),
         }))
     }
@@ -63,7 +69,8 @@ const ARENA: usize = 64 * 1024;
 impl Recent {
     /// One line, as [`parse_combined`], reusing what it shares with earlier lines.
     pub fn parse(&mut self, line: &[u8]) -> Result<Entry, Skip> {
-        parse(line, self)
+        let mut entry = Entry::default();
+        parse(line, self, &mut entry).map(|()| entry)
     }
 
     fn stamp(&mut self, text: &[u8; CLF_LEN]) -> Result<Stamp, Skip> {
@@ -89,10 +96,11 @@ impl Recent {
 
 /// One `combined` (or `common`) line.
 pub fn parse_combined(line: &[u8]) -> Result<Entry, Skip> {
-    parse(line, &mut Recent::default())
+    Recent::default().parse(line)
 }
 
-fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
+/// One line, read into `entry` (whose parts it replaces; on a skip, some may be replaced).
+fn parse(line: &[u8], recent: &mut Recent, entry: &mut Entry) -> Result<(), Skip> {
     // Binary data is rarely valid UTF-8 without a NUL; every field below is checked besides.
     // Most lines are plain ASCII, which is both: then neither is looked for.
     if !plain_ascii(line) && (memchr(0, line).is_some() || std::str::from_utf8(line).is_err()) {
@@ -129,7 +137,8 @@ fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
         return Err(Skip::BadRequest);
     }
     let uri = Uri::from_maybe_shared(recent.share(path)).map_err(|_| Skip::BadRequest)?;
-    let mut headers = Headers::new();
+    let headers = &mut entry.headers;
+    headers.clear();
     let mut quoted = quoted_fields(&sized[size..]);
     for (index, name) in [REFERER, USER_AGENT].into_iter().enumerate() {
         match quoted.next() {
@@ -149,13 +158,11 @@ fn parse(line: &[u8], recent: &mut Recent) -> Result<Entry, Skip> {
             _ => {}
         }
     }
-    Ok(Entry {
-        stamp,
-        method,
-        uri,
-        peer,
-        headers,
-    })
+    entry.stamp = stamp;
+    entry.method = method;
+    entry.uri = uri;
+    entry.peer = peer;
+    Ok(())
 }
 
 /// Whether every byte is ASCII and none is NUL (then the line is text).
@@ -357,6 +364,8 @@ mod tests {
         let alphabet: &[u8] = b" \"[]\\-./:0123456789aZ%?*\t\x00\x01\x7f\x80\xc3\xa9\xff";
         let mut rng = fastrand::Rng::with_seed(28);
         let mut recent = Recent::default();
+        // Read into one entry, again and again, as a replay reads.
+        let mut entry = Entry::default();
         let mut reasons = std::collections::BTreeSet::new();
         for round in 0..40_000 {
             let mut line = shapes[round % shapes.len()].to_vec();
@@ -372,13 +381,9 @@ mod tests {
                     _ => line.truncate(at),
                 }
             }
-            let (read, expected) = (recent.parse(&line), reference::parse(&line));
-            assert_eq!(
-                format!("{read:?}"),
-                format!("{expected:?}"),
-                "{}",
-                String::from_utf8_lossy(&line)
-            );
+            let read = parse(&line, &mut recent, &mut entry).map(|()| format!("{entry:?}"));
+            let expected = reference::parse(&line).map(|entry| format!("{entry:?}"));
+            assert_eq!(read, expected, "{}", String::from_utf8_lossy(&line));
             reasons.insert(read.map(|_| "read").unwrap_or_else(Skip::name));
         }
         // Every reason the format can give came up.

@@ -42,7 +42,7 @@ pub(super) fn parse(line: &[u8]) -> Result<Entry, Skip> {
     let (path, _protocol) = word(path).unwrap_or((path, ""));
     let method = parse_method(method)?;
     let uri = parse_uri(path)?;
-    let mut headers = super::Headers::new();
+    let mut headers = super::super::Headers::new();
     let mut quoted = quoted_fields(&sized[size..]);
     for name in [REFERER, USER_AGENT] {
         match quoted.next() {
