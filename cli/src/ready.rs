@@ -4,6 +4,7 @@
 use std::task::{Context, Poll, Waker};
 
 /// The value of a future that is ready at once (the memory store's decisions).
+#[inline(always)]
 pub(crate) fn now<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     match future

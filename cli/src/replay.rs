@@ -50,12 +50,13 @@ pub fn runner(path: &Path, map: &DescriptorMap) -> Result<Runner, Box<dyn std::e
 /// Reads every entry of `source` and runs it through every runner.
 pub fn replay(source: &mut dyn Source, runners: &mut [Runner]) -> io::Result<()> {
     let mut spreader = Spreader::default();
-    while let Some(next) = source.next_entry() {
+    // Each line is read where the spreader will hold it.
+    while let Some(next) = source.next_into(spreader.slot()) {
         for runner in runners.iter_mut() {
             runner.tally.lines += 1;
         }
         let skipped = match next? {
-            Ok(entry) => spreader.push(entry, runners).err(),
+            Ok(()) => spreader.push_slot(runners).err(),
             Err(reason) => Some(reason),
         };
         if let Some(reason) = skipped {
@@ -88,9 +89,9 @@ pub fn limited_only(rule: &RuleTally, other: Option<&RuleTally>) -> LimitedOnly 
         .keys
         .iter()
         .filter(|(key, k)| {
-            k.limited && other.is_none_or(|o| o.keys.get(*key).is_none_or(|k| !k.limited))
+            k.limited && other.is_none_or(|o| o.keys.get(key).is_none_or(|k| !k.limited))
         })
-        .map(|(key, k)| (&key[..], k.denied))
+        .map(|(key, k)| (key, k.denied))
         .collect();
     keys.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     LimitedOnly {

@@ -61,17 +61,32 @@ impl Runner {
         self
     }
 
-    /// Runs one request at `at`. (The entry is moved in: a clone of its URI or headers would
-    /// allocate, as their first clone makes their bytes shared.)
-    pub fn run(&mut self, at: Micros, entry: Entry) {
+    /// Runs one request at `at`. Its method, target and headers are taken out of `entry`, not
+    /// copied (a clone of a target or header value read from a log would first make its bytes
+    /// shared), nor is the whole entry moved (hundreds of bytes).
+    pub fn run(&mut self, at: Micros, entry: &mut Entry) {
         self.clock.set(Duration::from_micros(at));
         let request = &mut self.request;
-        *request.method_mut() = entry.method;
-        *request.uri_mut() = entry.uri;
+        *request.method_mut() = std::mem::take(&mut entry.method);
+        *request.uri_mut() = std::mem::take(&mut entry.uri);
         let headers = request.headers_mut();
-        headers.clear();
-        for (name, value) in entry.headers {
-            headers.append(name, value);
+        // The usual case, the same names as the line before in the same order: the values are
+        // replaced in place, with no name hashed again. (Equal names in equal order make the same
+        // map as appending them would.)
+        let same_names = headers.len() == entry.headers.len()
+            && headers
+                .iter()
+                .zip(&entry.headers)
+                .all(|((had, _), (name, _))| had == name);
+        if same_names {
+            for ((_, slot), (_, value)) in headers.iter_mut().zip(entry.headers.drain(..)) {
+                *slot = value;
+            }
+        } else {
+            headers.clear();
+            for (name, value) in entry.headers.drain(..) {
+                headers.append(name, value);
+            }
         }
         let extensions = request.extensions_mut();
         match (entry.peer, extensions.get_mut::<SocketAddr>()) {
@@ -89,8 +104,10 @@ impl Runner {
             self.tally.record(at, &ruling);
             return;
         }
-        match now(self.limiter.decide(request)) {
-            Some(Ok(ruling)) => self.tally.record(at, &ruling),
+        // Read where it was returned: a `Ruling` is two decisions, hundreds of bytes to move.
+        let decided = now(self.limiter.decide(request));
+        match &decided {
+            Some(Ok(ruling)) => self.tally.record(at, ruling),
             // The memory store decides at once and does not fail; were it ever to, the request
             // is counted as refused rather than guessed at.
             Some(Err(_)) | None => self.tally.record(
@@ -108,7 +125,11 @@ impl Runner {
 /// Orders entries in time (spreading shared seconds) and hands them to every runner.
 #[derive(Default)]
 pub struct Spreader {
-    group: Vec<Entry>,
+    /// The group's lines, then entries already run, kept to be read into again (see
+    /// [`Spreader::slot`]).
+    entries: Vec<Entry>,
+    /// How many of `entries` are the group.
+    held: usize,
     /// The second of the group, and where in it the group's first line goes.
     second: Micros,
     start: Micros,
@@ -117,55 +138,77 @@ pub struct Spreader {
 }
 
 impl Spreader {
-    /// Takes one entry; runs the ones whose time is now known.
-    pub fn push(&mut self, entry: Entry, runners: &mut [Runner]) -> Result<(), Skip> {
-        let at = entry.stamp.at;
+    /// Where the next line is read into, before [`Spreader::push_slot`] takes it: a place after
+    /// the group's lines, so a line read there is neither moved nor allocated anew.
+    pub fn slot(&mut self) -> &mut Entry {
+        if self.entries.len() == self.held {
+            self.entries.push(Entry::default());
+        }
+        &mut self.entries[self.held]
+    }
+
+    /// Takes the entry read into [`Spreader::slot`]; runs the ones whose time is now known.
+    pub fn push_slot(&mut self, runners: &mut [Runner]) -> Result<(), Skip> {
+        let index = self.held;
+        let stamp = self.entries[index].stamp;
+        let at = stamp.at;
         if self.latest.is_some_and(|latest| at < latest) {
             return Err(Skip::Backwards);
         }
         self.latest = Some(at);
-        if !entry.stamp.whole_second {
+        if !stamp.whole_second {
             self.flush(runners);
-            run_all(runners, at, entry);
+            run_all(runners, at, &mut self.entries[index]);
             return Ok(());
         }
         let second = at - at % SECOND;
-        if self.group.is_empty() || second != self.second {
+        if self.held == 0 || second != self.second {
             self.flush(runners);
             self.second = second;
             self.start = second;
-        } else if self.group.len() >= GROUP {
+        } else if self.held >= GROUP {
             let end = self.start + (self.second + SECOND - self.start) / 2;
             self.run_group(end, runners);
         }
-        self.group.push(entry);
+        // The line opens the group if the group was just run.
+        if self.held != index {
+            self.entries.swap(self.held, index);
+        }
+        self.held += 1;
         Ok(())
+    }
+
+    /// Takes one entry; runs the ones whose time is now known.
+    pub fn push(&mut self, entry: Entry, runners: &mut [Runner]) -> Result<(), Skip> {
+        *self.slot() = entry;
+        self.push_slot(runners)
     }
 
     /// Runs what is held (at the end of the log).
     pub fn flush(&mut self, runners: &mut [Runner]) {
-        if !self.group.is_empty() {
+        if self.held > 0 {
             self.run_group(self.second + SECOND, runners);
         }
     }
 
     /// Runs the group evenly over `[start, end)`.
     fn run_group(&mut self, end: Micros, runners: &mut [Runner]) {
-        let n = self.group.len() as u64;
+        let n = self.held as u64;
         let span = end.saturating_sub(self.start);
-        for (i, entry) in self.group.drain(..).enumerate() {
+        for (i, entry) in self.entries[..self.held].iter_mut().enumerate() {
             let at = self.start + span * i as u64 / n;
             run_all(runners, at, entry);
         }
+        self.held = 0;
         self.start = end;
     }
 }
 
-/// Runs `entry` through every runner: copies for all but the last, which takes it.
-pub fn run_all(runners: &mut [Runner], at: Micros, entry: Entry) {
+/// Runs `entry` through every runner: copies for all but the last, which takes its parts.
+pub fn run_all(runners: &mut [Runner], at: Micros, entry: &mut Entry) {
     if let Some((last, others)) = runners.split_last_mut() {
         for runner in others {
-            runner.run(at, entry.clone());
+            runner.run(at, &mut entry.clone());
         }
         last.run(at, entry);
     }

@@ -212,7 +212,7 @@ pub fn simulate(
     }
     while let Some(Reverse((at, stream, i))) = heap.pop() {
         let (client, times) = &streams[stream];
-        let entry = Entry {
+        let mut entry = Entry {
             stamp: Stamp {
                 at: START + at,
                 whole_second: false,
@@ -220,12 +220,12 @@ pub fn simulate(
             method: Method::GET,
             uri: http::Uri::from_static("/"),
             peer: Some(client_ip(*client)),
-            headers: Vec::new(),
+            headers: Default::default(),
         };
         for runner in runners.iter_mut() {
             runner.tally.lines += 1;
         }
-        crate::run::run_all(runners, START + at, entry);
+        crate::run::run_all(runners, START + at, &mut entry);
         if let Some(&next) = times.get(i + 1) {
             heap.push(Reverse((next, stream, i + 1)));
         }

@@ -3,7 +3,9 @@
 //! Memory grows with the number of distinct keys (one entry per key and rule) and of seconds that
 //! saw traffic (one entry per second and rule), never with the number of lines.
 
-use std::collections::{BTreeMap, HashMap};
+mod keys;
+
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
@@ -12,6 +14,8 @@ use tollgate::engine::Ruling;
 
 use crate::log::Skip;
 use crate::time::Micros;
+
+pub use keys::Keys;
 
 /// How many keys a rule's `top_keys` lists.
 pub const TOP_KEYS: usize = 10;
@@ -59,7 +63,7 @@ pub struct RuleTally {
     /// Refused before counting: the key was missing, or the cost unreadable.
     pub refused: u64,
     /// Per key: denials, and whether it was ever denied or delayed.
-    pub keys: HashMap<Box<[u8]>, KeyTally, foldhash::fast::RandomState>,
+    pub keys: Keys,
     /// Per second with traffic, in order: offered, admitted, denied.
     pub timeline: Vec<(u64, [u64; 3])>,
 }
@@ -136,11 +140,7 @@ impl Tally {
                     counts[0] += 1;
                     counts[1] += admitted;
                     counts[2] += denied;
-                    let key = entry.key.as_bytes();
-                    let key_tally = match tally.keys.get_mut(key) {
-                        Some(found) => found,
-                        None => tally.keys.entry(key.into()).or_default(),
-                    };
+                    let key_tally = tally.keys.entry(entry.key.as_bytes());
                     key_tally.denied += denied;
                     key_tally.limited |= limited;
                 }
@@ -245,7 +245,7 @@ impl RuleTally {
             .keys
             .iter()
             .filter(|(_, k)| k.denied > 0)
-            .map(|(key, k)| (&key[..], k.denied))
+            .map(|(key, k)| (key, k.denied))
             .collect();
         denied.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         denied

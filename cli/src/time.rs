@@ -8,7 +8,7 @@ pub type Micros = u64;
 
 /// A timestamp, and whether the log gave whole seconds only (such lines are spread over their
 /// second, see [`crate::run`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stamp {
     /// When.
     pub at: Micros,

@@ -686,10 +686,18 @@ impl Limiter {
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
     /// ```
     pub async fn decide<B>(&self, request: &Request<B>) -> Result<Ruling, LimitError> {
-        let (mut enforced, mut shadow) = (Decision::default(), Decision::default());
-        let answers = {
+        // The ruling is made first and its decisions filled where they lie: each is hundreds of
+        // bytes, which a replay would otherwise move several times for every line it reads.
+        let mut ruling = Ruling::Decided {
+            enforced: Decision::default(),
+            shadow: Decision::default(),
+        };
+        let Ruling::Decided { enforced, shadow } = &mut ruling else {
+            unreachable!("made just above")
+        };
+        let (for_enforced, for_shadow) = {
             let rules = self.rules();
-            match rules.route(request, false, &mut enforced, &mut shadow) {
+            match rules.route(request, false, enforced, shadow) {
                 Ok(Route::Planned) => {}
                 Ok(Route::Allowed) => return Ok(Ruling::Allowed),
                 Err(refusal) => return Ok(refusal.into()),
@@ -701,21 +709,22 @@ impl Limiter {
                     rules.ask(self.ledger(), plan)
                 }
             };
-            [ask(&mut enforced), ask(&mut shadow)]
+            (ask(enforced), ask(shadow))
         };
-        let [for_enforced, for_shadow] = answers;
-        for (answer, plan) in [(for_enforced, &mut enforced), (for_shadow, &mut shadow)] {
-            match answer {
-                Answer::Now(result) => result?,
-                Answer::Later(pending) => plan.answer(pending.await?)?,
-            }
+        match for_enforced {
+            Answer::Now(result) => result?,
+            Answer::Later(pending) => enforced.answer(pending.await?)?,
+        }
+        match for_shadow {
+            Answer::Now(result) => result?,
+            Answer::Later(pending) => shadow.answer(pending.await?)?,
         }
         if enforced.is_allowed() {
             // No response holds a concurrency slot here: it is given back at once.
             let rules = arc_swap::Guard::into_inner(self.rules());
-            drop(Slots::of(self.ledger(), &rules, &enforced));
+            drop(Slots::of(self.ledger(), &rules, enforced));
         }
-        Ok(Ruling::Decided { enforced, shadow })
+        Ok(ruling)
     }
 
     /// Blocks `key` under `rule` for `d` from now, e.g. an admin action or an IP caught stuffing

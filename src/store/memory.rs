@@ -98,7 +98,9 @@ type Overrides = BTreeMap<String, BTreeMap<Vec<u8>, (Limit, Micros)>>;
 /// Builds a [`MemoryStore`].
 #[derive(Debug)]
 pub struct MemoryStoreBuilder {
-    clock: StoreClock,
+    /// `None` for the system clock, made only when the store is built: its calibration takes
+    /// up to 200 ms, which a store given its own clock (a replay's) should not spend.
+    clock: Option<StoreClock>,
     max_keys: usize,
     shards: usize,
 }
@@ -106,7 +108,7 @@ pub struct MemoryStoreBuilder {
 impl MemoryStoreBuilder {
     /// The clock to read time from (default: [`SystemClock`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = StoreClock::new(clock);
+        self.clock = Some(StoreClock::new(clock));
         self
     }
 
@@ -128,7 +130,9 @@ impl MemoryStoreBuilder {
         let spans = Arc::new(Spans::new());
         MemoryStore {
             inner: Arc::new(Inner {
-                clock: self.clock,
+                clock: self
+                    .clock
+                    .unwrap_or_else(|| StoreClock::System(SystemClock::new())),
                 hasher: foldhash::fast::RandomState::default(),
                 buckets: Table::new(self.shards, per_shard, &spans),
                 others: Table::new(self.shards, per_shard, &spans),
@@ -157,7 +161,7 @@ impl MemoryStore {
     pub fn builder() -> MemoryStoreBuilder {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
         MemoryStoreBuilder {
-            clock: StoreClock::System(SystemClock::new()),
+            clock: None,
             max_keys: DEFAULT_MAX_KEYS,
             shards: (cpus * 8).clamp(16, 1024).next_power_of_two(),
         }

@@ -15,6 +15,7 @@ use std::io::BufRead;
 use std::net::IpAddr;
 
 use http::{HeaderName, HeaderValue, Method, Uri};
+use smallvec::SmallVec;
 
 use crate::time::Stamp;
 
@@ -22,7 +23,7 @@ pub use combined::parse_combined;
 pub use fields::FieldMap;
 
 /// One request, as the log tells it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Entry {
     /// When it came.
     pub stamp: Stamp,
@@ -33,8 +34,11 @@ pub struct Entry {
     /// The client's address, when the log has it.
     pub peer: Option<IpAddr>,
     /// The headers the log recorded (for `combined`: `Referer` and `User-Agent`).
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Headers,
 }
+
+/// A line's headers: two without an allocation of their own, as many as the log gives.
+pub type Headers = SmallVec<[(HeaderName, HeaderValue); 2]>;
 
 /// Why a line was not replayed; counted per reason in the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,6 +99,14 @@ pub trait Source {
     /// The next line's entry, or why it was skipped; `None` at the end. An error reading the file
     /// itself (not its content) ends the stream with that error.
     fn next_entry(&mut self) -> Option<std::io::Result<Result<Entry, Skip>>>;
+
+    /// The same, read into `entry`, whose parts it replaces (on a skip, some may be replaced):
+    /// a reader that can fill an entry where it lies saves moving one (hundreds of bytes) per
+    /// line.
+    fn next_into(&mut self, entry: &mut Entry) -> Option<std::io::Result<Result<(), Skip>>> {
+        let read = self.next_entry()?;
+        Some(read.map(|read| read.map(|read| *entry = read)))
+    }
 }
 
 /// The reader of `format` over `input`.
