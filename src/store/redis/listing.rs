@@ -168,8 +168,20 @@ impl Inner {
         names: &[&[u8]],
         slot: Option<u16>,
     ) -> Result<(Micros, Vec<Option<(Micros, u64)>>), StoreError> {
+        let (now, answers) = self.time_and_values(names, slot).await?;
+        Ok((now, answers.map(read_block).collect()))
+    }
+
+    /// The time (the injected clock's in test mode, the server's `TIME` otherwise) and the
+    /// answer to a `GET` of each of `names`, in one pipeline on the node of `slot`: what a
+    /// listing's page reads (blocks and overrides alike).
+    pub(super) async fn time_and_values(
+        &self,
+        names: &[&[u8]],
+        slot: Option<u16>,
+    ) -> Result<(Micros, std::vec::IntoIter<Value>), StoreError> {
         if names.is_empty() {
-            return Ok((0, Vec::new()));
+            return Ok((0, Vec::new().into_iter()));
         }
         let injected = self.injected_now()?;
         let mut pipe = Pipeline::new();
@@ -190,8 +202,7 @@ impl Inner {
             Some(now) => now,
             None => server_time(answers.next())?,
         };
-        let blocks = answers.map(read_block).collect();
-        Ok((now, blocks))
+        Ok((now, answers))
     }
 
     /// The masters of a cluster, each by the first slot it serves, in slot order (asked once

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use ::redis::{Cmd, Pipeline, Value};
+use ::redis::{Cmd, Value};
 
 use super::{conn, keys, params, push_now, Inner, Packed};
 use crate::algorithm::{
@@ -347,28 +347,7 @@ impl Inner {
         names: &[&[u8]],
         slot: Option<u16>,
     ) -> Result<(Micros, Vec<Option<Vec<u8>>>), StoreError> {
-        if names.is_empty() {
-            return Ok((0, Vec::new()));
-        }
-        let injected = self.injected_now()?;
-        let mut pipe = Pipeline::new();
-        if injected.is_none() {
-            pipe.cmd("TIME");
-        }
-        for name in names {
-            pipe.cmd("GET").arg(*name);
-        }
-        let mut answers = self
-            .conn
-            .clone()
-            .pipeline_on(pipe, slot)
-            .await
-            .map_err(conn::error)?
-            .into_iter();
-        let now = match injected {
-            Some(now) => now,
-            None => super::listing::server_time(answers.next())?,
-        };
+        let (now, answers) = self.time_and_values(names, slot).await?;
         let values = answers
             .map(|value| match value {
                 Value::BulkString(raw) => Ok(Some(raw)),
