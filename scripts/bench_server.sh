@@ -35,23 +35,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat > "$work/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: { unit: second, requests_per_unit: 1000000000 }
-YAML
-
-# The request, length-prefixed as gRPC frames a message: RateLimitRequest { domain: "bench",
-# descriptors: [{ entries: [{ key: "remote_address", value: "10.0.0.1" }] }] }.
-python3 - "$work/body.bin" <<'PY'
-import struct, sys
-def field(number, payload):
-    return bytes([number << 3 | 2, len(payload)]) + payload
-entry = field(1, b"remote_address") + field(2, b"10.0.0.1")
-request = field(1, b"bench") + field(2, field(1, entry))
-open(sys.argv[1], "wb").write(b"\0" + struct.pack(">I", len(request)) + request)
-PY
+# The limit and the request (bench.yaml, body.bin), shared with the other server bench.
+. scripts/server_request.sh
 
 target/release/tollgate-server --config "$work/bench.yaml" \
     --grpc-addr 127.0.0.1:18081 --http-addr 127.0.0.1:18080 2>"$work/server.log" &
