@@ -6,7 +6,8 @@
 //! counted by the clock that wrote it. On a cluster every master is scanned in turn (ordered by
 //! the first slot it serves, found with `CLUSTER SLOTS`), each step's commands sent to the master
 //! holding that slot. The cursor names the scan's place: `r<scan cursor>` on one server,
-//! `c<slot>.<scan cursor>` on a cluster.
+//! `c<slot>.<scan cursor>` on a cluster, then `.<n>` when earlier pages listed the first `n` names
+//! of that step (the overrides' listing splits a step over pages of a requested size).
 
 use ::redis::{Pipeline, Value};
 
@@ -17,20 +18,36 @@ use crate::store::{BlockedKey, Cursor, Page, StoreError, StoreErrorKind};
 /// The `COUNT` of each `SCAN` step: how many keys of the node one page looks at, roughly.
 const COUNT: u64 = 100;
 
-/// Where a walk is: the node (on a cluster, by the first slot its master serves) and the node's
-/// own `SCAN` cursor.
+/// Where a walk is: the node (on a cluster, by the first slot its master serves), the node's
+/// own `SCAN` cursor, and how many of that step's names (sorted) earlier pages listed. One type
+/// for every listing of the store (blocks, overrides).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct At {
-    slot: Option<u16>,
-    scan: u64,
+pub(super) struct At {
+    pub(super) slot: Option<u16>,
+    pub(super) scan: u64,
+    pub(super) skip: usize,
 }
 
 impl At {
-    fn cursor(self) -> Cursor {
-        match self.slot {
-            Some(slot) => Cursor::new(format!("c{slot}.{}", self.scan)),
-            None => Cursor::new(format!("r{}", self.scan)),
+    /// The start of a step: `scan` on the node of `slot`, nothing of it listed yet.
+    fn step(slot: Option<u16>, scan: u64) -> At {
+        At {
+            slot,
+            scan,
+            skip: 0,
         }
+    }
+
+    /// The cursor naming this place.
+    pub(super) fn cursor(self) -> Cursor {
+        let mut text = match self.slot {
+            Some(slot) => format!("c{slot}.{}", self.scan),
+            None => format!("r{}", self.scan),
+        };
+        if self.skip > 0 {
+            text.push_str(&format!(".{}", self.skip));
+        }
+        Cursor::new(text)
     }
 
     fn read(cursor: &Cursor, cluster: bool) -> Result<At, StoreError> {
@@ -41,27 +58,27 @@ impl At {
             )
         };
         let text = cursor.as_str();
-        if cluster {
-            let (slot, scan) = text
-                .strip_prefix('c')
-                .and_then(|t| t.split_once('.'))
-                .ok_or_else(bad)?;
-            let slot: u16 = slot.parse().map_err(|_| bad())?;
-            if slot >= 16_384 {
-                return Err(bad());
+        let (slot, rest) = match (cluster, text.split_at_checked(1)) {
+            (true, Some(("c", rest))) => {
+                let (slot, rest) = rest.split_once('.').ok_or_else(bad)?;
+                let slot: u16 = slot.parse().map_err(|_| bad())?;
+                if slot >= 16_384 {
+                    return Err(bad());
+                }
+                (Some(slot), rest)
             }
-            let scan = scan.parse().map_err(|_| bad())?;
-            Ok(At {
-                slot: Some(slot),
-                scan,
-            })
-        } else {
-            let scan = text.strip_prefix('r').ok_or_else(bad)?;
-            Ok(At {
-                slot: None,
-                scan: scan.parse().map_err(|_| bad())?,
-            })
-        }
+            (false, Some(("r", rest))) => (None, rest),
+            _ => return Err(bad()),
+        };
+        let (scan, skip) = match rest.split_once('.') {
+            Some((scan, skip)) => (scan, skip.parse().map_err(|_| bad())?),
+            None => (rest, 0),
+        };
+        Ok(At {
+            slot,
+            scan: scan.parse().map_err(|_| bad())?,
+            skip,
+        })
     }
 }
 
@@ -73,26 +90,12 @@ impl Inner {
         rule: &str,
         cursor: Option<&Cursor>,
     ) -> Result<Page<BlockedKey>, StoreError> {
-        let cluster = self.is_cluster();
         let mut masters = None;
-        let at = match cursor {
-            Some(cursor) => At::read(cursor, cluster)?,
-            None if cluster => {
-                let first = self.masters(&mut masters).await?.first().copied();
-                match first {
-                    Some(slot) => At {
-                        slot: Some(slot),
-                        scan: 0,
-                    },
-                    None => return Ok(Page::new(Vec::new(), None)),
-                }
-            }
-            None => At {
-                slot: None,
-                scan: 0,
-            },
+        let Some(at) = self.walk_from(cursor, &mut masters).await? else {
+            return Ok(Page::new(Vec::new(), None));
         };
-        let (next, listed) = self.scan_step(at.scan, at.slot, "block", rule).await?;
+        let (next, mut listed) = self.scan_step(at.scan, at.slot, "block", rule).await?;
+        listed.drain(..at.skip.min(listed.len()));
         let names: Vec<&[u8]> = listed.iter().map(|(_, name)| name.as_slice()).collect();
         let (now, blocks) = self.read_blocks(&names, at.slot).await?;
         let items = listed
@@ -100,18 +103,48 @@ impl Inner {
             .zip(blocks)
             .filter_map(|((key, _), block)| blocked_now(key, block?, now))
             .collect();
-        let next = match (next, at.slot) {
+        let next = self.after_step(at, next, &mut masters).await?;
+        Ok(Page::new(items, next.map(At::cursor)))
+    }
+
+    /// The place a walk starts from: the one `cursor` names, or the first node's start (`None`
+    /// when a cluster has no master). `masters` caches `CLUSTER SLOTS` for the call.
+    pub(super) async fn walk_from(
+        &self,
+        cursor: Option<&Cursor>,
+        masters: &mut Option<Vec<u16>>,
+    ) -> Result<Option<At>, StoreError> {
+        let cluster = self.is_cluster();
+        Ok(match cursor {
+            Some(cursor) => Some(At::read(cursor, cluster)?),
+            None if cluster => self
+                .masters(masters)
+                .await?
+                .first()
+                .map(|&slot| At::step(Some(slot), 0)),
+            None => Some(At::step(None, 0)),
+        })
+    }
+
+    /// The place after the step at `at`, whose `SCAN` answered `next`: the same node's next
+    /// step, the next master's first (ordered by first slot), or `None` when the walk is over.
+    pub(super) async fn after_step(
+        &self,
+        at: At,
+        next: u64,
+        masters: &mut Option<Vec<u16>>,
+    ) -> Result<Option<At>, StoreError> {
+        Ok(match (next, at.slot) {
             (0, None) => None,
             (0, Some(slot)) => {
-                let masters = self.masters(&mut masters).await?;
-                masters.iter().find(|&&s| s > slot).map(|&slot| At {
-                    slot: Some(slot),
-                    scan: 0,
-                })
+                let masters = self.masters(masters).await?;
+                masters
+                    .iter()
+                    .find(|&&s| s > slot)
+                    .map(|&slot| At::step(Some(slot), 0))
             }
-            (scan, slot) => Some(At { slot, scan }),
-        };
-        Ok(Page::new(items, next.map(At::cursor)))
+            (scan, slot) => Some(At::step(slot, scan)),
+        })
     }
 
     /// One `SCAN <scan> MATCH <prefix>:<kind>:{*}:<rule> COUNT 100` step on the node of `slot`:
@@ -379,41 +412,45 @@ mod tests {
 
     #[test]
     fn cursors_read_back_and_foreign_ones_are_refused() {
-        for (at, cluster) in [
+        for (at, cluster, text) in [
+            (At::step(None, 0), false, "r0"),
+            (At::step(None, u64::MAX), false, "r18446744073709551615"),
+            (At::step(Some(5461), 17), true, "c5461.17"),
             (
                 At {
                     slot: None,
+                    scan: 3,
+                    skip: 100,
+                },
+                false,
+                "r3.100",
+            ),
+            (
+                At {
+                    slot: Some(0),
                     scan: 0,
-                },
-                false,
-            ),
-            (
-                At {
-                    slot: None,
-                    scan: u64::MAX,
-                },
-                false,
-            ),
-            (
-                At {
-                    slot: Some(5461),
-                    scan: 17,
+                    skip: 7,
                 },
                 true,
+                "c0.0.7",
             ),
         ] {
+            assert_eq!(at.cursor().as_str(), text);
             assert_eq!(At::read(&at.cursor(), cluster).unwrap(), at);
         }
         for (text, cluster) in [
             ("m1", false),
             ("r", false),
+            ("r1.x", false),
             ("c1.2", false),
             ("r3", true),
             ("c16384.0", true),
             ("c1", true),
+            ("\u{ff}", false),
+            ("", true),
         ] {
             let error = At::read(&Cursor::new(text), cluster).unwrap_err();
-            assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text}");
+            assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text:?}");
         }
     }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use ::redis::{Cmd, Value};
 
+use super::listing::At;
 use super::{conn, keys, params, push_now, Inner, Packed};
 use crate::algorithm::{
     duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Limit, Micros, Mode,
@@ -170,53 +171,6 @@ fn rebuild(words: &[u64]) -> Option<Limit> {
     Some(Limit::from(algorithm))
 }
 
-/// The cursor of a listing: the node (on a cluster, by the first slot its master serves), the
-/// node's `SCAN` cursor, and how many of that step's names (sorted) earlier pages listed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct At {
-    slot: Option<u16>,
-    scan: u64,
-    skip: usize,
-}
-
-impl At {
-    fn cursor(self) -> Cursor {
-        let text = match self.slot {
-            Some(slot) => format!("c{slot}.{}.{}", self.scan, self.skip),
-            None => format!("r{}.{}", self.scan, self.skip),
-        };
-        Cursor::new(text)
-    }
-
-    fn read(cursor: &Cursor, cluster: bool) -> Result<At, StoreError> {
-        let bad = || {
-            StoreError::new(
-                StoreErrorKind::BadCursor,
-                format!("{cursor:?} is not a cursor of this Redis store's override listings"),
-            )
-        };
-        let text = cursor.as_str();
-        let (slot, rest) = match (cluster, text.split_at_checked(1)) {
-            (true, Some(("c", rest))) => {
-                let (slot, rest) = rest.split_once('.').ok_or_else(bad)?;
-                let slot: u16 = slot.parse().map_err(|_| bad())?;
-                if slot >= 16_384 {
-                    return Err(bad());
-                }
-                (Some(slot), rest)
-            }
-            (false, Some(("r", rest))) => (None, rest),
-            _ => return Err(bad()),
-        };
-        let (scan, skip) = rest.split_once('.').ok_or_else(bad)?;
-        Ok(At {
-            slot,
-            scan: scan.parse().map_err(|_| bad())?,
-            skip: skip.parse().map_err(|_| bad())?,
-        })
-    }
-}
-
 impl Inner {
     /// Sets (`Some`) or removes (`None`) the override of `key` under `rule`.
     pub(super) async fn set_override(
@@ -257,24 +211,10 @@ impl Inner {
         cursor: Option<&Cursor>,
         count: usize,
     ) -> Result<Page<OverrideEntry>, StoreError> {
-        let cluster = self.is_cluster();
         let count = count.clamp(1, crate::store::MAX_OVERRIDE_PAGE);
         let mut masters = None;
-        let at = match cursor {
-            Some(cursor) => At::read(cursor, cluster)?,
-            None if cluster => match self.masters(&mut masters).await?.first() {
-                Some(&slot) => At {
-                    slot: Some(slot),
-                    scan: 0,
-                    skip: 0,
-                },
-                None => return Ok(Page::new(Vec::new(), None)),
-            },
-            None => At {
-                slot: None,
-                scan: 0,
-                skip: 0,
-            },
+        let Some(at) = self.walk_from(cursor, &mut masters).await? else {
+            return Ok(Page::new(Vec::new(), None));
         };
         let (next, mut listed) = self.scan_step(at.scan, at.slot, "override", rule).await?;
         let total = listed.len();
@@ -299,22 +239,7 @@ impl Inner {
                 ..at
             })
         } else {
-            match (next, at.slot) {
-                (0, None) => None,
-                (0, Some(slot)) => {
-                    let masters = self.masters(&mut masters).await?;
-                    masters.iter().find(|&&s| s > slot).map(|&slot| At {
-                        slot: Some(slot),
-                        scan: 0,
-                        skip: 0,
-                    })
-                }
-                (scan, slot) => Some(At {
-                    slot,
-                    scan,
-                    skip: 0,
-                }),
-            }
+            self.after_step(at, next, &mut masters).await?
         };
         Ok(Page::new(entries, next.map(At::cursor)))
     }
@@ -449,40 +374,5 @@ mod tests {
             assert_eq!(error.kind(), StoreErrorKind::Protocol, "{raw:?}");
         }
         assert!(decode(&good).is_ok());
-    }
-
-    #[test]
-    fn cursors_read_back_and_foreign_ones_are_refused() {
-        for (at, cluster) in [
-            (
-                At {
-                    slot: None,
-                    scan: 0,
-                    skip: 100,
-                },
-                false,
-            ),
-            (
-                At {
-                    slot: Some(5461),
-                    scan: u64::MAX,
-                    skip: 0,
-                },
-                true,
-            ),
-        ] {
-            assert_eq!(At::read(&at.cursor(), cluster).unwrap(), at);
-        }
-        for (text, cluster) in [
-            ("r1", false),
-            ("c1.2.3", false),
-            ("r1.2", true),
-            ("c16384.0.0", true),
-            ("\u{ff}", false),
-            ("", true),
-        ] {
-            let error = At::read(&Cursor::new(text), cluster).unwrap_err();
-            assert_eq!(error.kind(), StoreErrorKind::BadCursor, "{text:?}");
-        }
     }
 }
