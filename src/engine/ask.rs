@@ -80,7 +80,7 @@ impl RuleSet {
             }
         }
         if let [one] = plan.rules() {
-            return match store.apply_one(&self.charge_of(one)).into_ready() {
+            return match store.decide_one(&self.charge_of(one)) {
                 Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
                 Err(pending) => Answer::Later(Pending::One(pending)),
             };

@@ -32,6 +32,20 @@ impl<'a> StoreRef<'a> {
         }
     }
 
+    /// [`apply_one`](Self::apply_one) with the answer taken when it is ready: the memory
+    /// store's decision is returned as it is, never wrapped in a future and taken out again
+    /// (the compiler did not always see through that, and copied the outcome twice).
+    #[inline]
+    pub(crate) fn decide_one(
+        self,
+        charge: &Charge<'_>,
+    ) -> Result<Result<Outcome, StoreError>, StoreFuture<Outcome>> {
+        match self {
+            StoreRef::Memory(memory) => Ok(Ok(memory.decide(charge))),
+            StoreRef::Dyn(store) => store.apply_one(charge).into_ready(),
+        }
+    }
+
     pub(crate) fn as_dyn(self) -> &'a dyn Store {
         match self {
             StoreRef::Memory(memory) => memory,

@@ -167,6 +167,38 @@ impl MemoryStore {
         }
     }
 
+    /// Decides one charge now: what [`Store::apply_one`] answers, without the future around it
+    /// (the memory store never waits). The call the middleware makes for a request under one
+    /// rule; a program deciding in its own loop, as with governor's `check_key`, can make it
+    /// too.
+    ///
+    /// ```
+    /// use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+    /// use tollgate::store::{Charge, RuleName};
+    /// use tollgate::MemoryStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = MemoryStore::new();
+    /// let limit = Algorithm::TokenBucket(TokenBucket::new(2, Duration::from_secs(1)));
+    /// let charge = Charge {
+    ///     rule: RuleName::new("per-user"),
+    ///     algorithm: &limit,
+    ///     key: b"alice",
+    ///     cost: 1,
+    ///     mode: Mode::Charge,
+    ///     penalty: None,
+    ///     lease: None,
+    ///     overrides: None,
+    /// };
+    /// assert_eq!(store.decide(&charge).remaining, 1);
+    /// assert_eq!(store.decide(&charge).remaining, 0);
+    /// assert!(!store.decide(&charge).is_allowed());
+    /// ```
+    #[inline]
+    pub fn decide(&self, charge: &Charge<'_>) -> Outcome {
+        self.decide_one(charge)
+    }
+
     /// The number of keys currently tracked.
     pub fn len(&self) -> usize {
         self.inner.buckets.len() + self.inner.others.len() + self.inner.blocks.len()
