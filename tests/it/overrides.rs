@@ -3,19 +3,12 @@
 //! `RateLimit-Policy`; it ends with its TTL, is listed a page at a time, and bad input is
 //! refused with nothing written.
 
-use crate::support::oneshot::{send, Limited};
+use crate::support::oneshot::{app, keyed_request as request, send, summary};
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
 use tollgate::clock::ManualClock;
-use tollgate::{Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, Rule};
-use tower::{service_fn, Layer};
-
-type Body = Full<Bytes>;
+use tollgate::{Key, Limit, LimitError, Limiter, MemoryStore, Rule};
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -30,35 +23,6 @@ fn limiter(store: &MemoryStore) -> Limiter {
         .store(store.clone())
         .build()
         .expect("valid rules")
-}
-
-fn app(limiter: Limiter) -> impl Limited<Body> {
-    let layer = RateLimitLayer::builder().limiter(limiter).build().unwrap();
-    layer.layer(service_fn(|_: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::default()))
-    }))
-}
-
-fn request(key: &str) -> Request<Body> {
-    Request::get("/")
-        .header("x-api-key", key)
-        .body(Body::default())
-        .unwrap()
-}
-
-fn summary(response: &Response<Bytes>) -> String {
-    let field = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
-    };
-    format!(
-        "{} | {} | {}",
-        response.status().as_u16(),
-        field("ratelimit-policy"),
-        field("ratelimit")
-    )
 }
 
 #[tokio::test]

@@ -7,24 +7,17 @@
 #![cfg(feature = "redis")]
 
 use crate::support::differential::{self, Step};
-use crate::support::oneshot::{send, Limited};
+use crate::support::oneshot::{app, keyed_request as request, send, summary};
 
 use std::collections::HashSet;
-use std::convert::Infallible;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
 use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
 use tollgate::clock::ManualClock;
 use tollgate::store::OverrideEntry;
-use tollgate::{Key, Limit, LimitError, Limiter, RateLimitLayer, RedisStore, Rule};
-use tower::{service_fn, Layer};
+use tollgate::{Key, Limit, LimitError, Limiter, RedisStore, Rule};
 
 use super::ENGINE;
-
-type Body = Full<Bytes>;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const START: Duration = Duration::from_secs(1_750_000_000);
@@ -68,35 +61,6 @@ async fn on(target: Target<'_>, prefix: &str, clock: &ManualClock) -> Limiter {
 enum Target<'a> {
     Server(&'a str),
     Cluster(&'a [String]),
-}
-
-fn app(limiter: Limiter) -> impl Limited<Body> {
-    let layer = RateLimitLayer::builder().limiter(limiter).build().unwrap();
-    layer.layer(service_fn(|_: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::default()))
-    }))
-}
-
-fn request(key: &str) -> Request<Body> {
-    Request::get("/")
-        .header("x-api-key", key)
-        .body(Body::default())
-        .unwrap()
-}
-
-fn summary(response: &Response<Bytes>) -> String {
-    let field = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
-    };
-    format!(
-        "{} | {} | {}",
-        response.status().as_u16(),
-        field("ratelimit-policy"),
-        field("ratelimit")
-    )
 }
 
 /// Every page of `rule`'s overrides, walked with the cursor; and the pages' sizes.
