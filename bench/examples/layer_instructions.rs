@@ -11,7 +11,9 @@
 //! Arguments: the server (`bare`, `tollgate-allowed-headers`, `tollgate-allowed-noheaders`,
 //! `tollgate-allowed-nothing` — fields off and no `Decision` in the extensions
 //! (`decision_in_extensions(false)`), what tower_governor adds to a request —,
-//! `tower_governor-allowed`, `tower_governor-allowed-headers`) and the number of requests.
+//! `tower_governor-allowed`, `tower_governor-allowed-headers`, and the denied servers
+//! `tollgate-denied-headers` and `tower_governor-denied`, whose quota of one request an hour the
+//! warm-up spends, so that every counted request is refused with 429) and the number of requests.
 //! Each request is built with the peer address a served request carries (`ConnectInfo`), sent
 //! through a clone of the router as axum's server does, and its body read to the end. With
 //! `--toggle-collect` callgrind counts only those requests; divide its total by them (plus the
@@ -33,8 +35,20 @@ const GENEROUS_PER_SECOND: u64 = 1_000_000;
 
 /// tollgate with its fields on or off, and its `Decision` in the request's extensions or not.
 fn tollgate_layer(headers: bool, decision: bool) -> tollgate::RateLimitLayer {
+    tollgate_limit(
+        tollgate::Limit::per_second(GENEROUS_PER_SECOND),
+        headers,
+        decision,
+    )
+}
+
+fn tollgate_limit(
+    limit: tollgate::Limit,
+    headers: bool,
+    decision: bool,
+) -> tollgate::RateLimitLayer {
     tollgate::RateLimitLayer::builder()
-        .rule(tollgate::Limit::per_second(GENEROUS_PER_SECOND).key(tollgate::Key::peer_ip()))
+        .rule(limit.key(tollgate::Key::peer_ip()))
         .headers_on_allowed(headers)
         .decision_in_extensions(decision)
         .build()
@@ -49,6 +63,16 @@ fn governor_config() -> tower_governor::governor::GovernorConfigBuilder<
     config
         .period(Duration::from_nanos(1_000_000_000 / GENEROUS_PER_SECOND))
         .burst_size(GENEROUS_PER_SECOND as u32);
+    config
+}
+
+/// tower_governor's quota of the denied server: one request an hour.
+fn governor_tight() -> tower_governor::governor::GovernorConfigBuilder<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::NoOpMiddleware,
+> {
+    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+    config.period(Duration::from_secs(3600)).burst_size(1);
     config
 }
 
@@ -68,6 +92,12 @@ fn router(server: &str) -> Option<Router> {
                 .finish()
                 .expect("valid quota"),
         )),
+        "tollgate-denied-headers" => {
+            router.layer(tollgate_limit(tollgate::Limit::per_hour(1), true, true))
+        }
+        "tower_governor-denied" => router.layer(tower_governor::GovernorLayer::new(
+            governor_tight().finish().expect("valid quota"),
+        )),
         _ => return None,
     })
 }
@@ -75,7 +105,7 @@ fn router(server: &str) -> Option<Router> {
 /// The requests counted: not inlined, so that callgrind can switch its counting on around it.
 /// Returns the fields and body bytes seen, so that nothing is optimized away.
 #[inline(never)]
-async fn measured(router: &Router, requests: u64) -> usize {
+async fn measured(router: &Router, requests: u64, status: http::StatusCode) -> usize {
     let peer = SocketAddr::from(([203, 0, 113, 7], 40000));
     let mut seen = 0;
     for _ in 0..requests {
@@ -86,8 +116,8 @@ async fn measured(router: &Router, requests: u64) -> usize {
         let response = router.clone().oneshot(request).await.expect("infallible");
         assert_eq!(
             response.status(),
-            http::StatusCode::OK,
-            "every request allowed"
+            status,
+            "every request on the server's path"
         );
         seen += response.headers().len();
         let body = response.into_body().collect().await.expect("a body");
@@ -96,11 +126,16 @@ async fn measured(router: &Router, requests: u64) -> usize {
     seen
 }
 
+fn server_denies(server: &str) -> bool {
+    server.contains("-denied")
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: layer_instructions bare|tollgate-allowed-headers|\
                  tollgate-allowed-noheaders|tollgate-allowed-nothing|tower_governor-allowed|\
-                 tower_governor-allowed-headers REQUESTS";
+                 tower_governor-allowed-headers|tollgate-denied-headers|tower_governor-denied \
+                 REQUESTS";
     let (Some(router), Some(requests)) = (
         args.first().and_then(|server| router(server)),
         args.get(1).and_then(|n| n.parse::<u64>().ok()),
@@ -112,9 +147,18 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let status = if server_denies(&args[0]) {
+        http::StatusCode::TOO_MANY_REQUESTS
+    } else {
+        http::StatusCode::OK
+    };
     let seen = runtime.block_on(async {
-        measured(&router, 10).await;
-        measured(&router, requests).await
+        if status != http::StatusCode::OK {
+            // The quota's one request.
+            measured(&router, 1, http::StatusCode::OK).await;
+        }
+        measured(&router, 10, status).await;
+        measured(&router, requests, status).await
     });
     println!("{requests} requests, {seen} field and body bytes seen");
 }

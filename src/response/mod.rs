@@ -26,7 +26,6 @@ use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Response, StatusCode};
 
 use self::headers::{Legacy, RATELIMIT, RATELIMIT_POLICY};
-use self::prepared::Fingerprint;
 use crate::engine::decision::Decision;
 use crate::rules::set::Refusal;
 use crate::store::StoreError;
@@ -279,10 +278,11 @@ impl Responder {
         // (A per-request limit's policy is not in the fingerprint: such refusals are built.)
         if protocol == Protocol::Http && !self.legacy && !decision.has_applied() {
             let retry_seconds = headers::whole_seconds(wait).max(1);
-            let fingerprint = Fingerprint::of(self.status, retry_seconds, decision);
-            return policies.prepared.get_or_build(fingerprint, || {
-                self.build_denied(policies, decision, protocol, wait)
-            });
+            return policies
+                .prepared
+                .get_or_build(self.status, retry_seconds, decision, || {
+                    self.build_denied(policies, decision, protocol, wait)
+                });
         }
         self.build_denied(policies, decision, protocol, wait)
     }

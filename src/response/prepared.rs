@@ -5,12 +5,11 @@
 //! Only the layer's own problem+json rejection is kept, and only without the legacy fields (whose
 //! reset is a wall-clock moment): everything in it then follows from the [`Fingerprint`].
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::{Response, StatusCode};
 use smallvec::SmallVec;
 
 use super::headers;
@@ -25,35 +24,58 @@ pub(crate) struct Prepared {
 }
 
 /// Everything a default rejection is made of, besides the rule set's fixed names and policies.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Fingerprint {
+struct Fingerprint {
     status: StatusCode,
     retry_seconds: u64,
-    /// Per rule of the decision: its index, whether it denied, and the `r` and `t` it reports.
-    rules: SmallVec<[(usize, bool, u64, u64); 2]>,
+    rules: SmallVec<[RuleMark; 2]>,
+}
+
+/// A rule's part of a fingerprint: its index, whether it denied, and the `r` and `t` it reports.
+type RuleMark = (usize, bool, u64, u64);
+
+fn marks(decision: &Decision) -> impl Iterator<Item = RuleMark> + '_ {
+    decision.rules().iter().map(|entry| {
+        let (r, t) = headers::reported(&entry.outcome);
+        (entry.index, !entry.outcome.is_allowed(), r, t)
+    })
 }
 
 impl Fingerprint {
-    pub(crate) fn of(status: StatusCode, retry_seconds: u64, decision: &Decision) -> Self {
+    /// The fingerprint of a refusal with `status`, `retry_seconds` and `decision`'s rules.
+    fn of(status: StatusCode, retry_seconds: u64, decision: &Decision) -> Self {
         Fingerprint {
             status,
             retry_seconds,
-            rules: decision
-                .rules()
-                .iter()
-                .map(|entry| {
-                    let (r, t) = headers::reported(&entry.outcome);
-                    (entry.index, !entry.outcome.is_allowed(), r, t)
-                })
-                .collect(),
+            rules: marks(decision).collect(),
         }
     }
+
+    /// Whether this is the fingerprint of such a refusal, read off the decision without
+    /// collecting it: the lookup of every refusal, most of which find their copy.
+    fn matches(&self, status: StatusCode, retry_seconds: u64, decision: &Decision) -> bool {
+        self.status == status
+            && self.retry_seconds == retry_seconds
+            && self.rules.len() == decision.rules().len()
+            && self.rules.iter().copied().eq(marks(decision))
+    }
+}
+
+/// The slot of a refusal: a few multiplications over what varies between refusals in a flood
+/// (the wait, and which rules denied), not a hash of the whole fingerprint. Two fingerprints
+/// sharing a slot only take turns in it; a copy is answered only on an exact match.
+fn slot_of(retry_seconds: u64, decision: &Decision) -> usize {
+    const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut mixed = retry_seconds.wrapping_mul(MIX);
+    for entry in decision.rules() {
+        let denied = u64::from(!entry.outcome.is_allowed());
+        mixed = (mixed ^ ((entry.index as u64) << 1 | denied)).wrapping_mul(MIX);
+    }
+    (mixed >> 61) as usize % SLOTS
 }
 
 struct Rejection {
     fingerprint: Fingerprint,
-    headers: HeaderMap,
-    body: Bytes,
+    response: Response<Bytes>,
 }
 
 impl Prepared {
@@ -63,28 +85,25 @@ impl Prepared {
         }
     }
 
-    /// The rejection for `fingerprint`: a copy of the one kept, or a new one from `build`, which
-    /// is then kept in its place.
+    /// The rejection with `status`, `retry_seconds` and `decision`'s rules: a copy of the one
+    /// kept, or a new one from `build`, which is then kept in its place.
     pub(crate) fn get_or_build(
         &self,
-        fingerprint: Fingerprint,
+        status: StatusCode,
+        retry_seconds: u64,
+        decision: &Decision,
         build: impl FnOnce() -> Response<Bytes>,
     ) -> Response<Bytes> {
-        let hash = foldhash::fast::FixedState::default().hash_one(&fingerprint);
-        let slot = &self.slots[hash as usize % SLOTS];
+        let slot = &self.slots[slot_of(retry_seconds, decision)];
         if let Some(kept) = &*slot.load() {
-            if kept.fingerprint == fingerprint {
-                let mut response = Response::new(kept.body.clone());
-                *response.status_mut() = fingerprint.status;
-                *response.headers_mut() = kept.headers.clone();
-                return response;
+            if kept.fingerprint.matches(status, retry_seconds, decision) {
+                return kept.response.clone();
             }
         }
         let response = build();
         slot.store(Some(Arc::new(Rejection {
-            fingerprint,
-            headers: response.headers().clone(),
-            body: response.body().clone(),
+            fingerprint: Fingerprint::of(status, retry_seconds, decision),
+            response: response.clone(),
         })));
         response
     }

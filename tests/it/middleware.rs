@@ -105,6 +105,61 @@ async fn allows_then_denies_with_exact_headers_then_refills() {
     assert_eq!(send(&service, get("/")).await.status(), StatusCode::OK);
 }
 
+/// Everything a client reads of a response the layer wrote: status, fields, body.
+fn seen(response: &Response<Bytes>) -> (StatusCode, Vec<(String, String)>, Bytes) {
+    let fields = response
+        .headers()
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+        .collect();
+    (response.status(), fields, response.body().clone())
+}
+
+/// A flood's refusals are answered with copies of the last ones written (the response stage's
+/// prepared 429s, DESIGN §1): a copy says exactly what a fresh one would, and a refusal that
+/// differs (another wait, another client) is never answered with a copy of the wrong one.
+#[tokio::test(start_paused = true)]
+async fn repeated_refusals_are_exact_copies_and_differing_ones_are_not() {
+    let (_, inner) = counting();
+    let service = paused::builder()
+        .rule(Rule::new("per-client", Limit::per_minute(1)).key(Key::peer_ip()))
+        .build()
+        .unwrap()
+        .layer(inner);
+    let ask = |ip: &'static str| send(&service, from(ip, get("/")));
+
+    assert_eq!(ask("10.0.0.1").await.status(), StatusCode::OK);
+    let first = seen(&ask("10.0.0.1").await);
+    assert_eq!(first.0, StatusCode::TOO_MANY_REQUESTS);
+    let field = |seen: &(StatusCode, Vec<(String, String)>, Bytes), name: &str| {
+        let found = seen.1.iter().find(|(n, _)| n == name);
+        found.map(|(_, value)| value.clone())
+    };
+    assert_eq!(field(&first, "retry-after").as_deref(), Some("60"));
+    for _ in 0..3 {
+        assert_eq!(seen(&ask("10.0.0.1").await), first, "a copy is exact");
+    }
+
+    // Twenty seconds on, the same client waits forty: not the kept copy.
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let later = seen(&ask("10.0.0.1").await);
+    assert_eq!(field(&later, "retry-after").as_deref(), Some("40"));
+    assert_eq!(
+        field(&later, "ratelimit").as_deref(),
+        Some("\"per-client\";r=0;t=40")
+    );
+    assert_eq!(seen(&ask("10.0.0.1").await), later);
+
+    // Another client, refused with its own wait, then both again: each its own answer.
+    assert_eq!(ask("10.0.0.2").await.status(), StatusCode::OK);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let other = seen(&ask("10.0.0.2").await);
+    assert_eq!(field(&other, "retry-after").as_deref(), Some("55"));
+    let first_again = seen(&ask("10.0.0.1").await);
+    assert_eq!(field(&first_again, "retry-after").as_deref(), Some("35"));
+    assert_eq!(seen(&ask("10.0.0.2").await), other);
+}
+
 #[tokio::test(start_paused = true)]
 async fn clones_of_layer_and_service_share_one_budget() {
     let (_, inner) = counting();
