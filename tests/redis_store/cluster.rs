@@ -307,13 +307,9 @@ fn differential_cases(cases: u32) {
         .run(&differential::scenario(), |scenario| {
             rt.block_on(async {
                 let case = case.fetch_add(1, Ordering::Relaxed);
-                for cache in [true, false] {
-                    let redis = RedisStore::builder()
-                        .cluster(cluster.urls())
-                        .prefix(format!("diff{case}{cache}"))
-                        .deny_cache(cache);
-                    differential::run(redis, &scenario).await;
-                }
+                let redis = || RedisStore::builder().cluster(cluster.urls());
+                let prefix = format!("diff{case}");
+                differential::run_with_and_without_deny_cache(redis, &prefix, &scenario).await;
             });
             Ok(())
         })
@@ -368,12 +364,11 @@ async fn undoing_a_charge_keeps_a_key_a_refund_created_and_8_more_leave_18() {
             vec![(pool.clone(), None), (window.clone(), None)],
             steps,
         );
-        for cache in [true, false] {
-            let redis = RedisStore::builder()
-                .cluster(cluster.urls())
-                .prefix(format!("undo{case}{cache}"))
-                .deny_cache(cache);
-            let outcomes = differential::run(redis, &scenario).await;
+        let redis = || RedisStore::builder().cluster(cluster.urls());
+        let prefix = format!("undo{case}");
+        for outcomes in
+            differential::run_with_and_without_deny_cache(redis, &prefix, &scenario).await
+        {
             assert_eq!(outcomes.last().unwrap()[0].remaining, 18);
         }
     }
@@ -406,12 +401,11 @@ async fn an_undone_charge_leaves_the_state_it_found_for_a_larger_limit_to_read()
             vec![(bucket.clone(), None), (single.clone(), None)],
             steps,
         );
-        for cache in [true, false] {
-            let redis = RedisStore::builder()
-                .cluster(cluster.urls())
-                .prefix(format!("found{case}{cache}"))
-                .deny_cache(cache);
-            let outcomes = differential::run(redis, &scenario).await;
+        let redis = || RedisStore::builder().cluster(cluster.urls());
+        let prefix = format!("found{case}");
+        for outcomes in
+            differential::run_with_and_without_deny_cache(redis, &prefix, &scenario).await
+        {
             assert!(!outcomes[2][0].verdict.is_admitted());
             assert_eq!(outcomes.last().unwrap()[0].remaining, 20);
         }

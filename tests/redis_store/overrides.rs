@@ -300,12 +300,9 @@ async fn scripted_overrides_answer_as_on_the_memory_store() {
         charge(1),
     ];
     let scenario = (1_750_000_000_000_000, vec![(own, None)], steps);
-    for cache in [true, false] {
-        let redis = RedisStore::builder()
-            .url(server.url())
-            .prefix(format!("ov-diff{cache}"))
-            .deny_cache(cache);
-        let answers = differential::run(redis, &scenario).await;
+    let redis = || RedisStore::builder().url(server.url());
+    for answers in differential::run_with_and_without_deny_cache(redis, "ov-diff", &scenario).await
+    {
         let limits: Vec<Vec<u64>> = answers
             .iter()
             .map(|outcomes| outcomes.iter().map(|o| o.limit).collect())

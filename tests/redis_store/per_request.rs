@@ -20,7 +20,7 @@ use tollgate::{Key, Limit, MemoryStore, RateLimitLayer, RedisStore, Rule};
 use tower::{service_fn, Layer};
 
 use super::ENGINE;
-use oneshot::{send, Limited};
+use oneshot::{send, summary, Limited};
 
 type Body = Full<Bytes>;
 
@@ -69,22 +69,6 @@ fn request(key: &str, per_minute: u64) -> Request<Body> {
         .unwrap();
     request.extensions_mut().insert(Plan { per_minute });
     request
-}
-
-/// A response as `status | RateLimit-Policy | RateLimit`.
-fn summary(response: &Response<Bytes>) -> String {
-    let field = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
-    };
-    format!(
-        "{} | {} | {}",
-        response.status().as_u16(),
-        field("ratelimit-policy"),
-        field("ratelimit")
-    )
 }
 
 /// Status, `RateLimit-Policy` and `RateLimit` of each step of one scenario.

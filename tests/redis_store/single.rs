@@ -53,6 +53,24 @@ async fn store(server: &RedisServer) -> RedisStore {
         .expect("connect")
 }
 
+/// What the first rule answered at each step of `scenario` (admitted, units left, balance), on
+/// Redis with its deny cache on and off.
+async fn first_rule_answers(
+    redis: impl Fn() -> tollgate::store::RedisStoreBuilder,
+    prefix: &str,
+    scenario: &differential::Scenario,
+) -> Vec<Vec<(bool, u64, i64)>> {
+    let runs = differential::run_with_and_without_deny_cache(redis, prefix, scenario).await;
+    runs.iter()
+        .map(|answers| {
+            answers
+                .iter()
+                .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
+                .collect()
+        })
+        .collect()
+}
+
 /// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
 /// and with the deny cache off.
 fn differential_cases(cases: u32) {
@@ -70,13 +88,9 @@ fn differential_cases_on(server: &RedisServer, cases: u32) {
     proptest!(config, |(scenario in differential::scenario())| {
         rt.block_on(async {
             let case = case.fetch_add(1, Ordering::Relaxed);
-            for cache in [true, false] {
-                let redis = RedisStore::builder()
-                    .url(server.url())
-                    .prefix(format!("diff{case}{cache}"))
-                    .deny_cache(cache);
-                differential::run(redis, &scenario).await;
-            }
+            let redis = || RedisStore::builder().url(server.url());
+            differential::run_with_and_without_deny_cache(redis, &format!("diff{case}"), &scenario)
+                .await;
         });
     });
 }
@@ -252,16 +266,8 @@ async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
         charge(1, &twenty),
     ];
     let scenario = (1_750_000_000_000_000, vec![(plan.clone(), None)], steps);
-    for cache in [true, false] {
-        let redis = RedisStore::builder()
-            .url(server.url())
-            .prefix(format!("limits{cache}"))
-            .deny_cache(cache);
-        let answers = differential::run(redis, &scenario).await;
-        let seen: Vec<(bool, u64, i64)> = answers
-            .iter()
-            .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
-            .collect();
+    let redis = || RedisStore::builder().url(server.url());
+    for seen in first_rule_answers(redis, "limits", &scenario).await {
         assert_eq!(
             seen,
             [
@@ -357,16 +363,8 @@ async fn a_fixed_window_whose_limit_changes_counts_alike_on_both_stores() {
     ];
     // A whole minute: aligned windows start with the scenario.
     let scenario = (1_750_000_020_000_000, rules, steps);
-    for cache in [true, false] {
-        let redis = RedisStore::builder()
-            .url(server.url())
-            .prefix(format!("fixed{cache}"))
-            .deny_cache(cache);
-        let answers = differential::run(redis, &scenario).await;
-        let seen: Vec<(bool, u64, i64)> = answers
-            .iter()
-            .map(|a| (a[0].verdict.is_admitted(), a[0].remaining, a[0].balance))
-            .collect();
+    let redis = || RedisStore::builder().url(server.url());
+    for seen in first_rule_answers(redis, "fixed", &scenario).await {
         assert_eq!(
             seen,
             [

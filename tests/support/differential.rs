@@ -43,6 +43,9 @@ pub enum Step {
 /// A rule of a scenario: its algorithm and, for some, a penalty.
 pub type ScenarioRule = (Algorithm, Option<Penalty>);
 
+/// A scenario: its start (microseconds since the epoch), its rules and its steps.
+pub type Scenario = (u64, Vec<ScenarioRule>, Vec<Step>);
+
 fn penalty() -> impl Strategy<Value = Penalty> {
     (
         prop::collection::vec(1u64..5_000_000, 1..4),
@@ -278,7 +281,7 @@ fn step(rules: Vec<Algorithm>, overrides: bool) -> BoxedStrategy<Step> {
 
 /// A scenario: a start time (near today's, so the script's numbers are as large as in
 /// production), rules, and steps.
-pub fn scenario() -> impl Strategy<Value = (u64, Vec<ScenarioRule>, Vec<Step>)> {
+pub fn scenario() -> impl Strategy<Value = Scenario> {
     (
         1_700_000_000_000_000u64..1_800_000_000_000_000,
         prop::collection::vec(rule(), 1..=3),
@@ -350,14 +353,27 @@ async fn both(
     got
 }
 
+/// [`run`] with the Redis store's deny cache on (its default), then off, each run's keys under
+/// a prefix of its own (`prefix` followed by `true` or `false`); `redis` makes the builder of the
+/// server or cluster. Returns the outcomes of each run, cache on first.
+pub async fn run_with_and_without_deny_cache(
+    redis: impl Fn() -> RedisStoreBuilder,
+    prefix: &str,
+    scenario: &Scenario,
+) -> Vec<Vec<Outcomes>> {
+    let mut runs = Vec::new();
+    for cache in [true, false] {
+        let builder = redis().prefix(format!("{prefix}{cache}")).deny_cache(cache);
+        runs.push(run(builder, scenario).await);
+    }
+    runs
+}
+
 /// Runs a scenario on a memory store and on the Redis store `redis` builds, both on one manual
 /// clock, with the builder's settings otherwise (the defaults include the deny cache, whose
 /// local answers must be Redis's exactly); panics on the first difference. Returns the outcomes
 /// of the requests, in order.
-pub async fn run(
-    redis: RedisStoreBuilder,
-    (start, rules, steps): &(u64, Vec<ScenarioRule>, Vec<Step>),
-) -> Vec<Outcomes> {
+pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> Vec<Outcomes> {
     let clock = ManualClock::new(Duration::from_micros(*start));
     let redis = redis
         .clock(clock.clone())
