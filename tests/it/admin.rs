@@ -58,11 +58,12 @@ async fn send(router: &axum::Router, method: Method, path: &str, token: Option<&
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
-    let response = router
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    exchange(router, request.body(Body::empty()).unwrap()).await
+}
+
+/// The router's answer to `request`, its body read.
+async fn exchange(router: &axum::Router, request: Request<Body>) -> Answer {
+    let response = router.clone().oneshot(request).await.unwrap();
     let (parts, body) = response.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     Answer {
@@ -145,18 +146,14 @@ async fn every_request_without_the_bearer_token_is_refused() {
                 if let Some(header) = &header {
                     request = request.header("authorization", header);
                 }
-                let response = admin
-                    .clone()
-                    .oneshot(request.body(Body::empty()).unwrap())
-                    .await
-                    .unwrap();
+                let answer = exchange(&admin, request.body(Body::empty()).unwrap()).await;
                 assert_eq!(
-                    response.status(),
+                    answer.status,
                     StatusCode::UNAUTHORIZED,
                     "{method} {path} {token:?} {header:?}"
                 );
                 assert_eq!(
-                    response.headers()["www-authenticate"],
+                    answer.headers["www-authenticate"],
                     "Bearer realm=\"tollgate-admin\""
                 );
             }
@@ -180,14 +177,11 @@ async fn every_request_without_the_bearer_token_is_refused() {
     // The right token, in any case of the scheme's name.
     let listed = as_admin(&admin, Method::GET, paths[0]).await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
-    let mut request = Request::builder().uri(paths[1]);
-    request = request.header("authorization", format!("bearer {TOKEN}"));
-    let response = admin
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    let request = Request::builder()
+        .uri(paths[1])
+        .header("authorization", format!("bearer {TOKEN}"));
+    let lowercase = exchange(&admin, request.body(Body::empty()).unwrap()).await;
+    assert_eq!(lowercase.status, StatusCode::OK, "{}", lowercase.body);
     let elsewhere = as_admin(&admin, Method::GET, paths[2]).await;
     assert_eq!(elsewhere.status, StatusCode::NOT_FOUND);
     assert!(elsewhere.json()["error"].is_string());
@@ -328,14 +322,7 @@ async fn put(router: &axum::Router, path: &str, body: &str) -> Answer {
         .header("content-type", "application/json")
         .body(Body::from(body.to_owned()))
         .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
+    exchange(router, request).await
 }
 
 /// A customer raised for an hour through the admin API: the app charges the key under the
