@@ -4,6 +4,7 @@
 //! refused with nothing written.
 
 use crate::support::oneshot::{app, keyed_request as request, send, summary};
+use crate::support::pages::every_page;
 
 use std::time::Duration;
 
@@ -99,20 +100,9 @@ async fn overrides_are_listed_a_page_at_a_time() {
             .await
             .unwrap();
     }
-    let mut seen = Vec::new();
-    let mut cursor = None;
-    let mut pages = 0;
-    loop {
-        let page = limiter.overrides("api", cursor).await.unwrap();
-        pages += 1;
-        assert!(page.items.len() <= 100);
-        seen.extend(page.items.iter().map(|e| e.key.as_bytes().to_vec()));
-        match page.next {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-    }
-    assert_eq!(pages, 3);
+    let (entries, sizes) = every_page(|cursor| limiter.overrides("api", cursor)).await;
+    assert_eq!(sizes, [100, 100, 50]);
+    let seen: Vec<Vec<u8>> = entries.iter().map(|e| e.key.as_bytes().to_vec()).collect();
     let expected: Vec<Vec<u8>> = (0..250).map(|i| format!("k{i:03}").into_bytes()).collect();
     assert_eq!(seen, expected);
 }

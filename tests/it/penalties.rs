@@ -11,6 +11,7 @@ use tollgate::RateLimitLayer;
 use tollgate::{Limit, LimitError, Limiter, MemoryStore, Penalty, Rule};
 
 #[cfg(feature = "redis")]
+use crate::support::pages::every_page;
 use crate::support::redis_server;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -408,20 +409,11 @@ async fn blocked_keys_are_listed_with_what_is_left_of_their_blocks() {
 
 /// Every page of `rule`'s blocks, as (key, remaining, offences), sorted by key.
 async fn all_blocks(limiter: &Limiter, rule: &str) -> Vec<(String, Duration, u64)> {
-    let mut all = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = limiter.blocks(rule, cursor).await.unwrap();
-        all.extend(
-            page.items
-                .into_iter()
-                .map(|b| (String::from_utf8(b.key).unwrap(), b.remaining, b.offences)),
-        );
-        match page.next {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-    }
+    let (blocks, _) = every_page(|cursor| limiter.blocks(rule, cursor)).await;
+    let mut all: Vec<(String, Duration, u64)> = blocks
+        .into_iter()
+        .map(|b| (String::from_utf8(b.key).unwrap(), b.remaining, b.offences))
+        .collect();
     all.sort();
     all
 }

@@ -23,6 +23,7 @@ use tollgate::store::BlockedKey;
 use tollgate::{Limit, Limiter, RedisStore, Rule};
 
 use super::ENGINE;
+use crate::support::pages::every_page;
 
 const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -52,19 +53,7 @@ async fn on_server(url: &str, prefix: &str, rules: impl IntoIterator<Item = Rule
 
 /// Every page of `rule`'s blocks, walked with the cursor; and the pages' sizes.
 async fn walk(limiter: &Limiter, rule: &str) -> (Vec<BlockedKey>, Vec<usize>) {
-    let (mut all, mut sizes) = (Vec::new(), Vec::new());
-    let mut cursor = None;
-    loop {
-        let page = limiter.blocks(rule, cursor).await.unwrap();
-        sizes.push(page.items.len());
-        all.extend(page.items);
-        match page.next {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-        assert!(sizes.len() < 10_000, "the walk ends");
-    }
-    (all, sizes)
+    every_page(|cursor| limiter.blocks(rule, cursor)).await
 }
 
 fn is_denied_for(outcome: &tollgate::algorithm::Outcome, at_most: Duration, at_least: Duration) {

@@ -8,6 +8,7 @@
 
 use crate::support::differential::{self, Step};
 use crate::support::oneshot::{app, keyed_request as request, send, summary};
+use crate::support::pages::every_page;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -65,19 +66,7 @@ enum Target<'a> {
 
 /// Every page of `rule`'s overrides, walked with the cursor; and the pages' sizes.
 async fn walk(limiter: &Limiter, rule: &str) -> (Vec<OverrideEntry>, Vec<usize>) {
-    let (mut all, mut sizes) = (Vec::new(), Vec::new());
-    let mut cursor = None;
-    loop {
-        let page = limiter.overrides(rule, cursor).await.unwrap();
-        sizes.push(page.items.len());
-        all.extend(page.items);
-        match page.next {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-        assert!(sizes.len() < 10_000, "the walk ends");
-    }
-    (all, sizes)
+    every_page(|cursor| limiter.overrides(rule, cursor)).await
 }
 
 /// What the memory store's test of the same name checks, through Redis: the state carries over

@@ -10,6 +10,7 @@ pub mod hammer;
 pub mod log_lines;
 pub mod metric;
 pub mod oneshot;
+pub mod pages;
 pub mod paused;
 pub mod redis_server;
 pub mod reservations;
