@@ -15,7 +15,8 @@ use smallvec::SmallVec;
 use super::headers;
 use crate::engine::decision::Decision;
 
-/// Distinct refusals kept at once (e.g. several clients refused in the same second).
+/// Distinct refusals kept at once (e.g. several clients refused in the same second); a power
+/// of two.
 const SLOTS: usize = 8;
 
 /// The last default rejections, by fingerprint.
@@ -70,7 +71,8 @@ fn slot_of(retry_seconds: u64, decision: &Decision) -> usize {
         let denied = u64::from(!entry.outcome.is_allowed());
         mixed = (mixed ^ ((entry.index as u64) << 1 | denied)).wrapping_mul(MIX);
     }
-    (mixed >> 61) as usize % SLOTS
+    // The top bits, the best mixed: as many as index the slots.
+    (mixed >> (u64::BITS - SLOTS.trailing_zeros())) as usize
 }
 
 struct Rejection {
