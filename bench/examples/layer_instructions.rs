@@ -16,8 +16,9 @@
 //! warm-up spends, so that every counted request is refused with 429) and the number of requests.
 //! Each request is built with the peer address a served request carries (`ConnectInfo`), sent
 //! through a clone of the router as axum's server does, and its body read to the end. With
-//! `--toggle-collect` callgrind counts only those requests; divide its total by them (plus the
-//! ten warm-up requests counted too). No sockets, no hyper, no scheduler: the count repeats to
+//! `--toggle-collect` callgrind counts only those requests; divide its total by them (the total
+//! also holds the ten warm-up requests, and on a denied server the quota's one allowed request:
+//! about 0.05 %). No sockets, no hyper, no scheduler: the count repeats to
 //! the instruction from run to run, so a change of a few instructions in the layer shows, where
 //! `./scripts/http_instructions.sh` (the served figure) moves by about a hundred between
 //! sessions. What hyper spends writing the fields is left out here.
