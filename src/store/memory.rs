@@ -215,6 +215,15 @@ impl MemoryStore {
         self.inner.clock.now()
     }
 
+    /// The overrides, held. A lock poisoned by a panic elsewhere is taken all the same, as this
+    /// store's other locks are: the maps stay valid whatever a panic interrupted.
+    fn override_table(&self) -> std::sync::MutexGuard<'_, Overrides> {
+        self.inner
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The key's hash in its rule's namespace: the rule's digest, computed once per rule, and
     /// the key's bytes (a fixed-width digest first needs no separator).
     #[inline]
@@ -318,11 +327,7 @@ impl Store for MemoryStore {
         limit: Option<(&Limit, std::time::Duration)>,
     ) -> StoreFuture<()> {
         let now = self.now();
-        let mut table = self
-            .inner
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.override_table();
         // Expired overrides go whenever one is set: the table never holds more than were set
         // within the longest TTL.
         for keys in table.values_mut() {
@@ -356,11 +361,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<Page<OverrideEntry>> {
         use std::ops::Bound;
         let now = self.now();
-        let table = self
-            .inner
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let table = self.override_table();
         let mut page = Page::new(Vec::new(), None);
         let Some(keys) = table.get(rule) else {
             return StoreFuture::ready(Ok(page));
@@ -392,26 +393,17 @@ impl Store for MemoryStore {
             });
         }
         if live.next().is_some() {
-            page.next = page.items.last().map(|last| {
-                let hex: String = last
-                    .key
-                    .as_bytes()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
-                Cursor::new(format!("o{hex}"))
-            });
+            page.next = page
+                .items
+                .last()
+                .map(|last| override_cursor(last.key.as_bytes()));
         }
         StoreFuture::ready(Ok(page))
     }
 
     fn override_of(&self, rule: &str, key: &[u8]) -> StoreFuture<Option<OverrideEntry>> {
         let now = self.now();
-        let table = self
-            .inner
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let table = self.override_table();
         let entry = table
             .get(rule)
             .and_then(|keys| keys.get(key))
@@ -493,11 +485,7 @@ impl MemoryStore {
                 batch.iter().map(|_| None).collect()
             } else {
                 let now = self.now();
-                let table = self
-                    .inner
-                    .overrides
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
+                let table = self.override_table();
                 batch
                     .iter()
                     .map(|c| {
@@ -1239,6 +1227,12 @@ impl<S: Expiring> ShardMap<S> {
 
 #[cfg(test)]
 mod tests;
+
+/// The cursor of an override listing's page that ends with `key`: `o` and the key's bytes in hex.
+fn override_cursor(key: &[u8]) -> Cursor {
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    Cursor::new(format!("o{hex}"))
+}
 
 /// The key an override listing's cursor (`o` and the key's bytes in hex) goes on after.
 fn override_cursor_key(text: &str) -> Option<Vec<u8>> {
