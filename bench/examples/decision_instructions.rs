@@ -8,7 +8,9 @@
 //!     target/release/examples/decision_instructions tollgate 100k allowed 1000000
 //! ```
 //!
-//! Arguments: the limiter (`tollgate`, `governor`, `governor_foldhash`), the keys (`hot` or `100k`),
+//! Arguments: the limiter (`tollgate`, its outcome read whole; `governor`, `governor_foldhash`,
+//! read for the verdict; `fields_instructions` reads both as their layers do for their fields),
+//! the keys (`hot` or `100k`),
 //! the path (`allowed` or `denied`) and the number of decisions. With `--toggle-collect` callgrind
 //! counts only the instructions of the measured loop (the keys are tracked before it, as in the
 //! bench); divide its total by the decisions. The count includes the loop's own few instructions per

@@ -991,7 +991,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
 
 /// The shards one batch holds, locked in (table, shard index) order.
 struct Locked<'s> {
-    shift: u32,
+    mask: usize,
     buckets: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<BucketEntry>>); 2]>,
     others: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<Timed>>); 2]>,
     blocks: SmallVec<[(usize, SpinlockGuard<'s, ShardMap<BlockEntry>>); 1]>,
@@ -999,15 +999,15 @@ struct Locked<'s> {
 
 impl<'s> Locked<'s> {
     fn lock(inner: &'s Inner, keys: impl IntoIterator<Item = (Which, u64)>) -> Self {
-        let shift = inner.buckets.shift;
+        let mask = inner.buckets.mask;
         let mut order: SmallVec<[(Which, usize); 4]> = keys
             .into_iter()
-            .map(|(which, hash)| (which, shard_index(hash, shift)))
+            .map(|(which, hash)| (which, shard_index(hash, mask)))
             .collect();
         order.sort_unstable();
         order.dedup();
         let mut locked = Locked {
-            shift,
+            mask,
             buckets: SmallVec::new(),
             others: SmallVec::new(),
             blocks: SmallVec::new(),
@@ -1020,10 +1020,10 @@ impl<'s> Locked<'s> {
 
     /// Holds the one shard of a single key.
     fn one(inner: &'s Inner, which: Which, hash: u64) -> Self {
-        let shift = inner.buckets.shift;
-        let index = shard_index(hash, shift);
+        let mask = inner.buckets.mask;
+        let index = shard_index(hash, mask);
         let mut locked = Locked {
-            shift,
+            mask,
             buckets: SmallVec::new(),
             others: SmallVec::new(),
             blocks: SmallVec::new(),
@@ -1041,17 +1041,17 @@ impl<'s> Locked<'s> {
     }
 
     fn blocks(&mut self, hash: u64) -> &mut ShardMap<BlockEntry> {
-        let index = shard_index(hash, self.shift);
+        let index = shard_index(hash, self.mask);
         find(&mut self.blocks, index)
     }
 
     fn buckets(&mut self, hash: u64) -> &mut ShardMap<BucketEntry> {
-        let index = shard_index(hash, self.shift);
+        let index = shard_index(hash, self.mask);
         find(&mut self.buckets, index)
     }
 
     fn others(&mut self, hash: u64) -> &mut ShardMap<Timed> {
-        let index = shard_index(hash, self.shift);
+        let index = shard_index(hash, self.mask);
         find(&mut self.others, index)
     }
 }
@@ -1066,9 +1066,10 @@ fn find<'a, 's, S>(
 }
 
 /// Shard selection uses the hash's upper-middle bits: the map inside the shard uses the low bits for
-/// the bucket and the top seven for its tags.
-fn shard_index(hash: u64, shift: u32) -> usize {
-    ((hash >> 32) as usize) & ((1usize << shift) - 1)
+/// the bucket and the top seven for its tags. `mask` is the shard count less one (a power of two).
+#[inline]
+fn shard_index(hash: u64, mask: usize) -> usize {
+    ((hash >> 32) as usize) & mask
 }
 
 /// Keys are already hashes: the map uses them as they are.
@@ -1094,7 +1095,8 @@ impl Hasher for PreHashed {
 
 struct Table<S> {
     shards: Box<[Shard<S>]>,
-    shift: u32,
+    /// The shard count (a power of two) less one, kept so that picking a shard is one `and`.
+    mask: usize,
 }
 
 /// Cache-line aligned, so neighbouring shards' locks don't share a line.
@@ -1127,7 +1129,7 @@ impl<S: Expiring> Table<S> {
             })
             .collect();
         Table {
-            shift: shards.len().trailing_zeros(),
+            mask: shards.len() - 1,
             shards,
         }
     }
@@ -1143,7 +1145,7 @@ impl<S: Expiring> Table<S> {
 
     #[inline]
     fn shard(&self, hash: u64) -> SpinlockGuard<'_, ShardMap<S>> {
-        self.lock(shard_index(hash, self.shift))
+        self.lock(shard_index(hash, self.mask))
     }
 
     fn len(&self) -> usize {

@@ -157,6 +157,72 @@ impl<S: BuildHasher + Clone + Sync + Send> Limiter for Governor<S> {
     }
 }
 
+/// governor's keyed limiter through foldhash with the middleware tower_governor's `use_headers()`
+/// installs (`StateInformationMiddleware`), read as that layer reads it: an allowed decision's
+/// quota and units left (`x-ratelimit-limit`, `x-ratelimit-remaining`), a denial's wait from now
+/// (`x-ratelimit-after`, `retry-after`; governor reads its clock again for it).
+pub(crate) struct GovernorFields(
+    governor::RateLimiter<
+        u64,
+        governor::state::keyed::DashMapStateStore<u64, foldhash::fast::RandomState>,
+        governor::clock::QuantaClock,
+        governor::middleware::StateInformationMiddleware,
+    >,
+);
+
+impl GovernorFields {
+    /// With the limits of the `denied` or allowed path.
+    pub(crate) fn new(denied: bool) -> Self {
+        GovernorFields(
+            RateLimiter::dashmap_with_hasher(quota(denied), foldhash::fast::RandomState::default())
+                .with_middleware::<governor::middleware::StateInformationMiddleware>(),
+        )
+    }
+}
+
+impl Limiter for GovernorFields {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        use governor::clock::Clock;
+        match self.0.check_key(&key) {
+            Ok(snapshot) => {
+                black_box((
+                    snapshot.quota().burst_size().get(),
+                    snapshot.remaining_burst_capacity(),
+                ));
+                true
+            }
+            Err(not_until) => {
+                black_box(not_until.wait_time_from(self.0.clock().now()));
+                false
+            }
+        }
+    }
+}
+
+/// A `MemoryStore` read as tollgate's layer reads an outcome for its fields: the verdict, and
+/// the limit, units left and time to the next unit (`RateLimit`, `RateLimit-Policy`) of an
+/// allowed decision, or a denial's wait (`Retry-After`).
+pub(crate) struct TollgateFields(pub(crate) Tollgate<MemoryStore>);
+
+impl Limiter for TollgateFields {
+    #[inline]
+    fn decide(&self, key: u64) -> bool {
+        let bytes = key.to_le_bytes();
+        let outcome = self.0.store.decide(&self.0.charge(&bytes));
+        match outcome.retry_after() {
+            None => {
+                black_box((outcome.limit, outcome.remaining, outcome.next_unit_in));
+                true
+            }
+            Some(wait) => {
+                black_box(wait);
+                false
+            }
+        }
+    }
+}
+
 /// `count` distinct pseudo-random keys (splitmix64), the same on every run.
 pub(crate) fn keys(count: usize) -> Vec<u64> {
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Counts the instructions of one in-memory decision under callgrind, tollgate's `MemoryStore`
+# beside governor's keyed limiter, in the four scenarios of `bench/benches/store.rs` (one key or
+# 100,000; allowed or denied), read two ways:
+#
+# - what the layer reads with its fields on (the default): tollgate's limit, units left and time
+#   to the next unit, or a denial's wait (`examples/fields_instructions.rs`), against governor
+#   (`fields_instructions governor`) with the middleware tower_governor's `use_headers()` installs, read as that layer reads it
+#   (quota, units left; a denial's wait);
+# - the whole outcome (`decision_instructions tollgate`: every field, what the layer keeps in the
+#   `Decision`) against governor's verdict alone (`governor`, `governor_foldhash`: `check_key`
+#   read with `is_ok`, what tower_governor's layer reads without headers).
+#
+#   ./scripts/decision_instructions.sh
+#
+# The counts repeat to a tenth of an instruction from run to run. Installs valgrind from Debian's
+# packages when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v valgrind >/dev/null; then
+    apt-get install -y valgrind >/dev/null
+fi
+
+decisions=1000000
+cargo build --release -p tollgate-bench --example decision_instructions \
+    --example fields_instructions >/dev/null 2>&1
+examples=target/release/examples
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Instructions per decision, to one decimal: the binary and its arguments before the count.
+count() {
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect='*measured*' \
+        "$@" "$decisions" >/dev/null 2>&1
+    local total
+    total=$(callgrind_annotate "$work/out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    rm -f "$work/out"
+    awk -v t="$total" -v n="$decisions" 'BEGIN { printf "%.1f", t / n }'
+}
+
+printf '| limiter, read | hot allowed | hot denied | 100k allowed | 100k denied |\n'
+printf '|---|---:|---:|---:|---:|\n'
+row() {
+    local name=$1
+    shift
+    printf '| %s |' "$name"
+    for keys in hot 100k; do
+        for path in allowed denied; do
+            printf ' %s |' "$(count "$@" "$keys" "$path")"
+        done
+    done
+    printf '\n'
+}
+row "tollgate, the layer's fields" "$examples/fields_instructions" tollgate
+row "governor + foldhash, tower_governor's fields" "$examples/fields_instructions" governor
+row "tollgate, the whole outcome" "$examples/decision_instructions" tollgate
+row "governor + foldhash, the verdict" "$examples/decision_instructions" governor_foldhash
+row "governor (SipHash), the verdict" "$examples/decision_instructions" governor
