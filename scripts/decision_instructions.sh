@@ -3,10 +3,10 @@
 # beside governor's keyed limiter, in the four scenarios of `bench/benches/store.rs` (one key or
 # 100,000; allowed or denied), read two ways:
 #
-# - what the layer reads with its fields on (the default): tollgate's limit, units left and time
-#   to the next unit, or a denial's wait (`examples/fields_instructions.rs`), against governor
-#   (`fields_instructions governor`) with the middleware tower_governor's `use_headers()` installs, read as that layer reads it
-#   (quota, units left; a denial's wait);
+# - what each layer reads for its fields (tollgate's are on by default): tollgate's units left
+#   and time to the next unit, and a denial's wait (`fields_instructions tollgate`), against
+#   governor with the middleware tower_governor's `use_headers()` installs, read as that layer
+#   reads it: quota and units left, and a denial's wait (`fields_instructions governor`);
 # - the whole outcome (`decision_instructions tollgate`: every field, what the layer keeps in the
 #   `Decision`) against governor's verdict alone (`governor`, `governor_foldhash`: `check_key`
 #   read with `is_ok`, what tower_governor's layer reads without headers).

@@ -1,11 +1,11 @@
 //! Instructions per decision of tollgate's `MemoryStore` and governor's keyed limiter (foldhash),
 //! each read as its layer reads it to write its fields, counted by callgrind:
 //!
-//! - `tollgate`: the verdict, and an allowed decision's limit, units left and time to the next
-//!   unit (`RateLimit`, `RateLimit-Policy`), or a denial's wait (`Retry-After`);
+//! - `tollgate`: the verdict, the units left and the time to the next unit (`RateLimit`; an
+//!   allowed decision's limit too), and a denial's wait (`Retry-After`);
 //! - `governor`: with the middleware tower_governor's `use_headers()` installs
 //!   (`StateInformationMiddleware`), an allowed decision's quota and units left
-//!   (`x-ratelimit-limit`, `x-ratelimit-remaining`), or a denial's wait from now
+//!   (`x-ratelimit-limit`, `x-ratelimit-remaining`), or a denial's quota and wait from now
 //!   (`x-ratelimit-after`, `retry-after`; governor reads its clock again for it).
 //!
 //! ```text

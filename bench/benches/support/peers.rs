@@ -159,8 +159,8 @@ impl<S: BuildHasher + Clone + Sync + Send> Limiter for Governor<S> {
 
 /// governor's keyed limiter through foldhash with the middleware tower_governor's `use_headers()`
 /// installs (`StateInformationMiddleware`), read as that layer reads it: an allowed decision's
-/// quota and units left (`x-ratelimit-limit`, `x-ratelimit-remaining`), a denial's wait from now
-/// (`x-ratelimit-after`, `retry-after`; governor reads its clock again for it).
+/// quota and units left (`x-ratelimit-limit`, `x-ratelimit-remaining`), a denial's quota and wait
+/// from now (`x-ratelimit-after`, `retry-after`; governor reads its clock again for it).
 pub(crate) struct GovernorFields(
     governor::RateLimiter<
         u64,
@@ -193,16 +193,19 @@ impl Limiter for GovernorFields {
                 true
             }
             Err(not_until) => {
-                black_box(not_until.wait_time_from(self.0.clock().now()));
+                black_box((
+                    not_until.quota().burst_size().get(),
+                    not_until.wait_time_from(self.0.clock().now()),
+                ));
                 false
             }
         }
     }
 }
 
-/// A `MemoryStore` read as tollgate's layer reads an outcome for its fields: the verdict, and
-/// the limit, units left and time to the next unit (`RateLimit`, `RateLimit-Policy`) of an
-/// allowed decision, or a denial's wait (`Retry-After`).
+/// A `MemoryStore` read as tollgate's layer reads an outcome for its fields: the verdict, the
+/// units left and the time to the next unit (`RateLimit`; the limit too, as the legacy
+/// `X-RateLimit-Limit` does), and a denial's wait (`Retry-After`).
 pub(crate) struct TollgateFields(pub(crate) Tollgate<MemoryStore>);
 
 impl Limiter for TollgateFields {
@@ -216,7 +219,7 @@ impl Limiter for TollgateFields {
                 true
             }
             Some(wait) => {
-                black_box(wait);
+                black_box((wait, outcome.remaining, outcome.next_unit_in));
                 false
             }
         }
