@@ -13,8 +13,13 @@
 #
 #   ./scripts/decision_instructions.sh
 #
-# The counts repeat to a tenth of an instruction from run to run. Installs valgrind from Debian's
-# packages when it is missing.
+# Built with one codegen unit (its own target directory): with the release profile's sixteen, the
+# count depends on how the compiler happens to split each example into units — governor's fields
+# row read 238, 250 and 272 in three builds that differed only in where the counting loop was
+# written, governor's verdict 175 where one unit gives 154. One unit gives each limiter the
+# compiler's whole view of the binary, and the counts stop moving with the layout. The counts
+# repeat to a tenth of an instruction from run to run. Installs valgrind from Debian's packages
+# when it is missing; the first build takes about four minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,9 +28,10 @@ if ! command -v valgrind >/dev/null; then
 fi
 
 decisions=1000000
+export CARGO_TARGET_DIR=target/one-unit CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 cargo build --release -p tollgate-bench --example decision_instructions \
     --example fields_instructions >/dev/null 2>&1
-examples=target/release/examples
+examples=target/one-unit/release/examples
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

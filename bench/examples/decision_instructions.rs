@@ -16,40 +16,14 @@
 //! bench); divide its total by the decisions. The count includes the loop's own few instructions per
 //! decision, and whatever part of the decision the compiler inlined into it.
 
-use std::hint::black_box;
-
 use tollgate::MemoryStore;
 
+#[path = "support/counted.rs"]
+mod counted;
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{scenario, Governor, GovernorFoldhash, Limiter, Tollgate};
-
-/// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
-#[inline(never)]
-fn measured(limiter: &impl Limiter, keys: &[u64], decisions: u64) -> u64 {
-    let mut allowed = 0;
-    let mut i = 0;
-    for _ in 0..decisions {
-        allowed += u64::from(limiter.decide(black_box(keys[i])));
-        i += 1;
-        if i == keys.len() {
-            i = 0;
-        }
-    }
-    allowed
-}
-
-fn run(limiter: &impl Limiter, keys: &[u64], denied: bool, decisions: u64) {
-    // Track every key and, on the denied path, spend its only unit, as the bench does.
-    for &key in keys {
-        assert!(limiter.decide(key), "a fresh key must be allowed");
-        assert_eq!(limiter.decide(key), !denied);
-    }
-    let allowed = measured(limiter, keys, decisions);
-    let expected = if denied { 0 } else { decisions };
-    assert_eq!(allowed, expected, "every decision on the expected path");
-    println!("{decisions} decisions, {allowed} allowed");
-}
+use counted::run;
+use peers::{scenario, Governor, GovernorFoldhash, Tollgate};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

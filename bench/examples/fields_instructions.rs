@@ -18,39 +18,13 @@
 //! decision in one binary changes what the compiler inlines into the first (governor's
 //! verdict-only row there moves by 16 instructions when its fields row is built beside it).
 
-use std::hint::black_box;
-
+#[path = "support/counted.rs"]
+mod counted;
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use peers::{scenario, GovernorFields, Limiter, Tollgate, TollgateFields};
+use counted::run;
+use peers::{scenario, GovernorFields, Tollgate, TollgateFields};
 use tollgate::MemoryStore;
-
-/// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
-#[inline(never)]
-fn measured(limiter: &impl Limiter, keys: &[u64], decisions: u64) -> u64 {
-    let mut allowed = 0;
-    let mut i = 0;
-    for _ in 0..decisions {
-        allowed += u64::from(limiter.decide(black_box(keys[i])));
-        i += 1;
-        if i == keys.len() {
-            i = 0;
-        }
-    }
-    allowed
-}
-
-fn run(limiter: &impl Limiter, keys: &[u64], denied: bool, decisions: u64) {
-    // Track every key and, on the denied path, spend its only unit, as the bench does.
-    for &key in keys {
-        assert!(limiter.decide(key), "a fresh key must be allowed");
-        assert_eq!(limiter.decide(key), !denied);
-    }
-    let allowed = measured(limiter, keys, decisions);
-    let expected = if denied { 0 } else { decisions };
-    assert_eq!(allowed, expected, "every decision on the expected path");
-    println!("{decisions} decisions, {allowed} allowed");
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
