@@ -22,21 +22,13 @@ use tollgate::MemoryStore;
 mod counted;
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use counted::run;
-use peers::{scenario, Governor, GovernorFoldhash, Tollgate};
+use counted::{arguments, misused, run};
+use peers::{Governor, GovernorFoldhash, Tollgate};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: decision_instructions tollgate|governor|governor_foldhash hot|100k \
                  allowed|denied DECISIONS";
-    let [limiter, keyset, path, decisions] = &args[..] else {
-        eprintln!("{usage}");
-        std::process::exit(2);
-    };
-    let Some((keys, denied, decisions)) = scenario(keyset, path, decisions) else {
-        eprintln!("{usage}");
-        std::process::exit(2);
-    };
+    let (limiter, keys, denied, decisions) = arguments(usage);
     match limiter.as_str() {
         "tollgate" => run(
             &Tollgate::new(Box::new(MemoryStore::new()), denied),
@@ -51,9 +43,6 @@ fn main() {
             denied,
             decisions,
         ),
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        _ => misused(usage),
     }
 }

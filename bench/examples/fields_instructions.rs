@@ -22,21 +22,13 @@
 mod counted;
 #[path = "../benches/support/peers.rs"]
 mod peers;
-use counted::run;
-use peers::{scenario, GovernorFields, Tollgate, TollgateFields};
+use counted::{arguments, misused, run};
+use peers::{GovernorFields, Tollgate, TollgateFields};
 use tollgate::MemoryStore;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: fields_instructions tollgate|governor hot|100k allowed|denied DECISIONS";
-    let [limiter, keyset, path, decisions] = &args[..] else {
-        eprintln!("{usage}");
-        std::process::exit(2);
-    };
-    let Some((keys, denied, decisions)) = scenario(keyset, path, decisions) else {
-        eprintln!("{usage}");
-        std::process::exit(2);
-    };
+    let (limiter, keys, denied, decisions) = arguments(usage);
     match limiter.as_str() {
         "tollgate" => run(
             &TollgateFields(Tollgate::new(Box::new(MemoryStore::new()), denied)),
@@ -45,9 +37,6 @@ fn main() {
             decisions,
         ),
         "governor" => run(&GovernorFields::new(denied), &keys, denied, decisions),
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        _ => misused(usage),
     }
 }

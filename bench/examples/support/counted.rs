@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use super::peers::Limiter;
+use super::peers::{scenario, Limiter};
 
 /// The decisions counted: not inlined, so that callgrind can switch its counting on around it.
 #[inline(never)]
@@ -32,4 +32,22 @@ pub(crate) fn run(limiter: &impl Limiter, keys: &[u64], denied: bool, decisions:
     let expected = if denied { 0 } else { decisions };
     assert_eq!(allowed, expected, "every decision on the expected path");
     println!("{decisions} decisions, {allowed} allowed");
+}
+
+/// The arguments `LIMITER KEYS PATH DECISIONS`: the limiter's name, the keys, whether the path is
+/// the denied one, and the number of decisions. Exits with `usage` on anything else.
+pub(crate) fn arguments(usage: &str) -> (String, Vec<u64>, bool, u64) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [limiter, keyset, path, decisions] = &args[..] {
+        if let Some((keys, denied, decisions)) = scenario(keyset, path, decisions) {
+            return (limiter.clone(), keys, denied, decisions);
+        }
+    }
+    misused(usage)
+}
+
+/// Says how to call the example and exits.
+pub(crate) fn misused(usage: &str) -> ! {
+    eprintln!("{usage}");
+    std::process::exit(2)
 }
