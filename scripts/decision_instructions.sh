@@ -16,9 +16,9 @@
 # Built with one codegen unit (its own target directory): with the release profile's sixteen, the
 # count depends on how the compiler happens to split each example into units — governor's fields
 # row read from 238 to 272 in builds whose allowed path did the same work (one moved only where
-# the counting loop was written), governor's verdict 175 where one unit gives 154. One unit gives each limiter the
-# compiler's whole view of the binary, and the counts stop moving with the layout. The counts
-# repeat to a tenth of an instruction from run to run. Installs valgrind from Debian's packages
+# the counting loop was written), governor's verdict 175 where one unit gives 154. One unit gives
+# each limiter the compiler's whole view of the binary, and the counts stop moving with the
+# layout; they repeat to a tenth of an instruction from run to run. Installs valgrind from Debian's packages
 # when it is missing; the first build takes about four minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
