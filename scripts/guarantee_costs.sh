@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# What tollgate's guarantees and features cost, measured by taking each out of a scratch copy of
+# the tree and counting instructions under callgrind (BENCHMARKS.md, "What the fields row's gap
+# is"). The patches in `bench/experiments/` each remove one; none of them is fit to ship:
+#
+#   without-span        bucket entries hold only the empty moment: the store can no longer tell
+#                       when a key is full again, so it cannot forget it
+#   without-saturation  plain additions and multiplications in the token bucket (wrong at absurd
+#                       times or limits); the floors stay
+#   without-clock       the counter's time as read, not held to the latest handed out
+#   without-digest      the key's hash without its rule's digest (one store for all rules' keys)
+#   without-response-body  the inner body passed through: no concurrency slot or gRPC settlement
+#                       held to the body's end (the layer's own 429s need a body type that takes
+#                       `Bytes`)
+#
+# Memory decisions are counted as `./scripts/decision_instructions.sh` counts them (one codegen
+# unit, hot key); requests in process as `./scripts/layer_instructions.sh` does (the release
+# profile). The patches apply to the commit they were made at and fail loudly on a tree that has
+# moved on. Takes about fifteen minutes: every variant is a build of its own.
+#
+#   ./scripts/guarantee_costs.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v valgrind >/dev/null; then
+    apt-get install -y valgrind >/dev/null
+fi
+
+root=$(pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# A copy of the committed tree with the named patches applied.
+tree() {
+    rm -rf "$work/tree"
+    mkdir "$work/tree"
+    git archive HEAD | tar -x -C "$work/tree"
+    local patch
+    for patch in "$@"; do
+        (cd "$work/tree" && git apply "$root/bench/experiments/without-$patch.patch")
+    done
+}
+
+# Instructions per counted unit, to one decimal: the count, then the command.
+count() {
+    local per=$1
+    shift
+    valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect='*measured*' \
+        "$@" >/dev/null 2>&1
+    local total
+    total=$(callgrind_annotate "$work/out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    rm -f "$work/out"
+    awk -v t="$total" -v n="$per" 'BEGIN { printf "%.1f", t / n }'
+}
+
+printf '| memory decision, one codegen unit, hot key | fields, allowed | fields, denied | whole, allowed | whole, denied |\n'
+printf '|---|---:|---:|---:|---:|\n'
+for variant in "" span saturation clock digest "span saturation clock digest"; do
+    # shellcheck disable=SC2086
+    tree $variant
+    (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments-one-unit" \
+        CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 cargo build --release -p tollgate-bench \
+        --example fields_instructions --example decision_instructions >/dev/null 2>&1)
+    examples="$root/target/experiments-one-unit/release/examples"
+    printf '| %s |' "${variant:-as committed}"
+    for path in allowed denied; do
+        printf ' %s |' "$(count 1000000 "$examples/fields_instructions" tollgate hot "$path" 1000000)"
+    done
+    for path in allowed denied; do
+        printf ' %s |' "$(count 1000000 "$examples/decision_instructions" tollgate hot "$path" 1000000)"
+    done
+    printf '\n'
+done
+
+printf '\n| in process, release profile | fields off | fields off, no `Decision` in the extensions |\n'
+printf '|---|---:|---:|\n'
+for variant in "" response-body "span saturation clock digest"; do
+    # shellcheck disable=SC2086
+    tree $variant
+    (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments" cargo build --release \
+        -p tollgate-bench --example layer_instructions >/dev/null 2>&1)
+    layer="$root/target/experiments/release/examples/layer_instructions"
+    printf '| %s | %s | %s |\n' "${variant:-as committed}" \
+        "$(count 20000 "$layer" tollgate-allowed-noheaders 20000)" \
+        "$(count 20000 "$layer" tollgate-allowed-nothing 20000)"
+done
