@@ -16,7 +16,7 @@
 # Memory decisions are counted as `./scripts/decision_instructions.sh` counts them (one codegen
 # unit, hot key); requests in process as `./scripts/layer_instructions.sh` does (the release
 # profile). The patches apply to the commit they were made at and fail loudly on a tree that has
-# moved on. Takes about fifteen minutes: every variant is a build of its own.
+# moved on. Takes about ten minutes: every variant is a build of its own.
 #
 #   ./scripts/guarantee_costs.sh
 set -euo pipefail
@@ -72,15 +72,19 @@ for variant in "" span saturation clock digest "span saturation clock digest"; d
     printf '\n'
 done
 
-printf '\n| in process, release profile | fields off | fields off, no `Decision` in the extensions |\n'
-printf '|---|---:|---:|\n'
-for variant in "" response-body "span saturation clock digest"; do
+printf '\n| in process, release profile | bare axum | fields off | fields off, no `Decision` in the extensions | fields on | fields on, no `Decision` |\n'
+printf '|---|---:|---:|---:|---:|---:|\n'
+for variant in "" response-body "span saturation clock digest" \
+    "response-body span saturation clock digest"; do
     # shellcheck disable=SC2086
     tree $variant
     (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments" cargo build --release \
         -p tollgate-bench --example layer_instructions >/dev/null 2>&1)
     layer="$root/target/experiments/release/examples/layer_instructions"
-    printf '| %s | %s | %s |\n' "${variant:-as committed}" \
-        "$(count 20000 "$layer" tollgate-allowed-noheaders 20000)" \
-        "$(count 20000 "$layer" tollgate-allowed-nothing 20000)"
+    printf '| %s |' "${variant:-as committed}"
+    for server in bare tollgate-allowed-noheaders tollgate-allowed-nothing \
+        tollgate-allowed-headers tollgate-allowed-headers-nodecision; do
+        printf ' %s |' "$(count 20000 "$layer" "$server" 20000)"
+    done
+    printf '\n'
 done

@@ -11,6 +11,7 @@
 //! Arguments: the server (`bare`, `tollgate-allowed-headers`, `tollgate-allowed-noheaders`,
 //! `tollgate-allowed-nothing` — fields off and no `Decision` in the extensions
 //! (`decision_in_extensions(false)`), what tower_governor adds to a request —,
+//! `tollgate-allowed-headers-nodecision` (fields on, no `Decision`),
 //! `tower_governor-allowed`, `tower_governor-allowed-headers`, and the denied servers
 //! `tollgate-denied-headers` and `tower_governor-denied`, whose quota of one request an hour the
 //! warm-up spends, so that every counted request is refused with 429) and the number of requests.
@@ -84,6 +85,7 @@ fn router(server: &str) -> Option<Router> {
         "tollgate-allowed-headers" => router.layer(tollgate_layer(true, true)),
         "tollgate-allowed-noheaders" => router.layer(tollgate_layer(false, true)),
         "tollgate-allowed-nothing" => router.layer(tollgate_layer(false, false)),
+        "tollgate-allowed-headers-nodecision" => router.layer(tollgate_layer(true, false)),
         "tower_governor-allowed" => router.layer(tower_governor::GovernorLayer::new(
             governor_config().finish().expect("valid quota"),
         )),
@@ -134,7 +136,8 @@ fn server_denies(server: &str) -> bool {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: layer_instructions bare|tollgate-allowed-headers|\
-                 tollgate-allowed-noheaders|tollgate-allowed-nothing|tower_governor-allowed|\
+                 tollgate-allowed-noheaders|tollgate-allowed-nothing|\
+                 tollgate-allowed-headers-nodecision|tower_governor-allowed|\
                  tower_governor-allowed-headers|tollgate-denied-headers|tower_governor-denied \
                  REQUESTS";
     let (Some(router), Some(requests)) = (
