@@ -22,28 +22,14 @@
 # when it is missing; the first build takes about four minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if ! command -v valgrind >/dev/null; then
-    apt-get install -y valgrind >/dev/null
-fi
+source scripts/lib/counted.sh
+need_valgrind
 
 decisions=1000000
 export CARGO_TARGET_DIR=target/one-unit CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 cargo build --release -p tollgate-bench --example decision_instructions \
     --example fields_instructions >/dev/null 2>&1
 examples=target/one-unit/release/examples
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# Instructions per decision, to one decimal: the binary and its arguments before the count.
-count() {
-    valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect='*measured*' \
-        "$@" "$decisions" >/dev/null 2>&1
-    local total
-    total=$(callgrind_annotate "$work/out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    rm -f "$work/out"
-    awk -v t="$total" -v n="$decisions" 'BEGIN { printf "%.1f", t / n }'
-}
 
 printf '| limiter, read | hot allowed | hot denied | 100k allowed | 100k denied |\n'
 printf '|---|---:|---:|---:|---:|\n'
@@ -53,7 +39,7 @@ row() {
     printf '| %s |' "$name"
     for keys in hot 100k; do
         for path in allowed denied; do
-            printf ' %s |' "$(count "$@" "$keys" "$path")"
+            printf ' %s |' "$(counted "$decisions" "$@" "$keys" "$path" "$decisions")"
         done
     done
     printf '\n'

@@ -21,10 +21,8 @@
 #   ./scripts/guarantee_costs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if ! command -v valgrind >/dev/null; then
-    apt-get install -y valgrind >/dev/null
-fi
+source scripts/lib/counted.sh
+need_valgrind
 
 root=$(pwd)
 work=$(mktemp -d)
@@ -41,18 +39,6 @@ tree() {
     done
 }
 
-# Instructions per counted unit, to one decimal: the count, then the command.
-count() {
-    local per=$1
-    shift
-    valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect='*measured*' \
-        "$@" >/dev/null 2>&1
-    local total
-    total=$(callgrind_annotate "$work/out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    rm -f "$work/out"
-    awk -v t="$total" -v n="$per" 'BEGIN { printf "%.1f", t / n }'
-}
-
 printf '| memory decision, one codegen unit, hot key | fields, allowed | fields, denied | whole, allowed | whole, denied |\n'
 printf '|---|---:|---:|---:|---:|\n'
 for variant in "" span saturation clock digest "span saturation clock digest"; do
@@ -64,10 +50,10 @@ for variant in "" span saturation clock digest "span saturation clock digest"; d
     examples="$root/target/experiments-one-unit/release/examples"
     printf '| %s |' "${variant:-as committed}"
     for path in allowed denied; do
-        printf ' %s |' "$(count 1000000 "$examples/fields_instructions" tollgate hot "$path" 1000000)"
+        printf ' %s |' "$(counted 1000000 "$examples/fields_instructions" tollgate hot "$path" 1000000)"
     done
     for path in allowed denied; do
-        printf ' %s |' "$(count 1000000 "$examples/decision_instructions" tollgate hot "$path" 1000000)"
+        printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" tollgate hot "$path" 1000000)"
     done
     printf '\n'
 done
@@ -84,7 +70,7 @@ for variant in "" response-body "span saturation clock digest" \
     printf '| %s |' "${variant:-as committed}"
     for server in bare tollgate-allowed-noheaders tollgate-allowed-nothing \
         tollgate-allowed-headers tollgate-allowed-headers-nodecision; do
-        printf ' %s |' "$(count 20000 "$layer" "$server" 20000)"
+        printf ' %s |' "$(counted 20000 "$layer" "$server" 20000)"
     done
     printf '\n'
 done

@@ -13,9 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v valgrind >/dev/null; then
-    apt-get install -y valgrind >/dev/null
-fi
+source scripts/lib/counted.sh
+need_valgrind
 
 requests=20000
 servers=("$@")
@@ -27,17 +26,10 @@ fi
 
 cargo build --release -p tollgate-bench --example layer_instructions >/dev/null 2>&1
 binary=target/release/examples/layer_instructions
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 # Instructions per request of one server, to one decimal (the warm-up's few requests included).
 count() {
-    valgrind --tool=callgrind --callgrind-out-file="$work/out" --toggle-collect='*measured*' \
-        "$binary" "$1" "$requests" >/dev/null 2>&1
-    local total
-    total=$(callgrind_annotate "$work/out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    rm -f "$work/out"
-    awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.1f", t / n }'
+    counted "$requests" "$binary" "$1" "$requests"
 }
 
 bare=$(count bare)
