@@ -8,6 +8,9 @@
 //!     target/release/examples/decision_instructions tollgate 100k allowed 1000000
 //! ```
 //!
+//! BENCHMARKS.md's figures are built with one codegen unit, so that they do not move with how the
+//! compiler splits the binary: `./scripts/decision_instructions.sh` builds and counts every row.
+//!
 //! Arguments: the limiter (`tollgate`, its outcome read whole; `governor`, `governor_foldhash`,
 //! read for the verdict; `fields_instructions` reads both as their layers do for their fields),
 //! the keys (`hot` or `100k`),

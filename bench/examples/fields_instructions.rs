@@ -14,6 +14,9 @@
 //!     target/release/examples/fields_instructions tollgate hot allowed 1000000
 //! ```
 //!
+//! BENCHMARKS.md's figures are built with one codegen unit, so that they do not move with how the
+//! compiler splits the binary: `./scripts/decision_instructions.sh` builds and counts every row.
+//!
 //! A binary of its own, apart from `decision_instructions`: a second caller of a limiter's
 //! decision in one binary changes what the compiler inlines into the first (governor's
 //! verdict-only row there moves by 16 instructions when its fields row is built beside it).
