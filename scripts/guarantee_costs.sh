@@ -9,14 +9,23 @@
 #                       times or limits); the floors stay
 #   without-clock       the counter's time as read, not held to the latest handed out
 #   without-digest      the key's hash without its rule's digest (one store for all rules' keys)
+#   without-reset-field the memory decision read for what tower_governor's fields carry (limit
+#                       and units left, or limit and wait), not for `RateLimit`'s `t` (seconds
+#                       until more quota), which tollgate's layer writes on every response
 #   without-response-body  the inner body passed through: no concurrency slot or gRPC settlement
 #                       held to the body's end (the layer's own 429s need a body type that takes
 #                       `Bytes`)
+#   without-text-key    the peer-IP key as the address's four bytes, not its text: a key would no
+#                       longer read the same in every store, in the logs and the offender lists
+#   without-meters      no per-rule counters (and no events) for allowed requests
+#   without-reload      the rules the layer was built with, never replaced by a reload
+#   without-routing     the first rule alone: no allow or deny lists, scopes, costs, shadow rules
+#                       or gRPC method
 #
 # Memory decisions are counted as `./scripts/decision_instructions.sh` counts them (one codegen
 # unit, hot key); requests in process as `./scripts/layer_instructions.sh` does (the release
 # profile). The patches apply to the commit they were made at and fail loudly on a tree that has
-# moved on. Takes about ten minutes: every variant is a build of its own.
+# moved on. Takes about a quarter of an hour: every variant is a build of its own.
 #
 #   ./scripts/guarantee_costs.sh
 set -euo pipefail
@@ -33,6 +42,10 @@ tree() {
     rm -rf "$work/tree"
     mkdir "$work/tree"
     git archive HEAD | tar -x -C "$work/tree"
+    # `git archive` dates every file at the commit: older than a build of another variant left
+    # in the target directory, which cargo would then take for this tree's. Dated now, each
+    # variant is built from its own sources.
+    find "$work/tree" -type f -exec touch {} +
     local patch
     for patch in "$@"; do
         (cd "$work/tree" && git apply "$root/bench/experiments/without-$patch.patch")
@@ -41,7 +54,8 @@ tree() {
 
 printf '| memory decision, one codegen unit, hot key | fields, allowed | fields, denied | whole, allowed | whole, denied |\n'
 printf '|---|---:|---:|---:|---:|\n'
-for variant in "" span saturation clock digest "span saturation clock digest"; do
+for variant in "" span saturation clock digest "span saturation clock digest" reset-field \
+    "span saturation clock digest reset-field"; do
     # shellcheck disable=SC2086
     tree $variant
     (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments-one-unit" \
@@ -56,12 +70,25 @@ for variant in "" span saturation clock digest "span saturation clock digest"; d
         printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" tollgate hot "$path" 1000000)"
     done
     printf '\n'
+    if [ -z "$variant" ]; then
+        # The peer, from the same build: its fields, then its verdict alone.
+        printf '| governor + foldhash |'
+        for path in allowed denied; do
+            printf ' %s |' "$(counted 1000000 "$examples/fields_instructions" governor hot "$path" 1000000)"
+        done
+        for path in allowed denied; do
+            printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" governor_foldhash hot "$path" 1000000)"
+        done
+        printf '\n'
+    fi
 done
 
 printf '\n| in process, release profile | bare axum | fields off | fields off, no `Decision` in the extensions | fields on | fields on, no `Decision` |\n'
 printf '|---|---:|---:|---:|---:|---:|\n'
+layer_features="text-key meters reload routing"
 for variant in "" response-body "span saturation clock digest" \
-    "response-body span saturation clock digest"; do
+    "response-body span saturation clock digest" text-key meters reload routing \
+    "response-body span saturation clock digest $layer_features"; do
     # shellcheck disable=SC2086
     tree $variant
     (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments" cargo build --release \
@@ -73,4 +100,10 @@ for variant in "" response-body "span saturation clock digest" \
         printf ' %s |' "$(counted 20000 "$layer" "$server" 20000)"
     done
     printf '\n'
+    if [ -z "$variant" ]; then
+        # The peer, from the same build: its rows have no `Decision` to leave out.
+        printf '| tower_governor | %s | %s | | %s | |\n' "$(counted 20000 "$layer" bare 20000)" \
+            "$(counted 20000 "$layer" tower_governor-allowed 20000)" \
+            "$(counted 20000 "$layer" tower_governor-allowed-headers 20000)"
+    fi
 done
