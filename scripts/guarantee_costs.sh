@@ -52,6 +52,21 @@ tree() {
     done
 }
 
+# One row of the memory-decision table: the limiter `fields` read for its fields, then `whole`
+# (the whole outcome, or governor's verdict), allowed and denied, hot key.
+decision_row() {
+    local name=$1 fields=$2 whole=$3 path
+    local examples="$root/target/experiments-one-unit/release/examples"
+    printf '| %s |' "$name"
+    for path in allowed denied; do
+        printf ' %s |' "$(counted 1000000 "$examples/fields_instructions" "$fields" hot "$path" 1000000)"
+    done
+    for path in allowed denied; do
+        printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" "$whole" hot "$path" 1000000)"
+    done
+    printf '\n'
+}
+
 printf '| memory decision, one codegen unit, hot key | fields, allowed | fields, denied | whole, allowed | whole, denied |\n'
 printf '|---|---:|---:|---:|---:|\n'
 for variant in "" span saturation clock digest "span saturation clock digest" reset-field \
@@ -61,25 +76,10 @@ for variant in "" span saturation clock digest "span saturation clock digest" re
     (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments-one-unit" \
         CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 cargo build --release -p tollgate-bench \
         --example fields_instructions --example decision_instructions >/dev/null 2>&1)
-    examples="$root/target/experiments-one-unit/release/examples"
-    printf '| %s |' "${variant:-as committed}"
-    for path in allowed denied; do
-        printf ' %s |' "$(counted 1000000 "$examples/fields_instructions" tollgate hot "$path" 1000000)"
-    done
-    for path in allowed denied; do
-        printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" tollgate hot "$path" 1000000)"
-    done
-    printf '\n'
+    decision_row "${variant:-as committed}" tollgate tollgate
     if [ -z "$variant" ]; then
         # The peer, from the same build: its fields, then its verdict alone.
-        printf '| governor + foldhash |'
-        for path in allowed denied; do
-            printf ' %s |' "$(counted 1000000 "$examples/fields_instructions" governor hot "$path" 1000000)"
-        done
-        for path in allowed denied; do
-            printf ' %s |' "$(counted 1000000 "$examples/decision_instructions" governor_foldhash hot "$path" 1000000)"
-        done
-        printf '\n'
+        decision_row "governor + foldhash" governor governor_foldhash
     fi
 done
 
