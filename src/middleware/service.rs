@@ -90,7 +90,8 @@ where
         let shared = &self.shared;
         let in_force = shared.in_force.load();
         let rules = &in_force.rules;
-        let (mut enforced, mut shadow) = (Decision::default(), Decision::default());
+        // The shadow plan is made only if a shadow rule applies.
+        let (mut enforced, mut shadow) = (Decision::default(), None);
         match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
             Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
@@ -112,12 +113,8 @@ where
                 return ResponseFuture::new(State::respond(response));
             }
         }
-        if !shadow.rules().is_empty() {
+        if let Some(shadow) = shadow {
             record_shadow(shared, &in_force, shadow);
-        } else if shadow.grpc_method().is_none() {
-            // Without rules or a method it owns nothing: forgetting it spares the call to its
-            // drop (measured: 27 instructions per request).
-            std::mem::forget(shadow);
         }
         if enforced.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None, None, None));

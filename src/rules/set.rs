@@ -159,12 +159,12 @@ impl RuleSet {
     /// Plans the charges a request makes: which rules apply, with which key and cost, into
     /// `enforced` and `shadow` (recorded, never blocking; `shadow_all` makes every rule one).
     /// (Filled in place: a decision is a few hundred bytes, and each move is a copy.)
-    pub(crate) fn route<B, C: Charges>(
+    pub(crate) fn route<B, E: Charges, S: Charges>(
         &self,
         request: &Request<B>,
         shadow_all: bool,
-        enforced: &mut C,
-        shadow: &mut C,
+        enforced: &mut E,
+        shadow: &mut S,
     ) -> Result<Route, Refusal> {
         // The head is read once, for the lists and the rules.
         let head = RequestHead::of(request);
@@ -221,28 +221,30 @@ impl RuleSet {
                     },
                 });
             }
-            let plan = if shadow_all || rule.shadow {
-                // Shadow rules are decided apart, with no response to hold a slot until:
-                // concurrency rules are left out of shadow mode.
-                if rule.algorithm().is_concurrency() {
-                    continue;
-                }
-                &mut *shadow
-            } else {
-                &mut *enforced
-            };
+            let is_shadow = shadow_all || rule.shadow;
+            // Shadow rules are decided apart, with no response to hold a slot until:
+            // concurrency rules are left out of shadow mode.
+            if is_shadow && rule.algorithm().is_concurrency() {
+                continue;
+            }
             let applied = match &rule.source {
                 None => None,
                 Some(source) => source.applied(request.extensions(), &key),
             };
-            plan.push(index, rule.name.clone(), key, cost, applied);
+            let name = rule.name.clone();
+            if is_shadow {
+                shadow.push(index, name, key, cost, applied);
+            } else {
+                enforced.push(index, name, key, cost, applied);
+            }
         }
         if Protocol::of(request).is_grpc() {
             let method: std::sync::Arc<str> = request.uri().path().into();
-            for plan in [enforced, shadow] {
-                if !plan.is_empty() {
-                    plan.set_grpc_method(method.clone());
-                }
+            if !shadow.is_empty() {
+                shadow.set_grpc_method(method.clone());
+            }
+            if !enforced.is_empty() {
+                enforced.set_grpc_method(method);
             }
         }
         Ok(Route::Planned)

@@ -76,6 +76,44 @@ async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
     assert!(redacted.contains("key=#"), "{redacted}");
 }
 
+/// A shadow rule's plan is made only when one applies: its events still name the gRPC method,
+/// beside an enforced rule's that has none to report.
+#[tokio::test(start_paused = true)]
+async fn a_shadow_rule_s_events_name_the_grpc_method() {
+    let lines = Lines::default();
+    let subscriber = lines.subscriber(tracing::Level::DEBUG);
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = paused::builder()
+        .rule(Rule::new("enforced", Limit::per_minute(10)).key(Key::peer_ip()))
+        .rule(
+            Rule::new("trial", Limit::per_minute(1))
+                .key(Key::peer_ip())
+                .shadow(true),
+        )
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::default()))
+    }));
+    let method = "/helloworld.Greeter/SayHello";
+    for _ in 0..2 {
+        let response = send(&service, from("198.51.100.7", method, true)).await;
+        assert_eq!(response.status(), 200, "a shadow rule never blocks");
+    }
+    let logged = lines.text();
+    let would_deny = logged
+        .lines()
+        .filter(|line| line.contains("rate limit: shadow rule would deny"))
+        .collect::<Vec<_>>();
+    assert_eq!(would_deny.len(), 1, "{logged}");
+    assert!(would_deny[0].contains("rule=trial"), "{logged}");
+    assert!(
+        would_deny[0].contains(&format!("grpc_method=\"{method}\"")),
+        "{logged}"
+    );
+    assert!(!logged.contains("rate limit: denied"), "{logged}");
+}
+
 /// An operator who finds a hashed key in the top list can find its denials in the logs.
 #[tokio::test(start_paused = true)]
 async fn top_offenders_show_the_hash_the_logs_show() {
