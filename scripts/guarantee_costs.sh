@@ -21,6 +21,10 @@
 #   without-reload      the rules the layer was built with, never replaced by a reload
 #   without-routing     the first rule alone: no allow or deny lists, scopes, costs, shadow rules
 #                       or gRPC method
+#   without-plan        no plan: the first rule's key goes straight to the store and an allowed
+#                       request straight to the inner service (several rules could no longer be
+#                       decided in one step, nor a `Decision` made); applies on top of all the
+#                       patches above, so it is counted in the last row only
 #
 # Memory decisions are counted as `./scripts/decision_instructions.sh` counts them (one codegen
 # unit, hot key); requests in process as `./scripts/layer_instructions.sh` does (the release
@@ -88,7 +92,8 @@ printf '|---|---:|---:|---:|---:|---:|\n'
 layer_features="text-key meters reload routing"
 for variant in "" response-body "span saturation clock digest" \
     "response-body span saturation clock digest" text-key meters reload routing \
-    "response-body span saturation clock digest $layer_features"; do
+    "response-body span saturation clock digest $layer_features" \
+    "response-body span saturation clock digest $layer_features plan"; do
     # shellcheck disable=SC2086
     tree $variant
     (cd "$work/tree" && CARGO_TARGET_DIR="$root/target/experiments" cargo build --release \
