@@ -350,31 +350,3 @@ impl Charges for Decision {
         Decision::set_grpc_method(self, method);
     }
 }
-
-/// A plan made only once a charge is pushed: the shadow rules' (most requests meet none, so most
-/// requests make one plan, not a second, empty one).
-impl Charges for Option<Decision> {
-    #[inline]
-    fn push(
-        &mut self,
-        index: usize,
-        rule: Arc<str>,
-        key: KeyValue,
-        cost: u64,
-        applied: Option<Applied>,
-    ) {
-        self.get_or_insert_with(Decision::default)
-            .plan(index, rule, key, cost, applied);
-    }
-
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.as_ref().is_none_or(|plan| plan.rules.is_empty())
-    }
-
-    fn set_grpc_method(&mut self, method: Arc<str>) {
-        if let Some(plan) = self {
-            plan.set_grpc_method(method);
-        }
-    }
-}

@@ -697,10 +697,14 @@ impl Limiter {
         };
         let (for_enforced, for_shadow) = {
             let rules = self.rules();
-            match rules.route(request, false, enforced, shadow) {
+            let mut shadow_plan = None;
+            match rules.route(request, false, enforced, &mut shadow_plan) {
                 Ok(Route::Planned) => {}
                 Ok(Route::Allowed) => return Ok(Ruling::Allowed),
                 Err(refusal) => return Ok(refusal.into()),
+            }
+            if let Some(plan) = shadow_plan {
+                *shadow = plan;
             }
             let ask = |plan: &mut Decision| {
                 if plan.rules().is_empty() {
