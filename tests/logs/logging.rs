@@ -48,8 +48,7 @@ fn one_per_minute_per_ip(redact: bool) -> (RateLimitLayer, impl oneshot::Limited
 
 async fn denial_log(redact: bool, path: &str, grpc: bool) -> String {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::DEBUG);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::DEBUG);
     let (_layer, service) = one_per_minute_per_ip(redact);
     send(&service, from("198.51.100.7", path, grpc)).await;
     send(&service, from("198.51.100.7", path, grpc)).await;
@@ -81,8 +80,7 @@ async fn denials_are_logged_with_rule_and_key_which_can_be_redacted() {
 #[tokio::test(start_paused = true)]
 async fn a_shadow_rule_s_events_name_the_grpc_method() {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::DEBUG);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::DEBUG);
     let layer = paused::builder()
         .rule(Rule::new("enforced", Limit::per_minute(10)).key(Key::peer_ip()))
         .rule(
@@ -118,8 +116,7 @@ async fn a_shadow_rule_s_events_name_the_grpc_method() {
 #[tokio::test(start_paused = true)]
 async fn top_offenders_show_the_hash_the_logs_show() {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::DEBUG);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::DEBUG);
     let (layer, service) = one_per_minute_per_ip(true);
     for _ in 0..3 {
         send(&service, from("198.51.100.7", "/", false)).await;
@@ -163,9 +160,8 @@ async fn serving_without_connect_info_is_a_500_and_one_logged_error() {
     use tollgate::{MissingKey, RateLimitLayer};
 
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::DEBUG);
     // The current-thread runtime serves on this thread, where the subscriber is installed.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::DEBUG);
     let layer = RateLimitLayer::builder()
         .rule(Rule::new("per-ip", Limit::per_minute(100)).key(Key::peer_ip()))
         // Skipping would silently turn this limit off: the missing peer is not the request's.
@@ -208,7 +204,7 @@ async fn a_path_parameter_key_before_routing_is_a_500_and_one_logged_error() {
     use tower::ServiceExt;
 
     let lines = Lines::default();
-    let _guard = tracing::subscriber::set_default(lines.subscriber(tracing::Level::DEBUG));
+    let _guard = lines.listen(tracing::Level::DEBUG);
     let account = Rule::new("account", Limit::per_minute(100)).key(Key::path_param("user"));
     let router = Router::new().route("/login/{user}", post(|| async { "welcome" }));
     // The mistake under test: the layer wraps the router instead of being added to it.
@@ -235,8 +231,7 @@ async fn a_path_parameter_key_before_routing_is_a_500_and_one_logged_error() {
 
 async fn block_log(redact: bool) -> String {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::INFO);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::INFO);
     let layer = paused::builder()
         .rule(
             Rule::new("login", Limit::per_minute(1))
@@ -275,8 +270,7 @@ async fn a_block_is_logged_once_at_info_with_a_redactable_key() {
 #[tokio::test(start_paused = true)]
 async fn a_bad_settlement_value_is_logged_once_per_rule() {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::WARN);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::WARN);
     let layer = paused::builder()
         .rule(
             Rule::new("tokens", Limit::per_minute(1_000))

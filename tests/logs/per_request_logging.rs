@@ -25,8 +25,7 @@ type Body = Full<Bytes>;
 #[tokio::test(start_paused = true)]
 async fn a_failing_resolver_is_logged_once_per_interval() {
     let lines = Lines::default();
-    let subscriber = lines.subscriber(tracing::Level::INFO);
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = lines.listen(tracing::Level::INFO);
 
     let resolver = LimitResolver::new(|_key| async { Err::<Option<Limit>, _>("database down") });
     let rule = Rule::new("customer", Limit::per_minute(100))

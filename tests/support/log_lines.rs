@@ -29,6 +29,11 @@ impl Lines {
             .finish()
     }
 
+    /// Installs [`subscriber`](Self::subscriber) on this thread until the guard is dropped.
+    pub fn listen(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
+        tracing::subscriber::set_default(self.subscriber(level))
+    }
+
     /// Everything written so far.
     pub fn text(&self) -> String {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
