@@ -40,7 +40,7 @@ pub use crate::document::Error;
 use crate::document::LibraryRule;
 use crate::document::{placed_error, yaml_error};
 use crate::reference;
-use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec};
+use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec, Policy};
 use crate::unit::Unit;
 
 /// A configuration, read and checked whole.
@@ -314,6 +314,21 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
     let (requests_per_unit, unit) = algorithm.map_or((u32::MAX, Unit::Second), |a| {
         Unit::nearest(a.capacity(), a.window())
     });
+    // Rounding to the protocol's units is for `current_limit` alone; clients are told the
+    // limit as written, as the library's layer tells them.
+    let policy = algorithm.map_or(
+        Policy {
+            quota: u64::from(u32::MAX),
+            window_seconds: 1,
+        },
+        |a| {
+            let window = a.window();
+            Policy {
+                quota: a.capacity(),
+                window_seconds: window.as_secs() + u64::from(window.subsec_nanos() > 0),
+            }
+        },
+    );
     let stat_key = rule
         .descriptors
         .iter()
@@ -344,6 +359,7 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
         name: rule.name,
         requests_per_unit,
         unit,
+        policy,
         shadow: rule.shadow,
         detailed_metric: rule.detailed_metric,
         replaces: rule.replaces,

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use tollgate::config::ConfigFormat;
 
 use crate::document::{placed_error, yaml_error, Error, LibraryRule};
-use crate::tree::{Domains, LimitKind, LimitSpec, Node};
+use crate::tree::{Domains, LimitKind, LimitSpec, Node, Policy};
 use crate::unit::Unit;
 
 /// A reference configuration file.
@@ -189,6 +189,10 @@ impl Walk<'_> {
             name: rate_limit.name.clone().unwrap_or_else(|| rule_name.clone()),
             requests_per_unit: rate_limit.requests_per_unit,
             unit,
+            policy: Policy {
+                quota: u64::from(rate_limit.requests_per_unit),
+                window_seconds: unit.duration().as_secs(),
+            },
             max_cost: u64::from(rate_limit.requests_per_unit),
             shadow: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,

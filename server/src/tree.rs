@@ -72,6 +72,9 @@ pub struct LimitSpec {
     pub requests_per_unit: u32,
     /// The unit of `requests_per_unit`.
     pub unit: Unit,
+    /// The quota as clients are told it (`RateLimit-Policy`'s `q` and `w`): the limit as
+    /// configured, not rounded to the protocol's units (3 per 90 s stays 3 per 90 s).
+    pub policy: Policy,
     /// The largest cost that can ever pass (more is over the limit, whatever the count).
     pub max_cost: u64,
     /// Reported OK whatever it decides, and counted as shadowed.
@@ -85,6 +88,16 @@ pub struct LimitSpec {
     /// What the service derives from this limit once, on its first call, rather than per call.
     #[cfg_attr(not(feature = "service"), allow(dead_code))]
     pub(crate) memo: Memo,
+}
+
+/// A quota as the `RateLimit-Policy` field states it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// The most units the limit holds (`q`).
+    pub quota: u64,
+    /// Its window in whole seconds (`w`): the period for windows, the time to refill from
+    /// empty for buckets.
+    pub window_seconds: u64,
 }
 
 /// What a running service derives from a limit once and keeps with it: the limit's
@@ -314,6 +327,10 @@ mod tests {
             name: name.to_owned(),
             requests_per_unit: 1,
             unit: Unit::Minute,
+            policy: Policy {
+                quota: 1,
+                window_seconds: 60,
+            },
             max_cost: 1,
             shadow: false,
             detailed_metric: false,

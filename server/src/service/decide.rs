@@ -38,6 +38,9 @@ pub(crate) struct Judged<'t> {
     pub(crate) cost: u64,
     /// Over the limit (for a shadow limit: would have been).
     pub(crate) over: bool,
+    /// Over because its cost is more than the limit can ever hold: no wait lets it pass, so its
+    /// answer carries no `Retry-After`, and its count is the key's real one (nothing was charged).
+    pub(crate) unfit: bool,
     /// Whether the remaining count is at most a fifth of the limit after this call.
     pub(crate) near: bool,
     /// What the limit's store said, when it was asked.
@@ -152,6 +155,9 @@ pub(crate) async fn decide<'t>(
             limit: m.as_ref().map(|m| m.limit),
             cost: d.cost,
             over: *over,
+            unfit: *over
+                && m.as_ref()
+                    .is_some_and(|m| matches!(m.limit.kind, LimitKind::Rule(_))),
             near: false,
             outcome: None,
         })
@@ -270,14 +276,16 @@ pub(crate) fn statuses(answer: &Answer<'_>) -> Vec<DescriptorStatus> {
             }
             let enforced_over = j.over && !limit.shadow;
             let outcome = j.outcome.as_ref();
-            let remaining = if j.over {
+            let remaining = if j.over && !j.unfit {
                 0
             } else {
                 outcome.map_or(0, |o| o.remaining)
             };
             let reset = match outcome {
-                Some(o) => o.full_in,
-                None => until_window_end(limit),
+                Some(o) if !o.full_in.is_zero() => o.full_in,
+                // A full key, or no store asked: the limit's own reset, its unit's window end
+                // (a cost that can never fit is told when the window renews, not "now").
+                _ => until_window_end(limit),
             };
             DescriptorStatus {
                 code: if enforced_over {
@@ -299,7 +307,7 @@ pub(crate) fn statuses(answer: &Answer<'_>) -> Vec<DescriptorStatus> {
 
 /// For a limit no store was asked about (`requests_per_unit: 0`): the end of the unit's
 /// aligned window, as the reference reports it.
-fn until_window_end(limit: &LimitSpec) -> Duration {
+pub(crate) fn until_window_end(limit: &LimitSpec) -> Duration {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()

@@ -14,16 +14,18 @@ use tollgate::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 
-use super::decide::{Answer, Judged};
+use super::decide::{until_window_end, Answer, Judged};
 use super::protocol::HeaderValue;
-use crate::tree::{Headers, LimitKind};
+use crate::tree::{Headers, LimitKind, Policy};
 
 /// The fields for `answer` under its domain's `headers` setting.
 pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
     let headers = answer.headers;
+    // Shadow limits are counted and reported to operators (statistics, logs), never to
+    // clients: they are not enforced.
     let limited = || {
         answer.judged.iter().filter_map(|j| match j.limit {
-            Some(limit) if limit.kind != LimitKind::Unlimited => Some((j, limit)),
+            Some(limit) if limit.kind != LimitKind::Unlimited && !limit.shadow => Some((j, limit)),
             _ => None,
         })
     };
@@ -54,8 +56,11 @@ pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
             }
             policy.push_str(limit.memo.policy_item.get_or_init(|| {
                 let mut item = sf_string(&limit.name);
-                let window = limit.unit.duration().as_secs();
-                let _ = write!(item, ";q={};w={window}", limit.requests_per_unit);
+                let Policy {
+                    quota,
+                    window_seconds,
+                } = limit.policy;
+                let _ = write!(item, ";q={quota};w={window_seconds}");
                 item
             }));
             ratelimit.push_str(limit.memo.sf_name.get_or_init(|| sf_string(&limit.name)));
@@ -80,34 +85,42 @@ pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
             fields.push(field(&X_RATELIMIT_RESET, reset(tightest).to_string()));
         }
     }
-    if answer.over_limit() {
-        let retry = limited()
-            .filter(|(j, limit)| j.over && !limit.shadow)
-            .map(|(j, _)| {
-                j.outcome
-                    .as_ref()
-                    .and_then(|o| o.retry_after())
-                    .map_or_else(|| reset(j), whole_seconds)
-            })
-            .max()
-            .unwrap_or(1);
+    // A cost that can never fit is refused whatever the wait: no `Retry-After` for it (the
+    // layer answers such a request 400), only for limits that a later moment lets through.
+    let retry = limited()
+        .filter(|(j, _)| j.over && !j.unfit)
+        .map(|(j, _)| {
+            j.outcome
+                .as_ref()
+                .and_then(|o| o.retry_after())
+                .map_or_else(|| reset(j), whole_seconds)
+                .max(1)
+        })
+        .max();
+    if let Some(retry) = retry {
         fields.push(field(&http::header::RETRY_AFTER, retry.to_string()));
     }
     fields
 }
 
+/// The units left: none once over the limit, except for a cost that can never fit, which
+/// charged nothing and leaves the key's count as it is.
 fn remaining(j: &Judged<'_>) -> u64 {
     match &j.outcome {
-        Some(o) if !j.over => o.remaining,
+        Some(o) if !j.over || j.unfit => o.remaining,
         _ => 0,
     }
 }
 
-/// Seconds until the limit's quota grows (rounded up).
+/// Seconds until the limit's quota grows (rounded up); for a key with nothing to grow (full, or
+/// refused a cost it can never hold), until its window renews.
 fn reset(j: &Judged<'_>) -> u64 {
-    match &j.outcome {
-        Some(o) => whole_seconds(o.next_unit_in),
-        None => j.limit.as_ref().map_or(1, |l| l.unit.duration().as_secs()),
+    match (&j.outcome, j.limit) {
+        (Some(o), Some(limit)) if j.unfit && o.next_unit_in.is_zero() => {
+            whole_seconds(until_window_end(limit))
+        }
+        (Some(o), _) => whole_seconds(o.next_unit_in),
+        (None, limit) => limit.map_or(1, |l| l.unit.duration().as_secs()),
     }
 }
 

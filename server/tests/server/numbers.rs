@@ -238,6 +238,100 @@ descriptors = [{ key = "user" }]
         (limit.requests_per_unit, limit.unit, limit.name.as_str()),
         (2, Unit::Minute as i32, "bursty")
     );
+    // The rounding is the protocol's alone: clients are told the limit as written.
+    assert_eq!(
+        field(&answer, "ratelimit-policy"),
+        Some("\"bursty\";q=3;w=90")
+    );
+    assert!(field(&answer, "ratelimit")
+        .unwrap()
+        .starts_with("\"bursty\";r=2;t="));
+}
+
+/// The value of the field `name` an answer asks Envoy to add, if any.
+fn field<'a>(answer: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    answer
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_that_can_never_fit_is_over_the_limit_and_never_told_to_retry() {
+    let dir = ConfigDir::new();
+    dir.write(
+        "hourly.yaml",
+        "domain: hourly\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 3 }\n",
+    );
+    let config = r#"
+domain = "bucket"
+headers = "both"
+reference = ["hourly.yaml"]
+domain_headers = { hourly = "both" }
+
+[[rules]]
+name = "five"
+rate = 1
+period = "1s"
+capacity = 5
+descriptors = [{ key = "user" }]
+"#;
+    let server = Server::start(&dir.write("server.toml", config));
+    let client = server.client().await;
+    for (domain, cost, left, quota) in [("hourly", 4, 3, 3), ("bucket", 6, 5, 5)] {
+        let mut call = request(domain, &[&[("user", "u")]]);
+        call.hits_addend = cost;
+        let answer = client.call(call).await.unwrap();
+        // Over the limit, as the reference answers, with the key's real count: nothing was
+        // charged, and the key still has all of it.
+        assert_eq!(answer.overall_code, code::OVER_LIMIT, "{domain}");
+        assert_eq!(codes(&answer), [code::OVER_LIMIT]);
+        assert_eq!(remaining(&answer), [left], "{domain}");
+        let reset = answer.statuses[0].duration_until_reset.unwrap();
+        assert!(reset.seconds > 0 || reset.nanos > 0, "{domain}: {reset:?}");
+        // No wait lets it pass: no Retry-After, and no field says "now".
+        assert_eq!(field(&answer, "retry-after"), None, "{domain}");
+        let ratelimit = field(&answer, "ratelimit").unwrap();
+        assert!(ratelimit.contains(&format!(";r={left};")), "{ratelimit}");
+        assert!(!ratelimit.ends_with(";t=0"), "{ratelimit}");
+        assert!(field(&answer, "ratelimit-policy")
+            .unwrap()
+            .contains(&format!(";q={quota};")));
+        assert_eq!(
+            field(&answer, "x-ratelimit-remaining"),
+            Some(&*left.to_string())
+        );
+        assert_ne!(field(&answer, "x-ratelimit-reset"), Some("0"), "{domain}");
+        // The key was not charged.
+        let after = client.ask(domain, &[&[("user", "u")]]).await;
+        assert_eq!(remaining(&after), [left - 1], "{domain}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_limits_are_never_shown_to_clients() {
+    let dir = ConfigDir::new();
+    let server = Server::start(&dir.write("edge.yaml", REFERENCE));
+    let client = server.client().await;
+    for _ in 0..3 {
+        let canary = client
+            .ask("edge", &[&[("canary", "c")], &[("bulk", "b")]])
+            .await;
+        assert_eq!(canary.overall_code, code::OK);
+        for name in ["ratelimit", "ratelimit-policy"] {
+            let value = field(&canary, name).unwrap();
+            assert!(!value.contains("canary"), "{name}: {value}");
+            assert!(value.contains("bulk"), "{name}: {value}");
+        }
+        assert_eq!(field(&canary, "retry-after"), None);
+    }
+    // A shadow limit alone: no field at all.
+    let alone = client.ask("edge", &[&[("canary", "c")]]).await;
+    assert!(alone.response_headers_to_add.is_empty(), "{alone:?}");
+    let shadowed =
+        server.metric("ratelimit_service_rate_limit_shadow_mode{domain=\"edge\",key=\"canary\"}");
+    assert_eq!(shadowed, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
