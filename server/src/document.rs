@@ -2,6 +2,7 @@
 //! and the place, and the rules of the library's configuration that a file yields. Both forms
 //! (`load` for tollgate's file, `reference` for the reference service's YAML) write into these.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
 
@@ -64,6 +65,36 @@ pub(crate) fn placed_error(path: &Path, format: ConfigFormat, text: &str, messag
 /// A rule of the library's configuration, as the library's file would write it.
 #[derive(Debug)]
 pub(crate) struct LibraryRule(pub(crate) Value);
+
+/// The rules of the library's configuration that a configuration yields, and every rule name
+/// taken so far: two limits never share a counter because their names look alike.
+#[derive(Debug, Default)]
+pub(crate) struct LibraryRules {
+    pub(crate) list: Vec<LibraryRule>,
+    names: HashSet<String>,
+}
+
+impl LibraryRules {
+    /// Takes `name` for a rule written in tollgate's own file (its author chose it).
+    pub(crate) fn reserve(&mut self, name: &str) {
+        self.names.insert(name.to_owned());
+    }
+
+    /// `wanted`, or, when a rule already has that name, `wanted#2` (`#3`, …): the first free
+    /// one in the order the configuration is read. A reference file's level names can meet
+    /// (`x: "y.z"` and `x: "y"` then `z` both read `x_y.z`), and each level is a counter of
+    /// its own, as in the reference.
+    pub(crate) fn unique_name(&mut self, wanted: String) -> String {
+        let mut name = wanted.clone();
+        let mut n = 1;
+        while self.names.contains(&name) {
+            n += 1;
+            name = format!("{wanted}#{n}");
+        }
+        self.names.insert(name.clone());
+        name
+    }
+}
 
 impl LibraryRule {
     /// The reference's limit: a fixed window of one unit, aligned to the clock.

@@ -37,7 +37,7 @@ use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
 pub use crate::document::Error;
-use crate::document::LibraryRule;
+use crate::document::LibraryRules;
 use crate::document::{placed_error, yaml_error};
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec, Policy};
@@ -76,7 +76,7 @@ impl fmt::Debug for Loaded {
 /// file.
 pub fn load(path: &Path) -> Result<Loaded, Error> {
     let mut domains = Domains::default();
-    let mut rules = Vec::new();
+    let mut rules = LibraryRules::default();
     if path.is_dir() {
         read_reference_dir(path, &mut domains, &mut rules)?;
         return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
@@ -197,7 +197,7 @@ fn reference_files(dir: &Path) -> Result<Vec<PathBuf>, Error> {
 fn read_reference_dir(
     dir: &Path,
     domains: &mut Domains,
-    rules: &mut Vec<LibraryRule>,
+    rules: &mut LibraryRules,
 ) -> Result<(), Error> {
     for file in reference_files(dir)? {
         reference::read(&file, &read_text(&file)?, domains, rules)?;
@@ -229,7 +229,7 @@ fn own(
     (format, text): (ConfigFormat, &str),
     value: Value,
     mut domains: Domains,
-    mut rules: Vec<LibraryRule>,
+    mut rules: LibraryRules,
 ) -> Result<Loaded, Error> {
     let fail = |message: String| placed_error(path, format, text, &message);
     let included = included_paths(path, &value);
@@ -263,6 +263,7 @@ fn own(
                 continue;
             };
             let own = own_rule(i, &mut rule).map_err(fail)?;
+            rules.reserve(&own.name);
             if !own.unlimited {
                 kept.push(Value::Object(rule));
             }
@@ -446,7 +447,7 @@ type Algorithms = HashMap<String, Algorithm>;
 /// tollgate-server's) and the rules the reference files added; checks it whole.
 fn finish(
     domains: Domains,
-    rules: Vec<LibraryRule>,
+    rules: LibraryRules,
     mut file: Map<String, Value>,
     path: &Path,
 ) -> Result<(Loaded, Algorithms), Error> {
@@ -454,7 +455,7 @@ fn finish(
         .entry("rules")
         .or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = list {
-        list.extend(rules.into_iter().map(|rule| rule.0));
+        list.extend(rules.list.into_iter().map(|rule| rule.0));
         if list.is_empty() {
             // The library refuses a configuration that limits nothing; a server whose limits
             // are all unlimited, or that has none yet, still answers. Never charged.
@@ -572,5 +573,60 @@ mod tests {
             ),
             "r.yaml:4:5: descriptors[1]: duplicate descriptor \"k\" at this level"
         );
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: k\n        value: v\n      - key: k\n        value: v\n"
+            ),
+            "r.yaml:7:9: descriptors[0].descriptors[1]: duplicate descriptor \"k_v\" at this level"
+        );
+    }
+
+    /// The limits of a loaded configuration: (shown name, library rule) per statistics key.
+    fn limits(loaded: &Loaded, domain: &str) -> Vec<(String, String, String)> {
+        loaded
+            .domains
+            .get(domain)
+            .unwrap()
+            .limits()
+            .into_iter()
+            .map(|limit| {
+                let rule = match &limit.kind {
+                    LimitKind::Rule(rule) => rule.to_string(),
+                    other => format!("{other:?}"),
+                };
+                (limit.stat_key.clone(), limit.name.clone(), rule)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn levels_whose_names_read_alike_are_counters_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("col.yaml");
+        // The reference loads this file: its duplicate check is for one key and value at one
+        // level. `x: "y.z"` and `x: "y"` then `z` have one statistics key; `a_b` alone and `a`
+        // with the value `b` another.
+        let file = "domain: col\ndescriptors:\n  - key: x\n    value: y.z\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n  - key: x\n    value: y\n    descriptors:\n      - key: z\n        rate_limit: { unit: hour, requests_per_unit: 2 }\n  - key: a_b\n    rate_limit: { unit: hour, requests_per_unit: 3 }\n  - key: a\n    value: b\n    rate_limit: { unit: hour, requests_per_unit: 4 }\n";
+        std::fs::write(&path, file).unwrap();
+        let loaded = load(&path).expect("the reference loads it, so does tollgate-server");
+        let mut found = limits(&loaded, "col");
+        found.sort();
+        let owned = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+        assert_eq!(
+            found,
+            [
+                owned("a_b", "col.a_b", "col.a_b"),
+                owned("a_b", "col.a_b#2", "col.a_b#2"),
+                owned("x_y.z", "col.x_y.z", "col.x_y.z"),
+                owned("x_y.z", "col.x_y.z#2", "col.x_y.z#2"),
+            ]
+        );
+        // A rule of tollgate's own file keeps the name its author gave it.
+        std::fs::write(dir.path().join("server.toml"), "domain = \"own\"\nreference = [\"col.yaml\"]\n[[rules]]\nname = \"col.a_b\"\nrate = 1\nperiod = \"1s\"\ndescriptors = [{ key = \"k\" }]\n").unwrap();
+        let loaded = load(&dir.path().join("server.toml")).expect("no name is taken twice");
+        assert_eq!(limits(&loaded, "own")[0].2, "col.a_b");
+        let col = limits(&loaded, "col");
+        assert!(col.iter().all(|(_, _, rule)| rule != "col.a_b"), "{col:?}");
     }
 }

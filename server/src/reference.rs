@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Deserialize;
 use tollgate::config::ConfigFormat;
 
-use crate::document::{placed_error, yaml_error, Error, LibraryRule};
+use crate::document::{placed_error, yaml_error, Error, LibraryRule, LibraryRules};
 use crate::tree::{Domains, LimitKind, LimitSpec, Node, Policy};
 use crate::unit::Unit;
 
@@ -83,7 +83,7 @@ pub(crate) fn read(
     path: &Path,
     text: &str,
     domains: &mut Domains,
-    rules: &mut Vec<LibraryRule>,
+    rules: &mut LibraryRules,
 ) -> Result<(), Error> {
     let file: File = yaml_serde::from_str(text).map_err(|error| yaml_error(path, &error))?;
     let fail = |message: String| placed_error(path, ConfigFormat::Yaml, text, &message);
@@ -107,7 +107,7 @@ pub(crate) fn read(
 
 struct Walk<'a> {
     domain: &'a str,
-    rules: &'a mut Vec<LibraryRule>,
+    rules: &'a mut LibraryRules,
 }
 
 impl Walk<'_> {
@@ -118,6 +118,8 @@ impl Walk<'_> {
         at: &str,
         parent: Option<&str>,
     ) -> Result<(), String> {
+        // The reference's own check: one key and value once per level (`a_b` alone and `a`
+        // with the value `b` are two descriptors, although their statistics keys read alike).
         let mut seen = std::collections::HashSet::new();
         for (i, descriptor) in descriptors.iter().enumerate() {
             let at = format!("{at}[{i}]");
@@ -128,7 +130,7 @@ impl Walk<'_> {
                 Some(value) => format!("{}_{value}", descriptor.key),
                 None => descriptor.key.clone(),
             };
-            if !seen.insert(level.clone()) {
+            if !seen.insert((&descriptor.key, &descriptor.value)) {
                 return Err(format!(
                     "{at}: duplicate descriptor {level:?} at this level"
                 ));
@@ -157,7 +159,9 @@ impl Walk<'_> {
         descriptor: &Descriptor,
         stat_key: &str,
     ) -> Result<LimitSpec, String> {
-        let rule_name = rule_name(self.domain, stat_key);
+        // The library rule's name is also the name clients see when the limit has none: a
+        // level whose name another already has is told apart by its suffix there too.
+        let mut shown_name = rule_name(self.domain, stat_key);
         let (kind, unit) = if rate_limit.unlimited {
             if rate_limit.unit.is_some() {
                 return Err("unit: an unlimited limit has no unit".into());
@@ -176,17 +180,18 @@ impl Walk<'_> {
             if rate_limit.requests_per_unit == 0 {
                 (LimitKind::Blocked, unit)
             } else {
-                self.rules.push(LibraryRule::fixed_window(
-                    &rule_name,
+                shown_name = self.rules.unique_name(shown_name);
+                self.rules.list.push(LibraryRule::fixed_window(
+                    &shown_name,
                     rate_limit.requests_per_unit,
                     unit,
                 ));
-                (LimitKind::Rule(rule_name.as_str().into()), unit)
+                (LimitKind::Rule(shown_name.as_str().into()), unit)
             }
         };
         Ok(LimitSpec {
             kind,
-            name: rate_limit.name.clone().unwrap_or_else(|| rule_name.clone()),
+            name: rate_limit.name.clone().unwrap_or(shown_name),
             requests_per_unit: rate_limit.requests_per_unit,
             unit,
             policy: Policy {
