@@ -23,7 +23,10 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
 }
 
 fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) -> String {
-    let rules = layer.limiter().rules_in_force();
+    let mut rules = layer.limiter().rules_in_force();
+    // The rule a server configuration with nothing to count holds is tollgate-server's, not
+    // the user's.
+    rules.retain(|rule| rule.name != tollgate_server::load::IDLE_RULE);
     let mut out = format!("{}: OK, {} rule(s){extra}\n", path.display(), rules.len());
     for rule in &rules {
         let mut described = describe(rule);
@@ -38,6 +41,10 @@ fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) ->
 
 fn check_server(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
     let loaded = tollgate_server::load::load(path)?;
+    if loaded.is_empty() {
+        let nothing = tollgate_server::load::nothing_configured(path);
+        return Err(format!("{nothing}: tollgate-server would answer every call OK").into());
+    }
     let layer = loaded.config.layer_with_store(MemoryStore::new())?;
     let domains = loaded.domains.sorted();
     let mut out = describe_rules(path, &layer, &format!(", {} domain(s)", domains.len()));

@@ -207,6 +207,37 @@ fn check_reads_the_reference_services_yaml() {
     );
 }
 
+/// An empty or missing configuration is said to be one, never listed as healthy; the rule a
+/// server configuration with nothing to count holds inside is never shown.
+#[test]
+fn check_says_what_is_there_and_never_shows_internal_rules() {
+    let empty = tempfile::tempdir().unwrap();
+    fails_saying(
+        &["check", "--config", empty.path().to_str().unwrap()],
+        "holds no configuration file (*.yaml, *.yml): no limit is configured",
+    );
+    let missing = empty.path().join("ratelimit/config/");
+    for path in [missing.clone(), missing.join("limits.toml")] {
+        let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            stderr(&output).contains("No such file or directory"),
+            "{}",
+            stderr(&output)
+        );
+        assert!(!stderr(&output).contains("format"), "{}", stderr(&output));
+    }
+    let (_dir, unlimited) = file(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: internal\n    rate_limit: { unlimited: true }\n",
+    );
+    let output = tollgate(&["check", "--config", unlimited.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains(": OK, 0 rule(s), 1 domain(s)"), "{text}");
+    assert!(!text.contains("tollgate-server:"), "{text}");
+}
+
 #[test]
 fn check_names_the_file_place_rule_and_field_and_exits_one() {
     fails_saying(

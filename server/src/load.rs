@@ -64,6 +64,23 @@ pub enum StoreFailure {
     Closed,
 }
 
+impl Loaded {
+    /// Whether nothing is configured: no domain, so every call is answered OK with no limit.
+    pub fn is_empty(&self) -> bool {
+        self.domains.names().next().is_none()
+    }
+}
+
+/// What an empty configuration at `path` is told: where nothing was found, and what that means.
+pub fn nothing_configured(path: &Path) -> String {
+    let found = if path.is_dir() {
+        "holds no configuration file (*.yaml, *.yml)"
+    } else {
+        "configures no domain"
+    };
+    format!("{}: {found}: no limit is configured", path.display())
+}
+
 impl fmt::Debug for Loaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Loaded")

@@ -261,8 +261,9 @@ impl fmt::Debug for Config {
 
 /// The format and the text of the file at `path`.
 fn read(path: &Path) -> Result<(ConfigFormat, String), ConfigFileError> {
-    let format = format_of(path)?;
+    // A path that is not there is told so before its name is judged.
     let text = std::fs::read_to_string(path).map_err(|error| ConfigFileError::io(path, error))?;
+    let format = format_of(path)?;
     Ok((format, text))
 }
 

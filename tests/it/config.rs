@@ -1663,6 +1663,9 @@ fn file_errors_name_the_file_and_the_line() {
         .to_string()
         .contains("none.toml: cannot read the file: "));
     assert!(std::error::Error::source(&error).is_some());
+    // A file that is there but named for no format (a path that is not there is told so
+    // first, above).
+    std::fs::write(dir.path().join("limits.json"), "{}").unwrap();
     let error = Config::read(dir.path().join("limits.json"))
         .and_then(|config| config.layer())
         .unwrap_err();

@@ -73,6 +73,13 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     // the first comparison, never mistaken for the content in force.
     let in_force = load::fingerprint(&settings.config);
     let loaded = load::load(&settings.config).map_err(|e| StartError(e.to_string()))?;
+    if loaded.is_empty() {
+        // It serves (a ConfigMap may be filled later; a reload then takes it), but says so.
+        tracing::warn!(
+            "{}: every call is answered OK until one is added",
+            load::nothing_configured(&settings.config)
+        );
+    }
     let layer = loaded
         .config
         .connect()

@@ -46,6 +46,11 @@ pub(crate) async fn watch(
 
 fn reload(state: &State, path: &std::path::Path) -> Result<(), String> {
     let loaded = load::load(path).map_err(|e| e.to_string())?;
+    // Files emptied or removed under a running server (a ConfigMap swapped badly) are a
+    // mistake far more often than a wish to lift every limit: the limits in force stay.
+    if loaded.is_empty() && state.current.load().domains.names().next().is_some() {
+        return Err(load::nothing_configured(path));
+    }
     loaded
         .config
         .reload(&state.layer)

@@ -67,3 +67,31 @@ async fn a_file_added_to_a_directory_adds_its_domain() {
         3
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_directory_is_said_to_be_one_and_emptying_it_keeps_the_limits() {
+    let dir = ConfigDir::new();
+    let mut server = Server::start(dir.dir.path());
+    // The warning comes before the server says it serves.
+    assert!(
+        server.log.iter().any(|line| line.contains("WARN")
+            && line.contains("holds no configuration file (*.yaml, *.yml)")),
+        "{:#?}",
+        server.log
+    );
+    let path = dir.write("edge.yaml", &config(3));
+    server.wait_for_log("configuration reloaded");
+    let client = server.client().await;
+    let ask = || client.ask("edge", &[&[("remote_address", "10.0.0.1")]]);
+    assert_eq!(limit(&ask().await), 3);
+
+    // The file removed (a ConfigMap swapped badly): the limits in force stay, said once.
+    std::fs::remove_file(&path).unwrap();
+    let warning = server.wait_for_log("configuration not reloaded");
+    assert!(warning.contains("holds no configuration file"), "{warning}");
+    assert_eq!(limit(&ask().await), 3);
+    assert_eq!(
+        server.metric("tollgate_server_config_reload_failures_total"),
+        1
+    );
+}
