@@ -184,7 +184,10 @@ pub(crate) async fn decide<'t>(
                 }
             }
             Err(LimitError::Store(error)) => {
-                tracing::warn!(%error, policy = ?on_store_failure, "store failed");
+                // Counted per call (`tollgate_server_store_errors_total`); told by the store's
+                // own bounded warnings (a line per 10 s with a count, the breaker's opening and
+                // closing), never a line per call.
+                tracing::debug!(%error, policy = ?on_store_failure, "store failed");
                 store_failed = true;
                 apply_failure_policy(&mut judged, &plan.slots, on_store_failure);
             }
@@ -207,7 +210,7 @@ pub(crate) async fn decide<'t>(
             }
             Err(error) => {
                 store_failed = true;
-                tracing::warn!(%error, "shadow limit: store failed");
+                tracing::debug!(%error, "shadow limit: store failed");
             }
         }
     }

@@ -178,9 +178,33 @@ async fn redis_down_at_start_failing_open_the_server_starts_and_answers_ok() {
             "domain = \"other\"\nreference = [\"edge.yaml\"]\nrules = []\n\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed_port}\"\non_failure = \"open\"\n"
         ),
     );
-    let server = Server::start(&config);
+    let mut server = Server::start(&config);
     let client = server.client().await;
     let answer = client.ask("edge", &[&[("remote_address", "a")]]).await;
     assert_eq!(answer.overall_code, code::OK);
     assert_eq!(server.get("/healthcheck").0, 200);
+
+    // The outage is told in the store's bounded lines (one per 10 s with a count, and the
+    // breaker's opening), not in one line per call.
+    for _ in 0..40 {
+        let answer = client.ask("edge", &[&[("remote_address", "a")]]).await;
+        assert_eq!(answer.overall_code, code::OK);
+    }
+    assert_eq!(
+        server.metric("tollgate_server_store_errors_total"),
+        41,
+        "every failed call is counted"
+    );
+    server.terminate();
+    server.wait_for_log("tollgate-server: stopped");
+    let warnings: Vec<&String> = server
+        .log
+        .iter()
+        .filter(|line| line.contains("WARN"))
+        .collect();
+    assert!(
+        (1..=3).contains(&warnings.len()),
+        "{} warning lines for 41 calls: {warnings:#?}",
+        warnings.len()
+    );
 }
