@@ -187,9 +187,47 @@ where
             });
         }
         let method = self.0.clone();
-        Box::pin(async move {
-            let codec = tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
-            Ok(tonic::server::Grpc::new(codec).unary(method, request).await)
-        })
+        Box::pin(async move { Ok(tonic::server::Grpc::new(Codec).unary(method, request).await) })
+    }
+}
+
+/// The messages' codec: prost's, except that a request that is not a valid `RateLimitRequest`
+/// is the caller's fault, `INVALID_ARGUMENT` (prost's codec answers `INTERNAL`, which says the
+/// server failed and invites a retry of the same bytes).
+#[derive(Clone, Copy, Debug, Default)]
+struct Codec;
+
+/// [`Codec`]'s decoder.
+#[derive(Clone, Copy, Debug, Default)]
+struct RequestDecoder;
+
+impl tonic::codec::Codec for Codec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = tonic_prost::ProstEncoder<RateLimitResponse>;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RequestDecoder
+    }
+}
+
+impl tonic::codec::Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<RateLimitRequest>, tonic::Status> {
+        <RateLimitRequest as prost::Message>::decode(buf)
+            .map(Some)
+            .map_err(|error| {
+                tonic::Status::invalid_argument(format!("not a RateLimitRequest: {error}"))
+            })
     }
 }

@@ -42,6 +42,20 @@ async fn malformed_requests_are_invalid_arguments_and_the_server_keeps_serving()
     });
     invalid("key: not UTF-8")(client.call(not_utf8).await.unwrap_err());
 
+    // Bytes that are no RateLimitRequest (field 1, the domain, sent as a number): the
+    // caller's fault, not the server's.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct NotARequest {
+        #[prost(uint64, tag = "1")]
+        domain: u64,
+    }
+    invalid("not a RateLimitRequest")(
+        client
+            .call_with(NotARequest { domain: 7 })
+            .await
+            .unwrap_err(),
+    );
+
     let mut refund = request("edge", &[&[("remote_address", "a")]]);
     refund.descriptors[0].is_negative_hits = true;
     invalid("is_negative_hits is not supported")(client.call(refund).await.unwrap_err());

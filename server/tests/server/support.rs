@@ -219,11 +219,19 @@ impl Client {
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, tonic::Status> {
+        self.call_with(request).await
+    }
+
+    /// Calls `ShouldRateLimit` with any message in the request's place (a malformed one).
+    pub async fn call_with<M: prost::Message + Send + Sync + 'static>(
+        &self,
+        request: M,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         let mut grpc = self.grpc.clone();
         grpc.ready()
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let codec = ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
+        let codec = ProstCodec::<M, RateLimitResponse>::default();
         grpc.unary(
             tonic::Request::new(request),
             PathAndQuery::from_static(SHOULD_RATE_LIMIT),
