@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tollgate_server::service::Limits;
 
 /// The rate-limit service of Envoy, Istio and every client of
 /// `envoy.service.ratelimit.v3.RateLimitService`, on tollgate's engine.
@@ -26,6 +27,17 @@ struct Args {
     /// How often the configuration's files are checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     reload_interval_ms: u64,
+    /// The most connections open at once on each port; one more is closed as soon as it is
+    /// accepted.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// How long a connection has to send a whole request head (HTTP) or its HTTP/2 preface
+    /// (gRPC) before it is closed, in milliseconds.
+    #[arg(long, value_name = "MS",
+          default_value_t = Limits::default().header_read_timeout.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    header_read_timeout_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -39,6 +51,10 @@ fn main() -> ExitCode {
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(1)),
+        connections: Limits {
+            max_connections: args.max_connections as usize,
+            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -7,11 +7,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::server::UnaryService;
-use tonic::transport::server::TcpIncoming;
 use tonic::Status;
 use tonic_health::ServingStatus;
 
+use super::connections::{Admitted, Gate, Unadmitted};
 use super::decide::{decide, statuses, Answer, Refusal};
 use super::headers::response_headers;
 use super::protocol::{code, RateLimitRequest, RateLimitResponse, RateLimitServer};
@@ -91,9 +94,49 @@ fn respond(state: &State, answer: &Answer<'_>) -> RateLimitResponse {
     }
 }
 
+/// The longest a call may take, its request's arrival included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The connections of `listener` that `gate` admits and whose HTTP/2 preface arrives in time,
+/// until `stop` turns true. Each waits for its preface in a task of its own, so a silent one
+/// never holds up the next.
+fn admitted(
+    listener: tokio::net::TcpListener,
+    gate: Gate,
+    state: Arc<State>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> ReceiverStream<std::io::Result<Admitted>> {
+    let (admit, admitted) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let within = gate.limits().header_read_timeout;
+        loop {
+            let refused = || state.stats.connection_refused();
+            let accepted = tokio::select! {
+                accepted = gate.accept(&listener, refused) => accepted,
+                _ = stop.wait_for(|stop| *stop) => return,
+            };
+            let Some((stream, open)) = accepted else {
+                return;
+            };
+            let (admit, state) = (admit.clone(), state.clone());
+            tokio::spawn(async move {
+                match Admitted::preface(stream, open, within).await {
+                    Ok(connection) => {
+                        let _ = admit.send(Ok(connection)).await;
+                    }
+                    Err(Unadmitted::TimedOut) => state.stats.connection_timed_out(),
+                    Err(Unadmitted::Gone) => {}
+                }
+            });
+        }
+    });
+    ReceiverStream::new(admitted)
+}
+
 /// Serves gRPC on `listener` until `stop` turns true, then drains the calls in flight.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
+    gate: Gate,
     state: Arc<State>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -101,7 +144,8 @@ pub(crate) async fn serve(
     reporter
         .set_serving::<RateLimitServer<ShouldRateLimit>>()
         .await;
-    let service = RateLimitServer(ShouldRateLimit(state));
+    let service = RateLimitServer(ShouldRateLimit(state.clone()));
+    let incoming = admitted(listener, gate, state, stop.clone());
     let shutdown = async move {
         let _ = stop.wait_for(|stop| *stop).await;
         reporter
@@ -111,11 +155,10 @@ pub(crate) async fn serve(
             .set_not_serving::<RateLimitServer<ShouldRateLimit>>()
             .await;
     };
-    // Without TCP_NODELAY, an answer's last small frame waits for the client's delayed
-    // acknowledgement (Nagle): 40 ms on a tail of calls. `Server::serve` sets it; a listener
-    // bound by the caller does not.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = tonic::transport::Server::builder()
+        // A call whose request trickles in (or whose decision waits on a stalled store past
+        // its own timeout) ends: the slow client holds nothing for long.
+        .timeout(CALL_TIMEOUT)
         .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -1,5 +1,8 @@
 //! The HTTP side: `/healthcheck` (as the reference service answers it: `OK`, or 503 once a drain
 //! has started) and `/metrics` (Prometheus text).
+//!
+//! Served over HTTP/1 by hyper with a bound on every request head's arrival (the first on a
+//! connection and each kept-alive one's), under the port's connection limit.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,27 +11,53 @@ use axum::extract::State as Shared;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 
+use super::connections::Gate;
 use super::State;
 
-/// Serves HTTP on `listener` until `stop` turns true.
+/// Serves HTTP on `listener` until `stop` turns true, then lets the requests in flight finish.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
+    gate: Gate,
     state: Arc<State>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
-        .with_state(state);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-        })
-        .await;
-    if let Err(error) = served {
-        tracing::error!(%error, "HTTP server failed");
+        .with_state(state.clone());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(gate.limits().header_read_timeout);
+    let open = GracefulShutdown::new();
+    loop {
+        let refused = || state.stats.connection_refused();
+        let accepted = tokio::select! {
+            accepted = gate.accept(&listener, refused) => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let Some((stream, permit)) = accepted else {
+            break;
+        };
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = open.watch(connection);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _open = permit;
+            if let Err(error) = connection.await {
+                if error.is_timeout() {
+                    state.stats.connection_timed_out();
+                }
+                tracing::debug!(%error, "HTTP connection ended");
+            }
+        });
     }
+    drop(listener);
+    open.shutdown().await;
 }
 
 async fn healthcheck(Shared(state): Shared<Arc<State>>) -> (StatusCode, &'static str) {

@@ -2,6 +2,7 @@
 //! (`/healthcheck`, `/metrics`) on another, the configuration reloaded when its files change, and
 //! a drain on `SIGTERM`.
 
+mod connections;
 mod decide;
 mod grpc;
 mod headers;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tollgate::RateLimitLayer;
 
+pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use stats::{Stats, MAX_SERIES};
 
@@ -36,6 +38,8 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// How often the configuration's files are compared with the ones in force.
     pub reload_interval: Duration,
+    /// The bounds on each port's connections.
+    pub connections: Limits,
 }
 
 /// The descriptor trees in force, with the store failure policy they were read with.
@@ -121,8 +125,19 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.reload_interval,
         grpc_stopping.clone(),
     ));
-    let http = tokio::spawn(http_api::serve(http_listener, state.clone(), http_stopping));
-    let grpc = tokio::spawn(grpc::serve(grpc_listener, state.clone(), grpc_stopping));
+    let gate = || connections::Gate::new(settings.connections);
+    let http = tokio::spawn(http_api::serve(
+        http_listener,
+        gate(),
+        state.clone(),
+        http_stopping,
+    ));
+    let grpc = tokio::spawn(grpc::serve(
+        grpc_listener,
+        gate(),
+        state.clone(),
+        grpc_stopping,
+    ));
 
     shutdown_signal(term).await;
     state.draining.store(true, Ordering::SeqCst);

@@ -77,6 +77,10 @@ pub struct Stats {
     reload_failures: AtomicU64,
     invalid_requests: AtomicU64,
     in_flight: AtomicU64,
+    /// Connections closed as soon as accepted: the port had its most open.
+    connections_refused: AtomicU64,
+    /// Connections closed because their request head or HTTP/2 preface did not come in time.
+    connections_timed_out: AtomicU64,
 }
 
 /// One call in flight, counted while it lives.
@@ -160,6 +164,16 @@ impl Stats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a connection closed because the port had its most open.
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a connection closed for its silence.
+    pub(crate) fn connection_timed_out(&self) {
+        self.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a request answered `INVALID_ARGUMENT`.
     pub(crate) fn invalid_request(&self) {
         self.invalid_requests.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +233,14 @@ impl Stats {
             (
                 "tollgate_server_invalid_requests_total",
                 &self.invalid_requests,
+            ),
+            (
+                "tollgate_server_connections_refused_total",
+                &self.connections_refused,
+            ),
+            (
+                "tollgate_server_connections_timed_out_total",
+                &self.connections_timed_out,
             ),
         ] {
             let _ = writeln!(out, "# TYPE {name} counter");

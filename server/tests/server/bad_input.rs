@@ -128,3 +128,104 @@ async fn detailed_metrics_keep_a_bounded_number_of_series() {
         server.metric("ratelimit_service_rate_limit_total_hits{domain=\"d\",key=\"_overflow\"}");
     assert_eq!(overflow as usize, sent + 1 - MAX_SERIES);
 }
+
+/// Reads `stream` until the server closes it (bounded): what a silent or trickling client
+/// meets.
+async fn closed_by_the_server(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0; 1024];
+    let closed = tokio::time::timeout(crate::support::DEADLINE, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // The server's own bytes (HTTP/2 settings) before it closes.
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the server kept a silent connection open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_silent_connections_are_closed_and_their_number_is_bounded() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let dir = ConfigDir::new();
+    let server = Server::start_with(
+        &dir.write("edge.yaml", REFERENCE),
+        &["--header-read-timeout-ms", "300", "--max-connections", "8"],
+    );
+    // Silent, or trickling half a preface or half a request head: each is closed once its
+    // time is up.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(TcpStream::connect(server.grpc).await.unwrap());
+    }
+    let mut half_preface = TcpStream::connect(server.grpc).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    slow.push(half_preface);
+    for _ in 0..2 {
+        let mut half_head = TcpStream::connect(server.http).await.unwrap();
+        half_head
+            .write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(half_head);
+    }
+    // Meanwhile, real clients are served.
+    let client = server.client().await;
+    let answer = client
+        .ask("edge", &[&[("remote_address", "10.0.0.1")]])
+        .await;
+    assert_eq!(answer.overall_code, code::OK);
+    assert_eq!(server.get("/healthcheck").0, 200);
+    for stream in &mut slow {
+        closed_by_the_server(stream).await;
+    }
+    assert_eq!(
+        server.wait_for_metric("tollgate_server_connections_timed_out_total", 7),
+        7
+    );
+
+    // At most 8 open on a port: the client's, and 7 that sent their preface and stay.
+    let mut held = Vec::new();
+    for _ in 0..7 {
+        let mut stream = TcpStream::connect(server.grpc).await.unwrap();
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // Each of those reaches the server (it answers with its settings) before the next is
+    // refused.
+    for stream in &mut held {
+        use tokio::io::AsyncReadExt;
+        let mut settings = [0; 9];
+        stream.read_exact(&mut settings).await.unwrap();
+        assert_eq!(settings[3], 4, "an HTTP/2 SETTINGS frame");
+    }
+    let mut one_more = TcpStream::connect(server.grpc).await.unwrap();
+    closed_by_the_server(&mut one_more).await;
+    assert_eq!(
+        server.wait_for_metric("tollgate_server_connections_refused_total", 1),
+        1
+    );
+    // One closes; a new client is served again.
+    drop(held.pop());
+    let again = tokio::time::timeout(crate::support::DEADLINE, async {
+        loop {
+            if let Ok(client) =
+                tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+                    .unwrap()
+                    .connect()
+                    .await
+            {
+                break client;
+            }
+        }
+    })
+    .await;
+    assert!(again.is_ok(), "a connection is accepted once one closes");
+}

@@ -110,6 +110,20 @@ impl Server {
             .unwrap_or(0)
     }
 
+    /// Waits (bounded) for the sample `name{labels}` to read `expected`, for a count the
+    /// server makes just after the event a test saw (a connection it closed); returns the last
+    /// value read.
+    pub fn wait_for_metric(&self, sample: &str, expected: u64) -> u64 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let value = self.metric(sample);
+            if value == expected || Instant::now() >= deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let status = Command::new("kill")
