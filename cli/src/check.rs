@@ -18,8 +18,11 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
     if tollgate_server::load::is_server_config(path) {
         return check_server(path);
     }
-    let layer = Config::read(path)?.layer_with_store(MemoryStore::new())?;
-    Ok(describe_rules(path, &layer, ""))
+    let config = Config::read(path)?;
+    let layer = config.layer_with_store(MemoryStore::new())?;
+    let mut out = describe_rules(path, &layer, "");
+    describe_exemptions(&mut out, &layer, &config.unlimited_plans());
+    Ok(out)
 }
 
 fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) -> String {
@@ -105,13 +108,124 @@ pub fn describe(rule: &RuleSummary) -> String {
             MissingKey::RejectWith(status) => write!(text, "; {without} are refused ({status})"),
         };
     }
-    if rule.queued {
+    if let Some(queue) = &rule.queue {
         text.push_str("; over the limit, requests wait their turn (queue) instead of a 429");
+        match (queue.max_units, queue.max_wait) {
+            (Some(units), Some(wait)) => {
+                let _ = write!(
+                    text,
+                    " (at most {units} units waiting, none longer than {})",
+                    duration(wait)
+                );
+            }
+            (Some(units), None) => {
+                let _ = write!(text, " (at most {units} units waiting)");
+            }
+            (None, Some(wait)) => {
+                let _ = write!(text, " (none waits longer than {})", duration(wait));
+            }
+            (None, None) => text.push_str(" (unbounded)"),
+        }
+    }
+    if let Some(count_if) = &rule.count_if {
+        let _ = write!(
+            text,
+            "; only {} keep their charge (the others get it back)",
+            responses(&count_if.describe())
+        );
+    }
+    if let Some(settle) = &rule.settle {
+        let _ = match settle.describe().split_once(':') {
+            Some(("header", name)) => write!(
+                text,
+                "; the real cost is read from the response's {name} header and the difference \
+                 charged or given back"
+            ),
+            _ => write!(
+                text,
+                "; the real cost is read from the response by the application and the difference \
+                 charged or given back"
+            ),
+        };
+    }
+    if let Some(penalty) = &rule.penalty {
+        let blocks: Vec<String> = penalty.durations().iter().map(|d| duration(*d)).collect();
+        let _ = match blocks.as_slice() {
+            [one] => write!(text, "; a key it denies is blocked for {one}"),
+            _ => write!(
+                text,
+                "; a key it denies is blocked for {} (the last repeats; offences forgotten \
+                 after {} without one)",
+                blocks.join(", then "),
+                duration(penalty.forget_after())
+            ),
+        };
     }
     if rule.shadow {
         text.push_str(" [shadow: recorded, never blocks]");
     }
     text
+}
+
+/// The responses a `count_if` keeps charged, in words, from its short description.
+fn responses(described: &str) -> String {
+    match described.split_once(':') {
+        Some(("status", statuses)) => {
+            format!("responses with status {}", statuses.replace(',', " or "))
+        }
+        _ => match described {
+            "failures" => "failed responses (HTTP 400 or above, or a gRPC error)".into(),
+            "server-errors" => "server errors (HTTP 5xx, or a gRPC server-side error)".into(),
+            "successes" => "successful responses (HTTP below 400, or gRPC OK)".into(),
+            _ => "responses the application's predicate picks".into(),
+        },
+    }
+}
+
+/// The allow and deny lists in force, and the plans of tiered rules that limit nothing: a line
+/// each.
+fn describe_exemptions(
+    out: &mut String,
+    layer: &tollgate::RateLimitLayer,
+    unlimited: &[tollgate::config::UnlimitedPlan],
+) {
+    let limiter = layer.limiter();
+    let lists = |list: &tollgate::AccessList| {
+        let key = key_words(&list.key().describe());
+        let mut what = Vec::new();
+        if list.listed_values() > 0 {
+            what.push(format!(
+                "is one of {} listed value(s)",
+                list.listed_values()
+            ));
+        }
+        if !list.listed_networks().is_empty() {
+            let networks: Vec<String> = list
+                .listed_networks()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            what.push(format!("is inside {}", networks.join(", ")));
+        }
+        format!("requests whose {key} {}", what.join(" or "))
+    };
+    for list in limiter.allow_lists() {
+        let _ = writeln!(out, "- allow list: {} are never limited", lists(&list));
+    }
+    for list in limiter.deny_lists() {
+        let _ = writeln!(
+            out,
+            "- deny list: {} are refused (403 Forbidden)",
+            lists(&list)
+        );
+    }
+    for plan in unlimited {
+        let _ = writeln!(
+            out,
+            "- {:?}: unlimited for {}: never limited by this rule",
+            plan.rule, plan.condition
+        );
+    }
 }
 
 /// What the rule counts by, as the clause after the algorithm.

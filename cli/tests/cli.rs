@@ -155,6 +155,36 @@ default = "free"
 plans.free = { rate = 10 }
 plans.pro = { rate = 100 }
 plans.enterprise = { unlimited = true }
+
+[[rules]]
+name = "login"
+rate = 5
+period = "1m"
+key = "peer_ip"
+count_if = { status = [401, 403] }
+block = { escalate = ["1m", "10m", "1h"], forget_after = "24h" }
+
+[[rules]]
+name = "smooth"
+rate = 10
+period = "1s"
+queue = { burst = 20, max_delay = "10s" }
+
+[[rules]]
+name = "tokens-used"
+rate = 1000
+period = "1m"
+key = "peer_ip"
+settle = { header = "x-tokens-used" }
+block = "10m"
+
+[[allow]]
+key = "peer_ip"
+networks = ["10.20.0.0/16"]
+
+[[deny]]
+key = { header = "x-api-key" }
+values = ["leaked-1", "leaked-2"]
 "#;
     let (_dir, path) = file("rules.toml", config);
     let output = tollgate(&["check", "--config", path.to_str().unwrap()]);
@@ -171,8 +201,16 @@ plans.enterprise = { unlimited = true }
             "- \"api:pro\": token bucket, 1000 per 1m, bursts up to 1000, per x-api-key header value, each request costs 3 units, only for plan \"pro\" (requests whose key is one of the 2 listed for it in `tiers.keys`); requests without the x-api-key header count per peer IP address",
             "- \"plans:free\": token bucket, 10 per 1m, bursts up to 10, per peer IP address, only for plan \"free\", the default (requests whose x-plan header is \"free\", names no other plan, or is absent)",
             "- \"plans:pro\": token bucket, 100 per 1m, bursts up to 100, per peer IP address, only for plan \"pro\" (requests whose x-plan header is \"pro\")",
+            "- \"login\": token bucket, 5 per 1m, bursts up to 5, per peer IP address; only responses with status 401 or 403 keep their charge (the others get it back); a key it denies is blocked for 1m, then 10m, then 1h (the last repeats; offences forgotten after 1d without one)",
+            "- \"smooth\": token bucket, 10 per 1s, bursts up to 10, one count shared by every request (a global key); over the limit, requests wait their turn (queue) instead of a 429 (at most 20 units waiting, none longer than 10s)",
+            "- \"tokens-used\": token bucket, 1000 per 1m, bursts up to 1000, per peer IP address; the real cost is read from the response's x-tokens-used header and the difference charged or given back; a key it denies is blocked for 10m",
+            "- allow list: requests whose peer IP address is inside 10.20.0.0/16 are never limited",
+            "- deny list: requests whose x-api-key header value is one of 2 listed value(s) are refused (403 Forbidden)",
+            "- \"plans\": unlimited for plan \"enterprise\" (requests whose x-plan header is \"enterprise\"): never limited by this rule",
         ]
     );
+    // Listed values (often secrets) are counted, never printed.
+    assert!(!text.contains("leaked"), "{text}");
     for debug in ["Cost::", "Some(", "None", "such as a tier"] {
         assert!(!text.contains(debug), "{debug}: {text}");
     }

@@ -15,6 +15,7 @@ use super::schema::{
     PlanSource, QueueSpec, ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
 };
 use super::Plan;
+use super::UnlimitedPlan;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
 use crate::algorithm::{Lease, Penalty};
@@ -277,6 +278,33 @@ impl Common {
         }
         rule
     }
+}
+
+/// The unlimited plans of `file`'s tiered rules: no rule is built for them, so the limiter does
+/// not know them. (Read from a file whose rules were built: its tiers are valid.)
+pub(crate) fn unlimited_plans(file: &File) -> Vec<UnlimitedPlan> {
+    let mut found = Vec::new();
+    for spec in &file.rules {
+        let Some(tiers) = &spec.tiers else { continue };
+        let source = tiers.from.as_ref().unwrap_or(&PlanSource::Key);
+        for (plan, plan_spec) in &tiers.plans.0 {
+            if !plan_spec.unlimited {
+                continue;
+            }
+            let listed = tiers
+                .keys
+                .iter()
+                .flatten()
+                .filter(|(_, p)| *p == plan)
+                .count();
+            found.push(UnlimitedPlan {
+                rule: spec.name.clone(),
+                plan: plan.clone(),
+                condition: plan_condition(source, plan, &tiers.default, listed),
+            });
+        }
+    }
+    found
 }
 
 /// One rule per plan, each applying to the requests of its plan.

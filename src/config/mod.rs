@@ -145,6 +145,13 @@ impl Config {
         build::layer(&self.file).map_err(|error| self.locate(error))
     }
 
+    /// The plans of tiered rules that are `unlimited`: their requests are not limited by the
+    /// rule, which has no limit in the layer for them (tools that describe a configuration list
+    /// them beside [`Limiter::rules_in_force`](crate::Limiter::rules_in_force)).
+    pub fn unlimited_plans(&self) -> Vec<UnlimitedPlan> {
+        build::unlimited_plans(&self.file)
+    }
+
     /// A layer with this configuration, with any store: connects to Redis when the file names a
     /// Redis store.
     pub async fn connect(&self) -> Result<RateLimitLayer, ConfigFileError> {
@@ -275,6 +282,19 @@ fn format_of(path: &Path) -> Result<ConfigFormat, ConfigFileError> {
         )
         .in_file(path)
     })
+}
+
+/// A plan of a tiered rule whose requests that rule does not limit (`unlimited = true`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnlimitedPlan {
+    /// The tiered rule's name.
+    pub rule: String,
+    /// The plan's name.
+    pub plan: String,
+    /// Which requests are of the plan, in words: a phrase that follows "only for", such as
+    /// `plan "enterprise" (requests whose x-plan header is "enterprise")`.
+    pub condition: String,
 }
 
 /// The settings a reload does not change.

@@ -298,6 +298,16 @@ impl Limiter {
         self.rules().rules.iter().map(|r| r.summary()).collect()
     }
 
+    /// The allow lists in force: requests they match are forwarded, never limited.
+    pub fn allow_lists(&self) -> Vec<AccessList> {
+        self.rules().allow().to_vec()
+    }
+
+    /// The deny lists in force: requests they match are refused with `403 Forbidden`.
+    pub fn deny_lists(&self) -> Vec<AccessList> {
+        self.rules().deny().to_vec()
+    }
+
     /// The failure policy this limiter's store was built with.
     pub(crate) fn failure_policy(&self) -> FailurePolicy {
         self.inner.failure

@@ -7,7 +7,7 @@ use http::{Method, StatusCode, Uri};
 
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
-use crate::algorithm::{Algorithm, Lease, Mode, Penalty};
+use crate::algorithm::{Algorithm, Lease, Mode, Penalty, ReserveBound};
 use crate::key::{Key, RequestHead};
 use crate::rules::cost::Cost;
 use crate::rules::per_request::{LimitResolver, LimitSource};
@@ -576,10 +576,17 @@ pub struct RuleSummary {
     pub condition: Option<String>,
     /// What happens to a request without the key.
     pub missing_key: MissingKey,
-    /// Whether the rule queues (delays) requests instead of denying them at once.
-    pub queued: bool,
+    /// For a rule that queues (delays) requests instead of denying them at once: how far the
+    /// queue reaches (units waiting, longest wait); `None` for a rule that denies at once.
+    pub queue: Option<ReserveBound>,
     /// Whether the rule is in shadow mode (recorded, never blocking).
     pub shadow: bool,
+    /// How a key that is denied is blocked ([`Rule::block_for`], [`Rule::penalty`]).
+    pub penalty: Option<Penalty>,
+    /// Which responses keep their charge ([`Rule::count_if`]); the others get it back.
+    pub count_if: Option<CountIf>,
+    /// Where the real cost is read from the response ([`Rule::settle`]).
+    pub settle: Option<Settle>,
 }
 
 /// A validated rule, ready to serve requests.
@@ -648,8 +655,14 @@ impl CompiledRule {
                 .as_ref()
                 .and_then(|when| when.description.as_deref().map(str::to_owned)),
             missing_key: self.missing_key.clone(),
-            queued: matches!(self.mode, Mode::Reserve(_)),
+            queue: match self.mode {
+                Mode::Reserve(bound) => Some(bound),
+                Mode::Charge | Mode::Check => None,
+            },
             shadow: self.shadow,
+            penalty: self.penalty.clone(),
+            count_if: self.count_if.clone(),
+            settle: self.settle.clone(),
         }
     }
 }

@@ -358,4 +358,19 @@ impl AccessList {
     fn describe(&self) -> String {
         self.key.describe()
     }
+
+    /// What the list reads from a request.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// How many key values are listed (the values themselves, often secrets, are not shown).
+    pub fn listed_values(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The networks listed.
+    pub fn listed_networks(&self) -> &[IpNet] {
+        &self.networks
+    }
 }

@@ -55,6 +55,22 @@ impl CountIf {
         CountIf(Matcher::Statuses(statuses.into_iter().collect()))
     }
 
+    /// A short human-readable name, for tools that describe rules (`tollgate check`):
+    /// `status:401,403`, `failures`, `server-errors`, `successes`, or `fn` for a predicate of
+    /// the application's.
+    pub fn describe(&self) -> String {
+        match &self.0 {
+            Matcher::Statuses(statuses) => {
+                let listed: Vec<String> = statuses.iter().map(u16::to_string).collect();
+                format!("status:{}", listed.join(","))
+            }
+            Matcher::Failures => "failures".into(),
+            Matcher::ServerErrors => "server-errors".into(),
+            Matcher::Successes => "successes".into(),
+            Matcher::Custom(_) => "fn".into(),
+        }
+    }
+
     /// Counts failures: HTTP status 400 or above, or a gRPC status other than OK.
     pub fn failures() -> CountIf {
         CountIf(Matcher::Failures)
@@ -150,6 +166,15 @@ impl Settle {
         Settle {
             from: Source::Custom(Arc::new(read)),
             warned: Arc::default(),
+        }
+    }
+
+    /// A short human-readable name, for tools that describe rules (`tollgate check`):
+    /// `header:x-tokens-used`, or `fn` for a closure of the application's.
+    pub fn describe(&self) -> String {
+        match &self.from {
+            Source::Header(name) => format!("header:{name}"),
+            Source::Custom(_) => "fn".into(),
         }
     }
 
