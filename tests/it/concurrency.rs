@@ -633,7 +633,7 @@ async fn the_documented_concurrency_rule_loads() {
         .unwrap();
     let rule = &layer.limiter().rules_in_force()[0];
     assert_eq!(rule.algorithm, *Limit::concurrent(8).algorithm());
-    assert!(rule.queued);
+    assert!(rule.queue.is_some());
 }
 
 #[cfg(feature = "config")]
@@ -704,7 +704,7 @@ async fn concurrent_in_a_config_file() {
         "{:?}",
         rules[0]
     );
-    assert!(rules[0].queued);
+    assert!(rules[0].queue.is_some());
     let (open, app) = streaming(&layer);
     for id in 1..=2 {
         let response = app.clone().oneshot(request("alice", id)).await.unwrap();

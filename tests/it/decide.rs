@@ -186,7 +186,7 @@ fn rules_in_force_describe_each_rule() {
     assert_eq!(login.methods, [Method::POST]);
     assert_eq!(login.paths, ["/login"]);
     assert!(matches!(login.missing_key, MissingKey::Skip));
-    assert!(!login.shadow && !login.queued && !login.conditional);
+    assert!(!login.shadow && login.queue.is_none() && !login.conditional);
     assert!(rules[1].shadow);
     assert_eq!(rules[1].key.describe(), "global");
 }
