@@ -43,7 +43,7 @@ pub(crate) fn try_these(addr: SocketAddr) -> String {
   # 200; RateLimit-Policy: \"per-ip\";q=10;w=60 and RateLimit: \"per-ip\";r=9;t=6
   for i in 1 2; do {codes} http://{addr}/expensive; done; echo
   # 200 200: /expensive takes 2 a minute, and each call pays per-ip too
-  curl -i http://{addr}/expensive
+  curl -i http://{addr}/expensive; echo
   # 429 (within 30 s): Retry-After, a problem+json body naming \"expensive\"; per-ip not charged
   for i in $(seq 12); do {codes} http://{addr}/; done; echo
   # 200 200 200 200 200 200 200 429 429 429 429 429: 10 a minute per IP, 3 spent above, one
