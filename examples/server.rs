@@ -9,7 +9,9 @@
 //!
 //! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and answers every method and path
 //! with the rules that applied and what they have left, so any `paths` and `methods` in the file
-//! can be tried with `curl -i`. `/metrics` (never limited) serves the counters in Prometheus
+//! can be tried with `curl -i`; at start-up it prints a `curl` line for each scope of the file's
+//! rules (the first method and path, the header a key reads set to `demo`) with the rules that
+//! count it. `/metrics` (never limited) serves the counters in Prometheus
 //! text format; `/_tollgate/top` (never limited) the keys each rule denied most, as JSON (with
 //! `redact_keys`, each key is the hash the logs show):
 //!
@@ -73,7 +75,7 @@ use std::time::Duration;
 
 use axum::extract::{Path as PathParams, Query, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -82,9 +84,11 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tollgate::config::{Config, ConfigFileError, ConfigFormat, ConfigWatch};
+use tollgate::engine::Ruling;
 use tollgate::key::MAX_KEY_LEN;
+use tollgate::rules::RuleSummary;
 use tollgate::store::{BlockedKey, Cursor, OverrideEntry, StoreErrorKind};
-use tollgate::{Decision, Limit, LimitError, Limiter, RateLimitLayer};
+use tollgate::{Decision, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
@@ -542,6 +546,155 @@ pub(crate) async fn load(path: &Path) -> Result<(RateLimitLayer, ConfigWatch), C
     Ok((limits, watch))
 }
 
+/// A request to try on the file's rules, made from one rule's scope: its first method and path
+/// (each `*` segment standing for `demo`), and the headers its key and cost read.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Probe {
+    method: Method,
+    path: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Probe {
+    fn of(rule: &RuleSummary) -> Probe {
+        let path = rule.paths.first().map_or_else(
+            || "/".to_owned(),
+            |pattern| {
+                let segments: Vec<&str> = pattern
+                    .split('/')
+                    .map(|s| if s == "*" { "demo" } else { s })
+                    .collect();
+                segments.join("/")
+            },
+        );
+        let mut headers = Vec::new();
+        if rule.key.can_be_missing() {
+            headers.extend(key_header(&rule.key.describe()));
+        }
+        if let Some(name) = rule.cost.header_name() {
+            headers.push((name.to_string(), "1".to_owned()));
+        }
+        Probe {
+            method: rule.methods.first().cloned().unwrap_or(Method::GET),
+            path,
+            headers,
+        }
+    }
+
+    fn request(&self) -> axum::http::Request<()> {
+        let mut request = axum::http::Request::new(());
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self
+            .path
+            .parse()
+            .expect("a path made of the rule's pattern");
+        for (name, value) in &self.headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                request.headers_mut().append(name, value);
+            }
+        }
+        // curl on this host: the peer is the loopback address.
+        let peer = SocketAddr::from(([127, 0, 0, 1], 40000));
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        request
+    }
+
+    /// The `curl` command that sends this request to `addr`.
+    fn curl(&self, addr: SocketAddr) -> String {
+        let mut line = "curl -i".to_owned();
+        if self.method != Method::GET {
+            line += &format!(" -X {}", self.method);
+        }
+        line += &format!(" http://{addr}{}", self.path);
+        for (name, value) in &self.headers {
+            line += &format!(" -H '{name}: {value}'");
+        }
+        line
+    }
+}
+
+/// The header that gives a key a value, from the key's description (`Key::describe`), when a
+/// header can.
+fn key_header(key: &str) -> Option<(String, String)> {
+    if let Some(keys) = key.strip_prefix("first-of(") {
+        return key_header(keys.split([',', ')']).next()?);
+    }
+    match key.split_once(':') {
+        Some(("header", name)) => Some((name.to_owned(), "demo".to_owned())),
+        Some(("cookie", name)) => Some(("cookie".to_owned(), format!("{name}=demo"))),
+        _ if key == "bearer" => Some(("authorization".to_owned(), "Bearer demo".to_owned())),
+        _ => None,
+    }
+}
+
+/// Requests to try on `config`'s rules, one per rule scope, each with what the rules make of it.
+/// A layer of the same file on a memory store of its own decides them, so the server's counts
+/// start untouched (called before the metrics recorder is installed, they count in no metric).
+pub(crate) async fn probes(config: &Config) -> Result<Vec<(Probe, String)>, ConfigFileError> {
+    let scratch = config.layer_with_store(MemoryStore::new())?;
+    let limiter = scratch.limiter();
+    let mut probes: Vec<Probe> = Vec::new();
+    for rule in limiter.rules_in_force() {
+        let probe = Probe::of(&rule);
+        if !probes.contains(&probe) {
+            probes.push(probe);
+        }
+    }
+    let mut told = Vec::new();
+    for probe in probes {
+        let told_of = match limiter.decide(&probe.request()).await {
+            Ok(Ruling::Decided { enforced, shadow }) => {
+                let mut names: Vec<String> = enforced
+                    .rules()
+                    .iter()
+                    .map(|r| r.rule().to_owned())
+                    .collect();
+                names.extend(
+                    shadow
+                        .rules()
+                        .iter()
+                        .map(|r| format!("{} (shadow)", r.rule())),
+                );
+                if names.is_empty() {
+                    "counted by no rule".to_owned()
+                } else {
+                    format!("counted by {}", names.join(", "))
+                }
+            }
+            Ok(Ruling::Allowed) => "on an allow list: not counted".to_owned(),
+            Ok(Ruling::Refused { status, reason, .. }) => format!("{status}: {reason}"),
+            Ok(_) | Err(_) => continue,
+        };
+        told.push((probe, told_of));
+    }
+    Ok(told)
+}
+
+/// The lines printed at start-up: `probes` as `curl` commands on `addr`, each followed by what
+/// the rules make of it, then the lines that hold for any file.
+pub(crate) fn try_lines(addr: SocketAddr, probes: &[(Probe, String)]) -> String {
+    let mut lines = Vec::new();
+    for (probe, told) in probes {
+        lines.push(probe.curl(addr));
+        lines.push(format!("# {told}"));
+    }
+    lines.extend([
+        format!(
+            "curl -i 'http://{addr}/any/path?status=401&delay=200ms&header=x-tokens-used:1200'"
+        ),
+        "# any method and path answers; the query shapes the answer".to_owned(),
+        format!("curl http://{addr}/metrics"),
+        format!("curl http://{addr}/_tollgate/top"),
+        "# the keys each rule denied most".to_owned(),
+    ]);
+    lines.iter().map(|line| format!("  {line}\n")).collect()
+}
+
 /// The value of `--config FILE` (or `--config=FILE`).
 fn config_path() -> Result<PathBuf, String> {
     let mut args = std::env::args().skip(1);
@@ -567,7 +720,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
     )?;
     tracing_subscriber::fmt().with_target(false).init();
-    // The recorder comes first: the layer registers its counters when it is built.
+    let probes = probes(&Config::read(&path)?).await?;
+    // The recorder comes next: the layer registers its counters when it is built.
     let metrics = PrometheusBuilder::new().install_recorder()?;
     let (limits, _watch) = load(&path).await?;
     let upkeep = metrics.clone();
@@ -589,12 +743,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     for name in limits.limiter().rule_names() {
         println!("  {name}");
     }
-    println!("listening on http://{addr}; any method and path answers, for example:");
-    println!("  curl -i http://{addr}/v1/items -H 'x-api-key: demo-free'");
-    println!("  curl -i -X POST 'http://{addr}/login?status=401'      # answer with 401");
-    println!("  curl -i 'http://{addr}/v1/chat?header=x-tokens-used:1200&delay=200ms'");
-    println!("  curl http://{addr}/metrics");
-    println!("  curl http://{addr}/_tollgate/top                      # keys denied most");
+    println!("listening on http://{addr}; try, with this file's rules:");
+    print!("{}", try_lines(addr, &probes));
     if let Some(settings) = admin_settings {
         let admin_listener = tokio::net::TcpListener::bind(&settings.addr).await?;
         println!(

@@ -66,7 +66,9 @@ cargo clippy -p tollgate-server --lib --no-default-features -- -D warnings
 # The integration tests include the fuzz corpora's replay and the quick soak. Every example of
 # examples/ is compiled into the integration tests (`#[path]`) and driven there, over a socket,
 # by a real client; as programs of their own they hold no test, so they are not linked again
-# here (clippy above compiles every one of them, the bench member's included).
+# here (clippy above compiles every one of them, the bench member's included). The quickstart is a
+# package of its own (examples/quickstart/, so that its first build skips the dev-dependencies):
+# `--bins` builds it, `tests/it/examples.rs` drives its app.
 step "tests (lib, bins, integration, the examples inside them; the bench member's benches once each)"
 cargo test --workspace --lib --bins --tests --benches --all-features
 

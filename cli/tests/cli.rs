@@ -1007,3 +1007,90 @@ fn replay_sends_each_line_as_descriptors_to_a_tollgate_server_configuration() {
         "expected KEY=SOURCE",
     );
 }
+
+/// The arguments of every `tollgate` command in the README's `sh` blocks, written as
+/// `cargo run --release -p tollgate-cli -- ARGS` or `tollgate ARGS` (lines joined at a final `\`).
+fn readme_commands(readme: &str) -> Vec<Vec<String>> {
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    let mut command = String::new();
+    for line in readme.lines() {
+        if !in_sh {
+            in_sh = line == "```sh";
+            continue;
+        }
+        if line.starts_with("```") {
+            in_sh = false;
+            continue;
+        }
+        command.push_str(line.trim());
+        if command.ends_with('\\') {
+            command.pop();
+            command.push(' ');
+            continue;
+        }
+        let args = command
+            .strip_prefix("cargo run --release -p tollgate-cli -- ")
+            .or_else(|| command.strip_prefix("tollgate "));
+        if let Some(args) = args {
+            // Split on spaces: the README's commands quote nothing.
+            assert!(!args.contains(['\'', '"', '$', '`']), "{command}");
+            commands.push(args.split_whitespace().map(str::to_owned).collect());
+        }
+        command.clear();
+    }
+    commands
+}
+
+/// The README's `tollgate` commands, run from the repository's root as a reader pastes them:
+/// every file they read ships with the repository (issue 39: `access.log`, `limits.toml`,
+/// `access.jsonl` and `ratelimit/config/` did not), and each exits 0 with output showing it did
+/// its work. `--report` writes into a temporary directory instead of the repository.
+#[test]
+fn the_readmes_commands_run_on_the_files_the_repository_ships() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let commands = readme_commands(&readme);
+    assert!(commands.len() >= 7, "{commands:?}");
+    let report = tempfile::tempdir().unwrap();
+    let mut subcommands = std::collections::BTreeSet::new();
+    for mut args in commands {
+        if let Some(at) = args.iter().position(|a| a == "--report") {
+            args[at + 1] = report.path().display().to_string();
+        }
+        let shown = format!("tollgate {}", args.join(" "));
+        let output = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .current_dir(root)
+            .args(&args)
+            .output()
+            .expect("the binary runs");
+        assert!(output.status.success(), "{shown}:\n{}", stderr(&output));
+        let text = stdout(&output);
+        match args[0].as_str() {
+            "check" => assert!(text.contains("OK"), "{shown}:\n{text}"),
+            "replay" if args.iter().any(|a| a == "--json") => {
+                let json: Value = serde_json::from_str(&text).expect("JSON on stdout");
+                let rules = json["rules"].as_array().unwrap();
+                assert!(!rules.is_empty(), "{shown}:\n{text}");
+                assert!(
+                    rules.iter().any(|r| r["denied"].as_u64() > Some(0)),
+                    "{shown}: nothing denied\n{text}"
+                );
+                // Every line of the shipped log is read.
+                assert!(json["lines"].as_u64() > Some(0), "{shown}:\n{text}");
+                let skipped = json["skipped"].as_object().unwrap();
+                assert!(skipped.values().all(|n| n == 0), "{shown}: {skipped:?}");
+            }
+            "replay" | "simulate" => assert!(text.contains("denied"), "{shown}:\n{text}"),
+            other => panic!("{shown}: an unexpected subcommand {other}"),
+        }
+        if args.iter().any(|a| a == "--report") {
+            assert!(report.path().join("index.html").is_file(), "{shown}");
+        }
+        subcommands.insert(args[0].clone());
+    }
+    assert_eq!(
+        subcommands.into_iter().collect::<Vec<_>>(),
+        ["check", "replay", "simulate"]
+    );
+}

@@ -1781,6 +1781,85 @@ async fn the_public_api_sample_serves_its_plans_and_metrics() {
     assert!(key.starts_with('#') && key.len() == 17, "{text}");
 }
 
+/// The method, path and headers of a `curl -i [-X METHOD] http://ADDR/PATH [-H 'NAME: VALUE']...`
+/// line.
+fn curl_request(line: &str, addr: SocketAddr) -> Request<axum::body::Body> {
+    let mut parts = line.split(" -H '");
+    let command = parts.next().unwrap();
+    let method = command.split_once(" -X ").map_or(Method::GET, |(_, rest)| {
+        rest.split(' ').next().unwrap().parse().unwrap()
+    });
+    let url = format!("http://{addr}");
+    let path = command
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix(&url))
+        .unwrap_or_else(|| panic!("no {url} in {line}"));
+    let headers: Vec<(&str, &str)> = parts
+        .map(|header| header.trim_end_matches('\'').split_once(": ").unwrap())
+        .collect();
+    app_request(method, path, &headers)
+}
+
+/// The sample server prints `curl` lines made from the file it loaded, each with the rules that
+/// count it (issue 39: it printed the public API sample's lines whatever file it loaded). Each
+/// line of two different files, sent to a server of that file, is counted by those rules.
+#[tokio::test]
+async fn the_sample_server_prints_lines_made_from_the_file_it_loaded() {
+    let addr: SocketAddr = "127.0.0.1:3000".parse().unwrap();
+    let mut texts = Vec::new();
+    for name in ["public_api.toml", "login_protection.yaml"] {
+        let config = Config::read(sample(name)).unwrap();
+        let probes = server::probes(&config).await.unwrap();
+        let text = server::try_lines(addr, &probes);
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let app = server::app(config.layer().unwrap(), recorder.handle());
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let mut tried = 0;
+        for pair in lines.windows(2) {
+            let Some(counted_by) = pair[1].strip_prefix("# counted by ") else {
+                continue;
+            };
+            let (status, body) = call(&app, curl_request(pair[0], addr)).await;
+            assert_eq!(status, StatusCode::OK, "{}: {body}", pair[0]);
+            // The answer lists the enforced rules that applied (`  NAME: N left`), or says none
+            // did.
+            let said: Vec<&str> = counted_by
+                .split(", ")
+                .filter(|rule| !rule.ends_with(" (shadow)"))
+                .collect();
+            let answered: Vec<&str> = match body.lines().nth(1) {
+                Some("  no rule applied") => Vec::new(),
+                _ => body
+                    .lines()
+                    .skip(1)
+                    .filter_map(|line| Some(line.trim().rsplit_once(": ")?.0))
+                    .collect(),
+            };
+            assert_eq!(answered, said, "{}: {body}\n{text}", pair[0]);
+            tried += 1;
+        }
+        assert!(tried >= 2, "{name}:\n{text}");
+        texts.push(text);
+    }
+    let [public_api, login] = &texts[..] else {
+        unreachable!()
+    };
+    assert!(
+        public_api.contains("curl -i http://127.0.0.1:3000/v1/demo -H 'x-api-key: demo'\n"),
+        "{public_api}"
+    );
+    assert!(
+        public_api.contains("# counted by per-ip, api:free, daily, exports\n"),
+        "{public_api}"
+    );
+    assert!(
+        login.contains("curl -i -X POST http://127.0.0.1:3000/login\n"),
+        "{login}"
+    );
+    assert!(login.contains("password-reset (shadow)"), "{login}");
+    assert!(!login.contains("x-api-key"), "{login}");
+}
+
 /// `/_tollgate/top` lists each rule's most denied keys with their counts, and `/metrics` the
 /// utilisation gauge it reads.
 #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@
 mod bad_input;
 mod numbers;
 mod operations;
+mod readme;
 mod redis;
 mod reload;
 mod support;

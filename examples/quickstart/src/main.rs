@@ -2,10 +2,11 @@
 //! to `/expensive`.
 //!
 //! ```text
-//! cargo run --example quickstart
+//! cargo run -p quickstart
 //! ```
 //!
-//! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and prints `curl` lines to try.
+//! It listens on `127.0.0.1:3000` (set `ADDR` to change that) and prints `curl` lines to try, in
+//! order: each comment says what that line answers when the lines are run one after the other.
 
 use std::net::SocketAddr;
 
@@ -31,15 +32,33 @@ pub(crate) fn app() -> Router {
         .route_layer(limits)
 }
 
+/// The `curl` lines printed at start-up, each followed by what it answers when they are run in
+/// this order (`tests/it/examples.rs` runs them so). A token bucket of 10 a minute gives one
+/// unit back every 6 s, one of 2 a minute every 30 s: a slower hand sees a few more 200s.
+pub(crate) fn try_these(addr: SocketAddr) -> String {
+    let codes = "curl -s -o /dev/null -w '%{http_code} '";
+    format!(
+        "\
+  curl -i http://{addr}/
+  # 200; RateLimit-Policy: \"per-ip\";q=10;w=60 and RateLimit: \"per-ip\";r=9;t=6
+  for i in 1 2; do {codes} http://{addr}/expensive; done; echo
+  # 200 200: /expensive takes 2 a minute, and each call pays per-ip too
+  curl -i http://{addr}/expensive; echo
+  # 429 (within 30 s): Retry-After, a problem+json body naming \"expensive\"; per-ip not charged
+  for i in $(seq 12); do {codes} http://{addr}/; done; echo
+  # 200 200 200 200 200 200 200 429 429 429 429 429: 10 a minute per IP, 3 spent above, one
+  # back every 6 s
+"
+    )
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    println!("listening on http://{addr}; try:");
-    println!("  curl -i http://{addr}/            # RateLimit-Policy and RateLimit headers");
-    println!("  for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' http://{addr}/; done; echo");
-    println!("  curl -i http://{addr}/expensive   # the third call within a minute gets 429");
+    println!("listening on http://{addr}; try, in this order:");
+    print!("{}", try_these(addr));
     // `Key::peer_ip()` counts by the TCP peer, which axum hands over as `ConnectInfo<SocketAddr>`.
     let app = app().into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app).await
