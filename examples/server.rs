@@ -753,15 +753,54 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         );
         println!("  GET /_tollgate/blocks/RULE, GET and DELETE /_tollgate/blocks/RULE/KEY");
         let router = admin(limits.limiter().clone(), &settings.token);
-        tokio::spawn(async move {
-            if let Err(error) = axum::serve(admin_listener, router).await {
-                eprintln!("error: admin API: {error}");
+        tokio::spawn(serve(admin_listener, router, CLIENT_HEADER_TIMEOUT));
+    }
+    serve(listener, app(limits, metrics), CLIENT_HEADER_TIMEOUT).await;
+    Ok(())
+}
+
+/// How long a client has to send a whole request head; then its connection is closed.
+const CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections open at once; one more is closed as soon as it is accepted.
+const MAX_CONNECTIONS: usize = 10_000;
+
+/// Serves `app` over HTTP/1 with the peer address the keys read. Unlike `axum::serve`, a client
+/// must send each request head whole within `header_timeout` and at most [`MAX_CONNECTIONS`]
+/// are open, so connections that trickle bytes or say nothing (slowloris) hold nothing for
+/// long: rate limits count requests, and these never become one.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let open = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, most often: try again in a moment.
+                eprintln!("warning: accept: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            continue; // dropped: closed at once
+        };
+        let app = app
+            .clone()
+            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let service = hyper_util::service::TowerToHyperService::new(app);
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            let _open = permit;
+            let _ = connection.await;
         });
     }
-    let app = app(limits, metrics).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app).await?;
-    Ok(())
 }
 
 #[tokio::main]

@@ -2044,3 +2044,53 @@ async fn the_server_example_serves_the_redis_sample_through_redis() {
     }
     assert!(redis.command_calls("evalsha") > 0, "decided in Redis");
 }
+
+/// The `server` sample over a real socket: requests are served with the peer's address (the
+/// per-IP rule reads it), and a connection that trickles a request head or sends nothing is
+/// closed once its time is up (slowloris holds nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_sample_closes_slow_and_silent_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let limits = Config::read(sample("public_api.toml"))
+        .and_then(|config| config.layer())
+        .unwrap();
+    let app = server::app(limits, recorder.handle());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(server::serve(listener, app, Duration::from_millis(200)));
+
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut trickling = tokio::net::TcpStream::connect(addr).await.unwrap();
+    trickling
+        .write_all(b"GET /v1/items HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(b"GET /v1/items HTTP/1.1\r\nHost: x\r\nx-api-key: demo-free\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("ratelimit: \"per-ip\""),
+        "{answer}"
+    );
+
+    for stream in [&mut silent, &mut trickling] {
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "a silent connection stayed open");
+        // Closed without a response: no request ever came.
+        assert!(
+            !String::from_utf8_lossy(&rest).contains(" 200 "),
+            "{rest:?}"
+        );
+    }
+}
