@@ -14,3 +14,5 @@ pub mod unit;
 
 #[cfg(feature = "service")]
 pub mod service;
+#[cfg(feature = "service")]
+pub mod settings;

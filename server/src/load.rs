@@ -65,6 +65,35 @@ pub enum StoreFailure {
 }
 
 impl Loaded {
+    /// Nothing configured yet, served by `source`'s store when it names one (the reference's
+    /// variables do), else in memory: what a server forced to start without its configuration
+    /// holds until the configuration can be read.
+    pub fn nothing(source: &Source) -> Loaded {
+        let mut file = Map::new();
+        if let Source::Runtime { store, .. } = source {
+            file.insert("store".to_owned(), store.clone());
+        }
+        let built = finish(
+            Domains::default(),
+            LibraryRules::default(),
+            file.clone(),
+            source.path(),
+        );
+        match built {
+            Ok((loaded, _)) => loaded,
+            // A store table the library refuses is refused again, with its reason, when the
+            // configuration is read; meanwhile, memory.
+            Err(_) => finish(
+                Domains::default(),
+                LibraryRules::default(),
+                Map::new(),
+                source.path(),
+            )
+            .map(|(loaded, _)| loaded)
+            .expect("an empty configuration in memory is valid"),
+        }
+    }
+
     /// Whether nothing is configured: no domain, so every call is answered OK with no limit.
     pub fn is_empty(&self) -> bool {
         self.domains.names().next().is_none()
@@ -108,10 +137,133 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     })?;
     let value = parse_value(path, format, &text)?;
     if format == ConfigFormat::Yaml && reference::looks_like_reference(&value) {
-        reference::read(path, &text, &mut domains, &mut rules)?;
+        reference::read(path, &text, &mut domains, &mut rules, false)?;
         return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
     }
     own(path, (format, &text), value, domains, rules)
+}
+
+/// The reference's configuration directory, as a Kubernetes ConfigMap volume lays it out:
+/// every `*.yaml` (and `*.yml`) under it, in subdirectories too, symlinks followed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeDir {
+    /// The directory: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`.
+    pub dir: PathBuf,
+    /// Skip files and directories whose name starts with `.` (`RUNTIME_IGNOREDOTFILES`: a
+    /// ConfigMap volume's `..data` and `..2024_…` hold the same files again).
+    pub ignore_dotfiles: bool,
+    /// Files naming one domain are merged rather than refused (`MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
+}
+
+/// Where a server's configuration comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// `--config PATH`: a reference file, a directory of them, or tollgate's own file.
+    Path(PathBuf),
+    /// The reference's variables: its runtime directory, and the store they name.
+    Runtime {
+        /// The directory and how it is read.
+        dir: RuntimeDir,
+        /// The library's `[store]` table.
+        store: Value,
+    },
+}
+
+impl Source {
+    /// The configuration, read and checked whole.
+    pub fn load(&self) -> Result<Loaded, Error> {
+        match self {
+            Source::Path(path) => load(path),
+            Source::Runtime { dir, store } => load_runtime(dir, store),
+        }
+    }
+
+    /// The files read now, with their content: what a reload compares.
+    pub fn fingerprint(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        match self {
+            Source::Path(path) => fingerprint(path),
+            Source::Runtime { dir, .. } => runtime_fingerprint(dir),
+        }
+    }
+
+    /// The file or directory errors are about.
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Path(path) => path,
+            Source::Runtime { dir, .. } => &dir.dir,
+        }
+    }
+}
+
+/// Reads the reference files of `runtime`, served by the library's store `store` (its
+/// `[store]` table, from the reference's variables).
+pub fn load_runtime(runtime: &RuntimeDir, store: &Value) -> Result<Loaded, Error> {
+    let mut domains = Domains::default();
+    let mut rules = LibraryRules::default();
+    for file in runtime_files(runtime)? {
+        let text = read_text(&file)?;
+        reference::read(
+            &file,
+            &text,
+            &mut domains,
+            &mut rules,
+            runtime.merge_domains,
+        )?;
+    }
+    let mut file = Map::new();
+    file.insert("store".to_owned(), store.clone());
+    finish(domains, rules, file, &runtime.dir).map(|(loaded, _)| loaded)
+}
+
+/// The files of `runtime` with their content, for reloads to compare.
+pub fn runtime_fingerprint(runtime: &RuntimeDir) -> Vec<(PathBuf, Vec<u8>)> {
+    runtime_files(runtime)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|file| {
+            let content = std::fs::read(&file).unwrap_or_default();
+            (file, content)
+        })
+        .collect()
+}
+
+/// The `*.yaml` and `*.yml` files under `runtime.dir`, in path order.
+fn runtime_files(runtime: &RuntimeDir) -> Result<Vec<PathBuf>, Error> {
+    fn walk(
+        dir: &Path,
+        ignore_dotfiles: bool,
+        files: &mut Vec<PathBuf>,
+        depth: usize,
+    ) -> std::io::Result<()> {
+        // A ConfigMap volume is two levels deep; a symlink loop ends here.
+        if depth > 16 {
+            return Ok(());
+        }
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            let hidden = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with('.'));
+            if hidden && ignore_dotfiles {
+                continue;
+            }
+            // `is_dir` and `is_file` follow symlinks: a ConfigMap's files are links into
+            // `..data`.
+            if path.is_dir() {
+                walk(&path, ignore_dotfiles, files, depth + 1)?;
+            } else if path.is_file() && ConfigFormat::from_path(&path) == Some(ConfigFormat::Yaml) {
+                files.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(&runtime.dir, runtime.ignore_dotfiles, &mut files, 0)
+        .map_err(|error| Error(format!("{}: {error}", runtime.dir.display())))?;
+    files.sort();
+    Ok(files)
 }
 
 /// Whether `path` is a configuration of tollgate-server's rather than a plain one of the library:
@@ -217,7 +369,7 @@ fn read_reference_dir(
     rules: &mut LibraryRules,
 ) -> Result<(), Error> {
     for file in reference_files(dir)? {
-        reference::read(&file, &read_text(&file)?, domains, rules)?;
+        reference::read(&file, &read_text(&file)?, domains, rules, false)?;
     }
     Ok(())
 }
@@ -292,7 +444,13 @@ fn own(
         if included.is_dir() {
             read_reference_dir(included, &mut domains, &mut rules)?;
         } else {
-            reference::read(included, &read_text(included)?, &mut domains, &mut rules)?;
+            reference::read(
+                included,
+                &read_text(included)?,
+                &mut domains,
+                &mut rules,
+                false,
+            )?;
         }
     }
     if domains.contains(&domain) {

@@ -6,24 +6,30 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tollgate_server::service::Limits;
+use tollgate_server::load::Source;
+use tollgate_server::service::{Limits, Settings};
+use tollgate_server::settings;
 
 /// The rate-limit service of Envoy, Istio and every client of
 /// `envoy.service.ratelimit.v3.RateLimitService`, on tollgate's engine.
+///
+/// Without `--config`, it is configured as envoyproxy/ratelimit is, by the environment (below):
+/// a Deployment written for the reference runs it unchanged. Flags given win over variables.
 #[derive(Debug, Parser)]
-#[command(name = "tollgate-server", version)]
+#[command(name = "tollgate-server", version, after_help = environment_help())]
 struct Args {
     /// The configuration: a reference-service YAML file, a directory of them, or tollgate's own
     /// file (TOML or YAML) with a `domain` and a `descriptors` match per rule. Reloaded when it
-    /// changes.
+    /// changes. Without it, the reference's variables say where the configuration is.
     #[arg(long, value_name = "FILE")]
-    config: PathBuf,
-    /// Where gRPC (RateLimitService and grpc.health.v1.Health) is served.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8081")]
-    grpc_addr: SocketAddr,
-    /// Where HTTP (/healthcheck, /metrics) is served.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
-    http_addr: SocketAddr,
+    config: Option<PathBuf>,
+    /// Where gRPC (RateLimitService and grpc.health.v1.Health) is served [default: 0.0.0.0:8081,
+    /// or GRPC_HOST:GRPC_PORT].
+    #[arg(long, value_name = "ADDR")]
+    grpc_addr: Option<SocketAddr>,
+    /// Where HTTP (/healthcheck, /metrics) is served [default: 0.0.0.0:8080, or HOST:PORT].
+    #[arg(long, value_name = "ADDR")]
+    http_addr: Option<SocketAddr>,
     /// How often the configuration's files are checked for changes, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     reload_interval_ms: u64,
@@ -40,21 +46,81 @@ struct Args {
     header_read_timeout_ms: u64,
 }
 
+/// The variables read without `--config`, for `--help`.
+fn environment_help() -> String {
+    let mut help = String::from(
+        "Environment (read when --config is not given; envoyproxy/ratelimit's names and defaults; \
+         every other variable of the reference is named once at start-up with what tollgate-server \
+         does with it):\n",
+    );
+    for (name, meaning) in settings::READ {
+        help.push_str(&format!("  {name:<36} {meaning}\n"));
+    }
+    help
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
+    let from_env = match args.config {
+        Some(_) => None,
+        None => match settings::read(std::env::vars()) {
+            Ok(from_env) => Some(from_env),
+            Err(error) => {
+                eprintln!("tollgate-server: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let (level, json) = from_env
+        .as_ref()
+        .map_or((tracing::Level::INFO, false), |env| {
+            (env.log_level, env.log_json)
+        });
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .init();
-    let settings = tollgate_server::service::Settings {
-        config: args.config,
-        grpc_addr: args.grpc_addr,
-        http_addr: args.http_addr,
+        .with_max_level(level);
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    let settings = match (args.config, from_env) {
+        (Some(path), _) => Settings {
+            config: Source::Path(path),
+            force_start: false,
+            grpc_tls: None,
+            grpc_addr: args.grpc_addr.unwrap_or(([0, 0, 0, 0], 8081).into()),
+            http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
+            reload_interval: Duration::ZERO,
+            connections: Limits::default(),
+        },
+        (None, Some(env)) => {
+            for notice in &env.notices {
+                tracing::warn!("{notice}");
+            }
+            Settings {
+                config: Source::Runtime {
+                    dir: env.runtime,
+                    store: env.store,
+                },
+                force_start: env.force_start,
+                grpc_tls: env.grpc_tls,
+                grpc_addr: args.grpc_addr.unwrap_or(env.grpc_addr),
+                http_addr: args.http_addr.unwrap_or(env.http_addr),
+                reload_interval: Duration::ZERO,
+                connections: Limits::default(),
+            }
+        }
+        (None, None) => unreachable!("the environment is read when --config is not given"),
+    };
+    let settings = Settings {
         reload_interval: Duration::from_millis(args.reload_interval_ms.max(1)),
         connections: Limits {
             max_connections: args.max_connections as usize,
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         },
+        ..settings
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

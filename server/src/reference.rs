@@ -78,19 +78,21 @@ pub(crate) fn looks_like_reference(value: &serde_json::Value) -> bool {
 }
 
 /// Reads the reference file `text` (from `path`) into `domains`, adding a library rule to
-/// `rules` for each counted limit.
+/// `rules` for each counted limit. A domain another file configured is refused, or with
+/// `merge` (the reference's `MERGE_DOMAIN_CONFIG`) its descriptors join that domain's.
 pub(crate) fn read(
     path: &Path,
     text: &str,
     domains: &mut Domains,
     rules: &mut LibraryRules,
+    merge: bool,
 ) -> Result<(), Error> {
     let file: File = yaml_serde::from_str(text).map_err(|error| yaml_error(path, &error))?;
     let fail = |message: String| placed_error(path, ConfigFormat::Yaml, text, &message);
     if file.domain.is_empty() {
         return Err(fail("domain: is empty".into()));
     }
-    if domains.contains(&file.domain) {
+    if domains.contains(&file.domain) && !merge {
         return Err(fail(format!(
             "domain: {:?} is configured twice (each domain lives in one file)",
             file.domain
@@ -119,8 +121,8 @@ impl Walk<'_> {
         parent: Option<&str>,
     ) -> Result<(), String> {
         // The reference's own check: one key and value once per level (`a_b` alone and `a`
-        // with the value `b` are two descriptors, although their statistics keys read alike).
-        let mut seen = std::collections::HashSet::new();
+        // with the value `b` are two descriptors, although their statistics keys read alike),
+        // across the files of a merged domain too.
         for (i, descriptor) in descriptors.iter().enumerate() {
             let at = format!("{at}[{i}]");
             if descriptor.key.is_empty() {
@@ -130,7 +132,7 @@ impl Walk<'_> {
                 Some(value) => format!("{}_{value}", descriptor.key),
                 None => descriptor.key.clone(),
             };
-            if !seen.insert((&descriptor.key, &descriptor.value)) {
+            if node.has_child(&descriptor.key, descriptor.value.as_deref()) {
                 return Err(format!(
                     "{at}: duplicate descriptor {level:?} at this level"
                 ));

@@ -303,6 +303,18 @@ impl Node {
         }
     }
 
+    /// Whether a child for a configured `key` and optional `value` exists.
+    pub(crate) fn has_child(&self, key: &str, value: Option<&str>) -> bool {
+        match value {
+            None => self.any_value.contains_key(key),
+            Some(value) if value.contains('*') => self
+                .wildcard
+                .iter()
+                .any(|(k, p, _)| k == key && p.0 == value),
+            Some(value) => self.exact.get(key).is_some_and(|v| v.contains_key(value)),
+        }
+    }
+
     fn collect<'t>(&'t self, limits: &mut Vec<&'t LimitSpec>) {
         limits.extend(self.limit.as_ref());
         let exact = self.exact.values().flat_map(HashMap::values);

@@ -1032,6 +1032,9 @@ async fn redis_store(
     if let Some(lease) = spec.lease {
         builder = builder.lease(lease.0);
     }
+    if let Some(prefix) = &spec.prefix {
+        builder = builder.prefix(prefix.clone());
+    }
     #[cfg(feature = "redis-tls")]
     {
         let read = |field: &'static str, path: &std::path::Path| {

@@ -55,6 +55,9 @@ pub(crate) struct StoreSpec {
     pub(crate) timeout: Option<HumanDuration>,
     /// Redis: how long a concurrency slot's lease lives unless renewed.
     pub(crate) lease: Option<HumanDuration>,
+    /// Redis: put before every key the store writes (several apps or environments on one
+    /// Redis).
+    pub(crate) prefix: Option<String>,
     pub(crate) on_failure: Option<OnFailure>,
     /// Redis over TLS (`rediss://`): a certificate authority to trust instead of the system's.
     pub(crate) ca_file: Option<std::path::PathBuf>,

@@ -12,7 +12,6 @@ mod reload;
 mod stats;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,14 +23,20 @@ pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 pub use stats::{Stats, MAX_SERIES};
 
-use crate::load::{self, StoreFailure};
+use crate::load::{self, Source, StoreFailure};
+use crate::settings::TlsFiles;
 use crate::tree::Domains;
 
 /// What the server was started with.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// The configuration: a file, or a directory of reference files.
-    pub config: PathBuf,
+    /// Where the configuration comes from.
+    pub config: Source,
+    /// Serve (healthy, with no limits) although the first configuration cannot be read; it
+    /// takes over once it can (`FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub force_start: bool,
+    /// TLS on the gRPC port (`GRPC_SERVER_USE_TLS`).
+    pub grpc_tls: Option<TlsFiles>,
     /// Where gRPC is served.
     pub grpc_addr: SocketAddr,
     /// Where `/healthcheck` and `/metrics` are served.
@@ -75,20 +80,34 @@ impl std::error::Error for StartError {}
 pub async fn run(settings: Settings) -> Result<(), StartError> {
     // The files' content is taken before they are read: a change in between is then seen by
     // the first comparison, never mistaken for the content in force.
-    let in_force = load::fingerprint(&settings.config);
-    let loaded = load::load(&settings.config).map_err(|e| StartError(e.to_string()))?;
+    let config_path = settings.config.path().to_owned();
+    let mut in_force = settings.config.fingerprint();
+    let loaded = match settings.config.load() {
+        Ok(loaded) => loaded,
+        Err(error) if settings.force_start => {
+            // Serve with nothing configured; the first readable configuration takes over.
+            tracing::warn!(
+                %error,
+                "no configuration yet (FORCE_START_WITHOUT_INITIAL_CONFIG): every call is \
+                 answered OK until one can be read"
+            );
+            in_force.clear();
+            load::Loaded::nothing(&settings.config)
+        }
+        Err(error) => return Err(StartError(error.to_string())),
+    };
     if loaded.is_empty() {
         // It serves (a ConfigMap may be filled later; a reload then takes it), but says so.
         tracing::warn!(
             "{}: every call is answered OK until one is added",
-            load::nothing_configured(&settings.config)
+            load::nothing_configured(&config_path)
         );
     }
     let layer = loaded
         .config
         .connect()
         .await
-        .map_err(|e| StartError(load::library_error(&settings.config, &e).to_string()))?;
+        .map_err(|e| StartError(load::library_error(&config_path, &e).to_string()))?;
     let grpc_listener = bind(settings.grpc_addr, "gRPC").await?;
     let http_listener = bind(settings.http_addr, "HTTP").await?;
     let state = Arc::new(State {
@@ -109,7 +128,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
-        config = %settings.config.display(),
+        config = %config_path.display(),
         domains = ?domain_names(&state),
         "tollgate-server: serving"
     );

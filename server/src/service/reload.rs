@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Current, State};
-use crate::load;
+use crate::load::{self, Source};
 
 /// Watches `path`, whose configuration in force was read from `in_force`, until `stop` turns
 /// true.
 pub(crate) async fn watch(
     state: Arc<State>,
-    path: PathBuf,
+    source: Source,
     mut in_force: Vec<(PathBuf, Vec<u8>)>,
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -26,15 +26,15 @@ pub(crate) async fn watch(
             _ = ticker.tick() => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
-        let now = load::fingerprint(&path);
+        let now = source.fingerprint();
         if now == in_force {
             continue;
         }
         in_force = now;
-        match reload(&state, &path) {
+        match reload(&state, &source) {
             Ok(()) => {
                 state.stats.reload(true);
-                tracing::info!(config = %path.display(), "configuration reloaded");
+                tracing::info!(config = %source.path().display(), "configuration reloaded");
             }
             Err(error) => {
                 state.stats.reload(false);
@@ -44,8 +44,9 @@ pub(crate) async fn watch(
     }
 }
 
-fn reload(state: &State, path: &std::path::Path) -> Result<(), String> {
-    let loaded = load::load(path).map_err(|e| e.to_string())?;
+fn reload(state: &State, source: &Source) -> Result<(), String> {
+    let path = source.path();
+    let loaded = source.load().map_err(|e| e.to_string())?;
     // Files emptied or removed under a running server (a ConfigMap swapped badly) are a
     // mistake far more often than a wish to lift every limit: the limits in force stay.
     if loaded.is_empty() && state.current.load().domains.names().next().is_some() {

@@ -6,9 +6,12 @@
 #![allow(unreachable_pub)]
 
 mod bad_input;
+mod environment;
 mod numbers;
 mod operations;
 mod readme;
 mod redis;
+#[path = "../../../tests/support/redis_server.rs"]
+mod redis_server;
 mod reload;
 mod support;

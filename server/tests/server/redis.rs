@@ -1,11 +1,9 @@
 //! Two server processes sharing one real redis-server share one set of limits, exactly.
 
-#[path = "../../../tests/support/redis_server.rs"]
-mod redis_server;
-
 use tollgate_server::service::protocol::code;
 
 use crate::numbers::REFERENCE;
+use crate::redis_server;
 use crate::support::{ConfigDir, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,12 +39,30 @@ impl Server {
     }
 
     pub fn start_with(config: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(BINARY)
+        let mut command = Command::new(BINARY);
+        command
             .arg("--config")
             .arg(config)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval-ms", "50"])
-            .args(extra)
+            .args(extra);
+        Server::spawn(command)
+    }
+
+    /// Starts a server with no flags but the reload interval, configured by `env` alone (the
+    /// reference's variables) in an otherwise empty environment.
+    pub fn start_env(env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(BINARY);
+        command
+            .env_clear()
+            .envs(env.iter().copied())
+            .args(["--reload-interval-ms", "50"]);
+        Server::spawn(command)
+    }
+
+    /// Starts `command` and waits (bounded) until it says where it serves.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -172,8 +190,20 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
 
 /// Runs the binary to completion (for the start-up failures): its status and stderr.
 pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
-    let mut child = Command::new(BINARY)
-        .args(args)
+    let mut command = Command::new(BINARY);
+    command.args(args);
+    run_command_to_exit(command)
+}
+
+/// Runs the binary with no flags and only `env` to completion: its status and stderr.
+pub fn run_to_exit_env(env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut command = Command::new(BINARY);
+    command.env_clear().envs(env.iter().copied());
+    run_command_to_exit(command)
+}
+
+fn run_command_to_exit(mut command: Command) -> (ExitStatus, String) {
+    let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

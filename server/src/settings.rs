@@ -1,0 +1,748 @@
+//! The reference service's environment (envoyproxy/ratelimit's variables) into tollgate-server's
+//! settings: what a Deployment written for the reference (Istio's sample, Envoy Gateway's) sets
+//! is read with the reference's names, defaults and meaning, so changing the image is the whole
+//! migration. Flags, when given, win (the binary applies them over what this returns).
+//!
+//! Every variable the reference defines is known here: read and honoured, or named once at
+//! start-up as meaningless here or not supported (never silently ignored). A value that cannot
+//! be read stops the start, naming the variable.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+pub use crate::load::RuntimeDir;
+
+/// The settings the environment gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FromEnvironment {
+    /// Where HTTP (`/healthcheck`, `/metrics`) is served: `HOST`:`PORT`.
+    pub http_addr: SocketAddr,
+    /// Where gRPC is served: `GRPC_HOST`:`GRPC_PORT`.
+    pub grpc_addr: SocketAddr,
+    /// The configuration's directory and how it is read.
+    pub runtime: RuntimeDir,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: serve (healthy, no limits) although the first
+    /// configuration cannot be read, and take it when it can.
+    pub force_start: bool,
+    /// The store the reference's variables name (`BACKEND_TYPE`, `REDIS_*`,
+    /// `CACHE_KEY_PREFIX`), as the library's `[store]` table.
+    pub store: Value,
+    /// `LOG_LEVEL`.
+    pub log_level: tracing::Level,
+    /// `LOG_FORMAT`: `json` (else text).
+    pub log_json: bool,
+    /// `TLS on the gRPC port`: `GRPC_SERVER_USE_TLS` with its certificate and key, and
+    /// `GRPC_CLIENT_TLS_CACERT` (+ `GRPC_CLIENT_TLS_SAN`) for client certificates.
+    pub grpc_tls: Option<TlsFiles>,
+    /// Variables that are set and that tollgate-server does not act on, each with why: said
+    /// once at start-up.
+    pub notices: Vec<String>,
+}
+
+/// The certificate files of a TLS listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// Client certificates are required and must chain to this CA (PEM): mutual TLS.
+    pub client_ca: Option<PathBuf>,
+    /// A client certificate must also name this SAN (DNS name).
+    pub client_san: Option<String>,
+}
+
+/// A variable whose value cannot be used: the start stops, naming it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingsError(pub String);
+
+impl std::fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+/// What tollgate-server does with each variable the reference defines but does not act on here.
+/// (The ones it reads are handled by [`read`].)
+const NOT_ACTED_ON: &[(&str, &str)] = &[
+    (
+        "DEBUG_HOST",
+        "there is no debug listener; /metrics and /healthcheck are on HOST:PORT",
+    ),
+    (
+        "DEBUG_PORT",
+        "there is no debug listener; /metrics and /healthcheck are on HOST:PORT",
+    ),
+    (
+        "GRPC_UDS",
+        "not supported: gRPC is served on GRPC_HOST:GRPC_PORT",
+    ),
+    (
+        "GRPC_MAX_CONNECTION_AGE",
+        "not supported yet: connections live until the client closes them",
+    ),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", "not supported yet"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "xDS is not supported yet"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "xDS is not supported yet"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "xDS is not supported yet"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "xDS is not supported yet",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "xDS is not supported yet",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "xDS is not supported yet"),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "xDS is not supported yet",
+    ),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "xDS is not supported yet"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "xDS is not supported yet",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xDS is not supported yet"),
+    (
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "xDS is not supported yet",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "xDS is not supported yet",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "xDS is not supported yet",
+    ),
+    ("XDS_CLIENT_BACKOFF_JITTER", "xDS is not supported yet"),
+    (
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        "xDS is not supported yet",
+    ),
+    (
+        "USE_DOG_STATSD",
+        "not supported: statistics are on /metrics (Prometheus)",
+    ),
+    ("USE_DOG_STATSD_MOGRIFIERS", "not supported"),
+    (
+        "USE_STATSD",
+        "statsd is not supported yet: statistics are on /metrics (Prometheus)",
+    ),
+    ("STATSD_HOST", "statsd is not supported yet"),
+    ("STATSD_PORT", "statsd is not supported yet"),
+    ("EXTRA_TAGS", "statsd is not supported yet"),
+    ("STATS_FLUSH_INTERVAL", "statsd is not supported yet"),
+    (
+        "DISABLE_STATS",
+        "not supported: statistics are always counted",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "not supported yet: /metrics is served on HOST:PORT",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "not supported yet: /metrics is served on HOST:PORT",
+    ),
+    ("PROMETHEUS_PATH", "not supported yet: the path is /metrics"),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "not supported yet: /metrics has the reference's mapped names",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "not supported yet",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "meaningless here: every key expires exactly when its state equals a new key's",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "meaningless here: the Redis store caches its denials by itself",
+    ),
+    (
+        "NEAR_LIMIT_RATIO",
+        "not supported yet: near_limit counts a remaining of at most a fifth",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "meaningless here: a request over any limit charges nothing, always",
+    ),
+    (
+        "LIMIT_RESPONSE_HEADERS_ENABLED",
+        "not supported yet: answers carry the draft-11 RateLimit fields",
+    ),
+    ("LIMIT_LIMIT_HEADER", "not supported yet"),
+    ("LIMIT_REMAINING_HEADER", "not supported yet"),
+    ("LIMIT_RESET_HEADER", "not supported yet"),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "not supported yet: healthy once serving",
+    ),
+    (
+        "REDIS_POOL_SIZE",
+        "meaningless here: one multiplexed connection carries every call",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "meaningless here: calls are multiplexed on one connection",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "meaningless here: calls are multiplexed on one connection",
+    ),
+    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", "meaningless here"),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "meaningless here: a circuit breaker probes the store",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "meaningless here: there is no pool",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "meaningless here: the store connects when first asked",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "meaningless here: the store connects when first asked",
+    ),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        "meaningless here: the store connects when first asked",
+    ),
+    (
+        "REDIS_TLS_CLIENT_CERT",
+        "not supported yet from the environment: use tollgate's own file's [store]",
+    ),
+    (
+        "REDIS_TLS_CLIENT_KEY",
+        "not supported yet from the environment: use tollgate's own file's [store]",
+    ),
+    (
+        "REDIS_TLS_CACERT",
+        "not supported yet from the environment: use tollgate's own file's [store]",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "not supported: hostnames are verified",
+    ),
+    ("REDIS_SENTINEL_AUTH", "not supported yet"),
+    (
+        "REDIS_PERSECOND",
+        "meaningless here: one store holds every limit",
+    ),
+    (
+        "REDIS_PERSECOND_SOCKET_TYPE",
+        "meaningless here: one store holds every limit",
+    ),
+    (
+        "REDIS_PERSECOND_TYPE",
+        "meaningless here: one store holds every limit",
+    ),
+    (
+        "REDIS_PERSECOND_URL",
+        "meaningless here: one store holds every limit",
+    ),
+    ("REDIS_PERSECOND_POOL_SIZE", "meaningless here"),
+    ("REDIS_PERSECOND_AUTH", "meaningless here"),
+    ("REDIS_PERSECOND_TLS", "meaningless here"),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", "meaningless here"),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", "meaningless here"),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", "meaningless here"),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "meaningless here",
+    ),
+    ("REDIS_PERSECOND_TIMEOUT", "meaningless here"),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "meaningless here"),
+    (
+        "MEMCACHE_HOST_PORT",
+        "not supported: BACKEND_TYPE is redis or memory",
+    ),
+    (
+        "MEMCACHE_MAX_IDLE_CONNS",
+        "not supported: BACKEND_TYPE is redis or memory",
+    ),
+    (
+        "MEMCACHE_SRV",
+        "not supported: BACKEND_TYPE is redis or memory",
+    ),
+    (
+        "MEMCACHE_SRV_REFRESH",
+        "not supported: BACKEND_TYPE is redis or memory",
+    ),
+    (
+        "MEMCACHE_TLS",
+        "not supported: BACKEND_TYPE is redis or memory",
+    ),
+    ("MEMCACHE_TLS_CLIENT_CERT", "not supported"),
+    ("MEMCACHE_TLS_CLIENT_KEY", "not supported"),
+    ("MEMCACHE_TLS_CACERT", "not supported"),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "not supported"),
+    (
+        "SHADOW_MODE",
+        "not supported yet: mark limits with shadow_mode",
+    ),
+    ("QUOTA_MODE", "not supported yet"),
+    ("RESPONSE_DYNAMIC_METADATA", "not supported yet"),
+    (
+        "TRACING_ENABLED",
+        "not supported: tollgate-server writes logs, not traces",
+    ),
+    ("TRACING_SERVICE_NAME", "not supported"),
+    ("TRACING_SERVICE_NAMESPACE", "not supported"),
+    ("TRACING_SERVICE_INSTANCE_ID", "not supported"),
+    ("TRACING_EXPORTER_PROTOCOL", "not supported"),
+    ("TRACING_SAMPLING_RATE", "not supported"),
+];
+
+/// Every variable read here, with its default (what `--help` lists).
+pub const READ: &[(&str, &str)] = &[
+    ("HOST", "0.0.0.0: where /healthcheck and /metrics are served"),
+    ("PORT", "8080"),
+    ("GRPC_HOST", "0.0.0.0: where RateLimitService is served"),
+    ("GRPC_PORT", "8081"),
+    ("LOG_LEVEL", "info: debug, info, warn or error"),
+    ("LOG_FORMAT", "text: text or json"),
+    ("CONFIG_TYPE", "FILE (GRPC_XDS_SOTW is not supported yet)"),
+    ("RUNTIME_ROOT", "/srv/runtime_data/current"),
+    ("RUNTIME_SUBDIRECTORY", "(empty)"),
+    ("RUNTIME_APPDIRECTORY", "config: the configuration is every *.yaml under ROOT/SUBDIRECTORY/APPDIRECTORY"),
+    ("RUNTIME_IGNOREDOTFILES", "false: skip names starting with a dot (set it for ConfigMap volumes)"),
+    ("RUNTIME_WATCH_ROOT", "true: either way the directory is read and reloaded alike"),
+    ("MERGE_DOMAIN_CONFIG", "false: files naming one domain are merged instead of refused"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "false: serve, with no limits, although no configuration can be read yet"),
+    ("BACKEND_TYPE", "redis: redis, or memory (tollgate's, one process)"),
+    ("REDIS_SOCKET_TYPE", "unix: tcp or unix"),
+    ("REDIS_URL", "/var/run/nutcracker/ratelimit.sock: host:port (tcp) or a socket path (unix)"),
+    ("REDIS_TYPE", "SINGLE: SINGLE, or SENTINEL with REDIS_URL master-name,host:port,… (CLUSTER is not supported yet)"),
+    ("REDIS_AUTH", "(none): a password, or user:password"),
+    ("REDIS_TLS", "false: TLS to Redis"),
+    ("REDIS_TIMEOUT", "10s: the longest one store call may take"),
+    ("CACHE_KEY_PREFIX", "(none): put before every key the store writes"),
+    ("GRPC_SERVER_USE_TLS", "false: TLS on the gRPC port"),
+    ("GRPC_SERVER_TLS_CERT", "the gRPC port's certificate (PEM)"),
+    ("GRPC_SERVER_TLS_KEY", "its private key (PEM)"),
+    ("GRPC_CLIENT_TLS_CACERT", "(none): require client certificates chaining to this CA (mutual TLS)"),
+    ("GRPC_CLIENT_TLS_SAN", "(none): and naming this SAN"),
+];
+
+/// The settings `env` (the process's environment, or a test's) gives.
+pub fn read(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<FromEnvironment, SettingsError> {
+    let env: BTreeMap<String, String> = env.into_iter().collect();
+    let get = |name: &str| env.get(name).map(String::as_str);
+    let text = |name: &str, default: &str| get(name).unwrap_or(default).to_owned();
+
+    let http_addr = address(&env, "HOST", "PORT", 8080)?;
+    let grpc_addr = address(&env, "GRPC_HOST", "GRPC_PORT", 8081)?;
+
+    match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
+        None | Some("FILE") => {}
+        Some("GRPC_XDS_SOTW") => {
+            return Err(SettingsError(
+                "CONFIG_TYPE=GRPC_XDS_SOTW: configuration from an xDS management server is \
+                 not supported yet; use FILE (the default) with RUNTIME_ROOT"
+                    .into(),
+            ))
+        }
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "CONFIG_TYPE={other:?}: expected FILE or GRPC_XDS_SOTW"
+            )))
+        }
+    }
+    let root = PathBuf::from(text("RUNTIME_ROOT", "/srv/runtime_data/current"));
+    let runtime = RuntimeDir {
+        dir: root
+            .join(text("RUNTIME_SUBDIRECTORY", ""))
+            .join(text("RUNTIME_APPDIRECTORY", "config")),
+        ignore_dotfiles: boolean(&env, "RUNTIME_IGNOREDOTFILES", false)?,
+        merge_domains: boolean(&env, "MERGE_DOMAIN_CONFIG", false)?,
+    };
+    // Read for its validity only: the directory is compared with the one in force every
+    // interval whether its root is a symlink Kubernetes swaps or not.
+    boolean(&env, "RUNTIME_WATCH_ROOT", true)?;
+    let force_start = boolean(&env, "FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
+
+    let log_level = match get("LOG_LEVEL").map(str::to_ascii_lowercase).as_deref() {
+        None => tracing::Level::INFO,
+        Some("trace") => tracing::Level::TRACE,
+        Some("debug") => tracing::Level::DEBUG,
+        Some("info") => tracing::Level::INFO,
+        Some("warn" | "warning") => tracing::Level::WARN,
+        Some("error" | "fatal" | "panic") => tracing::Level::ERROR,
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "LOG_LEVEL={other:?}: expected debug, info, warn or error"
+            )))
+        }
+    };
+    let log_json = match get("LOG_FORMAT").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "LOG_FORMAT={other:?}: expected text or json"
+            )))
+        }
+    };
+
+    let store = store(&env)?;
+    let grpc_tls = grpc_tls(&env)?;
+
+    let notices = NOT_ACTED_ON
+        .iter()
+        .filter(|(name, _)| env.contains_key(*name))
+        .map(|(name, why)| format!("{name} is set: {why}"))
+        .collect();
+    Ok(FromEnvironment {
+        http_addr,
+        grpc_addr,
+        runtime,
+        force_start,
+        store,
+        log_level,
+        log_json,
+        grpc_tls,
+        notices,
+    })
+}
+
+/// `host` and `port`: an IPv4 or IPv6 address (`::` for every interface) and a port.
+fn address(
+    env: &BTreeMap<String, String>,
+    host: &str,
+    port: &str,
+    default_port: u16,
+) -> Result<SocketAddr, SettingsError> {
+    let ip: IpAddr = match env.get(host) {
+        None => IpAddr::from([0, 0, 0, 0]),
+        Some(text) => text
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse()
+            .map_err(|_| {
+                SettingsError(format!(
+                    "{host}={text:?}: expected an IP address (0.0.0.0, ::, 127.0.0.1)"
+                ))
+            })?,
+    };
+    let port = number(env, port, default_port)?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+fn number<T: std::str::FromStr>(
+    env: &BTreeMap<String, String>,
+    name: &str,
+    default: T,
+) -> Result<T, SettingsError> {
+    match env.get(name) {
+        None => Ok(default),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| SettingsError(format!("{name}={text:?}: expected a number"))),
+    }
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (the reference's parser): 1, t, T, TRUE,
+/// true, True, 0, f, F, FALSE, false, False.
+fn boolean(
+    env: &BTreeMap<String, String>,
+    name: &str,
+    default: bool,
+) -> Result<bool, SettingsError> {
+    match env.get(name).map(String::as_str) {
+        None => Ok(default),
+        Some("1" | "t" | "T" | "TRUE" | "true" | "True") => Ok(true),
+        Some("0" | "f" | "F" | "FALSE" | "false" | "False") => Ok(false),
+        Some(other) => Err(SettingsError(format!(
+            "{name}={other:?}: expected true or false"
+        ))),
+    }
+}
+
+/// A duration as Go writes one (`10s`, `500ms`, `1m30s`, `1h`).
+fn duration(
+    env: &BTreeMap<String, String>,
+    name: &str,
+    default: Duration,
+) -> Result<Duration, SettingsError> {
+    match env.get(name) {
+        None => Ok(default),
+        Some(text) => humantime::parse_duration(text.trim()).map_err(|_| {
+            SettingsError(format!(
+                "{name}={text:?}: expected a duration such as 500ms, 10s or 1m30s"
+            ))
+        }),
+    }
+}
+
+/// The library's `[store]` table from `BACKEND_TYPE`, `REDIS_*` and `CACHE_KEY_PREFIX`.
+fn store(env: &BTreeMap<String, String>) -> Result<Value, SettingsError> {
+    let get = |name: &str| env.get(name).map(String::as_str);
+    match get("BACKEND_TYPE").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("redis") => {}
+        Some("memory") => return Ok(json!({ "kind": "memory" })),
+        Some("memcache") => {
+            return Err(SettingsError(
+                "BACKEND_TYPE=memcache: not supported; use redis, or memory for one process".into(),
+            ))
+        }
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "BACKEND_TYPE={other:?}: expected redis or memory"
+            )))
+        }
+    }
+    let sentinel = match get("REDIS_TYPE").map(str::to_ascii_uppercase).as_deref() {
+        None | Some("SINGLE") => false,
+        Some("SENTINEL") => true,
+        Some("CLUSTER") => {
+            return Err(SettingsError(
+                "REDIS_TYPE=CLUSTER: not supported yet from the environment; use SINGLE or \
+                 SENTINEL, or tollgate's own file's [store]"
+                    .into(),
+            ))
+        }
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "REDIS_TYPE={other:?}: expected SINGLE, SENTINEL or CLUSTER"
+            )))
+        }
+    };
+    let tls = boolean(env, "REDIS_TLS", false)?;
+    let url = get("REDIS_URL").unwrap_or("/var/run/nutcracker/ratelimit.sock");
+    // REDIS_AUTH is a password, or `user:password` (the reference's two forms).
+    let auth = get("REDIS_AUTH")
+        .filter(|auth| !auth.is_empty())
+        .map(|auth| {
+            let (user, password) = auth.split_once(':').unwrap_or(("", auth));
+            format!("{}:{}@", percent_encode(user), percent_encode(password))
+        })
+        .unwrap_or_default();
+    let url = match get("REDIS_SOCKET_TYPE")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("unix") => {
+            if tls {
+                return Err(SettingsError(
+                    "REDIS_TLS=true with REDIS_SOCKET_TYPE=unix: TLS needs a tcp socket".into(),
+                ));
+            }
+            if !auth.is_empty() {
+                let password = get("REDIS_AUTH").unwrap_or_default();
+                let (_, password) = password.split_once(':').unwrap_or(("", password));
+                format!("redis+unix://{url}?pass={}", percent_encode(password))
+            } else {
+                format!("redis+unix://{url}")
+            }
+        }
+        // The reference's Sentinel form: `master-name,host:port[,host:port…]`.
+        Some("tcp") if sentinel => {
+            let mut parts = url.split(',');
+            let master = parts.next().unwrap_or_default();
+            let sentinels: Vec<&str> = parts.collect();
+            if master.is_empty() || sentinels.is_empty() {
+                return Err(SettingsError(format!(
+                    "REDIS_URL={url:?}: expected master-name,host:port[,host:port…] \
+                     (REDIS_TYPE=SENTINEL)"
+                )));
+            }
+            if tls || !auth.is_empty() {
+                return Err(SettingsError(
+                    "REDIS_TYPE=SENTINEL with REDIS_TLS or REDIS_AUTH: not supported yet".into(),
+                ));
+            }
+            format!("redis+sentinel://{}/{master}", sentinels.join(","))
+        }
+        Some("tcp") => {
+            if url.contains("://") || url.is_empty() {
+                return Err(SettingsError(format!(
+                    "REDIS_URL={url:?}: expected host:port (REDIS_SOCKET_TYPE=tcp)"
+                )));
+            }
+            let scheme = if tls { "rediss" } else { "redis" };
+            format!("{scheme}://{auth}{url}")
+        }
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "REDIS_SOCKET_TYPE={other:?}: expected tcp or unix"
+            )))
+        }
+    };
+    let timeout = duration(env, "REDIS_TIMEOUT", Duration::from_secs(10))?;
+    let mut store = json!({
+        "kind": "redis",
+        "url": url,
+        "timeout": format!("{}ms", timeout.as_millis().max(1)),
+    });
+    if let Some(prefix) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+        store["prefix"] = Value::from(prefix);
+    }
+    Ok(store)
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// TLS on the gRPC port, from `GRPC_SERVER_USE_TLS` and its files.
+fn grpc_tls(env: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, SettingsError> {
+    if !boolean(env, "GRPC_SERVER_USE_TLS", false)? {
+        return Ok(None);
+    }
+    let file = |name: &str| -> Result<PathBuf, SettingsError> {
+        match env.get(name).filter(|path| !path.is_empty()) {
+            Some(path) => Ok(PathBuf::from(path)),
+            None => Err(SettingsError(format!(
+                "{name}: required with GRPC_SERVER_USE_TLS=true (a PEM file)"
+            ))),
+        }
+    };
+    Ok(Some(TlsFiles {
+        cert: file("GRPC_SERVER_TLS_CERT")?,
+        key: file("GRPC_SERVER_TLS_KEY")?,
+        client_ca: env
+            .get("GRPC_CLIENT_TLS_CACERT")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from),
+        client_san: env
+            .get("GRPC_CLIENT_TLS_SAN")
+            .filter(|san| !san.is_empty())
+            .cloned(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_reference_defaults() {
+        let settings = read(env(&[])).unwrap();
+        assert_eq!(settings.http_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(settings.grpc_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(
+            settings.runtime.dir,
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert!(!settings.runtime.ignore_dotfiles);
+        assert_eq!(
+            settings.store,
+            json!({ "kind": "redis", "url": "redis+unix:///var/run/nutcracker/ratelimit.sock", "timeout": "10000ms" })
+        );
+        assert!(settings.notices.is_empty());
+    }
+
+    /// What Istio's sample (`samples/ratelimit/rate-limit-service.yaml`) sets.
+    #[test]
+    fn istios_sample() {
+        let settings = read(env(&[
+            ("LOG_LEVEL", "debug"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("USE_STATSD", "false"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("HOST", "::"),
+            ("GRPC_HOST", "::"),
+        ]))
+        .unwrap();
+        assert_eq!(settings.http_addr, "[::]:8080".parse().unwrap());
+        assert_eq!(settings.grpc_addr, "[::]:8081".parse().unwrap());
+        assert_eq!(
+            settings.runtime.dir,
+            PathBuf::from("/data/ratelimit/config")
+        );
+        assert!(settings.runtime.ignore_dotfiles);
+        assert_eq!(settings.store["url"], "redis://redis:6379");
+        assert_eq!(settings.log_level, tracing::Level::DEBUG);
+        assert_eq!(
+            settings.notices,
+            ["USE_STATSD is set: statsd is not supported yet: statistics are on /metrics (Prometheus)"]
+        );
+    }
+
+    #[test]
+    fn redis_variables() {
+        let settings = read(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.example:6380"),
+            ("REDIS_AUTH", "user:p@ss"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TIMEOUT", "250ms"),
+            ("CACHE_KEY_PREFIX", "edge_"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            settings.store,
+            json!({ "kind": "redis", "url": "rediss://user:p%40ss@redis.example:6380", "timeout": "250ms", "prefix": "edge_" })
+        );
+        let sentinel = read(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            sentinel.store["url"],
+            "redis+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        let memory = read(env(&[("BACKEND_TYPE", "memory")])).unwrap();
+        assert_eq!(memory.store, json!({ "kind": "memory" }));
+    }
+
+    #[test]
+    fn a_value_that_cannot_be_read_names_its_variable() {
+        let error = |pairs: &[(&str, &str)]| read(env(pairs)).unwrap_err().0;
+        assert_eq!(
+            error(&[("GRPC_PORT", "eighty")]),
+            "GRPC_PORT=\"eighty\": expected a number"
+        );
+        assert!(error(&[("HOST", "localhost")]).starts_with("HOST=\"localhost\": expected an IP"));
+        assert!(error(&[("RUNTIME_IGNOREDOTFILES", "yes")]).starts_with("RUNTIME_IGNOREDOTFILES="));
+        assert!(error(&[("BACKEND_TYPE", "memcache")]).contains("not supported"));
+        assert!(error(&[("REDIS_TIMEOUT", "soon")]).starts_with("REDIS_TIMEOUT="));
+        assert!(error(&[("LOG_LEVEL", "loud")]).starts_with("LOG_LEVEL="));
+        assert!(
+            error(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis://x:1")])
+                .starts_with("REDIS_URL=")
+        );
+        assert_eq!(
+            error(&[("GRPC_SERVER_USE_TLS", "true")]),
+            "GRPC_SERVER_TLS_CERT: required with GRPC_SERVER_USE_TLS=true (a PEM file)"
+        );
+        assert!(error(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).contains("not supported yet"));
+    }
+}
