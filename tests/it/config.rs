@@ -1899,6 +1899,130 @@ async fn the_login_protection_sample_slows_down_guessing() {
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
 }
 
+/// The `server` example on a loopback port, answering requests written byte for byte (a path
+/// sent as it is, as `curl --path-as-is` sends it); each answer's status line and headers.
+struct AsIs {
+    addr: SocketAddr,
+}
+
+impl AsIs {
+    async fn serve(sample_file: &str) -> AsIs {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let limits = Config::read(sample(sample_file))
+            .and_then(|config| config.layer())
+            .unwrap();
+        let app = server::app(limits, recorder.handle())
+            .into_make_service_with_connect_info::<SocketAddr>();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        AsIs { addr }
+    }
+
+    /// `method target` with `headers`; the status and the response head.
+    async fn send(&self, method: &str, target: &str, headers: &[&str]) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = format!("{method} {target} HTTP/1.1\r\nhost: localhost\r\n");
+        for header in headers {
+            head.push_str(header);
+            head.push_str("\r\n");
+        }
+        head.push_str("content-length: 0\r\nconnection: close\r\n\r\n");
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await.unwrap();
+            answer
+        };
+        let answer = tokio::time::timeout(LIMIT, exchange)
+            .await
+            .unwrap_or_else(|_| panic!("{method} {target} took longer than {LIMIT:?}"));
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+        let head = answer
+            .split("\r\n\r\n")
+            .next()
+            .unwrap()
+            .to_ascii_lowercase();
+        (status, head)
+    }
+}
+
+/// Issue 39: a path scope matches the path as routers and proxies read it, so the spellings of
+/// `/login` with dot segments (RFC 3986 §5.2.4), repeated slashes or encoded dots, sent as they
+/// are, meet the rule like `/login` itself.
+#[tokio::test]
+async fn the_login_protection_sample_counts_every_spelling_of_login() {
+    let server = AsIs::serve("login_protection.yaml").await;
+    // Five failed logins through five spellings: each is counted (the block comes at the sixth).
+    for path in ["/login", "/./login", "/login/.", "/x/../login", "//login"] {
+        let (status, _) = server
+            .send("POST", &format!("{path}?status=401"), &[])
+            .await;
+        assert_eq!(status, 401, "{path}");
+    }
+    let (status, _) = server.send("POST", "/login?status=401", &[]).await;
+    assert_eq!(status, 429, "the sixth failure blocks the address");
+    // Blocked: no spelling reaches the handler.
+    for path in [
+        "/login",
+        "/./login",
+        "/login/.",
+        "/x/../login",
+        "/../login",
+        "/%2e/login",
+        "/x/%2E%2e/login",
+        "/%2e/%6Cogin/",
+        "//x//..//login",
+    ] {
+        let (status, head) = server
+            .send("POST", &format!("{path}?status=401"), &[])
+            .await;
+        assert_eq!(status, 429, "{path}: {head}");
+        assert!(head.contains("\"login-per-ip\";r=0"), "{path}: {head}");
+    }
+    // Paths that only look alike stay out of the scope.
+    for path in [
+        "/login/../x",
+        "/x/./login",
+        "/.../login",
+        "/login/x/%2e%2e%2fy",
+    ] {
+        let (status, _) = server.send("POST", path, &[]).await;
+        assert_eq!(status, 200, "{path}");
+    }
+}
+
+/// The same for a rule with a cost: `/v1/./exports` pays what `/v1/exports` pays.
+#[tokio::test]
+async fn the_public_api_sample_charges_exports_under_every_spelling() {
+    let server = AsIs::serve("public_api.toml").await;
+    let key = ["x-api-key: demo-pro"];
+    let mut left = 100;
+    for path in [
+        "/v1/exports",
+        "/v1/./exports",
+        "/v2/../v1/exports",
+        "/v1/%2e/exports",
+    ] {
+        let (status, head) = server.send("POST", path, &key).await;
+        left -= 10;
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(
+            head.contains(&format!("\"exports\";r={left}")),
+            "{path}: {head}"
+        );
+    }
+    // A GET is out of the rule's methods, whatever its spelling.
+    let (_, head) = server.send("GET", "/v1/./exports", &key).await;
+    assert!(!head.contains("\"exports\""), "{head}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_sample_server_answers_as_its_query_says() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
