@@ -279,6 +279,53 @@ async fn top_offenders_sets_the_size_of_each_rules_list() {
 }
 
 #[tokio::test]
+async fn redact_keys_with_a_secret_is_the_builders_secret() {
+    let rule = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1m\"\nkey = \"peer_ip\"";
+    let secret = "0f7c2a9e4b1d83c6a5e09b7d2f4c1a8e";
+    let redacted = |layer: RateLimitLayer| async move {
+        let service = layer.layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::default()))
+        }));
+        for _ in 0..2 {
+            let mut request = Request::new(Body::default());
+            request
+                .extensions_mut()
+                .insert(SocketAddr::from(([203, 0, 113, 9], 1)));
+            send(&service, request).await;
+        }
+        layer.top_offenders("a").await.unwrap().offenders[0]
+            .key
+            .clone()
+    };
+    let with_secret = format!("redact_keys = {{ secret = \"{secret}\" }}\n{rule}");
+    let from_file = toml(&with_secret);
+    let from_yaml = yaml(&format!(
+        "redact_keys: {{ secret: \"{secret}\" }}\nrules:\n  - {{ name: a, rate: 1, period: 1m, key: peer_ip }}"
+    ));
+    let in_code = RateLimitLayer::builder()
+        .rule(Rule::new("a", Limit::per_minute(1)).key(Key::peer_ip()))
+        .redact_keys_secret(secret)
+        .build()
+        .unwrap();
+    let per_process = toml(&format!("redact_keys = true\n{rule}"));
+    let shown = redacted(from_file).await;
+    assert!(shown.starts_with('#'), "{shown}");
+    assert_eq!(shown, redacted(in_code).await);
+    assert_eq!(shown, redacted(from_yaml).await);
+    assert_ne!(shown, redacted(per_process).await);
+    // A short secret is an error at its place; so is a table without one.
+    let short = toml_error(&format!("redact_keys = {{ secret = \"hunter2\" }}\n{rule}"));
+    assert!(short.starts_with("line 1, column 26:"), "{short}");
+    assert!(short.contains("redact_keys.secret"), "{short}");
+    assert!(short.contains("at least 16"), "{short}");
+    let missing = toml_error(&format!("redact_keys = {{ key = \"{secret}\" }}\n{rule}"));
+    assert!(missing.contains("redact_keys"), "{missing}");
+    // The secret never shows in the configuration's `Debug`.
+    let config = Config::parse(ConfigFormat::Toml, &with_secret).unwrap();
+    assert!(!format!("{config:?}").contains(secret));
+}
+
+#[tokio::test]
 async fn the_other_fields_are_the_layer_built_in_code() {
     let from_file = yaml(
         r#"
