@@ -355,7 +355,7 @@ impl RateLimitLayerBuilder {
         self.failure.validate()?;
         let redact_keys = match (self.redact_keys, &self.redact_keys_secret) {
             (true, Some(secret)) => Some(Redactor::with_secret(secret)?),
-            (true, None) => Some(Redactor::per_process()),
+            (true, None) => Some(Redactor::per_process()?),
             (false, None) => None,
             (false, Some(_)) => {
                 return Err(ConfigError::new(

@@ -57,21 +57,31 @@ impl Redactor {
     }
 
     /// Redaction under this process's random secret, drawn from the operating system once.
-    pub(crate) fn per_process() -> Self {
+    ///
+    /// Without the system's random source there is no secret to hide keys with: an error (the
+    /// layer is not built) rather than keys logged in a form anyone can reverse.
+    pub(crate) fn per_process() -> Result<Self, ConfigError> {
         static PROCESS: OnceLock<Redactor> = OnceLock::new();
-        PROCESS
-            .get_or_init(|| {
-                let mut secret = [0u8; 32];
-                // Without the system's random source there is no secret to hide keys with, and
-                // no key should be logged in a form anyone can reverse.
-                getrandom::fill(&mut secret)
-                    .expect("the operating system's random source is available");
-                Redactor {
-                    mac: Hmac::new_from_slice(&secret).expect("HMAC takes a key of any length"),
-                    per_process: true,
-                }
-            })
-            .clone()
+        if let Some(redactor) = PROCESS.get() {
+            return Ok(redactor.clone());
+        }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|error| {
+            ConfigError::new(
+                "redact_keys",
+                "secret",
+                format!(
+                    "no random secret could be drawn ({error}): give one with \
+                     `redact_keys_secret`"
+                ),
+            )
+        })?;
+        let drawn = Redactor {
+            mac: Hmac::new_from_slice(&secret).expect("HMAC takes a key of any length"),
+            per_process: true,
+        };
+        // Two layers built at once may both draw: the first stored is the process's.
+        Ok(PROCESS.get_or_init(|| drawn).clone())
     }
 
     /// The first 64 bits of HMAC-SHA-256 of `key`.
@@ -154,7 +164,7 @@ mod tests {
         // IPv4 address and match against the logs.
         let unkeyed = |key: &[u8]| Redacted(stable_key_hash("", key));
         for redactor in [
-            Redactor::per_process(),
+            Redactor::per_process().unwrap(),
             Redactor::with_secret(SECRET).unwrap(),
         ] {
             for key in [&b"203.0.113.9"[..], b"10.0.0.1", b"alice@example.com"] {
@@ -165,8 +175,8 @@ mod tests {
 
     #[test]
     fn the_per_process_secret_is_random_and_kept_for_the_process() {
-        let a = Redactor::per_process();
-        let b = Redactor::per_process();
+        let a = Redactor::per_process().unwrap();
+        let b = Redactor::per_process().unwrap();
         assert_eq!(a.redact(b"10.0.0.1"), b.redact(b"10.0.0.1"));
         // Not a constant built into the crate: a secret drawn as it is drawn gives other
         // redactions.
