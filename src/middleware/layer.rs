@@ -311,8 +311,9 @@ impl RateLimitLayerBuilder {
     /// ```
     /// use tollgate::{Limit, RateLimitLayer};
     ///
-    /// let secret = std::env::var("TOLLGATE_REDACT_SECRET")
-    ///     .unwrap_or_else(|_| "a shared secret of 16 bytes or more".into());
+    /// # std::env::set_var("TOLLGATE_REDACT_SECRET", "0f7c2a9e4b1d83c6a5e09b7d2f4c1a8e");
+    /// // The fleet's secret, from wherever its secrets live (never from the code).
+    /// let secret = std::env::var("TOLLGATE_REDACT_SECRET").expect("the redaction secret");
     /// let layer = RateLimitLayer::builder()
     ///     .rule(Limit::per_minute(60))
     ///     .redact_keys_secret(secret)
