@@ -12,7 +12,8 @@ use http::StatusCode;
 use super::schema::{
     AccessSpec, AlgorithmName, BlockSpec, CalendarName, CdnHeaderName, ClientIpSpec, CostSpec,
     CountIfSpec, File, ForwardedHeaderName, KeySpec, LimitFields, MissingKeySpec, OnFailure,
-    PlanSource, QueueSpec, ResponseSpec, RuleSpec, StoreKind, StoreSpec, TiersSpec,
+    PlanSource, QueueSpec, RedactKeysSpec, ResponseSpec, RuleSpec, SharedSecretSpec, StoreKind,
+    StoreSpec, TiersSpec,
 };
 use super::Plan;
 use super::UnlimitedPlan;
@@ -21,6 +22,7 @@ use crate::algorithm::Limit;
 use crate::algorithm::{Lease, Penalty};
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
+use crate::observe::redact::MIN_SECRET;
 use crate::rules::cost::Cost;
 use crate::rules::queue::Queue;
 use crate::rules::rule::{MissingKey, Rule};
@@ -96,9 +98,15 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
 /// The builder with everything but a Redis store.
 pub(crate) fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
     let Rules { rules, allow, deny } = rules(file)?;
-    let mut builder = RateLimitLayer::builder()
-        .shadow(file.shadow)
-        .redact_keys(file.redact_keys);
+    let mut builder = RateLimitLayer::builder().shadow(file.shadow);
+    builder = match &file.redact_keys {
+        RedactKeysSpec::Off => builder,
+        RedactKeysSpec::PerProcess => builder.redact_keys(true),
+        RedactKeysSpec::Shared(shared) => {
+            check_redact_keys(&file.redact_keys)?;
+            builder.redact_keys_secret(&shared.secret.0)
+        }
+    };
     if let Some(capacity) = file.top_offenders {
         builder = builder.top_offenders(capacity);
     }
@@ -1084,6 +1092,24 @@ fn response_options(
         builder = builder.jitter(jitter.0);
     }
     Ok(builder)
+}
+
+/// Checks `redact_keys`: a shared secret is long enough.
+pub(crate) fn check_redact_keys(spec: &RedactKeysSpec) -> Result<(), Invalid> {
+    let RedactKeysSpec::Shared(SharedSecretSpec { secret }) = spec else {
+        return Ok(());
+    };
+    if secret.0.len() < MIN_SECRET {
+        return invalid(
+            "redact_keys.secret",
+            format!(
+                "is {} bytes; it must have at least {MIN_SECRET} (e.g. `openssl rand -hex 32`), \
+                 or a short secret could be guessed",
+                secret.0.len()
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Checks the `[response]` section.

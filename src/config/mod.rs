@@ -251,7 +251,7 @@ impl Config {
             store: file.store.clone(),
             response: file.response.clone(),
             shadow: file.shadow,
-            redact_keys: file.redact_keys,
+            redact_keys: file.redact_keys.clone(),
             top_offenders: file.top_offenders,
         }
     }
@@ -303,7 +303,7 @@ pub(crate) struct BuildOnly {
     store: Option<schema::StoreSpec>,
     response: Option<schema::ResponseSpec>,
     shadow: bool,
-    redact_keys: bool,
+    redact_keys: schema::RedactKeysSpec,
     top_offenders: Option<usize>,
 }
 
@@ -317,6 +317,7 @@ pub(crate) fn reload(limiter: &Limiter, config: &Config) -> Result<BuildOnly, Co
     if let Some(response) = &file.response {
         build::check_response(response).map_err(|error| config.in_text(error))?;
     }
+    build::check_redact_keys(&file.redact_keys).map_err(|error| config.in_text(error))?;
     let build::Rules { rules, allow, deny } =
         build::rules(file).map_err(|error| config.in_text(error))?;
     limiter

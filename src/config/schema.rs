@@ -26,9 +26,9 @@ pub(crate) struct File {
     /// Shadow mode for every rule (read when the layer is built).
     #[serde(default)]
     pub(crate) shadow: bool,
-    /// Logs show a hash of each key (read when the layer is built).
+    /// Logs show a keyed hash of each key (read when the layer is built).
     #[serde(default)]
-    pub(crate) redact_keys: bool,
+    pub(crate) redact_keys: RedactKeysSpec,
     /// Keys per rule in the top-offender lists (read when the layer is built).
     pub(crate) top_offenders: Option<usize>,
     /// Where counts live (read when the layer is built).
@@ -43,6 +43,57 @@ pub(crate) struct File {
     pub(crate) deny: Vec<AccessSpec>,
     /// The rules, in order.
     pub(crate) rules: Vec<RuleSpec>,
+}
+
+/// `redact_keys`: `false`, `true` (under a random secret of the process), or
+/// `{ secret = "..." }` (under a secret instances share).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum RedactKeysSpec {
+    #[default]
+    Off,
+    PerProcess,
+    Shared(SharedSecretSpec),
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SharedSecretSpec {
+    pub(crate) secret: Secret,
+}
+
+/// A secret from the file: compared, never shown (its `Debug` is a placeholder).
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl<'de> Deserialize<'de> for RedactKeysSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RedactVisitor;
+        impl<'de> Visitor<'de> for RedactVisitor {
+            type Value = RedactKeysSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false, or a table { secret = \"...\" }")
+            }
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<RedactKeysSpec, E> {
+                Ok(if on {
+                    RedactKeysSpec::PerProcess
+                } else {
+                    RedactKeysSpec::Off
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RedactKeysSpec, A::Error> {
+                SharedSecretSpec::deserialize(MapAccessDeserializer::new(map))
+                    .map(RedactKeysSpec::Shared)
+            }
+        }
+        deserializer.deserialize_any(RedactVisitor)
+    }
 }
 
 /// `[store]`.

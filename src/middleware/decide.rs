@@ -130,7 +130,12 @@ pub(crate) fn decide<B>(
         if allowed || !entry.outcome.is_allowed() {
             meters.rules[entry.index].record(&entry.outcome, &entry.key);
         }
-        observe::event(entry, decision.grpc_method(), false, shared.redact_keys);
+        observe::event(
+            entry,
+            decision.grpc_method(),
+            false,
+            shared.redact_keys.as_ref(),
+        );
     }
     if !allowed {
         let protocol = Protocol::of(request);

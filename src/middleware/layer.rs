@@ -13,6 +13,7 @@ use crate::algorithm::error::ConfigError;
 use crate::algorithm::Mode;
 use crate::engine::limiter::{LimitError, Limiter, LimiterBuilder};
 use crate::observe::offenders::{self, TopOffenders};
+use crate::observe::redact::Redactor;
 use crate::response::{Rejection, Responder};
 use crate::rules::rule::Rule;
 use crate::rules::set::AccessList;
@@ -63,6 +64,7 @@ impl RateLimitLayer {
             failure: FailurePolicy::default(),
             shadow_all: false,
             redact_keys: false,
+            redact_keys_secret: None,
             top_offenders: offenders::DEFAULT_CAPACITY,
             decision_in_extensions: true,
         }
@@ -120,7 +122,8 @@ impl RateLimitLayer {
                 return Err(LimitError::UnknownRule(rule.to_owned()));
             };
             let metrics = &in_force.meters.rules[index];
-            let (top, hottest) = offenders::list(metrics, &compiled.name, self.shared.redact_keys);
+            let (top, hottest) =
+                offenders::list(metrics, &compiled.name, self.shared.redact_keys.as_ref());
             (top, hottest, metrics.utilisation.clone())
         };
         let Some(hottest) = hottest else {
@@ -171,6 +174,7 @@ pub struct RateLimitLayerBuilder {
     failure: FailurePolicy,
     shadow_all: bool,
     redact_keys: bool,
+    redact_keys_secret: Option<Box<[u8]>>,
     top_offenders: usize,
     decision_in_extensions: bool,
 }
@@ -284,9 +288,41 @@ impl RateLimitLayerBuilder {
     }
 
     /// Logs, and the layer's [`top_offenders`](RateLimitLayer::top_offenders) lists, show a
-    /// short stable hash of each key instead of the key itself (default: off).
+    /// keyed hash of each key instead of the key itself (default: off): `#` and 16 hex digits,
+    /// the first 64 bits of HMAC-SHA-256 of the key under a secret, which nobody without the
+    /// secret can reverse or test guesses against.
+    ///
+    /// The secret is this process's own, drawn at random from the operating system, unless one
+    /// is given with [`redact_keys_secret`](Self::redact_keys_secret): a key then shows the same
+    /// within this process only (every layer of it alike), and no longer after a restart.
     pub fn redact_keys(mut self, on: bool) -> Self {
         self.redact_keys = on;
+        self
+    }
+
+    /// Redacts keys as [`redact_keys`](Self::redact_keys) does, under `secret` instead of a
+    /// random secret of this process: every instance given the same secret shows a key the
+    /// same way, so one key can be followed through the logs of a whole fleet, and across
+    /// restarts. Keep the secret as secret as the keys: with it, redactions can be reversed by
+    /// trying keys. At least 16 bytes (e.g. 32 random bytes in hex, `openssl rand -hex 32`), or
+    /// [`build`](Self::build) fails naming the field `secret`; a secret given while
+    /// `redact_keys(false)` is the last word is an error too.
+    ///
+    /// ```
+    /// use tollgate::{Limit, RateLimitLayer};
+    ///
+    /// # std::env::set_var("TOLLGATE_REDACT_SECRET", "0f7c2a9e4b1d83c6a5e09b7d2f4c1a8e");
+    /// // The fleet's secret, from wherever its secrets live (never from the code).
+    /// let secret = std::env::var("TOLLGATE_REDACT_SECRET").expect("the redaction secret");
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Limit::per_minute(60))
+    ///     .redact_keys_secret(secret)
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn redact_keys_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.redact_keys = true;
+        self.redact_keys_secret = Some(secret.as_ref().into());
         self
     }
 
@@ -318,6 +354,18 @@ impl RateLimitLayerBuilder {
     /// Validates every rule and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
         self.failure.validate()?;
+        let redact_keys = match (self.redact_keys, &self.redact_keys_secret) {
+            (true, Some(secret)) => Some(Redactor::with_secret(secret)?),
+            (true, None) => Some(Redactor::per_process()?),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(ConfigError::new(
+                    "redact_keys",
+                    "secret",
+                    "is given, but keys are not redacted (`redact_keys(false)` came after it)",
+                ))
+            }
+        };
         let limiter = match self.limiter_given {
             Some(limiter) => {
                 if let Some(setting) = self.limiter.first_setting() {
@@ -355,7 +403,7 @@ impl RateLimitLayerBuilder {
             responder,
             failure: self.failure,
             shadow_all: self.shadow_all,
-            redact_keys: self.redact_keys,
+            redact_keys,
             top_offenders: self.top_offenders,
             decision_in_extensions: self.decision_in_extensions,
             no_peer_logged: std::sync::atomic::AtomicBool::new(false),

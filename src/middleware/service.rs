@@ -201,7 +201,12 @@ fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Decisi
             for entry in decision.rules() {
                 let metrics = &in_force.meters.rules[entry.index];
                 metrics.record_shadow(entry.outcome.verdict, &entry.key);
-                observe::event(entry, decision.grpc_method(), true, shared.redact_keys);
+                observe::event(
+                    entry,
+                    decision.grpc_method(),
+                    true,
+                    shared.redact_keys.as_ref(),
+                );
             }
         }
         Err(error) => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::engine::limiter::Limiter;
+use crate::observe::redact::Redactor;
 use crate::observe::Meters;
 use crate::response::{Policies, Responder};
 use crate::rules::set::RuleSet;
@@ -22,8 +23,8 @@ pub(crate) struct Shared {
     pub(crate) failure: FailurePolicy,
     /// Every rule decides and records but none blocks.
     pub(crate) shadow_all: bool,
-    /// Logs and top-offender lists show a hash of each key instead of the key.
-    pub(crate) redact_keys: bool,
+    /// With redaction on: what logs and top-offender lists show instead of each key.
+    pub(crate) redact_keys: Option<Redactor>,
     /// Keys per rule in the top-offender lists.
     pub(crate) top_offenders: usize,
     /// An allowed request carries its `Decision` in its extensions.

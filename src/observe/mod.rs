@@ -20,6 +20,7 @@
 //! the rules it was made for. It never touches responses or the Tower glue.
 
 pub(crate) mod offenders;
+pub(crate) mod redact;
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use metrics::{Counter, Gauge, Histogram};
 
 use self::offenders::TopKeys;
-use crate::algorithm::stable_key_hash;
+use self::redact::Redactor;
 use crate::algorithm::{Outcome, Verdict};
 use crate::engine::decision::RuleDecision;
 use crate::key::KeyValue;
@@ -175,25 +176,24 @@ fn store_latency() -> Histogram {
     metrics::histogram!("tollgate_store_latency_seconds")
 }
 
-/// A key as it appears in logs: the key itself, or with redaction a short stable hash that still
-/// lets an operator correlate events of one key.
+/// A key as it appears in logs: the key itself, or with redaction a keyed hash that still lets
+/// an operator correlate events of one key (see [`redact`]).
 pub(crate) struct LoggedKey<'a> {
     key: &'a KeyValue,
-    redact: bool,
+    redact: Option<&'a Redactor>,
 }
 
 impl<'a> LoggedKey<'a> {
-    pub(crate) fn new(key: &'a KeyValue, redact: bool) -> Self {
+    pub(crate) fn new(key: &'a KeyValue, redact: Option<&'a Redactor>) -> Self {
         LoggedKey { key, redact }
     }
 }
 
 impl fmt::Display for LoggedKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.redact {
-            write!(f, "#{:016x}", stable_key_hash("", self.key.as_bytes()))
-        } else {
-            self.key.fmt(f)
+        match self.redact {
+            Some(redactor) => redactor.redact(self.key.as_bytes()).fmt(f),
+            None => self.key.fmt(f),
         }
     }
 }
@@ -202,14 +202,24 @@ impl fmt::Display for LoggedKey<'_> {
 /// (`grpc_method` is logged for gRPC requests only: a `None` field is left out.)
 /// An allowed request logs nothing: told apart here, inlined, so it costs no call.
 #[inline]
-pub(crate) fn event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: bool, redact: bool) {
+pub(crate) fn event(
+    entry: &RuleDecision,
+    grpc_method: Option<&str>,
+    shadow: bool,
+    redact: Option<&Redactor>,
+) {
     if let Verdict::Allowed = entry.outcome.verdict {
         return;
     }
     logged_event(entry, grpc_method, shadow, redact);
 }
 
-fn logged_event(entry: &RuleDecision, grpc_method: Option<&str>, shadow: bool, redact: bool) {
+fn logged_event(
+    entry: &RuleDecision,
+    grpc_method: Option<&str>,
+    shadow: bool,
+    redact: Option<&Redactor>,
+) {
     let key = LoggedKey::new(&entry.key, redact);
     match entry.outcome.verdict {
         Verdict::Denied { retry_after } if shadow => tracing::info!(

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use super::redact::Redactor;
 use super::{LoggedKey, RuleMetrics};
 use crate::key::KeyValue;
 
@@ -21,7 +22,7 @@ pub(crate) const DEFAULT_CAPACITY: usize = 64;
 pub(crate) fn list(
     metrics: &RuleMetrics,
     rule: &str,
-    redact: bool,
+    redact: Option<&Redactor>,
 ) -> (TopOffenders, Option<KeyValue>) {
     let (denials, counters) = metrics.offenders.snapshot();
     let offenders = counters

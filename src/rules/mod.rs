@@ -13,6 +13,7 @@
 //! reads, and the error of a cost that cannot be read.
 
 pub(crate) mod cost;
+pub(crate) mod path;
 pub(crate) mod per_request;
 pub(crate) mod queue;
 pub(crate) mod rule;

@@ -10,6 +10,7 @@ use crate::algorithm::Limit;
 use crate::algorithm::{Algorithm, Lease, Mode, Penalty, ReserveBound};
 use crate::key::{Key, RequestHead};
 use crate::rules::cost::Cost;
+use crate::rules::path;
 use crate::rules::per_request::{LimitResolver, LimitSource};
 use crate::rules::queue::Queue;
 use crate::rules::settle::{CountIf, Settle};
@@ -118,9 +119,13 @@ impl Rule {
     /// one or more remaining segments. `/login` matches only `/login`; `/users/*/avatar` matches
     /// `/users/7/avatar`; `/api/*` matches `/api/v1/chat` but not `/api` itself.
     ///
-    /// The path is the one the layer sees: under axum's `Router::nest`, the nested part. A
-    /// percent-encoded segment matches what it decodes to (`/%6Cogin` is in `/login`'s scope), so
-    /// a spelling that some router or proxy decodes cannot step around the rule.
+    /// The path is the one the layer sees (under axum's `Router::nest`, the nested part), read
+    /// as routers and proxies read it, so that no spelling they take for a path in scope steps
+    /// around the rule: a percent-encoded segment matches what it decodes to (`/%6Cogin` is in
+    /// `/login`'s scope), repeated slashes count as one (`//login`, as nginx's `merge_slashes`),
+    /// and dot segments are removed as RFC 3986 §5.2.4 says (`/./login`, `/login/.`,
+    /// `/x/../login`, and with encoded dots `/%2e/login`, are in `/login`'s scope; `..` at the
+    /// root stays there). The pattern is read the same way.
     pub fn path(mut self, pattern: impl Into<String>) -> Rule {
         self.scope.paths.push(pattern.into());
         self
@@ -544,7 +549,7 @@ impl Scope {
                 .paths
                 .iter()
                 .chain(&self.grpc)
-                .map(|p| segments(p).map(str::to_owned).collect())
+                .map(|p| path::pattern(p))
                 .collect(),
         }
     }
@@ -678,7 +683,7 @@ impl CompiledScope {
     /// (The path is read only when the scope names paths: most rules name none.)
     fn matches(&self, method: &Method, uri: &Uri) -> bool {
         (self.methods.is_empty() || self.methods.contains(method))
-            && (self.paths.is_empty() || self.paths.iter().any(|p| path_matches(p, uri.path())))
+            && (self.paths.is_empty() || self.paths.iter().any(|p| path::matches(p, uri.path())))
     }
 }
 
@@ -711,31 +716,6 @@ pub(crate) fn check_grpc_pattern(pattern: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn segments(path: &str) -> impl Iterator<Item = &str> {
-    path.split('/').filter(|s| !s.is_empty())
-}
-
-fn path_matches(pattern: &[String], path: &str) -> bool {
-    let mut path = segments(path);
-    for (i, want) in pattern.iter().enumerate() {
-        let last = i + 1 == pattern.len();
-        match path.next() {
-            None => return false,
-            Some(_) if want == "*" && last => return true,
-            Some(seg) if want == "*" || want == seg || decodes_to(seg, want) => {}
-            Some(_) => return false,
-        }
-    }
-    path.next().is_none()
-}
-
-/// Whether the percent-encoded `segment` decodes to `want` (bytes compared: a segment that is
-/// not UTF-8 once decoded matches no pattern, as no literal pattern is).
-#[cold]
-fn decodes_to(segment: &str, want: &str) -> bool {
-    segment.contains('%') && percent_encoding::percent_decode_str(segment).eq(want.bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -751,31 +731,15 @@ mod tests {
     }
 
     #[test]
-    fn path_patterns() {
-        assert!(matches("/login", "/login"));
-        assert!(matches("/login", "/login/"));
-        assert!(!matches("/login", "/login/x"));
-        assert!(!matches("/login", "/logins"));
-        assert!(matches("/api/*", "/api/v1"));
-        assert!(matches("/api/*", "/api/v1/chat"));
-        assert!(!matches("/api/*", "/api"));
-        assert!(!matches("/api/*", "/apix/v1"));
-        assert!(matches("/users/*/avatar", "/users/7/avatar"));
-        assert!(!matches("/users/*/avatar", "/users/7/name"));
-        assert!(matches("/", "/"));
-        assert!(!matches("/", "/x"));
-    }
-
-    #[test]
-    fn percent_encoded_segments_match_what_they_decode_to() {
-        assert!(matches("/login", "/%6Cogin"));
-        assert!(matches("/login", "/%6c%6F%67%69%6e"));
-        assert!(matches("/users/*/avatar", "/users/%37/%61vatar"));
-        assert!(matches("/api/*", "/%61pi/v1"));
-        assert!(!matches("/login", "/%6Cogins"));
-        assert!(!matches("/login", "/%6C"));
-        assert!(!matches("/a/b", "/a%2Fb"));
-        assert!(!matches("/login", "/%FFogin"));
+    fn scopes_match_the_path_once_normalized() {
+        assert!(matches("/login", "/login?next=/x/.."));
+        assert!(matches("/login", "/./login"));
+        assert!(matches("/login", "/login/."));
+        assert!(matches("/login", "/x/../login?next=/"));
+        assert!(matches("/login", "/%2E/%6Cogin"));
+        assert!(matches("/login", "//login"));
+        assert!(!matches("/login", "/login/../x"));
+        assert!(matches("/v1/exports", "/v1/./exports"));
     }
 
     #[test]

@@ -279,6 +279,53 @@ async fn top_offenders_sets_the_size_of_each_rules_list() {
 }
 
 #[tokio::test]
+async fn redact_keys_with_a_secret_is_the_builders_secret() {
+    let rule = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1m\"\nkey = \"peer_ip\"";
+    let secret = "0f7c2a9e4b1d83c6a5e09b7d2f4c1a8e";
+    let redacted = |layer: RateLimitLayer| async move {
+        let service = layer.layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::default()))
+        }));
+        for _ in 0..2 {
+            let mut request = Request::new(Body::default());
+            request
+                .extensions_mut()
+                .insert(SocketAddr::from(([203, 0, 113, 9], 1)));
+            send(&service, request).await;
+        }
+        layer.top_offenders("a").await.unwrap().offenders[0]
+            .key
+            .clone()
+    };
+    let with_secret = format!("redact_keys = {{ secret = \"{secret}\" }}\n{rule}");
+    let from_file = toml(&with_secret);
+    let from_yaml = yaml(&format!(
+        "redact_keys: {{ secret: \"{secret}\" }}\nrules:\n  - {{ name: a, rate: 1, period: 1m, key: peer_ip }}"
+    ));
+    let in_code = RateLimitLayer::builder()
+        .rule(Rule::new("a", Limit::per_minute(1)).key(Key::peer_ip()))
+        .redact_keys_secret(secret)
+        .build()
+        .unwrap();
+    let per_process = toml(&format!("redact_keys = true\n{rule}"));
+    let shown = redacted(from_file).await;
+    assert!(shown.starts_with('#'), "{shown}");
+    assert_eq!(shown, redacted(in_code).await);
+    assert_eq!(shown, redacted(from_yaml).await);
+    assert_ne!(shown, redacted(per_process).await);
+    // A short secret is an error at its place; so is a table without one.
+    let short = toml_error(&format!("redact_keys = {{ secret = \"hunter2\" }}\n{rule}"));
+    assert!(short.starts_with("line 1, column 26:"), "{short}");
+    assert!(short.contains("redact_keys.secret"), "{short}");
+    assert!(short.contains("at least 16"), "{short}");
+    let missing = toml_error(&format!("redact_keys = {{ key = \"{secret}\" }}\n{rule}"));
+    assert!(missing.contains("redact_keys"), "{missing}");
+    // The secret never shows in the configuration's `Debug`.
+    let config = Config::parse(ConfigFormat::Toml, &with_secret).unwrap();
+    assert!(!format!("{config:?}").contains(secret));
+}
+
+#[tokio::test]
 async fn the_other_fields_are_the_layer_built_in_code() {
     let from_file = yaml(
         r#"
@@ -1979,6 +2026,130 @@ async fn the_login_protection_sample_slows_down_guessing() {
             1,
         ))));
     assert_eq!(call(&app, attacker).await.0, StatusCode::FORBIDDEN);
+}
+
+/// The `server` example on a loopback port, answering requests written byte for byte (a path
+/// sent as it is, as `curl --path-as-is` sends it); each answer's status line and headers.
+struct AsIs {
+    addr: SocketAddr,
+}
+
+impl AsIs {
+    async fn serve(sample_file: &str) -> AsIs {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let limits = Config::read(sample(sample_file))
+            .and_then(|config| config.layer())
+            .unwrap();
+        let app = server::app(limits, recorder.handle())
+            .into_make_service_with_connect_info::<SocketAddr>();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        AsIs { addr }
+    }
+
+    /// `method target` with `headers`; the status and the response head.
+    async fn send(&self, method: &str, target: &str, headers: &[&str]) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = format!("{method} {target} HTTP/1.1\r\nhost: localhost\r\n");
+        for header in headers {
+            head.push_str(header);
+            head.push_str("\r\n");
+        }
+        head.push_str("content-length: 0\r\nconnection: close\r\n\r\n");
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await.unwrap();
+            answer
+        };
+        let answer = tokio::time::timeout(LIMIT, exchange)
+            .await
+            .unwrap_or_else(|_| panic!("{method} {target} took longer than {LIMIT:?}"));
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+        let head = answer
+            .split("\r\n\r\n")
+            .next()
+            .unwrap()
+            .to_ascii_lowercase();
+        (status, head)
+    }
+}
+
+/// Issue 39: a path scope matches the path as routers and proxies read it, so the spellings of
+/// `/login` with dot segments (RFC 3986 §5.2.4), repeated slashes or encoded dots, sent as they
+/// are, meet the rule like `/login` itself.
+#[tokio::test]
+async fn the_login_protection_sample_counts_every_spelling_of_login() {
+    let server = AsIs::serve("login_protection.yaml").await;
+    // Five failed logins through five spellings: each is counted (the block comes at the sixth).
+    for path in ["/login", "/./login", "/login/.", "/x/../login", "//login"] {
+        let (status, _) = server
+            .send("POST", &format!("{path}?status=401"), &[])
+            .await;
+        assert_eq!(status, 401, "{path}");
+    }
+    let (status, _) = server.send("POST", "/login?status=401", &[]).await;
+    assert_eq!(status, 429, "the sixth failure blocks the address");
+    // Blocked: no spelling reaches the handler.
+    for path in [
+        "/login",
+        "/./login",
+        "/login/.",
+        "/x/../login",
+        "/../login",
+        "/%2e/login",
+        "/x/%2E%2e/login",
+        "/%2e/%6Cogin/",
+        "//x//..//login",
+    ] {
+        let (status, head) = server
+            .send("POST", &format!("{path}?status=401"), &[])
+            .await;
+        assert_eq!(status, 429, "{path}: {head}");
+        assert!(head.contains("\"login-per-ip\";r=0"), "{path}: {head}");
+    }
+    // Paths that only look alike stay out of the scope.
+    for path in [
+        "/login/../x",
+        "/x/./login",
+        "/.../login",
+        "/login/x/%2e%2e%2fy",
+    ] {
+        let (status, _) = server.send("POST", path, &[]).await;
+        assert_eq!(status, 200, "{path}");
+    }
+}
+
+/// The same for a rule with a cost: `/v1/./exports` pays what `/v1/exports` pays.
+#[tokio::test]
+async fn the_public_api_sample_charges_exports_under_every_spelling() {
+    let server = AsIs::serve("public_api.toml").await;
+    let key = ["x-api-key: demo-pro"];
+    let mut left = 100;
+    for path in [
+        "/v1/exports",
+        "/v1/./exports",
+        "/v2/../v1/exports",
+        "/v1/%2e/exports",
+    ] {
+        let (status, head) = server.send("POST", path, &key).await;
+        left -= 10;
+        assert_eq!(status, 200, "{path}: {head}");
+        assert!(
+            head.contains(&format!("\"exports\";r={left}")),
+            "{path}: {head}"
+        );
+    }
+    // A GET is out of the rule's methods, whatever its spelling.
+    let (_, head) = server.send("GET", "/v1/./exports", &key).await;
+    assert!(!head.contains("\"exports\""), "{head}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -264,6 +264,113 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
     assert_eq!(top.offenders[0].key, offender.key);
 }
 
+/// The key `203.0.113.9`, denied once by a rule of a layer from `builder`, as its top-offender
+/// list shows it.
+async fn shown(builder: tollgate::RateLimitLayerBuilder) -> String {
+    let layer = builder
+        .rule(per_key("per-key", Limit::per_minute(1)))
+        .build()
+        .unwrap();
+    assert_eq!(send_as(&app(&layer), "203.0.113.9", 2).await, 1);
+    let top = layer.top_offenders("per-key").await.unwrap();
+    top.offenders[0].key.clone()
+}
+
+/// FNV-1a of the key as the rule-less stable hash takes it: what anyone can compute for every
+/// IPv4 address in seconds, and what redacted keys used to be.
+fn unkeyed(key: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in [0xff].iter().chain(key) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("#{hash:016x}")
+}
+
+/// Issue 39: a redacted key was an unkeyed hash, which anyone can compute for every candidate
+/// key and look up; it is now a keyed one.
+#[tokio::test(start_paused = true)]
+async fn a_redacted_key_is_no_hash_anyone_can_recompute() {
+    let redacted = shown(paused::builder().redact_keys(true)).await;
+    assert_ne!(redacted, unkeyed(b"203.0.113.9"));
+    // Nor is it found by trying addresses near it, as an attacker would try them all.
+    for last in 0..=255u8 {
+        let candidate = format!("203.0.113.{last}");
+        assert_ne!(redacted, unkeyed(candidate.as_bytes()), "{candidate}");
+    }
+}
+
+/// Set in a second run of this test binary that a test starts, to redact in another process.
+const SECOND_PROCESS: &str = "TOLLGATE_TEST_REDACT_IN_A_SECOND_PROCESS";
+
+const SECRET: &str = "9c1e0f4b7a2d48e6b35f0c9a71d2e8f4";
+
+/// Without a secret, each process redacts under a random secret of its own: a key shows the same
+/// within the process, and otherwise in another. With a shared secret, alike in both.
+#[tokio::test(start_paused = true)]
+async fn each_process_redacts_under_its_own_secret_unless_one_is_shared() {
+    let own = shown(paused::builder().redact_keys(true)).await;
+    let shared = shown(paused::builder().redact_keys_secret(SECRET)).await;
+    if std::env::var_os(SECOND_PROCESS).is_some() {
+        println!("\nredacted {own} {shared}");
+        return;
+    }
+    // The same process: the same secret, whichever layer.
+    assert_eq!(shown(paused::builder().redact_keys(true)).await, own);
+    assert_ne!(own, shared);
+    let test = "top_offenders::each_process_redacts_under_its_own_secret_unless_one_is_shared";
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(SECOND_PROCESS, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let (second_own, second_shared) = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("redacted "))
+        .and_then(|line| line.split_once(' '))
+        .unwrap_or_else(|| panic!("no redactions from the second process: {stdout}"));
+    assert_ne!(second_own, own, "a second process has a secret of its own");
+    assert_eq!(
+        second_shared, shared,
+        "a shared secret redacts alike in every process"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_secret_redacts_otherwise_and_a_short_one_is_an_error() {
+    let one = shown(paused::builder().redact_keys_secret(SECRET)).await;
+    let again = shown(paused::builder().redact_keys_secret(SECRET.as_bytes())).await;
+    let other =
+        shown(paused::builder().redact_keys_secret("another secret of 32 characters")).await;
+    assert_eq!(one, again);
+    assert_ne!(one, other);
+    // `redact_keys(true)` after a secret keeps the secret.
+    assert_eq!(
+        shown(
+            paused::builder()
+                .redact_keys_secret(SECRET)
+                .redact_keys(true)
+        )
+        .await,
+        one
+    );
+    let error = paused::builder()
+        .redact_keys_secret("hunter2")
+        .build()
+        .unwrap_err();
+    assert_eq!((error.rule(), error.field()), ("redact_keys", "secret"));
+    assert!(error.message().contains("at least 16"), "{error}");
+    // A secret that nothing would read is an error, not silently ignored.
+    let error = paused::builder()
+        .redact_keys_secret(SECRET)
+        .redact_keys(false)
+        .build()
+        .unwrap_err();
+    assert_eq!((error.rule(), error.field()), ("redact_keys", "secret"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn layers_sharing_a_limiter_list_their_own_denials() {
     let limiter = Limiter::builder()

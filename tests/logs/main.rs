@@ -22,12 +22,14 @@ mod outage {
 
     use crate::support::log_lines::Lines;
 
-    /// The captured lines and the metrics, installed once for the whole binary.
+    /// The captured lines and the metrics, installed once for the whole binary. Lines down to
+    /// `DEBUG` are captured: a failed probe of the circuit breaker is a debug line, which the
+    /// tests wait for (they count warnings by their level).
     pub(crate) fn globals() -> &'static (Lines, Snapshotter) {
         static GLOBALS: OnceLock<(Lines, Snapshotter)> = OnceLock::new();
         GLOBALS.get_or_init(|| {
             let lines = Lines::default();
-            tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::WARN))
+            tracing::subscriber::set_global_default(lines.subscriber(tracing::Level::DEBUG))
                 .unwrap();
             let recorder = DebuggingRecorder::new();
             let snapshotter = recorder.snapshotter();

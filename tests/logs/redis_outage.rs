@@ -11,6 +11,11 @@
 //! The tests of this binary share the global `tracing` subscriber that counts the lines (the
 //! breaker's probe logs from a background task, on any thread) and the global metrics recorder
 //! (the health gauge has no labels), so they run one at a time.
+//!
+//! Nothing here sleeps to let something happen: a probe runs in the background, and the tests
+//! wait for its answer (the line the breaker writes), sending nothing meanwhile. A request sent
+//! while a probe ends would race it: on a busy machine it could reach Redis through the breaker
+//! just closed and be counted there.
 
 #![cfg(feature = "redis")]
 
@@ -21,7 +26,7 @@ use log_lines::Lines;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -64,9 +69,23 @@ fn ok(_req: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallib
     std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
 }
 
-/// The app: a global rule of 10 a day on Redis (100 ms timeout), the breaker on `clock` with
-/// its defaults except one warning line per hour (so that the count does not depend on how
-/// many recovery attempts the test makes).
+/// The store's timeout. Calls to a Redis that is up must never run out of it, even on a machine
+/// busy with other builds (a call that did would be a failure the test did not cause); the
+/// requests that meet a paused Redis wait for it together.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a probe's answer may take to come (it has the store's time to connect).
+const PROBE_ANSWER: Duration = Duration::from_secs(10);
+
+/// The breaker's line when a probe closes it.
+const CLOSED: &str = "rate-limit store answers again: circuit breaker closed";
+
+/// The breaker's (debug) line when a probe fails.
+const PROBE_FAILED: &str = "rate-limit store: probe failed";
+
+/// The app: a global rule of 10 a day on Redis ([`TIMEOUT`]), the breaker on `clock` with its
+/// defaults except one warning line per hour (so that the count does not depend on how many
+/// recovery attempts the test makes).
 async fn app(server: &RedisServer, clock: &ManualClock, policy: FailurePolicy) -> App {
     app_warning_every(server, clock, policy, Duration::from_secs(3_600)).await
 }
@@ -80,7 +99,7 @@ async fn app_warning_every(
 ) -> App {
     let store = RedisStore::builder()
         .url(server.url())
-        .timeout(Duration::from_millis(100))
+        .timeout(TIMEOUT)
         .build()
         .await
         .unwrap();
@@ -113,20 +132,28 @@ async fn send(app: &App) -> Response<tollgate::middleware::ResponseBody<Body>> {
     app.clone().oneshot(request()).await.unwrap()
 }
 
-/// Moves the breaker's clock past its longest probe interval and sends a request (which starts
-/// a probe when one is due) until the health gauge says the breaker closed, bounded by 10 s of
-/// real time; then the answer of the next request.
+/// `n` requests at once (while Redis is down, each waits for its failure together with the
+/// others, not after them).
+async fn send_together(
+    app: &App,
+    n: usize,
+) -> Vec<Response<tollgate::middleware::ResponseBody<Body>>> {
+    futures::future::join_all((0..n).map(|_| send(app))).await
+}
+
+/// Probes until one closes the breaker (each past the longest probe interval: it is due), at
+/// most 5 times; then the answer of the next request, the first to reach Redis again.
 async fn recover(
     app: &App,
     clock: &ManualClock,
+    lines: &Lines,
     snapshotter: &Snapshotter,
 ) -> Response<tollgate::middleware::ResponseBody<Body>> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while healthy(snapshotter) != 1.0 {
-        assert!(Instant::now() < deadline, "no recovery");
-        clock.advance(Duration::from_secs(30));
-        send(app).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut sent = 0;
+    let mut probed = Vec::new();
+    while probed.last() != Some(&Probed::Closed) {
+        assert!(probed.len() < 5, "no recovery: {probed:?}");
+        probed.push(probe(app, clock, lines, snapshotter, 30, &mut sent).await);
     }
     send(app).await
 }
@@ -166,8 +193,7 @@ async fn paused_fail_closed(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(healthy(snapshotter), 1.0);
     lines.take_warnings();
     server.pause();
-    for _ in 0..5 {
-        let response = send(&app).await;
+    for response in send_together(&app, 5).await {
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()["retry-after"], "1");
     }
@@ -197,7 +223,7 @@ async fn paused_fail_closed(lines: &Lines, snapshotter: &Snapshotter) {
     assert!(warnings[1].contains("opened after 5 consecutive failures"));
     assert!(warnings[1].contains("refused with 503 (fail closed)"));
     // Resumed: a probe closes the breaker; requests reach Redis again, no restart of the app.
-    let response = recover(&app, &clock, snapshotter).await;
+    let response = recover(&app, &clock, lines, snapshotter).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(healthy(snapshotter), 1.0);
     let warnings = lines.take_warnings();
@@ -220,8 +246,7 @@ async fn killed_fail_open(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(first.headers()["ratelimit"], "\"global\";r=9;t=8640");
     lines.take_warnings();
     server.kill();
-    for _ in 0..5 {
-        let response = send(&app).await;
+    for response in send_together(&app, 5).await {
         assert_eq!(response.status(), StatusCode::OK);
         assert!(!response.headers().contains_key("ratelimit"));
     }
@@ -235,7 +260,7 @@ async fn killed_fail_open(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(warnings.len(), 2, "{warnings:#?}");
     assert!(warnings[1].contains("forwarded unlimited (fail open)"));
     server.restart();
-    let response = recover(&app, &clock, snapshotter).await;
+    let response = recover(&app, &clock, lines, snapshotter).await;
     // The restarted server is empty: a new count.
     assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
     assert_eq!(healthy(snapshotter), 1.0);
@@ -251,10 +276,11 @@ async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(send(&app).await.status(), StatusCode::OK);
     lines.take_warnings();
     server.kill();
-    let mut statuses = Vec::new();
-    for _ in 0..5 {
-        statuses.push(send(&app).await.status().as_u16());
-    }
+    let mut statuses: Vec<u16> = send_together(&app, 5)
+        .await
+        .iter()
+        .map(|response| response.status().as_u16())
+        .collect();
     for _ in 0..5 {
         statuses.push(at_once(&app).status().as_u16());
     }
@@ -263,7 +289,7 @@ async fn restarted_fail_to_local(lines: &Lines, snapshotter: &Snapshotter) {
     assert_eq!(warnings.len(), 2, "{warnings:#?}");
     assert!(warnings[1].contains("decided locally with 0.5 of each limit"));
     server.restart();
-    let response = recover(&app, &clock, snapshotter).await;
+    let response = recover(&app, &clock, lines, snapshotter).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["ratelimit"], "\"global\";r=9;t=8640");
     assert_eq!(healthy(snapshotter), 1.0);
@@ -279,37 +305,49 @@ enum Probed {
     Failed(u64),
 }
 
-/// Moves the breaker's clock `due` seconds on, to its next probe, and sends requests until the
-/// breaker has the probe's answer, bounded by 10 s of real time. The first request starts the
-/// probe; with fail closed, each answer is `503` with `Retry-After: due` while the probe runs.
-/// Counts the requests in `sent`.
+/// One probe and its answer: moves the breaker's clock `due` seconds on, to its next probe
+/// time, and sends one request, which the open breaker answers by its failure policy and which
+/// starts the probe in the background (counted in `sent`). Then it waits for the breaker's
+/// answer to the probe, sending nothing meanwhile: the line saying it closed (then the gauge,
+/// set right after the line), or the probe's failure line with the next interval.
 async fn probe(
     app: &App,
     clock: &ManualClock,
+    lines: &Lines,
     snapshotter: &Snapshotter,
     due: u64,
     sent: &mut u64,
 ) -> Probed {
+    assert_eq!(healthy(snapshotter), 0.0, "the breaker is open");
+    let mark = lines.mark();
     clock.advance(Duration::from_secs(due));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert!(Instant::now() < deadline, "the probe did not finish");
-        if healthy(snapshotter) == 1.0 {
-            return Probed::Closed;
-        }
-        let response = send(app).await;
-        *sent += 1;
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let wait: u64 = response.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        if wait != due {
-            return Probed::Failed(wait);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    send(app).await;
+    *sent += 1;
+    let answer = lines
+        .wait_for(mark, PROBE_ANSWER, |line| {
+            line.contains(CLOSED) || line.contains(PROBE_FAILED)
+        })
+        .await
+        .unwrap_or_else(|| panic!("no answer to the probe within {PROBE_ANSWER:?}"));
+    if answer.contains(PROBE_FAILED) {
+        let next: u64 = answer
+            .split("next_probe_ms=")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("no next_probe_ms in {answer}"));
+        return Probed::Failed(next / 1_000);
     }
+    // The breaker writes the line, opens the way to Redis, then sets the gauge.
+    let deadline = std::time::Instant::now() + PROBE_ANSWER;
+    while healthy(snapshotter) != 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gauge never read 1: {answer}"
+        );
+        tokio::task::yield_now().await;
+    }
+    Probed::Closed
 }
 
 /// The count of a warning line saying "… N failed decision(s) since the last warning …".
@@ -339,23 +377,26 @@ fn restarted_on_the_same_port_the_first_probe_after_redis_is_back_closes_the_bre
         let app = app(&server, &clock, FailurePolicy::Closed).await;
         assert_eq!(send(&app).await.status(), StatusCode::OK);
         server.kill();
-        for _ in 0..5 {
-            let response = send(&app).await;
+        for response in send_together(&app, 5).await {
             assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         }
         assert_eq!(healthy(snapshotter), 0.0);
         let mut sent = 0;
         assert_eq!(
-            probe(&app, &clock, snapshotter, 1, &mut sent).await,
+            probe(&app, &clock, lines, snapshotter, 1, &mut sent).await,
             Probed::Failed(2)
         );
-        // Down for longer than the Redis client's own attempts to reconnect (well under a
-        // second), as in a real outage: its last attempt has failed when Redis comes back.
+        // Redis stays down for 2 s, longer than the Redis client's own attempts to reconnect
+        // take (well under a second), as in a real outage: the first probe after it is back
+        // meets the failure the client kept from its last attempt. This is the outage's length,
+        // not a wait for something to happen: were the client still trying when Redis comes
+        // back (a very busy machine), it would connect by itself, and the probe would close the
+        // breaker all the same.
         tokio::time::sleep(Duration::from_secs(2)).await;
         lines.take_warnings();
         server.restart();
         assert_eq!(
-            probe(&app, &clock, snapshotter, 2, &mut sent).await,
+            probe(&app, &clock, lines, snapshotter, 2, &mut sent).await,
             Probed::Closed
         );
         // Redis decides again (restarted empty: a new count).
@@ -403,7 +444,7 @@ fn out_of_memory_the_probe_is_refused_like_a_charge_and_the_breaker_stays_open()
                 failed += 1;
             }
             assert_eq!(
-                probe(&app, &clock, snapshotter, due, &mut failed).await,
+                probe(&app, &clock, lines, snapshotter, due, &mut failed).await,
                 Probed::Failed(next)
             );
         }
