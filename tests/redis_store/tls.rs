@@ -9,48 +9,13 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tollgate::config::{Config, ConfigFormat};
 use tollgate::store::StoreErrorKind;
 use tollgate::{Limit, Limiter, RedisStore, Rule};
 
 use super::ENGINE;
+use crate::support::certificates::Authority;
 use crate::support::redis_server::RedisServer;
-
-/// A certificate authority: its certificate (PEM) and what signs with it.
-struct Authority {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Authority {
-    fn new() -> Authority {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Its own name: a certificate whose issuer is named as itself reads as self-signed.
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "tollgate test CA");
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Authority {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names` (PEM) and its key (PEM).
-    fn sign(&self, names: &[&str]) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(names.clone()).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, names[0].as_str());
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 /// A server of the engine under test with a TLS port beside its plain one (the plain one is the
 /// tests' way to look inside), asking clients for a certificate signed by `ca`.

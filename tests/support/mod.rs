@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod calendar;
+pub mod certificates;
 #[cfg(feature = "redis")]
 pub mod differential;
 pub mod hammer;

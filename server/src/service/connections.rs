@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// The bounds on each port's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,10 +106,10 @@ fn is_transient(error: &io::Error) -> bool {
     )
 }
 
-/// A gRPC connection whose preface arrived in time: counted against the limit until dropped,
-/// and read from the preface on.
+/// A gRPC connection whose preface arrived in time (after its TLS handshake, on a TLS port):
+/// counted against the limit until dropped, and read from the preface on.
 pub(crate) struct Admitted {
-    stream: TcpStream,
+    stream: Io,
     /// The preface, read to time it; handed to tonic first.
     preface: [u8; PREFACE_LEN],
     replayed: usize,
@@ -116,23 +117,39 @@ pub(crate) struct Admitted {
 }
 
 impl Admitted {
-    /// Reads `stream`'s preface within `within`.
+    /// Completes `stream`'s TLS handshake with `tls` (when the port has TLS) and reads its
+    /// preface, both within `within`.
     pub(crate) async fn preface(
-        mut stream: TcpStream,
+        stream: TcpStream,
         open: OwnedSemaphorePermit,
         within: Duration,
+        tls: Option<&TlsAcceptor>,
     ) -> Result<Admitted, Unadmitted> {
         let mut preface = [0; PREFACE_LEN];
-        match tokio::time::timeout(within, stream.read_exact(&mut preface)).await {
-            Ok(Ok(_)) => Ok(Admitted {
+        let arrived = tokio::time::timeout(within, async {
+            let mut stream = match tls {
+                None => Io::Plain(stream),
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(stream) => Io::Tls(Box::new(stream)),
+                    Err(error) => return Err(Unadmitted::Handshake(error)),
+                },
+            };
+            match stream.read_exact(&mut preface).await {
+                Ok(_) => Ok(stream),
+                Err(error) => Err(Unadmitted::Gone(error)),
+            }
+        })
+        .await;
+        match arrived {
+            Ok(Ok(stream)) => Ok(Admitted {
                 stream,
                 preface,
                 replayed: 0,
                 _open: open,
             }),
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "connection closed before its HTTP/2 preface");
-                Err(Unadmitted::Gone)
+            Ok(Err(unadmitted)) => {
+                tracing::debug!(%unadmitted, "connection closed before its HTTP/2 preface");
+                Err(unadmitted)
             }
             Err(_) => {
                 tracing::debug!(?within, "no HTTP/2 preface in time: connection closed");
@@ -143,12 +160,98 @@ impl Admitted {
 }
 
 /// Why a connection was not handed to the gRPC server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Unadmitted {
     /// Its preface did not come whole in time: closed.
     TimedOut,
+    /// The TLS handshake failed (no client certificate where one is required, an untrusted one,
+    /// not TLS at all).
+    Handshake(io::Error),
     /// The client went away first.
-    Gone,
+    Gone(io::Error),
+}
+
+impl std::fmt::Display for Unadmitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unadmitted::TimedOut => f.write_str("no HTTP/2 preface in time"),
+            Unadmitted::Handshake(error) => write!(f, "TLS handshake failed: {error}"),
+            Unadmitted::Gone(error) => write!(f, "closed by the client: {error}"),
+        }
+    }
+}
+
+/// A connection's bytes: plain, or through TLS.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(stream) => stream,
+            Io::Tls(stream) => stream.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Io::Tls(stream) => Pin::new(stream).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Io::Tls(stream) => Pin::new(stream).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Io::Tls(stream) => Pin::new(stream).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Io::Tls(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Io::Tls(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(stream) => stream.is_write_vectored(),
+            Io::Tls(stream) => stream.is_write_vectored(),
+        }
+    }
 }
 
 impl AsyncRead for Admitted {
@@ -203,6 +306,6 @@ impl tonic::transport::server::Connected for Admitted {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::server::UnaryService;
 use tonic::Status;
@@ -103,6 +104,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 fn admitted(
     listener: tokio::net::TcpListener,
     gate: Gate,
+    tls: Option<TlsAcceptor>,
     state: Arc<State>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> ReceiverStream<std::io::Result<Admitted>> {
@@ -118,14 +120,15 @@ fn admitted(
             let Some((stream, open)) = accepted else {
                 return;
             };
-            let (admit, state) = (admit.clone(), state.clone());
+            let (admit, state, tls) = (admit.clone(), state.clone(), tls.clone());
             tokio::spawn(async move {
-                match Admitted::preface(stream, open, within).await {
+                match Admitted::preface(stream, open, within, tls.as_ref()).await {
                     Ok(connection) => {
                         let _ = admit.send(Ok(connection)).await;
                     }
                     Err(Unadmitted::TimedOut) => state.stats.connection_timed_out(),
-                    Err(Unadmitted::Gone) => {}
+                    Err(Unadmitted::Handshake(_)) => state.stats.tls_handshake_failed(),
+                    Err(Unadmitted::Gone(_)) => {}
                 }
             });
         }
@@ -137,6 +140,7 @@ fn admitted(
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     gate: Gate,
+    tls: Option<TlsAcceptor>,
     state: Arc<State>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -145,7 +149,7 @@ pub(crate) async fn serve(
         .set_serving::<RateLimitServer<ShouldRateLimit>>()
         .await;
     let service = RateLimitServer(ShouldRateLimit(state.clone()));
-    let incoming = admitted(listener, gate, state, stop.clone());
+    let incoming = admitted(listener, gate, tls, state, stop.clone());
     let shutdown = async move {
         let _ = stop.wait_for(|stop| *stop).await;
         reporter

@@ -10,6 +10,7 @@ mod http_api;
 pub mod protocol;
 mod reload;
 mod stats;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,6 +109,12 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .connect()
         .await
         .map_err(|e| StartError(load::library_error(&config_path, &e).to_string()))?;
+    let tls = settings
+        .grpc_tls
+        .as_ref()
+        .map(tls::acceptor)
+        .transpose()
+        .map_err(StartError)?;
     let grpc_listener = bind(settings.grpc_addr, "gRPC").await?;
     let http_listener = bind(settings.http_addr, "HTTP").await?;
     let state = Arc::new(State {
@@ -128,6 +135,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
+        tls = settings.grpc_tls.is_some(),
         config = %config_path.display(),
         domains = ?domain_names(&state),
         "tollgate-server: serving"
@@ -154,6 +162,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let grpc = tokio::spawn(grpc::serve(
         grpc_listener,
         gate(),
+        tls,
         state.clone(),
         grpc_stopping,
     ));

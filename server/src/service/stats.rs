@@ -81,6 +81,8 @@ pub struct Stats {
     connections_refused: AtomicU64,
     /// Connections closed because their request head or HTTP/2 preface did not come in time.
     connections_timed_out: AtomicU64,
+    /// gRPC connections whose TLS handshake failed (no or an untrusted client certificate).
+    tls_handshake_failures: AtomicU64,
 }
 
 /// One call in flight, counted while it lives.
@@ -174,6 +176,11 @@ impl Stats {
         self.connections_timed_out.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a failed TLS handshake.
+    pub(crate) fn tls_handshake_failed(&self) {
+        self.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a request answered `INVALID_ARGUMENT`.
     pub(crate) fn invalid_request(&self) {
         self.invalid_requests.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +248,10 @@ impl Stats {
             (
                 "tollgate_server_connections_timed_out_total",
                 &self.connections_timed_out,
+            ),
+            (
+                "tollgate_server_tls_handshake_failures_total",
+                &self.tls_handshake_failures,
             ),
         ] {
             let _ = writeln!(out, "# TYPE {name} counter");

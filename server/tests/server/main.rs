@@ -6,6 +6,8 @@
 #![allow(unreachable_pub)]
 
 mod bad_input;
+#[path = "../../../tests/support/certificates.rs"]
+mod certificates;
 mod environment;
 mod numbers;
 mod operations;
@@ -15,3 +17,4 @@ mod redis;
 mod redis_server;
 mod reload;
 mod support;
+mod tls;
