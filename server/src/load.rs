@@ -37,7 +37,7 @@ use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
 pub use crate::document::Error;
-use crate::document::LibraryRules;
+use crate::document::{LibraryRule, LibraryRules};
 use crate::document::{placed_error, yaml_error};
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec, Policy};
@@ -382,6 +382,9 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
         detailed_metric: rule.detailed_metric,
         replaces: rule.replaces,
         stat_key,
+        quota: false,
+        metadata: None,
+        from_request: false,
         memo: Default::default(),
     });
     Ok(())
@@ -478,6 +481,11 @@ fn finish(
             // are all unlimited, or that has none yet, still answers. Never charged.
             list.push(json!({ "name": IDLE_RULE, "rate": 1, "period": "1s" }));
         }
+        // The rules a descriptor's own `limit` is counted under: one per unit, the number
+        // given with each charge (see `crate::plan::OVERRIDE_RULE_PREFIX`).
+        list.extend(Unit::ALL.into_iter().map(|unit| {
+            LibraryRule::fixed_window(&crate::plan::override_rule(unit), u32::MAX, unit).0
+        }));
     }
     let on_store_failure = match file.get("store").and_then(|s| s.get("on_failure")) {
         Some(Value::String(policy)) if policy == "closed" => StoreFailure::Closed,

@@ -16,7 +16,8 @@ use tonic_health::ServingStatus;
 
 use super::connections::{Admitted, Gate, Unadmitted};
 use super::decide::{decide, statuses, Answer, Refusal};
-use super::headers::response_headers;
+use super::headers::{reference_headers, response_headers};
+use super::metadata::dynamic_metadata;
 use super::protocol::{code, RateLimitRequest, RateLimitResponse, RateLimitServer};
 use super::State;
 
@@ -50,10 +51,11 @@ async fn should_rate_limit(
         // not a counted reference: no shared count written on every call.)
         let current = state.current.load();
         let policy = current.on_store_failure;
-        let decided = decide(&current.domains, limiter, policy, &request).await;
+        let answering = &state.answering;
+        let decided = decide(&current.domains, limiter, policy, answering, &request).await;
         match decided {
             Ok(answer) => {
-                let response = respond(state, &answer);
+                let response = respond(state, &request, &answer);
                 state.stats.latency(started.elapsed());
                 return Ok(tonic::Response::new(response));
             }
@@ -76,20 +78,33 @@ async fn should_rate_limit(
     }
 }
 
-/// Counts `answer` and writes it in the protocol's terms.
-fn respond(state: &State, answer: &Answer<'_>) -> RateLimitResponse {
+/// Counts `answer` (to `request`) and writes it in the protocol's terms.
+fn respond(state: &State, request: &RateLimitRequest, answer: &Answer<'_>) -> RateLimitResponse {
     if answer.store_failed {
         state.stats.store_error();
     }
     state.stats.record(answer);
+    let answering = &state.answering;
+    let statuses = statuses(answer);
+    let mut over = answer.over_limit();
+    let mut fields = response_headers(answer);
+    if let Some(names) = &answering.reference_headers {
+        fields.extend(reference_headers(answer, &statuses, names));
+    }
+    if over && answering.shadow_mode {
+        // Decided and counted as usual, the descriptors' codes kept; the request passes, so
+        // no client is told to retry.
+        over = false;
+        state.stats.global_shadow_mode();
+        fields.retain(|field| !field.key.eq_ignore_ascii_case(http::header::RETRY_AFTER.as_str()));
+    }
     RateLimitResponse {
-        overall_code: if answer.over_limit() {
-            code::OVER_LIMIT
-        } else {
-            code::OK
-        },
-        statuses: statuses(answer),
-        response_headers_to_add: response_headers(answer),
+        overall_code: if over { code::OVER_LIMIT } else { code::OK },
+        dynamic_metadata: answering
+            .response_dynamic_metadata
+            .then(|| dynamic_metadata(request, answer, &statuses)),
+        statuses,
+        response_headers_to_add: fields,
         request_headers_to_add: Vec::new(),
     }
 }
