@@ -6,6 +6,7 @@
 #![allow(unreachable_pub)]
 
 mod bad_input;
+mod later_fields;
 mod numbers;
 mod operations;
 mod readme;
