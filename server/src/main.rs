@@ -88,9 +88,7 @@ fn main() -> ExitCode {
             shadow_mode: args.shadow_mode,
             response_dynamic_metadata: args.response_dynamic_metadata,
             near_limit_ratio: args.near_limit_ratio,
-            reference_headers: args
-                .limit_response_headers
-                .then(ReferenceHeaders::default),
+            reference_headers: args.limit_response_headers.then(ReferenceHeaders::default),
         },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -223,7 +223,9 @@ impl<'t> Plan<'t> {
 
     /// The shadow limits: `(descriptor, rule, key, limit)`, each charged on its own (those whose
     /// cost is given back are in [`Plan::refunds`]).
-    pub fn shadow(&self) -> impl Iterator<Item = (usize, &str, &[u8], Option<Limit>)> + use<'_, 't> {
+    pub fn shadow(
+        &self,
+    ) -> impl Iterator<Item = (usize, &str, &[u8], Option<Limit>)> + use<'_, 't> {
         self.matched.iter().enumerate().filter_map(|(i, m)| {
             let m = m.as_ref()?;
             match &m.limit.kind {
@@ -237,7 +239,9 @@ impl<'t> Plan<'t> {
 
     /// The counted limits whose descriptor gives its cost back: `(descriptor, rule, key,
     /// limit)`, each refunded on its own.
-    pub fn refunds(&self) -> impl Iterator<Item = (usize, &str, &[u8], Option<Limit>)> + use<'_, 't> {
+    pub fn refunds(
+        &self,
+    ) -> impl Iterator<Item = (usize, &str, &[u8], Option<Limit>)> + use<'_, 't> {
         self.matched.iter().enumerate().filter_map(|(i, m)| {
             let m = m.as_ref()?;
             match &m.limit.kind {

@@ -253,7 +253,10 @@ impl fmt::Display for LimitError {
                 )
             }
             LimitError::BadLimit { rule, reason } => {
-                write!(f, "rate-limit rule {rule:?}: the limit given cannot be used: {reason}")
+                write!(
+                    f,
+                    "rate-limit rule {rule:?}: the limit given cannot be used: {reason}"
+                )
             }
             LimitError::EmptyBatch => {
                 f.write_str("a batch of rate-limit charges names no rule: nothing to decide")
@@ -653,7 +656,9 @@ impl Limiter {
                             reason,
                         })?;
                 }
-                let algorithm = limit.as_ref().map_or(compiled.algorithm(), Limit::algorithm);
+                let algorithm = limit
+                    .as_ref()
+                    .map_or(compiled.algorithm(), Limit::algorithm);
                 algorithm
                     .check_cost(cost, mode)
                     .map_err(|error| LimitError::CostTooLarge {

@@ -245,7 +245,9 @@ pub(crate) async fn decide<'t>(
                 tracing::debug!(%error, policy = ?on_store_failure, "store failed");
                 store_failed = true;
                 match on_store_failure {
-                    StoreFailure::Open => answered_open = plan.slots.iter().map(Option::is_some).collect(),
+                    StoreFailure::Open => {
+                        answered_open = plan.slots.iter().map(Option::is_some).collect()
+                    }
                     StoreFailure::Closed => {
                         for (j, slot) in judged.iter_mut().zip(&plan.slots) {
                             j.over |= slot.is_some();
@@ -345,9 +347,8 @@ async fn charge(
     let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
     // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one
     // refunded.
-    let quota_free = (0..plan.matched.len()).any(|i| {
-        plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]
-    });
+    let quota_free = (0..plan.matched.len())
+        .any(|i| plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]);
     let quota_needed = !quota_free && charges.iter().any(|c| c.quota);
     let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
         .filter(|&c| charges[c].quota && !over_regardless(c))
@@ -370,7 +371,8 @@ async fn charge(
         }
         return Ok(outcomes);
     }
-    let enforced: SmallVec<[usize; 4]> = (0..charges.len()).filter(|&c| !charges[c].quota).collect();
+    let enforced: SmallVec<[usize; 4]> =
+        (0..charges.len()).filter(|&c| !charges[c].quota).collect();
     loop {
         let picked: SmallVec<[usize; 4]> = enforced.iter().chain(&with_room).copied().collect();
         if picked.is_empty() {

@@ -96,7 +96,11 @@ fn respond(state: &State, request: &RateLimitRequest, answer: &Answer<'_>) -> Ra
         // no client is told to retry.
         over = false;
         state.stats.global_shadow_mode();
-        fields.retain(|field| !field.key.eq_ignore_ascii_case(http::header::RETRY_AFTER.as_str()));
+        fields.retain(|field| {
+            !field
+                .key
+                .eq_ignore_ascii_case(http::header::RETRY_AFTER.as_str())
+        });
     }
     RateLimitResponse {
         overall_code: if over { code::OVER_LIMIT } else { code::OK },

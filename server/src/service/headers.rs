@@ -26,10 +26,15 @@ pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
     // Shadow limits are counted and reported to operators (statistics, logs), never to
     // clients: they are not enforced.
     let limited = || {
-        answer.judged.iter().filter_map(|j| match j.limit.as_deref() {
-            Some(limit) if limit.kind != LimitKind::Unlimited && !limit.shadow => Some((j, limit)),
-            _ => None,
-        })
+        answer
+            .judged
+            .iter()
+            .filter_map(|j| match j.limit.as_deref() {
+                Some(limit) if limit.kind != LimitKind::Unlimited && !limit.shadow => {
+                    Some((j, limit))
+                }
+                _ => None,
+            })
     };
     if limited().next().is_none() || headers == Headers::Off {
         return Vec::new();

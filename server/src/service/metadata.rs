@@ -155,7 +155,10 @@ mod tests {
     fn the_first_value_stays_and_structs_merge() {
         let mut into = object(&[
             ("name", text("service_1")),
-            ("inner", Value::of(Kind::StructValue(object(&[("a", text("1"))])))),
+            (
+                "inner",
+                Value::of(Kind::StructValue(object(&[("a", text("1"))]))),
+            ),
         ]);
         merge(
             &mut into,
@@ -164,7 +167,10 @@ mod tests {
                 ("other", text("x")),
                 (
                     "inner",
-                    Value::of(Kind::StructValue(object(&[("a", text("2")), ("b", text("3"))]))),
+                    Value::of(Kind::StructValue(object(&[
+                        ("a", text("2")),
+                        ("b", text("3")),
+                    ]))),
                 ),
             ]),
         );
@@ -173,7 +179,10 @@ mod tests {
             ("other", text("x")),
             (
                 "inner",
-                Value::of(Kind::StructValue(object(&[("a", text("1")), ("b", text("3"))]))),
+                Value::of(Kind::StructValue(object(&[
+                    ("a", text("1")),
+                    ("b", text("3")),
+                ]))),
             ),
         ]);
         assert_eq!(into, expected);

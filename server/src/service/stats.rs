@@ -243,7 +243,10 @@ impl Stats {
         let _ = writeln!(out, "{gauge} {}", self.in_flight.load(Ordering::Relaxed));
         for (name, value) in [
             // The reference's name (`ratelimit.service.global_shadow_mode`).
-            ("ratelimit_service_global_shadow_mode", &self.global_shadow_mode),
+            (
+                "ratelimit_service_global_shadow_mode",
+                &self.global_shadow_mode,
+            ),
             ("tollgate_server_store_errors_total", &self.store_errors),
             ("tollgate_server_config_reloads_total", &self.reloads),
             (

@@ -61,7 +61,10 @@ async fn a_request_is_over_only_when_every_quota_descriptor_is() {
     // q1 is over, q2 has room: the request passes and pays the limits with room; q1 is told
     // OVER_LIMIT, as the reference tells it.
     let second = client.ask("quota", &all).await;
-    assert_eq!((second.overall_code, codes(&second)), (OK, vec![OK, OVER, OK]));
+    assert_eq!(
+        (second.overall_code, codes(&second)),
+        (OK, vec![OK, OVER, OK])
+    );
     assert_eq!(remaining(&second), [8, 0, 0]);
     // Every quota descriptor is over: the request is, and pays nothing.
     let third = client.ask("quota", &all).await;
@@ -71,14 +74,21 @@ async fn a_request_is_over_only_when_every_quota_descriptor_is() {
     );
     assert_eq!(remaining(&third), [8, 0, 0]);
     let regular = client.ask("quota", &[&[("regular", "a")]]).await;
-    assert_eq!(remaining(&regular), [7], "the refused request was not charged");
+    assert_eq!(
+        remaining(&regular),
+        [7],
+        "the refused request was not charged"
+    );
 
     // An enforced limit over refuses the request whatever the quota descriptors say.
     let many = request("quota", &[&[("regular", "b")], &[("q2", "b")]]);
     let mut costly = many.clone();
     costly.descriptors[0].hits_addend = addend(11);
     let refused = client.call(costly).await.unwrap();
-    assert_eq!((refused.overall_code, codes(&refused)), (OVER, vec![OVER, OK]));
+    assert_eq!(
+        (refused.overall_code, codes(&refused)),
+        (OVER, vec![OVER, OK])
+    );
     let after = client.call(many).await.unwrap();
     assert_eq!(remaining(&after), [9, 1], "nothing was charged");
 }
@@ -242,10 +252,16 @@ async fn the_reference_s_example_file_loads_and_answers_its_numbers() {
     let answer = client.ask("rl", &banned).await;
     assert_eq!(answer.overall_code, OVER);
     let limit = answer.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.name.as_str()), (0, "banned_limit"));
+    assert_eq!(
+        (limit.requests_per_unit, limit.name.as_str()),
+        (0, "banned_limit")
+    );
     let replaced = [
         &[("foo", "y"), ("bar", "banned")][..],
-        &[("source_cluster", "proxy"), ("destination_cluster", "override")],
+        &[
+            ("source_cluster", "proxy"),
+            ("destination_cluster", "override"),
+        ],
     ];
     let answer = client.ask("rl", &replaced).await;
     assert_eq!((answer.overall_code, remaining(&answer)), (OK, vec![0, 1]));
@@ -263,12 +279,19 @@ async fn the_reference_s_example_file_loads_and_answers_its_numbers() {
     let services = [&[("service", "service_1")][..], &[("service", "service_2")]];
     let first = client.ask("rl", &services).await;
     assert_eq!((first.overall_code, remaining(&first)), (OK, vec![0, 1]));
-    assert_eq!(passed_name(&first), Some("service_1"), "the first one's stays");
+    assert_eq!(
+        passed_name(&first),
+        Some("service_1"),
+        "the first one's stays"
+    );
     let second = client.ask("rl", &services).await;
     assert_eq!((second.overall_code, codes(&second)), (OK, vec![OVER, OK]));
     assert_eq!(passed_name(&second), Some("service_2"));
     let third = client.ask("rl", &services).await;
-    assert_eq!((third.overall_code, codes(&third)), (OVER, vec![OVER, OVER]));
+    assert_eq!(
+        (third.overall_code, codes(&third)),
+        (OVER, vec![OVER, OVER])
+    );
     assert_eq!(passed_name(&third), None);
 }
 
@@ -415,7 +438,10 @@ async fn a_descriptor_s_own_limit_applies_in_any_known_domain() {
         .await
         .unwrap();
     let limit = first.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (10, Unit::Day as i32));
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (10, Unit::Day as i32)
+    );
     assert_eq!(remaining(&first), [9]);
     let second = client
         .call(with_limit("something", 10, Unit::Day))
@@ -443,16 +469,19 @@ async fn a_descriptor_s_own_limit_applies_in_any_known_domain() {
     let mut nowhere = with_limit("x", 10, Unit::Day);
     nowhere.descriptors[0].entries.truncate(1);
     assert_eq!(remaining(&client.call(nowhere).await.unwrap()), [9]);
-    let zero = client
-        .call(with_limit("zero", 0, Unit::Day))
-        .await
-        .unwrap();
+    let zero = client.call(with_limit("zero", 0, Unit::Day)).await.unwrap();
     assert_eq!(zero.overall_code, OVER);
     // An unknown domain: no limit, as the reference answers.
     let mut unknown = with_limit("something", 10, Unit::Day);
     unknown.domain = b"foo_domain".to_vec();
     let answer = client.call(unknown).await.unwrap();
-    assert_eq!((answer.overall_code, answer.statuses[0].current_limit.clone()), (OK, None));
+    assert_eq!(
+        (
+            answer.overall_code,
+            answer.statuses[0].current_limit.clone()
+        ),
+        (OK, None)
+    );
     // Statistics under the entries, as the reference keys them.
     assert_eq!(
         server.metric(
