@@ -586,6 +586,10 @@ impl Limiter {
     /// let twenty = Some(Limit::fixed_window(20, day));
     /// let next = limiter.charge_all_under([("per-day", "acme", 1, twenty)]).await?;
     /// assert_eq!(next.rules()[0].outcome.remaining, 11);
+    /// // A concurrency limit cannot decide a rate rule's charge.
+    /// let slots = Some(Limit::concurrent(2));
+    /// let refused = limiter.charge_all_under([("per-day", "acme", 1, slots)]).await;
+    /// assert!(matches!(refused, Err(tollgate::LimitError::BadLimit { .. })));
     /// # Ok(()) }
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
     /// ```
