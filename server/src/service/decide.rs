@@ -341,8 +341,8 @@ async fn charge(
     limiter: &Limiter,
     plan: &Plan<'_>,
     charges: &[Charge<'_>],
-) -> Result<Vec<Option<Outcome>>, LimitError> {
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; charges.len()];
+) -> Result<PerDescriptor<Option<Outcome>>, LimitError> {
+    let mut outcomes: PerDescriptor<Option<Outcome>> = smallvec::smallvec![None; charges.len()];
     let first_of = |c: usize| plan.slots.iter().position(|s| *s == Some(c));
     let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
     // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one

@@ -86,21 +86,22 @@ fn respond(state: &State, request: &RateLimitRequest, answer: &Answer<'_>) -> Ra
     state.stats.record(answer);
     let answering = &state.answering;
     let statuses = statuses(answer);
-    let mut over = answer.over_limit();
+    let over_limit = answer.over_limit();
+    // The global shadow mode: decided and counted as usual, the descriptors' codes kept, and
+    // the request passes.
+    let over = over_limit && !answering.shadow_mode;
+    if over_limit && !over {
+        state.stats.global_shadow_mode();
+    }
     let mut fields = response_headers(answer);
+    if !over && answer.judged.iter().any(|j| j.over) {
+        // A request that passes is never told to retry (a quota descriptor over its limit, or
+        // the global shadow mode).
+        let retry_after = http::header::RETRY_AFTER.as_str();
+        fields.retain(|field| !field.key.eq_ignore_ascii_case(retry_after));
+    }
     if let Some(names) = &answering.reference_headers {
         fields.extend(reference_headers(answer, &statuses, names));
-    }
-    if over && answering.shadow_mode {
-        // Decided and counted as usual, the descriptors' codes kept; the request passes, so
-        // no client is told to retry.
-        over = false;
-        state.stats.global_shadow_mode();
-        fields.retain(|field| {
-            !field
-                .key
-                .eq_ignore_ascii_case(http::header::RETRY_AFTER.as_str())
-        });
     }
     RateLimitResponse {
         overall_code: if over { code::OVER_LIMIT } else { code::OK },

@@ -66,6 +66,7 @@ async fn a_request_is_over_only_when_every_quota_descriptor_is() {
         (OK, vec![OK, OVER, OK])
     );
     assert_eq!(remaining(&second), [8, 0, 0]);
+    assert_eq!(field(&second, "retry-after"), None, "the request passes");
     // Every quota descriptor is over: the request is, and pays nothing.
     let third = client.ask("quota", &all).await;
     assert_eq!(
@@ -73,6 +74,7 @@ async fn a_request_is_over_only_when_every_quota_descriptor_is() {
         (OVER, vec![OK, OVER, OVER])
     );
     assert_eq!(remaining(&third), [8, 0, 0]);
+    assert!(field(&third, "retry-after").is_some());
     let regular = client.ask("quota", &[&[("regular", "a")]]).await;
     assert_eq!(
         remaining(&regular),
