@@ -69,6 +69,9 @@ fn check_server(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
             if limit.shadow {
                 notes.push_str(", shadow mode");
             }
+            if limit.quota {
+                notes.push_str(", quota mode");
+            }
             if !limit.replaces.is_empty() {
                 let _ = write!(notes, ", replaces {:?}", limit.replaces);
             }

@@ -133,10 +133,9 @@ impl<'t> Plan<'t> {
             }
         }
         let n = matched.len();
-        let quota = descriptors
+        let quota = matched
             .iter()
-            .zip(&matched)
-            .map(|(_, m)| match m {
+            .map(|m| match m {
                 Some(m) if m.limit.kind == LimitKind::Unlimited => false,
                 Some(m) => quota_mode || m.limit.quota,
                 None => quota_mode,

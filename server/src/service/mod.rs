@@ -52,7 +52,7 @@ pub struct Settings {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Answering {
     /// Every limit is a quota limit (`QUOTA_MODE`): a request is OVER_LIMIT only when every
-    /// quota descriptor is (or an `unlimited`-free descriptor it has no limit for passes).
+    /// quota descriptor is; as in the reference, a descriptor with no limit is one, and passes.
     pub quota_mode: bool,
     /// Every answer is OK (`SHADOW_MODE`): decided and counted as usual, the descriptors' own
     /// codes kept, `overall_code` OK; counted in `ratelimit_service_global_shadow_mode`.
