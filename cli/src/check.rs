@@ -28,8 +28,14 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
 fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) -> String {
     let mut rules = layer.limiter().rules_in_force();
     // The rule a server configuration with nothing to count holds is tollgate-server's, not
-    // the user's.
-    rules.retain(|rule| rule.name != tollgate_server::load::IDLE_RULE);
+    // the user's,
+    // nor are the rules of the limits descriptors bring.
+    rules.retain(|rule| {
+        rule.name != tollgate_server::load::IDLE_RULE
+            && !rule
+                .name
+                .starts_with(tollgate_server::plan::OVERRIDE_RULE_PREFIX)
+    });
     let mut out = format!("{}: OK, {} rule(s){extra}\n", path.display(), rules.len());
     for rule in &rules {
         let mut described = describe(rule);
@@ -62,6 +68,9 @@ fn check_server(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
             let mut notes = String::new();
             if limit.shadow {
                 notes.push_str(", shadow mode");
+            }
+            if limit.quota {
+                notes.push_str(", quota mode");
             }
             if !limit.replaces.is_empty() {
                 let _ = write!(notes, ", replaces {:?}", limit.replaces);

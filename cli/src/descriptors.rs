@@ -142,15 +142,15 @@ impl ServerRun {
         let values = self.map.values(request);
         let descriptors: Vec<Descriptor<'_>> = values
             .iter()
-            .map(|entries| Descriptor {
-                entries: entries
+            .map(|entries| {
+                let entries = entries
                     .iter()
                     .map(|(key, value)| Entry { key, value })
-                    .collect(),
-                cost: 1,
+                    .collect();
+                Descriptor::new(entries, 1)
             })
             .collect();
-        let plan = Plan::new(self.domains.get(&self.domain), &descriptors);
+        let plan = Plan::new(self.domains.get(&self.domain), &descriptors, false);
         if plan.cannot_pass() {
             return Ruling::Refused {
                 status: http::StatusCode::TOO_MANY_REQUESTS,
@@ -158,9 +158,16 @@ impl ServerRun {
                 reason: "a limit of 0 per unit".into(),
             };
         }
-        let shadow: Vec<(&str, &[u8], u64)> =
-            plan.shadow().map(|(_, rule, key)| (rule, key, 1)).collect();
-        let enforced = charge(limiter, plan.charges());
+        let shadow: Vec<_> = plan
+            .shadow()
+            .map(|(_, rule, key, limit)| (rule, key, 1, limit))
+            .collect();
+        // Quota limits are charged with the others, all or nothing (the server takes a step
+        // again without a quota limit that has no room).
+        let enforced = charge(
+            limiter,
+            plan.charges().map(|c| (c.rule, c.key, c.cost, c.limit)),
+        );
         let shadow = charge(limiter, shadow);
         match (enforced, shadow) {
             (Ok(enforced), Ok(shadow)) => Ruling::Decided { enforced, shadow },
@@ -176,13 +183,13 @@ impl ServerRun {
 /// `charges` in one step of the (memory) store; none is an empty decision.
 fn charge<'a>(
     limiter: &Limiter,
-    charges: impl IntoIterator<Item = (&'a str, &'a [u8], u64)>,
+    charges: impl IntoIterator<Item = (&'a str, &'a [u8], u64, Option<tollgate::Limit>)>,
 ) -> Result<Decision, String> {
     let mut charges = charges.into_iter().peekable();
     if charges.peek().is_none() {
         return Ok(Decision::default());
     }
-    match crate::ready::now(limiter.charge_all(charges)) {
+    match crate::ready::now(limiter.charge_all_under(charges)) {
         Some(Ok(decision)) => Ok(decision),
         Some(Err(error)) => Err(error.to_string()),
         None => Err("store error".into()),

@@ -57,6 +57,7 @@ impl UnaryService<RateLimitRequest> for Constant {
                 field("ratelimit", "\"bench.remote_address\";r=999999999;t=1"),
             ],
             request_headers_to_add: Vec::new(),
+            dynamic_metadata: None,
         })))
     }
 }

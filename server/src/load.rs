@@ -37,8 +37,8 @@ use tollgate::config::{Config, ConfigFileError, ConfigFormat};
 use tollgate::MemoryStore;
 
 pub use crate::document::Error;
-use crate::document::LibraryRules;
 use crate::document::{placed_error, yaml_error};
+use crate::document::{LibraryRule, LibraryRules};
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec, Policy};
 use crate::unit::Unit;
@@ -540,6 +540,9 @@ fn attach(tree: &mut Domain, rule: OwnRule, algorithms: &Algorithms) -> Result<(
         detailed_metric: rule.detailed_metric,
         replaces: rule.replaces,
         stat_key,
+        quota: false,
+        metadata: None,
+        from_request: false,
         memo: Default::default(),
     });
     Ok(())
@@ -636,6 +639,11 @@ fn finish(
             // are all unlimited, or that has none yet, still answers. Never charged.
             list.push(json!({ "name": IDLE_RULE, "rate": 1, "period": "1s" }));
         }
+        // The rules a descriptor's own `limit` is counted under: one per unit, the number
+        // given with each charge (see `crate::plan::OVERRIDE_RULE_PREFIX`).
+        list.extend(Unit::ALL.into_iter().map(|unit| {
+            LibraryRule::fixed_window(&crate::plan::override_rule(unit), u32::MAX, unit).0
+        }));
     }
     let on_store_failure = match file.get("store").and_then(|s| s.get("on_failure")) {
         Some(Value::String(policy)) if policy == "closed" => StoreFailure::Closed,
@@ -741,6 +749,14 @@ mod tests {
             ),
             "r.yaml:4:55: descriptors[0].rate_limit: unknown field `nmae`, expected one of `unit`, `requests_per_unit`, `name`, `unlimited`, `replaces`"
         );
+        // The fields the reference added later are read; a misspelt one is still an error.
+        assert_eq!(
+            error(
+                "r.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n    quota_mod: true\n"
+            ),
+            "r.yaml:4:5: descriptors[0]: unknown field `quota_mod`, expected one of `key`, `value`, `rate_limit`, `descriptors`, `shadow_mode`, `detailed_metric`, `share_threshold`, `value_to_metric`, `quota_mode`, `metadata`"
+        );
         assert_eq!(
             error(
                 "r.yaml",
@@ -754,6 +770,24 @@ mod tests {
                 "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: k\n        value: v\n      - key: k\n        value: v\n"
             ),
             "r.yaml:7:9: descriptors[0].descriptors[1]: duplicate descriptor \"k_v\" at this level"
+        );
+    }
+
+    #[test]
+    fn the_later_fields_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("later.yaml");
+        let file = "domain: later\ndescriptors:\n  - key: service\n    value: s1\n    quota_mode: true\n    value_to_metric: true\n    metadata:\n      owner: { team: payments, level: 2 }\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n";
+        std::fs::write(&path, file).unwrap();
+        let loaded = load(&path).expect("the reference loads it, so does tollgate-server");
+        let domain = loaded.domains.get("later").unwrap();
+        assert!(domain.value_to_metric);
+        let limit = domain.limits()[0];
+        assert!(limit.quota);
+        let metadata = serde_json::Value::Object((**limit.metadata.as_ref().unwrap()).clone());
+        assert_eq!(
+            metadata,
+            json!({ "owner": { "team": "payments", "level": 2 } })
         );
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tollgate_server::load::Source;
-use tollgate_server::service::{Limits, Settings};
+use tollgate_server::service::{Answering, Limits, ReferenceHeaders, Settings};
 use tollgate_server::settings;
 
 /// The rate-limit service of Envoy, Istio and every client of
@@ -44,6 +44,34 @@ struct Args {
           default_value_t = Limits::default().header_read_timeout.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     header_read_timeout_ms: u64,
+    /// Every limit is a quota limit (the reference's QUOTA_MODE): a request is OVER_LIMIT only
+    /// when every quota descriptor is.
+    #[arg(long)]
+    quota_mode: bool,
+    /// Every answer is OK, decided and counted as usual (the reference's SHADOW_MODE).
+    #[arg(long)]
+    shadow_mode: bool,
+    /// Answers carry dynamic_metadata: the domain, the descriptors and the metadata of the
+    /// limits that passed (the reference's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long)]
+    response_dynamic_metadata: bool,
+    /// A limit is near (the near_limit statistic) once more than this share of it is used (the
+    /// reference's NEAR_LIMIT_RATIO).
+    /// [default: 0.8, or NEAR_LIMIT_RATIO]
+    #[arg(long, value_name = "RATIO", value_parser = near_limit_ratio)]
+    near_limit_ratio: Option<f32>,
+    /// Answers also carry RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset for the
+    /// descriptor closest to its limit (the reference's LIMIT_RESPONSE_HEADERS_ENABLED).
+    #[arg(long)]
+    limit_response_headers: bool,
+}
+
+/// A ratio between 0 and 1.
+fn near_limit_ratio(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text:?} is not a number between 0 and 1")),
+    }
 }
 
 /// The variables read without `--config`, for `--help`.
@@ -90,6 +118,7 @@ fn main() -> ExitCode {
             config: Source::Path(path),
             force_start: false,
             grpc_tls: None,
+            answering: Answering::default(),
             grpc_addr: args.grpc_addr.unwrap_or(([0, 0, 0, 0], 8081).into()),
             http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
             reload_interval: Duration::ZERO,
@@ -106,6 +135,7 @@ fn main() -> ExitCode {
                 },
                 force_start: env.force_start,
                 grpc_tls: env.grpc_tls,
+                answering: env.answering,
                 grpc_addr: args.grpc_addr.unwrap_or(env.grpc_addr),
                 http_addr: args.http_addr.unwrap_or(env.http_addr),
                 reload_interval: Duration::ZERO,
@@ -119,6 +149,20 @@ fn main() -> ExitCode {
         connections: Limits {
             max_connections: args.max_connections as usize,
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        },
+        // A switch given as a flag turns the behaviour on whatever the variable says.
+        answering: Answering {
+            quota_mode: args.quota_mode || settings.answering.quota_mode,
+            shadow_mode: args.shadow_mode || settings.answering.shadow_mode,
+            response_dynamic_metadata: args.response_dynamic_metadata
+                || settings.answering.response_dynamic_metadata,
+            near_limit_ratio: args
+                .near_limit_ratio
+                .unwrap_or(settings.answering.near_limit_ratio),
+            reference_headers: match settings.answering.reference_headers.clone() {
+                Some(names) => Some(names),
+                None => args.limit_response_headers.then(ReferenceHeaders::default),
+            },
         },
         ..settings
     };

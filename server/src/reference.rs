@@ -46,10 +46,15 @@ struct Descriptor {
     /// Every value matching a wildcard counts under one counter.
     #[serde(default)]
     share_threshold: bool,
-    /// The reference's per-value statistics switch; statistics here follow `detailed_metric`.
+    /// Statistics name the request's value at this level (a key alone or a wildcard), not the
+    /// configured one.
     #[serde(default)]
-    #[allow(dead_code)]
     value_to_metric: bool,
+    /// Over this limit, the request is OVER_LIMIT only when every quota descriptor is.
+    #[serde(default)]
+    quota_mode: bool,
+    /// Free-form: returned in the answer's `dynamic_metadata` when this level's limit passes.
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,6 +107,7 @@ pub(crate) fn read(
     let mut walk = Walk {
         domain: &file.domain,
         rules,
+        value_to_metric: &mut domain.value_to_metric,
     };
     walk.level(&mut domain.root, &file.descriptors, "descriptors", None)
         .map_err(fail)
@@ -110,6 +116,8 @@ pub(crate) fn read(
 struct Walk<'a> {
     domain: &'a str,
     rules: &'a mut LibraryRules,
+    /// Set when a level has `value_to_metric`.
+    value_to_metric: &'a mut bool,
 }
 
 impl Walk<'_> {
@@ -143,6 +151,8 @@ impl Walk<'_> {
             };
             let child = node.child_mut(&descriptor.key, descriptor.value.as_deref());
             child.set_share_threshold(descriptor.share_threshold);
+            child.value_to_metric = descriptor.value_to_metric;
+            *self.value_to_metric |= descriptor.value_to_metric;
             if let Some(rate_limit) = &descriptor.rate_limit {
                 let spec = self
                     .limit(rate_limit, descriptor, &stat_key)
@@ -205,6 +215,13 @@ impl Walk<'_> {
             detailed_metric: descriptor.detailed_metric,
             replaces: rate_limit.replaces.iter().map(|r| r.name.clone()).collect(),
             stat_key: stat_key.to_owned(),
+            quota: descriptor.quota_mode,
+            metadata: descriptor
+                .metadata
+                .clone()
+                .filter(|m| !m.is_empty())
+                .map(std::sync::Arc::new),
+            from_request: false,
             memo: Default::default(),
         })
     }

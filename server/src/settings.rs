@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::service::{Answering, ReferenceHeaders};
+
 pub use crate::load::RuntimeDir;
 
 /// The settings the environment gives.
@@ -38,6 +40,9 @@ pub struct FromEnvironment {
     /// `TLS on the gRPC port`: `GRPC_SERVER_USE_TLS` with its certificate and key, and
     /// `GRPC_CLIENT_TLS_CACERT` (+ `GRPC_CLIENT_TLS_SAN`) for client certificates.
     pub grpc_tls: Option<TlsFiles>,
+    /// How answers are written: `QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`,
+    /// `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its three header names.
+    pub answering: Answering,
     /// Variables that are set and that tollgate-server does not act on, each with why: said
     /// once at start-up.
     pub notices: Vec<String>,
@@ -181,9 +186,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "LIMIT_RESPONSE_HEADERS_ENABLED",
         "not supported yet: answers carry the draft-11 RateLimit fields",
     ),
-    ("LIMIT_LIMIT_HEADER", "not supported yet"),
-    ("LIMIT_REMAINING_HEADER", "not supported yet"),
-    ("LIMIT_RESET_HEADER", "not supported yet"),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "not supported yet: healthy once serving",
@@ -294,8 +296,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "SHADOW_MODE",
         "not supported yet: mark limits with shadow_mode",
     ),
-    ("QUOTA_MODE", "not supported yet"),
-    ("RESPONSE_DYNAMIC_METADATA", "not supported yet"),
     (
         "TRACING_ENABLED",
         "not supported: tollgate-server writes logs, not traces",
@@ -331,6 +331,14 @@ pub const READ: &[(&str, &str)] = &[
     ("REDIS_TLS", "false: TLS to Redis"),
     ("REDIS_TIMEOUT", "10s: the longest one store call may take"),
     ("CACHE_KEY_PREFIX", "(none): put before every key the store writes"),
+    ("QUOTA_MODE", "false: every limit a quota limit (OVER_LIMIT only when every quota descriptor is)"),
+    ("SHADOW_MODE", "false: every answer OK, decided and counted as usual"),
+    ("RESPONSE_DYNAMIC_METADATA", "false: answers carry dynamic_metadata"),
+    ("NEAR_LIMIT_RATIO", "0.8: a limit is near (near_limit) once more than this share is used"),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", "false: also the reference's three fields, for the descriptor closest to its limit"),
+    ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+    ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+    ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
     ("GRPC_SERVER_USE_TLS", "false: TLS on the gRPC port"),
     ("GRPC_SERVER_TLS_CERT", "the gRPC port's certificate (PEM)"),
     ("GRPC_SERVER_TLS_KEY", "its private key (PEM)"),
@@ -402,6 +410,44 @@ pub fn read(
 
     let store = store(&env)?;
     let grpc_tls = grpc_tls(&env)?;
+    let near_limit_ratio = match get("NEAR_LIMIT_RATIO") {
+        None => Answering::default().near_limit_ratio,
+        Some(text) => match text.trim().parse::<f32>() {
+            Ok(ratio) if (0.0..=1.0).contains(&ratio) => ratio,
+            _ => {
+                return Err(SettingsError(format!(
+                    "NEAR_LIMIT_RATIO={text:?}: expected a number between 0 and 1"
+                )))
+            }
+        },
+    };
+    let names = ReferenceHeaders::default();
+    for name in [
+        "LIMIT_LIMIT_HEADER",
+        "LIMIT_REMAINING_HEADER",
+        "LIMIT_RESET_HEADER",
+    ] {
+        if let Some(value) = get(name) {
+            if http::HeaderName::from_bytes(value.as_bytes()).is_err() {
+                return Err(SettingsError(format!(
+                    "{name}={value:?}: not a valid header field name"
+                )));
+            }
+        }
+    }
+    let answering = Answering {
+        quota_mode: boolean(&env, "QUOTA_MODE", false)?,
+        shadow_mode: boolean(&env, "SHADOW_MODE", false)?,
+        response_dynamic_metadata: boolean(&env, "RESPONSE_DYNAMIC_METADATA", false)?,
+        near_limit_ratio,
+        reference_headers: boolean(&env, "LIMIT_RESPONSE_HEADERS_ENABLED", false)?.then(|| {
+            ReferenceHeaders {
+                limit: text("LIMIT_LIMIT_HEADER", &names.limit),
+                remaining: text("LIMIT_REMAINING_HEADER", &names.remaining),
+                reset: text("LIMIT_RESET_HEADER", &names.reset),
+            }
+        }),
+    };
 
     let notices = NOT_ACTED_ON
         .iter()
@@ -417,6 +463,7 @@ pub fn read(
         log_level,
         log_json,
         grpc_tls,
+        answering,
         notices,
     })
 }
@@ -744,5 +791,31 @@ mod tests {
             "GRPC_SERVER_TLS_CERT: required with GRPC_SERVER_USE_TLS=true (a PEM file)"
         );
         assert!(error(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).contains("not supported yet"));
+        assert!(error(&[("NEAR_LIMIT_RATIO", "2")]).starts_with("NEAR_LIMIT_RATIO="));
+        assert!(error(&[("LIMIT_RESET_HEADER", "bad name")]).starts_with("LIMIT_RESET_HEADER="));
+    }
+
+    #[test]
+    fn the_answering_variables() {
+        let settings = read(env(&[
+            ("QUOTA_MODE", "true"),
+            ("SHADOW_MODE", "1"),
+            ("RESPONSE_DYNAMIC_METADATA", "True"),
+            ("NEAR_LIMIT_RATIO", "0.5"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+        ]))
+        .unwrap();
+        let answering = settings.answering;
+        assert!(
+            answering.quota_mode && answering.shadow_mode && answering.response_dynamic_metadata
+        );
+        assert_eq!(answering.near_limit_ratio, 0.5);
+        let names = answering.reference_headers.unwrap();
+        assert_eq!(
+            (names.limit.as_str(), names.reset.as_str()),
+            ("RateLimit-Limit", "X-Reset")
+        );
+        assert!(settings.notices.is_empty(), "{:?}", settings.notices);
     }
 }

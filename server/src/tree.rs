@@ -24,9 +24,14 @@ pub struct Domains {
 /// One domain: its descriptor tree and how its answers carry headers.
 #[derive(Debug, Default)]
 pub struct Domain {
+    /// The domain's name.
+    pub(crate) name: String,
     pub(crate) root: Node,
     /// The fields `response_headers_to_add` carries for this domain.
     pub headers: Headers,
+    /// Whether a level of the tree has `value_to_metric` (statistics keys are then built per
+    /// call, from the values; otherwise never).
+    pub(crate) value_to_metric: bool,
 }
 
 /// Which rate-limit fields a domain's answers ask Envoy to add to the response.
@@ -58,10 +63,14 @@ pub(crate) struct Node {
     pub(crate) limit: Option<LimitSpec>,
     /// For a wildcard level: every matching value shares one counter.
     share_threshold: bool,
+    /// The statistics key names the request's value at this level (the reference's
+    /// `value_to_metric`), not the configured one.
+    pub(crate) value_to_metric: bool,
 }
 
-/// A configured limit, as a descriptor that reaches it is answered.
-#[derive(Debug)]
+/// A configured limit, as a descriptor that reaches it is answered (or the limit a request's
+/// descriptor brings, made for that request).
+#[derive(Clone, Debug)]
 pub struct LimitSpec {
     /// What the limit does with a charge.
     pub kind: LimitKind,
@@ -85,6 +94,14 @@ pub struct LimitSpec {
     pub replaces: Vec<String>,
     /// The configured level's statistics key: `key_value.key` (the reference's).
     pub stat_key: String,
+    /// `quota_mode`: over this limit, the descriptor is OVER_LIMIT, but the request only when
+    /// every quota descriptor of it is.
+    pub quota: bool,
+    /// The level's `metadata`, returned in the answer's `dynamic_metadata` when this limit
+    /// passes (and the service is asked to).
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// Made for one request from its descriptor's own `limit`, not configured.
+    pub from_request: bool,
     /// What the service derives from this limit once, on its first call, rather than per call.
     #[cfg_attr(not(feature = "service"), allow(dead_code))]
     pub(crate) memo: Memo,
@@ -104,7 +121,7 @@ pub struct Policy {
 /// `RateLimit-Policy` item and its name as a Structured Field string, and its statistics'
 /// counters (shared with the same statistics key in the trees before a reload, so counters never
 /// restart).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 #[cfg_attr(not(feature = "service"), allow(dead_code))]
 pub(crate) struct Memo {
     pub(crate) sf_name: OnceLock<String>,
@@ -113,8 +130,8 @@ pub(crate) struct Memo {
 }
 
 /// The reference's counters of one statistics key: `total_hits`, `over_limit`, `near_limit`,
-/// `within_limit`, `shadow_mode`.
-pub(crate) type Counts = [AtomicU64; 5];
+/// `within_limit`, `shadow_mode`, `total_negative_hits`.
+pub(crate) type Counts = [AtomicU64; 6];
 
 /// What a limit does with a charge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,15 +178,18 @@ pub struct Entry<'a> {
     pub value: &'a str,
 }
 
-/// The limit a descriptor reached (borrowed from the tree in force), with the key it is counted
-/// under.
+/// The limit a descriptor reached (borrowed from the tree in force, or made for the request
+/// from its descriptor's own `limit`), with the key it is counted under.
 #[derive(Debug)]
 pub struct Matched<'t> {
     /// The limit.
-    pub limit: &'t LimitSpec,
+    pub limit: std::borrow::Cow<'t, LimitSpec>,
     /// The counter's key in the store: the values that select it, joined by `/` (a wildcard
     /// level with `share_threshold` contributes its pattern instead).
     pub key: Vec<u8>,
+    /// The statistics key when `value_to_metric` makes it differ from the limit's own: the
+    /// request's values in place of the configured ones.
+    pub stat_key: Option<String>,
 }
 
 impl Domains {
@@ -195,7 +215,12 @@ impl Domains {
     }
 
     pub(crate) fn entry(&mut self, name: &str) -> &mut Domain {
-        self.domains.entry(name.to_owned()).or_default()
+        self.domains
+            .entry(name.to_owned())
+            .or_insert_with(|| Domain {
+                name: name.to_owned(),
+                ..Domain::default()
+            })
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {
@@ -217,19 +242,58 @@ impl Domain {
         let mut node = &self.root;
         let length: usize = entries.iter().map(|e| e.value.len() + 1).sum();
         let mut key = Vec::with_capacity(length);
+        // The reference's `value_to_metric` statistics key, built only where a level asks.
+        let mut stat_key = self.value_to_metric.then(String::new);
         for (i, entry) in entries.iter().enumerate() {
-            let (child, counted_as) = node.child(entry)?;
+            let (child, counted_as, via) = node.child(entry)?;
             if i > 0 {
                 key.push(b'/');
             }
             push_part(&mut key, counted_as.as_bytes());
+            if let Some(stat_key) = &mut stat_key {
+                if i > 0 {
+                    stat_key.push('.');
+                }
+                stat_key.push_str(entry.key);
+                // The value a level's statistics name: the request's where `value_to_metric`
+                // asks for it (a `share_threshold` pattern still names its pattern), else the
+                // configured one (none for a key alone).
+                let value = match via {
+                    Via::Exact => Some(entry.value),
+                    Via::Wildcard(pattern) if child.share_threshold => Some(pattern),
+                    Via::Wildcard(_) | Via::AnyValue if child.value_to_metric => Some(entry.value),
+                    Via::Wildcard(pattern) => Some(pattern),
+                    Via::AnyValue => None,
+                };
+                if let Some(value) = value {
+                    stat_key.push('_');
+                    stat_key.push_str(value);
+                }
+            }
             node = child;
         }
         if entries.is_empty() {
             return None;
         }
-        node.limit.as_ref().map(|limit| Matched { limit, key })
+        let limit = node.limit.as_ref()?;
+        let stat_key = stat_key.filter(|k| !limit.detailed_metric && *k != limit.stat_key);
+        Some(Matched {
+            limit: std::borrow::Cow::Borrowed(limit),
+            key,
+            stat_key,
+        })
     }
+}
+
+/// How an entry selected a level.
+#[derive(Clone, Copy, Debug)]
+enum Via<'n> {
+    /// Its key and the same value.
+    Exact,
+    /// Its key and this wildcard pattern.
+    Wildcard(&'n str),
+    /// Its key alone.
+    AnyValue,
 }
 
 /// Appends one part of a key: parts are joined by `/`, with `%` and `/` in a value
@@ -253,12 +317,12 @@ impl Node {
     /// The child `entry` selects, and what it is counted as at this level.
     /// (What it is counted as lives as long as the shorter of the two: the entry's value, or
     /// this level's pattern.)
-    fn child<'n, 's>(&'n self, entry: &Entry<'s>) -> Option<(&'n Node, &'s str)>
+    fn child<'n, 's>(&'n self, entry: &Entry<'s>) -> Option<(&'n Node, &'s str, Via<'n>)>
     where
         'n: 's,
     {
         if let Some(child) = self.exact.get(entry.key).and_then(|v| v.get(entry.value)) {
-            return Some((child, entry.value));
+            return Some((child, entry.value, Via::Exact));
         }
         if let Some((_, pattern, child)) = self
             .wildcard
@@ -270,11 +334,11 @@ impl Node {
             } else {
                 entry.value
             };
-            return Some((child, counted_as));
+            return Some((child, counted_as, Via::Wildcard(&pattern.0)));
         }
         self.any_value
             .get(entry.key)
-            .map(|child| (child, entry.value))
+            .map(|child| (child, entry.value, Via::AnyValue))
     }
 
     /// The child for a configured `key` and optional `value`, created when new.
@@ -348,6 +412,9 @@ mod tests {
             detailed_metric: false,
             replaces: Vec::new(),
             stat_key: name.into(),
+            quota: false,
+            metadata: None,
+            from_request: false,
             memo: Memo::default(),
         }
     }

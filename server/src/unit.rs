@@ -22,7 +22,8 @@ pub enum Unit {
 }
 
 impl Unit {
-    const ALL: [Unit; 7] = [
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 7] = [
         Unit::Second,
         Unit::Minute,
         Unit::Hour,
@@ -38,6 +39,12 @@ impl Unit {
         Unit::ALL
             .into_iter()
             .find(|unit| unit.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The unit of the protocol's number `n` (`RateLimitResponse.RateLimit.Unit`, and
+    /// `envoy.type.v3.RateLimitUnit` for 1 to 6), if it names one.
+    pub fn from_number(n: i32) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|unit| *unit as i32 == n)
     }
 
     /// The unit's name in a reference configuration.

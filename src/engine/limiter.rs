@@ -202,6 +202,14 @@ pub enum LimitError {
         /// What is wrong, in words.
         reason: String,
     },
+    /// A limit given with a charge ([`Limiter::charge_all_under`]) that the rule cannot use: a
+    /// concurrency limit for a rate rule or the reverse, numbers the store cannot count.
+    BadLimit {
+        /// The rule.
+        rule: String,
+        /// What is wrong, in words.
+        reason: String,
+    },
     /// The store failed.
     Store(StoreError),
 }
@@ -244,6 +252,12 @@ impl fmt::Display for LimitError {
                     "rate-limit rule {rule:?}: override refused, nothing written: {reason}"
                 )
             }
+            LimitError::BadLimit { rule, reason } => {
+                write!(
+                    f,
+                    "rate-limit rule {rule:?}: the limit given cannot be used: {reason}"
+                )
+            }
             LimitError::EmptyBatch => {
                 f.write_str("a batch of rate-limit charges names no rule: nothing to decide")
             }
@@ -265,6 +279,7 @@ impl std::error::Error for LimitError {
             | LimitError::NotConcurrent(_)
             | LimitError::NotOverridable(_)
             | LimitError::BadOverride { .. }
+            | LimitError::BadLimit { .. }
             | LimitError::EmptyBatch => None,
         }
     }
@@ -495,7 +510,7 @@ impl Limiter {
         mode: Option<Mode>,
     ) -> Result<Reservation, LimitError> {
         let [(rule, key)] = charge;
-        let decision = self.many([(rule, key, cost)], mode).await?;
+        let decision = self.many([(rule, key, cost, None)], mode).await?;
         Ok(Reservation::new(decision, self))
     }
 
@@ -530,6 +545,7 @@ impl Limiter {
         R: AsRef<str>,
         K: AsRef<[u8]>,
     {
+        let charges = charges.into_iter().map(|(r, k, c)| (r, k, c, None));
         self.many(charges, Some(Mode::Charge)).await
     }
 
@@ -537,6 +553,62 @@ impl Limiter {
     pub async fn check_all<R, K>(
         &self,
         charges: impl IntoIterator<Item = (R, K, u64)>,
+    ) -> Result<Decision, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        let charges = charges.into_iter().map(|(r, k, c)| (r, k, c, None));
+        self.many(charges, Some(Mode::Check)).await
+    }
+
+    /// [`charge_all`](Self::charge_all), each charge decided under the limit given with it
+    /// (`None`: the rule's own), as a rule whose limit comes from the request is decided
+    /// ([`Rule::limit_from`](crate::Rule::limit_from)): the key's state is the rule's, read under
+    /// the limit given (a window keeps its count and compares it with the limit; DESIGN §13). For
+    /// services whose callers bring a limit with each request, e.g. Envoy's descriptor `limit`
+    /// override: one rule per period, the number per request. A limit the rule cannot use is
+    /// [`LimitError::BadLimit`], nothing charged.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let day = Duration::from_secs(86_400);
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("per-day", Limit::fixed_window(u64::from(u32::MAX), day)))
+    ///     .build()?;
+    /// let ten = Some(Limit::fixed_window(10, day));
+    /// let first = limiter.charge_all_under([("per-day", "acme", 8, ten.clone())]).await?;
+    /// assert_eq!(first.rules()[0].outcome.remaining, 2);
+    /// // The same key under a limit of 20 keeps its count of 8.
+    /// let twenty = Some(Limit::fixed_window(20, day));
+    /// let next = limiter.charge_all_under([("per-day", "acme", 1, twenty)]).await?;
+    /// assert_eq!(next.rules()[0].outcome.remaining, 11);
+    /// // A concurrency limit cannot decide a rate rule's charge.
+    /// let slots = Some(Limit::concurrent(2));
+    /// let refused = limiter.charge_all_under([("per-day", "acme", 1, slots)]).await;
+    /// assert!(matches!(refused, Err(tollgate::LimitError::BadLimit { .. })));
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn charge_all_under<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64, Option<Limit>)>,
+    ) -> Result<Decision, LimitError>
+    where
+        R: AsRef<str>,
+        K: AsRef<[u8]>,
+    {
+        self.many(charges, Some(Mode::Charge)).await
+    }
+
+    /// The decision [`charge_all_under`](Self::charge_all_under) would make, with nothing
+    /// charged.
+    pub async fn check_all_under<R, K>(
+        &self,
+        charges: impl IntoIterator<Item = (R, K, u64, Option<Limit>)>,
     ) -> Result<Decision, LimitError>
     where
         R: AsRef<str>,
@@ -557,14 +629,16 @@ impl Limiter {
         R: AsRef<str>,
         K: AsRef<[u8]>,
     {
+        let charges = charges.into_iter().map(|(r, k, c)| (r, k, c, None));
         let decision = self.many(charges, None).await?;
         Ok(Reservation::new(decision, self))
     }
 
-    /// Decides a batch in one atomic step of the store; a `mode` of `None` uses each rule's own.
+    /// Decides a batch in one atomic step of the store; a `mode` of `None` uses each rule's own,
+    /// a limit of `None` each rule's own.
     async fn many<R, K>(
         &self,
-        charges: impl IntoIterator<Item = (R, K, u64)>,
+        charges: impl IntoIterator<Item = (R, K, u64, Option<Limit>)>,
         mode: Option<Mode>,
     ) -> Result<Decision, LimitError>
     where
@@ -575,12 +649,21 @@ impl Limiter {
         let mut modes: SmallVec<[Mode; 2]> = SmallVec::new();
         let pending = {
             let rules = self.rules();
-            for (rule, key, cost) in charges {
+            for (rule, key, cost, limit) in charges {
                 let rule = rule.as_ref();
                 let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
                 let mode = mode.unwrap_or(compiled.mode);
-                compiled
-                    .algorithm()
+                if let Some(limit) = &limit {
+                    super::ask::usable(rule, compiled.algorithm(), limit, None, self.store())
+                        .map_err(|reason| LimitError::BadLimit {
+                            rule: rule.to_owned(),
+                            reason,
+                        })?;
+                }
+                let algorithm = limit
+                    .as_ref()
+                    .map_or(compiled.algorithm(), Limit::algorithm);
+                algorithm
                     .check_cost(cost, mode)
                     .map_err(|error| LimitError::CostTooLarge {
                         rule: rule.to_owned(),
@@ -596,7 +679,8 @@ impl Limiter {
                 {
                     return Err(LimitError::Repeated(rule.to_owned()));
                 }
-                decision.plan(index, compiled.name.clone(), key, cost, None);
+                let applied = limit.map(|limit| Arc::new(std::sync::OnceLock::from(Some(limit))));
+                decision.plan(index, compiled.name.clone(), key, cost, applied);
                 modes.push(mode);
             }
             if decision.rules().is_empty() {
@@ -608,7 +692,8 @@ impl Limiter {
                 .zip(&modes)
                 .map(|(r, &mode)| Charge {
                     mode,
-                    ..rules.charge(r.index, &r.key, r.cost)
+                    // Under the limit given with the charge, if any.
+                    ..rules.charge_of(r)
                 })
                 .collect();
             self.store().apply(&batch)

@@ -4,11 +4,20 @@
 //! A request is `INVALID_ARGUMENT` when it is malformed in itself, whatever the configuration:
 //! an empty domain, no descriptors, more than [`MAX_DESCRIPTORS`] of them, a descriptor without
 //! entries or with more than [`MAX_ENTRIES`], an empty key, a domain, key or value that is not
-//! UTF-8, `is_negative_hits` (not supported). Everything else is answered: an unknown domain or descriptor is OK with no limit, a
-//! cost above what a limit can ever hold is OVER_LIMIT (and nothing is charged).
+//! UTF-8, a descriptor `limit` whose unit the protocol does not name. Everything else is
+//! answered: an unknown domain or descriptor is OK with no limit, a cost above what a limit can
+//! ever hold is OVER_LIMIT (and nothing is charged).
+//!
+//! Quota descriptors (`quota_mode`, or every one under the global quota mode) do not refuse the
+//! request alone: it is OVER_LIMIT when an enforced limit is over, or when every quota descriptor
+//! is. The enforced limits and the quota limits with room are charged in one atomic step; a quota
+//! limit without room is reported OVER_LIMIT and not charged, and the step is taken again
+//! without it (never more often than there are quota limits).
 //!
 //! Shadow limits are charged apart from the others, each on its own, whatever the enforced ones
-//! decide: they count what they would have done, and never refuse anything.
+//! decide: they count what they would have done, and never refuse anything. A descriptor with
+//! `is_negative_hits` gives its cost back to its limit's key (never below an empty count), is
+//! answered OK with what the key then has left, and refuses nothing, as the reference answers it.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -20,9 +29,11 @@ use tollgate::{LimitError, Limiter};
 use tonic::Status;
 
 use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
+use super::Answering;
 use crate::load::StoreFailure;
-use crate::plan::{Descriptor, PerDescriptor, Plan};
+use crate::plan::{Charge, Descriptor, PerDescriptor, Plan};
 use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec};
+use crate::unit::Unit;
 
 /// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
 pub const MAX_DESCRIPTORS: usize = 1024;
@@ -32,8 +43,8 @@ pub const MAX_ENTRIES: usize = 64;
 /// What one descriptor was answered, for the answer and the statistics.
 #[derive(Debug)]
 pub(crate) struct Judged<'t> {
-    /// The limit that applied, if any.
-    pub(crate) limit: Option<&'t LimitSpec>,
+    /// The limit that applied, if any: the tree's, or one the descriptor brought.
+    pub(crate) limit: Option<Cow<'t, LimitSpec>>,
     /// The units the descriptor asked for.
     pub(crate) cost: u64,
     /// Over the limit (for a shadow limit: would have been).
@@ -41,12 +52,25 @@ pub(crate) struct Judged<'t> {
     /// Over because its cost is more than the limit can ever hold: no wait lets it pass, so its
     /// answer carries no `Retry-After`, and its count is the key's real one (nothing was charged).
     pub(crate) unfit: bool,
-    /// Whether the remaining count is at most a fifth of the limit after this call.
+    /// Whether more than the near-limit ratio of the limit is used after this call (the
+    /// reference's `near_limit`: 0.8 unless set).
     pub(crate) near: bool,
     /// What the limit's store said, when it was asked.
     pub(crate) outcome: Option<Outcome>,
-    /// The statistics key: the configured level's, or the values' with `detailed_metric`.
+    /// The statistics key: the configured level's, or the values' with `detailed_metric` or
+    /// `value_to_metric`.
     pub(crate) stat_key: Cow<'t, str>,
+    /// A quota descriptor: over its limit, it alone does not refuse the request.
+    pub(crate) quota: bool,
+    /// Its cost was given back (`is_negative_hits`).
+    pub(crate) negative: bool,
+}
+
+impl Judged<'_> {
+    /// Whether the descriptor is answered OVER_LIMIT.
+    pub(crate) fn rejected(&self) -> bool {
+        self.over && self.limit.as_ref().is_some_and(|l| !l.shadow)
+    }
 }
 
 /// A request's answer, before it is written in the protocol's terms.
@@ -71,11 +95,12 @@ pub(crate) enum Refusal {
 }
 
 impl Answer<'_> {
-    /// Whether any enforced limit is over.
+    /// Whether the request is over the limit: an enforced limit that is not a quota limit is,
+    /// or every quota descriptor is (the reference's rule).
     pub(crate) fn over_limit(&self) -> bool {
-        self.judged
-            .iter()
-            .any(|j| j.over && j.limit.as_ref().is_some_and(|l| !l.shadow))
+        let enforced = self.judged.iter().any(|j| !j.quota && j.rejected());
+        let mut quota = self.judged.iter().filter(|j| j.quota).peekable();
+        enforced || (quota.peek().is_some() && quota.all(Judged::rejected))
     }
 }
 
@@ -103,11 +128,6 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, PerDescriptor<Descripto
         if descriptor.entries.is_empty() {
             return invalid(format!("descriptors[{i}]: no entries"));
         }
-        if descriptor.is_negative_hits {
-            return invalid(format!(
-                "descriptors[{i}]: is_negative_hits is not supported (hits are only charged)"
-            ));
-        }
         if descriptor.entries.len() > MAX_ENTRIES {
             return invalid(format!(
                 "descriptors[{i}]: {} entries, at most {MAX_ENTRIES}",
@@ -131,7 +151,25 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, PerDescriptor<Descripto
         let cost = descriptor
             .hits_addend
             .map_or(request_cost, |addend| addend.value);
-        descriptors.push(Descriptor { entries, cost });
+        let limit = match descriptor.limit {
+            Some(limit) => match Unit::from_number(limit.unit) {
+                Some(unit) => Some((limit.requests_per_unit, unit)),
+                None => {
+                    return invalid(format!(
+                        "descriptors[{i}].limit.unit: {} is no unit (1 second, 2 minute, 3 hour, \
+                         4 day, 5 month, 6 year, 7 week)",
+                        limit.unit
+                    ))
+                }
+            },
+            None => None,
+        };
+        descriptors.push(Descriptor {
+            entries,
+            cost,
+            limit,
+            negative: descriptor.is_negative_hits,
+        });
     }
     Ok((domain, descriptors))
 }
@@ -141,44 +179,61 @@ pub(crate) async fn decide<'t>(
     domains: &'t Domains,
     limiter: &Limiter,
     on_store_failure: StoreFailure,
+    answering: &Answering,
     request: &'t RateLimitRequest,
 ) -> Result<Answer<'t>, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
     let domain = domains.get(domain_name);
-    let plan = Plan::new(domain, &descriptors);
+    let plan = Plan::new(domain, &descriptors, answering.quota_mode);
     let mut judged: Vec<Judged<'t>> = descriptors
         .iter()
         .zip(&plan.matched)
-        .zip(&plan.over_regardless)
-        .map(|((d, m), over)| Judged {
-            stat_key: m.as_ref().map(|m| stat_key(m.limit, d)).unwrap_or_default(),
-            limit: m.as_ref().map(|m| m.limit),
+        .enumerate()
+        .map(|(i, (d, m))| Judged {
+            limit: None,
+            stat_key: Cow::Borrowed(""),
             cost: d.cost,
-            over: *over,
-            unfit: *over
+            over: plan.over_regardless[i],
+            unfit: plan.over_regardless[i]
                 && m.as_ref()
                     .is_some_and(|m| matches!(m.limit.kind, LimitKind::Rule(_))),
             near: false,
             outcome: None,
+            quota: plan.quota[i],
+            negative: d.negative,
         })
         .collect();
 
-    // The enforced limits, all in one atomic step; a request that cannot pass is only looked
-    // at, nothing charged.
+    // Costs given back first, each on its own: what a key then has left is what the charges
+    // after it see.
     let mut store_failed = false;
-    if plan.charges().next().is_some() {
-        let result = if plan.cannot_pass() {
-            limiter
-                .check_all(plan.charges().map(|(rule, key, _)| (rule, key, 0)))
-                .await
-        } else {
-            limiter.charge_all(plan.charges()).await
+    let mut answered_open: PerDescriptor<bool> = smallvec::smallvec![false; judged.len()];
+    for (i, rule, key, limit) in plan.refunds() {
+        let j = &mut judged[i];
+        let refunded = match limiter.refund(rule, key, j.cost).await {
+            Ok(()) => look(limiter, rule, key, limit).await,
+            Err(error) => Err(error),
         };
-        match result {
-            Ok(decision) => {
+        match refunded {
+            Ok(outcome) => j.outcome = Some(outcome),
+            Err(LimitError::Store(error)) => {
+                store_failed = true;
+                tracing::debug!(%error, "refund: store failed");
+            }
+            Err(error) => return Err(Refusal::RulesChanged(error)),
+        }
+    }
+
+    // The enforced limits and the quota limits with room, all in one atomic step; a request
+    // that cannot pass is only looked at, nothing charged.
+    let charges: PerDescriptor<Charge<'_>> = plan.charges().collect();
+    if !charges.is_empty() {
+        match charge(limiter, &plan, &charges).await {
+            Ok(outcomes) => {
                 for (j, slot) in judged.iter_mut().zip(&plan.slots) {
-                    let Some(slot) = slot else { continue };
-                    let outcome = decision.rules()[*slot].outcome;
+                    let Some(outcome) = slot.and_then(|slot| outcomes[slot]) else {
+                        continue;
+                    };
                     j.over |= !outcome.is_allowed();
                     j.outcome = Some(outcome);
                 }
@@ -189,22 +244,33 @@ pub(crate) async fn decide<'t>(
                 // closing), never a line per call.
                 tracing::debug!(%error, policy = ?on_store_failure, "store failed");
                 store_failed = true;
-                apply_failure_policy(&mut judged, &plan.slots, on_store_failure);
+                match on_store_failure {
+                    StoreFailure::Open => {
+                        answered_open = plan.slots.iter().map(Option::is_some).collect()
+                    }
+                    StoreFailure::Closed => {
+                        for (j, slot) in judged.iter_mut().zip(&plan.slots) {
+                            j.over |= slot.is_some();
+                        }
+                    }
+                }
             }
             Err(error) => return Err(Refusal::RulesChanged(error)),
         }
     }
 
     // Shadow limits: charged each on its own, never blocking anything.
-    for (i, rule, key) in plan.shadow() {
+    for (i, rule, key, limit) in plan.shadow() {
         let j = &mut judged[i];
+        let cost = if j.over { 0 } else { j.cost };
         let result = if j.over {
-            limiter.check(rule, key, 0).await
+            limiter.check_all_under([(rule, key, cost, limit)]).await
         } else {
-            limiter.charge(rule, key, j.cost).await
+            limiter.charge_all_under([(rule, key, cost, limit)]).await
         };
         match result {
-            Ok(outcome) => {
+            Ok(decision) => {
+                let outcome = decision.rules()[0].outcome;
                 j.over |= !outcome.is_allowed();
                 j.outcome = Some(outcome);
             }
@@ -214,9 +280,27 @@ pub(crate) async fn decide<'t>(
             }
         }
     }
+    drop(charges);
+    for (((j, m), d), open) in judged
+        .iter_mut()
+        .zip(plan.matched)
+        .zip(&descriptors)
+        .zip(&answered_open)
+    {
+        // The failure policy "open" answers with no limit.
+        let Some(m) = m.filter(|_| !open) else {
+            continue;
+        };
+        j.stat_key = match (&m.limit, m.stat_key) {
+            (_, Some(values)) => Cow::Owned(values),
+            (Cow::Borrowed(limit), None) => stat_key(limit, d),
+            (Cow::Owned(limit), None) => Cow::Owned(limit.stat_key.clone()),
+        };
+        j.limit = Some(m.limit);
+    }
     for j in &mut judged {
         if let Some(outcome) = &j.outcome {
-            j.near = !j.over && outcome.remaining.saturating_mul(5) <= outcome.limit;
+            j.near = !j.over && !j.negative && near(outcome, answering.near_limit_ratio);
         }
     }
     Ok(Answer {
@@ -227,14 +311,90 @@ pub(crate) async fn decide<'t>(
     })
 }
 
-/// Answers the descriptors of a failed store call by the failure policy.
-fn apply_failure_policy(judged: &mut [Judged<'_>], slots: &[Option<usize>], policy: StoreFailure) {
-    for (j, slot) in judged.iter_mut().zip(slots) {
-        if slot.is_some() {
-            match policy {
-                StoreFailure::Open => j.limit = None,
-                StoreFailure::Closed => j.over = true,
-            }
+/// The reference's near-limit test: more than `ratio` of the limit used after the call
+/// (`floor(limit × ratio)`, in its single precision).
+fn near(outcome: &Outcome, ratio: f32) -> bool {
+    let used = outcome.limit.saturating_sub(outcome.remaining);
+    let threshold = (outcome.limit as f32 * ratio).floor();
+    used as f32 > threshold
+}
+
+/// What `key` has left under `rule` (and the limit a request brought, if any), with nothing
+/// charged.
+async fn look(
+    limiter: &Limiter,
+    rule: &str,
+    key: &[u8],
+    limit: Option<tollgate::Limit>,
+) -> Result<Outcome, LimitError> {
+    let decision = limiter.check_all_under([(rule, key, 0, limit)]).await?;
+    Ok(decision.rules()[0].outcome)
+}
+
+/// Decides `charges` (the plan's, in order): the outcome of each charge that was asked about.
+///
+/// All or nothing for the limits that are not quota limits; of the quota limits, those with
+/// room are charged with them, and the request needs at least one (unless a quota descriptor
+/// passes without a count: no limit, or a shadow one). Each attempt is one atomic step; one
+/// that a quota limit without room denied is taken again without it.
+async fn charge(
+    limiter: &Limiter,
+    plan: &Plan<'_>,
+    charges: &[Charge<'_>],
+) -> Result<PerDescriptor<Option<Outcome>>, LimitError> {
+    let mut outcomes: PerDescriptor<Option<Outcome>> = smallvec::smallvec![None; charges.len()];
+    let first_of = |c: usize| plan.slots.iter().position(|s| *s == Some(c));
+    let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
+    // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one
+    // refunded.
+    let quota_free = (0..plan.matched.len())
+        .any(|i| plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]);
+    let quota_needed = !quota_free && charges.iter().any(|c| c.quota);
+    let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
+        .filter(|&c| charges[c].quota && !over_regardless(c))
+        .collect();
+    let batch = |picked: &[usize], look: bool| -> SmallVec<[_; 4]> {
+        picked
+            .iter()
+            .map(|&c| {
+                let charge = &charges[c];
+                let cost = if look { 0 } else { charge.cost };
+                (charge.rule, charge.key, cost, charge.limit.clone())
+            })
+            .collect()
+    };
+    if plan.cannot_pass() || (quota_needed && with_room.is_empty()) {
+        let all: SmallVec<[usize; 4]> = (0..charges.len()).collect();
+        let decision = limiter.check_all_under(batch(&all, true)).await?;
+        for (&c, rule) in all.iter().zip(decision.rules()) {
+            outcomes[c] = Some(rule.outcome);
+        }
+        return Ok(outcomes);
+    }
+    let enforced: SmallVec<[usize; 4]> =
+        (0..charges.len()).filter(|&c| !charges[c].quota).collect();
+    loop {
+        let picked: SmallVec<[usize; 4]> = enforced.iter().chain(&with_room).copied().collect();
+        if picked.is_empty() {
+            return Ok(outcomes);
+        }
+        let decision = limiter.charge_all_under(batch(&picked, false)).await?;
+        for (&c, rule) in picked.iter().zip(decision.rules()) {
+            outcomes[c] = Some(rule.outcome);
+        }
+        if decision.is_allowed() {
+            return Ok(outcomes);
+        }
+        let enforced_over = enforced
+            .iter()
+            .any(|&c| outcomes[c].as_ref().is_some_and(|o| !o.is_allowed()));
+        if enforced_over {
+            return Ok(outcomes);
+        }
+        with_room.retain(|c| outcomes[*c].as_ref().is_some_and(Outcome::is_allowed));
+        if quota_needed && with_room.is_empty() {
+            // Every quota limit is over: the request is, and nothing was charged.
+            return Ok(outcomes);
         }
     }
 }

@@ -17,7 +17,8 @@ use tonic_health::ServingStatus;
 
 use super::connections::{Admitted, Gate, Unadmitted};
 use super::decide::{decide, statuses, Answer, Refusal};
-use super::headers::response_headers;
+use super::headers::{reference_headers, response_headers};
+use super::metadata::dynamic_metadata;
 use super::protocol::{code, RateLimitRequest, RateLimitResponse, RateLimitServer};
 use super::State;
 
@@ -51,10 +52,11 @@ async fn should_rate_limit(
         // not a counted reference: no shared count written on every call.)
         let current = state.current.load();
         let policy = current.on_store_failure;
-        let decided = decide(&current.domains, limiter, policy, &request).await;
+        let answering = &state.answering;
+        let decided = decide(&current.domains, limiter, policy, answering, &request).await;
         match decided {
             Ok(answer) => {
-                let response = respond(state, &answer);
+                let response = respond(state, &request, &answer);
                 state.stats.latency(started.elapsed());
                 return Ok(tonic::Response::new(response));
             }
@@ -77,20 +79,38 @@ async fn should_rate_limit(
     }
 }
 
-/// Counts `answer` and writes it in the protocol's terms.
-fn respond(state: &State, answer: &Answer<'_>) -> RateLimitResponse {
+/// Counts `answer` (to `request`) and writes it in the protocol's terms.
+fn respond(state: &State, request: &RateLimitRequest, answer: &Answer<'_>) -> RateLimitResponse {
     if answer.store_failed {
         state.stats.store_error();
     }
     state.stats.record(answer);
+    let answering = &state.answering;
+    let statuses = statuses(answer);
+    let over_limit = answer.over_limit();
+    // The global shadow mode: decided and counted as usual, the descriptors' codes kept, and
+    // the request passes.
+    let over = over_limit && !answering.shadow_mode;
+    if over_limit && !over {
+        state.stats.global_shadow_mode();
+    }
+    let mut fields = response_headers(answer);
+    if !over && answer.judged.iter().any(|j| j.over) {
+        // A request that passes is never told to retry (a quota descriptor over its limit, or
+        // the global shadow mode).
+        let retry_after = http::header::RETRY_AFTER.as_str();
+        fields.retain(|field| !field.key.eq_ignore_ascii_case(retry_after));
+    }
+    if let Some(names) = &answering.reference_headers {
+        fields.extend(reference_headers(answer, &statuses, names));
+    }
     RateLimitResponse {
-        overall_code: if answer.over_limit() {
-            code::OVER_LIMIT
-        } else {
-            code::OK
-        },
-        statuses: statuses(answer),
-        response_headers_to_add: response_headers(answer),
+        overall_code: if over { code::OVER_LIMIT } else { code::OK },
+        dynamic_metadata: answering
+            .response_dynamic_metadata
+            .then(|| dynamic_metadata(request, answer, &statuses)),
+        statuses,
+        response_headers_to_add: fields,
         request_headers_to_add: Vec::new(),
     }
 }

@@ -5,7 +5,8 @@
 //! `RateLimit-Policy: "edge.remote_address";q=3;w=60` and `RateLimit: "edge.remote_address";r=2;t=42`;
 //! `Retry-After` (seconds) when over the limit. The legacy fields are the most restrictive
 //! limit's, with `X-RateLimit-Reset` in seconds from now, as Envoy's own
-//! `DRAFT_VERSION_03` fields count it.
+//! `DRAFT_VERSION_03` fields count it. And, when asked, the reference service's own three fields
+//! (`RateLimit-Limit`, `-Remaining`, `-Reset` by default) beside them.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -15,7 +16,8 @@ use tollgate::headers::{
 };
 
 use super::decide::{until_window_end, Answer, Judged};
-use super::protocol::HeaderValue;
+use super::protocol::{code, DescriptorStatus, HeaderValue};
+use super::ReferenceHeaders;
 use crate::tree::{Headers, LimitKind, Policy};
 
 /// The fields for `answer` under its domain's `headers` setting.
@@ -24,10 +26,15 @@ pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
     // Shadow limits are counted and reported to operators (statistics, logs), never to
     // clients: they are not enforced.
     let limited = || {
-        answer.judged.iter().filter_map(|j| match j.limit {
-            Some(limit) if limit.kind != LimitKind::Unlimited && !limit.shadow => Some((j, limit)),
-            _ => None,
-        })
+        answer
+            .judged
+            .iter()
+            .filter_map(|j| match j.limit.as_deref() {
+                Some(limit) if limit.kind != LimitKind::Unlimited && !limit.shadow => {
+                    Some((j, limit))
+                }
+                _ => None,
+            })
     };
     if limited().next().is_none() || headers == Headers::Off {
         return Vec::new();
@@ -103,6 +110,50 @@ pub(crate) fn response_headers(answer: &Answer<'_>) -> Vec<HeaderValue> {
     fields
 }
 
+/// The reference's three fields (`LIMIT_RESPONSE_HEADERS_ENABLED`) for the descriptor closest
+/// to its limit, as it picks it: the one with the fewest units left among those with a limit (the
+/// first of equals), except that a descriptor over an enforced limit that is not a quota limit
+/// takes the place (the last such). Its `requests_per_unit`, what is left, and the seconds until
+/// it resets.
+pub(crate) fn reference_headers(
+    answer: &Answer<'_>,
+    statuses: &[DescriptorStatus],
+    names: &ReferenceHeaders,
+) -> Vec<HeaderValue> {
+    let mut closest: Option<&DescriptorStatus> = None;
+    let mut fewest = u32::MAX;
+    for (j, status) in answer.judged.iter().zip(statuses) {
+        if status.current_limit.is_some() && status.limit_remaining < fewest {
+            closest = Some(status);
+            fewest = status.limit_remaining;
+        }
+        if status.code == code::OVER_LIMIT && !j.quota {
+            closest = Some(status);
+            fewest = 0;
+        }
+    }
+    let Some(status) = closest else {
+        return Vec::new();
+    };
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |limit| limit.requests_per_unit);
+    let reset = status.duration_until_reset.map_or(0, |d| {
+        let whole = u64::try_from(d.seconds).unwrap_or(0);
+        whole + u64::from(d.nanos > 0)
+    });
+    let field = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+    };
+    vec![
+        field(&names.limit, limit.to_string()),
+        field(&names.remaining, status.limit_remaining.to_string()),
+        field(&names.reset, reset.to_string()),
+    ]
+}
+
 /// The units left: none once over the limit, except for a cost that can never fit, which
 /// charged nothing and leaves the key's count as it is.
 fn remaining(j: &Judged<'_>) -> u64 {
@@ -115,7 +166,7 @@ fn remaining(j: &Judged<'_>) -> u64 {
 /// Seconds until the limit's quota grows (rounded up); for a key with nothing to grow (full, or
 /// refused a cost it can never hold), until its window renews.
 fn reset(j: &Judged<'_>) -> u64 {
-    match (&j.outcome, j.limit) {
+    match (&j.outcome, j.limit.as_deref()) {
         (Some(o), Some(limit)) if j.unfit && o.next_unit_in.is_zero() => {
             whole_seconds(until_window_end(limit))
         }

@@ -7,6 +7,7 @@ mod decide;
 mod grpc;
 mod headers;
 mod http_api;
+mod metadata;
 pub mod protocol;
 mod reload;
 mod stats;
@@ -46,6 +47,65 @@ pub struct Settings {
     pub reload_interval: Duration,
     /// The bounds on each port's connections.
     pub connections: Limits,
+    /// How answers are made: the reference's global switches.
+    pub answering: Answering,
+}
+
+/// How answers are made: the switches the reference service reads from its environment
+/// (`QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`, `NEAR_LIMIT_RATIO`,
+/// `LIMIT_RESPONSE_HEADERS_ENABLED` and its header names). [`Default`] is the reference's
+/// defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answering {
+    /// Every limit is a quota limit (`QUOTA_MODE`): a request is OVER_LIMIT only when every
+    /// quota descriptor is; as in the reference, a descriptor with no limit is one, and passes.
+    pub quota_mode: bool,
+    /// Every answer is OK (`SHADOW_MODE`): decided and counted as usual, the descriptors' own
+    /// codes kept, `overall_code` OK; counted in `ratelimit_service_global_shadow_mode`.
+    pub shadow_mode: bool,
+    /// Answers carry `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`): the domain, the
+    /// descriptors, `hitsAddend`, and the `metadata` of the limits that passed.
+    pub response_dynamic_metadata: bool,
+    /// A limit is near once more than this share of it is used (`NEAR_LIMIT_RATIO`, 0.8):
+    /// the `near_limit` statistic.
+    pub near_limit_ratio: f32,
+    /// The reference's three fields for the descriptor closest to its limit
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`), beside tollgate's own; `None`: not written.
+    pub reference_headers: Option<ReferenceHeaders>,
+}
+
+impl Default for Answering {
+    fn default() -> Self {
+        Answering {
+            quota_mode: false,
+            shadow_mode: false,
+            response_dynamic_metadata: false,
+            near_limit_ratio: 0.8,
+            reference_headers: None,
+        }
+    }
+}
+
+/// The names of the reference's response fields (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceHeaders {
+    /// The limit's `requests_per_unit` (default `RateLimit-Limit`).
+    pub limit: String,
+    /// What is left (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// Seconds until the limit resets (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for ReferenceHeaders {
+    fn default() -> Self {
+        ReferenceHeaders {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
 }
 
 /// The descriptor trees in force, with the store failure policy they were read with.
@@ -61,6 +121,8 @@ pub(crate) struct State {
     /// The library's layer, kept for its limiter and for reloads.
     pub(crate) layer: RateLimitLayer,
     pub(crate) stats: Stats,
+    /// How answers are made.
+    pub(crate) answering: Answering,
     /// Set once a drain starts: `/healthcheck` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -124,6 +186,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         }),
         layer,
         stats: Stats::default(),
+        answering: settings.answering.clone(),
         draining: AtomicBool::new(false),
     });
     // Watched before the server says it serves: a SIGTERM from then on is a drain, never the

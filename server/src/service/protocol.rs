@@ -3,8 +3,9 @@
 //!
 //! Keys, values and the domain are read as bytes, not strings: invalid UTF-8 is then answered
 //! with `INVALID_ARGUMENT` naming the descriptor, not with the codec's decode error. Fields this
-//! service does not use (`RateLimitDescriptor.limit`, a response's quota and metadata) are left
-//! out: prost skips unknown fields.
+//! service does not use (a response's `raw_body` and `quota`) are left out: prost skips unknown
+//! fields. `google.protobuf.Struct` (the response's `dynamic_metadata`) is written here too, as
+//! `struct.proto` defines it.
 //!
 //! And the service's route, [`RateLimitServer`]: the one method, by its path, to the unary
 //! handler given — tollgate-server's decision, or the benchmark's constant floor.
@@ -32,14 +33,28 @@ pub struct RateLimitDescriptor {
     /// `repeated Entry entries = 1`.
     #[prost(message, repeated, tag = "1")]
     pub entries: Vec<Entry>,
+    /// `RateLimitOverride limit = 2`: the limit this descriptor is counted under, in place of
+    /// the configuration's (in any configured domain).
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
     /// `google.protobuf.UInt64Value hits_addend = 3`: this descriptor's cost, 0 included (a
     /// look that charges nothing), overriding the request's.
     #[prost(message, optional, tag = "3")]
     pub hits_addend: Option<UInt64Value>,
-    /// `bool is_negative_hits = 4`: give `hits_addend` back instead of charging it. Refused
-    /// (`INVALID_ARGUMENT`): a refund outside the atomic step is not offered yet.
+    /// `bool is_negative_hits = 4`: give `hits_addend` back instead of charging it.
     #[prost(bool, tag = "4")]
     pub is_negative_hits: bool,
+}
+
+/// `RateLimitDescriptor.RateLimitOverride`.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct RateLimitOverride {
+    /// `uint32 requests_per_unit = 1`.
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    /// `envoy.type.v3.RateLimitUnit unit = 2` (the numbers of [`crate::unit::Unit`]).
+    #[prost(int32, tag = "2")]
+    pub unit: i32,
 }
 
 /// `RateLimitDescriptor.Entry`.
@@ -86,6 +101,71 @@ pub struct RateLimitResponse {
     /// `repeated config.core.v3.HeaderValue request_headers_to_add = 4`.
     #[prost(message, repeated, tag = "4")]
     pub request_headers_to_add: Vec<HeaderValue>,
+    /// `google.protobuf.Struct dynamic_metadata = 6`.
+    #[prost(message, optional, tag = "6")]
+    pub dynamic_metadata: Option<Struct>,
+}
+
+/// `google.protobuf.Struct`: fields by name.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Struct {
+    /// `map<string, Value> fields = 1`.
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: std::collections::BTreeMap<String, Value>,
+}
+
+/// `google.protobuf.Value`: one of null, a number, a string, a bool, a struct, a list.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    /// `oneof kind`.
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6")]
+    pub kind: Option<Kind>,
+}
+
+/// `google.protobuf.Value.kind`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Kind {
+    /// `NullValue null_value = 1` (its one value, 0).
+    #[prost(int32, tag = "1")]
+    NullValue(i32),
+    /// `double number_value = 2`.
+    #[prost(double, tag = "2")]
+    NumberValue(f64),
+    /// `string string_value = 3`.
+    #[prost(string, tag = "3")]
+    StringValue(String),
+    /// `bool bool_value = 4`.
+    #[prost(bool, tag = "4")]
+    BoolValue(bool),
+    /// `Struct struct_value = 5`.
+    #[prost(message, tag = "5")]
+    StructValue(Struct),
+    /// `ListValue list_value = 6`.
+    #[prost(message, tag = "6")]
+    ListValue(ListValue),
+}
+
+/// `google.protobuf.ListValue`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    /// `repeated Value values = 1`.
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
+}
+
+impl Value {
+    /// A value of `kind`.
+    pub fn of(kind: Kind) -> Value {
+        Value { kind: Some(kind) }
+    }
+
+    /// The struct this value holds, if it is one.
+    pub fn as_struct(&self) -> Option<&Struct> {
+        match &self.kind {
+            Some(Kind::StructValue(s)) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// `RateLimitResponse.DescriptorStatus`.

@@ -1,11 +1,12 @@
 //! The server's statistics, in Prometheus' text format on `/metrics`.
 //!
 //! Per domain and descriptor, the reference service's counters under its names (`total_hits`,
-//! `over_limit`, `near_limit`, `within_limit`, `shadow_mode`, as its statsd exporter maps them:
+//! `over_limit`, `near_limit`, `within_limit`, `shadow_mode`, `total_negative_hits`, as its statsd exporter maps them:
 //! `ratelimit_service_rate_limit_<name>{domain, key}`), so dashboards carry over; the decision
 //! latency as a histogram; the store's failures and the configuration's reloads. Written by hand:
 //! a few counters need no exporter.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,12 +55,13 @@ impl Series {
 }
 
 /// The names of the reference's counters, in the order of [`Counts`].
-const COUNTERS: [&str; 5] = [
+const COUNTERS: [&str; 6] = [
     "total_hits",
     "over_limit",
     "near_limit",
     "within_limit",
     "shadow_mode",
+    "total_negative_hits",
 ];
 
 /// Everything `/metrics` shows.
@@ -73,6 +75,8 @@ pub struct Stats {
     latency_buckets: [AtomicU64; BUCKETS.len() + 1],
     latency_sum_micros: AtomicU64,
     store_errors: AtomicU64,
+    /// Requests answered OK only because of the global shadow mode.
+    global_shadow_mode: AtomicU64,
     reloads: AtomicU64,
     reload_failures: AtomicU64,
     invalid_requests: AtomicU64,
@@ -98,9 +102,14 @@ impl Stats {
     /// Counts one answered request.
     pub(crate) fn record(&self, answer: &Answer<'_>) {
         for judged in &answer.judged {
-            let Some(limit) = judged.limit else { continue };
+            let Some(limit) = judged.limit.as_deref() else {
+                continue;
+            };
             let detailed;
-            let counts: &Counts = if limit.detailed_metric {
+            // Keyed by the values (`detailed_metric`, `value_to_metric`) or a limit the request
+            // brought: looked up per call.
+            let per_call = limit.detailed_metric || matches!(judged.stat_key, Cow::Owned(_));
+            let counts: &Counts = if per_call {
                 detailed = self.series(answer.domain, &judged.stat_key);
                 &detailed
             } else {
@@ -110,6 +119,10 @@ impl Stats {
                     .get_or_init(|| self.series(answer.domain, &limit.stat_key))
             };
             let add = |counter: usize| counts[counter].fetch_add(judged.cost, Ordering::Relaxed);
+            if judged.negative {
+                add(5);
+                continue;
+            }
             add(0);
             if judged.over {
                 add(1);
@@ -149,6 +162,11 @@ impl Stats {
     pub(crate) fn in_flight(&self) -> InFlight<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(&self.in_flight)
+    }
+
+    /// Counts a request the global shadow mode let through.
+    pub(crate) fn global_shadow_mode(&self) {
+        self.global_shadow_mode.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a failed store call.
@@ -231,6 +249,11 @@ impl Stats {
         let _ = writeln!(out, "# TYPE {gauge} gauge");
         let _ = writeln!(out, "{gauge} {}", self.in_flight.load(Ordering::Relaxed));
         for (name, value) in [
+            // The reference's name (`ratelimit.service.global_shadow_mode`).
+            (
+                "ratelimit_service_global_shadow_mode",
+                &self.global_shadow_mode,
+            ),
             ("tollgate_server_store_errors_total", &self.store_errors),
             ("tollgate_server_config_reloads_total", &self.reloads),
             (

@@ -1,6 +1,6 @@
 //! Bad input gets a clear answer, and the server keeps serving.
 
-use tollgate_server::service::protocol::{code, Entry, RateLimitDescriptor};
+use tollgate_server::service::protocol::{code, Entry, RateLimitDescriptor, RateLimitOverride};
 use tollgate_server::service::{MAX_DESCRIPTORS, MAX_SERIES};
 use tonic::Code;
 
@@ -37,6 +37,7 @@ async fn malformed_requests_are_invalid_arguments_and_the_server_keeps_serving()
             key: vec![0xff, 0xfe],
             value: b"v".to_vec(),
         }],
+        limit: None,
         hits_addend: None,
         is_negative_hits: false,
     });
@@ -56,9 +57,12 @@ async fn malformed_requests_are_invalid_arguments_and_the_server_keeps_serving()
             .unwrap_err(),
     );
 
-    let mut refund = request("edge", &[&[("remote_address", "a")]]);
-    refund.descriptors[0].is_negative_hits = true;
-    invalid("is_negative_hits is not supported")(client.call(refund).await.unwrap_err());
+    let mut no_unit = request("edge", &[&[("remote_address", "a")]]);
+    no_unit.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 10,
+        unit: 0,
+    });
+    invalid("descriptors[0].limit.unit: 0")(client.call(no_unit).await.unwrap_err());
 
     let mut many = request("edge", &[]);
     many.descriptors = (0..10_000)

@@ -9,6 +9,7 @@ mod bad_input;
 #[path = "../../../tests/support/certificates.rs"]
 mod certificates;
 mod environment;
+mod later_fields;
 mod numbers;
 mod operations;
 mod readme;

@@ -318,6 +318,7 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
                 value: v.as_bytes().to_vec(),
             })
             .collect(),
+        limit: None,
         hits_addend: None,
         is_negative_hits: false,
     }
