@@ -175,16 +175,8 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "meaningless here: the Redis store caches its denials by itself",
     ),
     (
-        "NEAR_LIMIT_RATIO",
-        "not supported yet: near_limit counts a remaining of at most a fifth",
-    ),
-    (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         "meaningless here: a request over any limit charges nothing, always",
-    ),
-    (
-        "LIMIT_RESPONSE_HEADERS_ENABLED",
-        "not supported yet: answers carry the draft-11 RateLimit fields",
     ),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
@@ -292,10 +284,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
     ("MEMCACHE_TLS_CLIENT_KEY", "not supported"),
     ("MEMCACHE_TLS_CACERT", "not supported"),
     ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "not supported"),
-    (
-        "SHADOW_MODE",
-        "not supported yet: mark limits with shadow_mode",
-    ),
     (
         "TRACING_ENABLED",
         "not supported: tollgate-server writes logs, not traces",

@@ -94,15 +94,29 @@ async fn sigterm_under_load_exits_cleanly() {
 }
 
 #[test]
-fn help_names_the_default_addresses() {
+fn help_names_the_default_addresses_and_every_variable_read() {
     let output = std::process::Command::new(crate::support::BINARY)
         .arg("--help")
         .output()
         .unwrap();
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
-    assert!(help.contains("[default: 0.0.0.0:8081]"), "{help}");
-    assert!(help.contains("[default: 0.0.0.0:8080]"), "{help}");
+    assert!(help.contains("[default: 0.0.0.0:8081"), "{help}");
+    assert!(help.contains("[default: 0.0.0.0:8080"), "{help}");
+    for (variable, _) in tollgate_server::settings::READ {
+        assert!(
+            help.contains(&format!("  {variable} ")),
+            "{variable}: {help}"
+        );
+    }
+    for variable in [
+        "RUNTIME_ROOT",
+        "GRPC_SERVER_USE_TLS",
+        "REDIS_URL",
+        "QUOTA_MODE",
+    ] {
+        assert!(help.contains(variable), "{variable}");
+    }
 }
 
 #[test]
