@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tollgate_server::service::Limits;
+use tollgate_server::stats::statsd::{StatsdSettings, Transport};
 
 /// The rate-limit service of Envoy, Istio and every client of
 /// `envoy.service.ratelimit.v3.RateLimitService`, on tollgate's engine.
@@ -38,6 +39,43 @@ struct Args {
           default_value_t = Limits::default().header_read_timeout.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     header_read_timeout_ms: u64,
+    /// Also push statistics to this statsd server (HOST:PORT), under the reference service's
+    /// names; over TCP unless --statsd-udp.
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
+    statsd_addr: Option<(String, u16)>,
+    /// Send statsd lines as UDP datagrams.
+    #[arg(long, requires = "statsd_addr")]
+    statsd_udp: bool,
+    /// How often statsd counters are sent, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    stats_flush_interval_ms: u64,
+    /// A tag appended to every statsd name (KEY:VALUE; repeatable).
+    #[arg(long, value_name = "KEY:VALUE", value_parser = tag)]
+    statsd_extra_tag: Vec<(String, String)>,
+}
+
+/// `HOST:PORT`, the host possibly an IPv6 address in brackets.
+fn host_port(text: &str) -> Result<(String, u16), String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?}: expected HOST:PORT"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = port
+        .parse()
+        .map_err(|e| format!("{text:?}: the port: {e}"))?;
+    if host.is_empty() {
+        return Err(format!("{text:?}: no host"));
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// `KEY:VALUE`.
+fn tag(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected KEY:VALUE"))?;
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 fn main() -> ExitCode {
@@ -55,6 +93,17 @@ fn main() -> ExitCode {
             max_connections: args.max_connections as usize,
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         },
+        statsd: args.statsd_addr.map(|(host, port)| StatsdSettings {
+            host,
+            port,
+            transport: if args.statsd_udp {
+                Transport::Udp
+            } else {
+                Transport::Tcp
+            },
+            flush_interval: Duration::from_millis(args.stats_flush_interval_ms),
+            extra_tags: args.statsd_extra_tag,
+        }),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

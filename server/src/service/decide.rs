@@ -53,6 +53,8 @@ pub(crate) struct Judged<'t> {
 #[derive(Debug)]
 pub(crate) struct Answer<'t> {
     pub(crate) domain: &'t str,
+    /// No configuration has the domain.
+    pub(crate) unknown_domain: bool,
     /// The fields the domain's answers carry.
     pub(crate) headers: Headers,
     pub(crate) judged: Vec<Judged<'t>>,
@@ -221,6 +223,7 @@ pub(crate) async fn decide<'t>(
     }
     Ok(Answer {
         domain: domain_name,
+        unknown_domain: domain.is_none(),
         headers: domain.map(|domain| domain.headers).unwrap_or_default(),
         judged,
         store_failed,

@@ -42,7 +42,7 @@ async fn should_rate_limit(
 ) -> Result<tonic::Response<RateLimitResponse>, Status> {
     // The library's clock (a cycle counter read, not a system call) times the decision.
     let started = quanta::Instant::now();
-    let _in_flight = state.stats.in_flight();
+    let _call = state.stats.call();
     let limiter = state.layer.limiter();
     let mut attempts = 0;
     loop {

@@ -3,13 +3,12 @@
 //! a drain on `SIGTERM`.
 
 mod connections;
-mod decide;
+pub(crate) mod decide;
 mod grpc;
 mod headers;
 mod http_api;
 pub mod protocol;
 mod reload;
-mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,11 +19,12 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tollgate::RateLimitLayer;
 
+pub use crate::stats::{Stats, MAX_SERIES};
 pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
-pub use stats::{Stats, MAX_SERIES};
 
 use crate::load::{self, StoreFailure};
+use crate::stats::statsd::{self, StatsdSettings};
 use crate::tree::Domains;
 
 /// What the server was started with.
@@ -40,6 +40,9 @@ pub struct Settings {
     pub reload_interval: Duration,
     /// The bounds on each port's connections.
     pub connections: Limits,
+    /// Where statistics are also pushed, under the reference service's statsd names (none:
+    /// only `/metrics`).
+    pub statsd: Option<StatsdSettings>,
 }
 
 /// The descriptor trees in force, with the store failure policy they were read with.
@@ -54,7 +57,7 @@ pub(crate) struct State {
     pub(crate) current: ArcSwap<Current>,
     /// The library's layer, kept for its limiter and for reloads.
     pub(crate) layer: RateLimitLayer,
-    pub(crate) stats: Stats,
+    pub(crate) stats: Arc<Stats>,
     /// Set once a drain starts: `/healthcheck` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -97,11 +100,16 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             on_store_failure: loaded.on_store_failure,
         }),
         layer,
-        stats: Stats::default(),
+        stats: Arc::new(if settings.statsd.is_some() {
+            Stats::with_response_times()
+        } else {
+            Stats::default()
+        }),
         draining: AtomicBool::new(false),
     });
     // Watched before the server says it serves: a SIGTERM from then on is a drain, never the
     // default action that kills the process.
+    state.stats.loaded();
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| StartError(format!("cannot watch SIGTERM: {e}")))?;
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
@@ -125,6 +133,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.reload_interval,
         grpc_stopping.clone(),
     ));
+    let (stop_statsd, statsd_stopping) = tokio::sync::watch::channel(false);
+    let statsd_sink = settings
+        .statsd
+        .clone()
+        .map(|sink| statsd::start(state.stats.clone(), sink, statsd_stopping));
     let gate = || connections::Gate::new(settings.connections);
     let http = tokio::spawn(http_api::serve(
         http_listener,
@@ -147,6 +160,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let _ = stop_http.send(true);
     let _ = http.await;
     reload.abort();
+    // The last counts leave before the process ends (bounded by the sink).
+    let _ = stop_statsd.send(true);
+    if let Some(sink) = statsd_sink {
+        let _ = sink.await;
+    }
     tracing::info!("tollgate-server: stopped");
     Ok(())
 }
