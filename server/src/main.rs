@@ -115,7 +115,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(tollgate_server::service::run(settings)) {
+    let ran = runtime.block_on(tollgate_server::service::run(settings));
+    // A lookup still blocked in the resolver (a statsd host that does not answer) never holds
+    // the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tollgate-server: {error}");

@@ -11,4 +11,5 @@ mod operations;
 mod readme;
 mod redis;
 mod reload;
+mod statsd;
 mod support;
