@@ -331,6 +331,52 @@ async fn tcp_connection_lost_then_sent_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_loads_are_counted_and_the_last_counts_leave_on_sigterm() {
+    let dir = ConfigDir::new();
+    let mut statsd = Statsd::tcp().await;
+    let path = dir.write("shop.yaml", SHOP);
+    let address = format!("127.0.0.1:{}", statsd.port());
+    // No counter flush comes in the test's time: what arrives is the drain's last flush.
+    let mut server = Server::start_with(
+        &path,
+        &[
+            "--statsd-addr",
+            &address,
+            "--stats-flush-interval-ms",
+            "3600000",
+        ],
+    );
+    dir.write("shop.yaml", "domain: shop\ndescriptors: [");
+    server.wait_for_log("configuration not reloaded");
+    dir.write(
+        "shop.yaml",
+        &SHOP.replace("requests_per_unit: 2", "requests_per_unit: 3"),
+    );
+    server.wait_for_log("configuration reloaded");
+    let client = server.client().await;
+    client
+        .ask("shop", &[&[("remote_address", "10.0.0.1")]])
+        .await;
+    server.terminate();
+    let received = statsd
+        .until(
+            &[
+                ("ratelimit.service.config_load_success", 2),
+                ("ratelimit.service.config_load_error", 1),
+                ("ratelimit_server.ShouldRateLimit.total_requests", 1),
+                (&format!("{HITS}.within_limit"), 1),
+            ],
+            &[],
+        )
+        .await;
+    assert_eq!(
+        received.counters["ratelimit.service.config_load_success"],
+        2
+    );
+    assert!(server.wait_exit().success(), "{:#?}", server.log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_does_not_resolve_is_one_warning_and_calls_are_answered() {
     let dir = ConfigDir::new();
     let mut server = Server::start_with(
