@@ -562,6 +562,15 @@ async fn deliver(target: Target, mut queued: mpsc::Receiver<Chunk>, stats: Arc<S
             },
         };
         if let Err((error, written)) = open.send(&chunk.bytes).await {
+            if matches!(open, Link::Udp(_)) && error.kind() == io::ErrorKind::ConnectionRefused {
+                // Nothing listens on the port (an earlier datagram came back refused): not a
+                // way to open again, only lines lost.
+                stats
+                    .statsd_dropped
+                    .fetch_add(chunk.lines, Ordering::Relaxed);
+                outage.refused();
+                continue;
+            }
             outage.failed(&error.to_string());
             link = None;
             // The lines not wholly written are sent again once on the next connection.
@@ -588,6 +597,9 @@ async fn deliver(target: Target, mut queued: mpsc::Receiver<Chunk>, stats: Arc<S
 struct Outage {
     target: Target,
     warned: bool,
+    /// Whether datagrams refused were told (once: a later datagram sent says nothing of its
+    /// arrival).
+    told_refused: bool,
     next_retry: Duration,
 }
 
@@ -596,7 +608,21 @@ impl Outage {
         Outage {
             target,
             warned: false,
+            told_refused: false,
             next_retry: FIRST_RETRY,
+        }
+    }
+
+    fn refused(&mut self) {
+        if self.told_refused {
+            tracing::debug!(statsd = %self.target, "statsd: datagrams refused");
+        } else {
+            self.told_refused = true;
+            tracing::warn!(
+                statsd = %self.target,
+                "statsd: datagrams refused (nothing listens there); their lines are dropped \
+                 until something does (calls are answered meanwhile)"
+            );
         }
     }
 

@@ -290,6 +290,53 @@ async fn udp_datagrams_with_extra_tags() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_with_nothing_listening_then_something() {
+    let dir = ConfigDir::new();
+    // A port nothing listens on, until the test listens there.
+    let port = Statsd::udp().await.port();
+    let address = format!("127.0.0.1:{port}");
+    let mut server = Server::start_with(
+        &dir.write("shop.yaml", SHOP),
+        &[
+            "--statsd-addr",
+            &address,
+            "--statsd-udp",
+            "--stats-flush-interval-ms",
+            "20",
+        ],
+    );
+    let client = server.client().await;
+    // Calls keep coming (and keep being answered) while the datagrams are refused.
+    let calls = tokio::spawn(async move {
+        loop {
+            let answer = client
+                .ask("shop", &[&[("remote_address", "10.0.0.1")]])
+                .await;
+            assert_eq!(answer.statuses.len(), 1);
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
+    let warning = server.wait_for_log("statsd: datagrams refused");
+    assert!(warning.contains("WARN"), "{warning}");
+    let mut statsd = Statsd::Udp(UdpSocket::bind(("127.0.0.1", port)).await.unwrap());
+    statsd
+        .until(&[(&format!("{HITS}.total_hits"), 1)], &[])
+        .await;
+    calls.abort();
+    assert!(
+        calls.await.unwrap_err().is_cancelled(),
+        "every call answered"
+    );
+    assert!(server.metric("tollgate_server_statsd_lines_dropped_total") > 0);
+    server.terminate();
+    assert!(server.wait_exit().success());
+    // Told once, and no outage flapping: a datagram socket has nothing to open again.
+    let told = |text: &str| server.log.iter().filter(|l| l.contains(text)).count();
+    assert_eq!(told("datagrams refused"), 1, "{:#?}", server.log);
+    assert_eq!(told("statistics cannot be sent"), 0, "{:#?}", server.log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_connection_lost_then_sent_again() {
     let dir = ConfigDir::new();
     let mut statsd = Statsd::tcp().await;
