@@ -424,6 +424,45 @@ async fn config_loads_are_counted_and_the_last_counts_leave_on_sigterm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_call_is_the_references_redis_error() {
+    let dir = ConfigDir::new();
+    dir.write("shop.yaml", SHOP);
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.write(
+        "open.toml",
+        &format!(
+            "domain = \"other\"\nreference = [\"shop.yaml\"]\nrules = []\n\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed_port}\"\non_failure = \"open\"\n"
+        ),
+    );
+    let mut statsd = Statsd::tcp().await;
+    let server = start(&config, &statsd, &[]);
+    let client = server.client().await;
+    for _ in 0..2 {
+        let answer = client
+            .ask("shop", &[&[("remote_address", "10.0.0.1")]])
+            .await;
+        assert_eq!(answer.overall_code, code::OK, "failing open");
+    }
+    let received = statsd
+        .until(
+            &[
+                ("ratelimit.service.call.should_rate_limit.redis_error", 2),
+                ("ratelimit_server.ShouldRateLimit.total_requests", 2),
+            ],
+            &[(TIMER, 2)],
+        )
+        .await;
+    assert_eq!(
+        received.counters["ratelimit.service.call.should_rate_limit.redis_error"],
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_does_not_resolve_is_one_warning_and_calls_are_answered() {
     let dir = ConfigDir::new();
     let mut server = Server::start_with(
