@@ -107,9 +107,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         }),
         draining: AtomicBool::new(false),
     });
+    state.stats.loaded();
     // Watched before the server says it serves: a SIGTERM from then on is a drain, never the
     // default action that kills the process.
-    state.stats.loaded();
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| StartError(format!("cannot watch SIGTERM: {e}")))?;
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);

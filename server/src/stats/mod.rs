@@ -137,6 +137,13 @@ pub(crate) struct Call<'a> {
     started: quanta::Instant,
 }
 
+impl Call<'_> {
+    /// The time since the call came in.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
 impl Drop for Call<'_> {
     fn drop(&mut self) {
         self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
