@@ -3,7 +3,8 @@
 //!
 //! This library is the part of the server that tools share: the two forms of configuration
 //! ([`load`]) and how a request's descriptors find their limits ([`tree`]). The service itself
-//! (feature `service`, on by default) is the `tollgate-server` binary's: gRPC, HTTP, metrics.
+//! (feature `service`, on by default) is the `tollgate-server` binary's: gRPC, HTTP, and its
+//! statistics (`stats`: Prometheus on `/metrics`, statsd).
 
 mod document;
 pub mod load;
@@ -16,3 +17,5 @@ pub mod unit;
 pub mod service;
 #[cfg(feature = "service")]
 pub mod settings;
+#[cfg(feature = "service")]
+pub mod stats;

@@ -9,6 +9,7 @@ use clap::Parser;
 use tollgate_server::load::Source;
 use tollgate_server::service::{Answering, Limits, ReferenceHeaders, Settings};
 use tollgate_server::settings;
+use tollgate_server::stats::statsd::{StatsdSettings, Transport};
 
 /// The rate-limit service of Envoy, Istio and every client of
 /// `envoy.service.ratelimit.v3.RateLimitService`, on tollgate's engine.
@@ -64,6 +65,20 @@ struct Args {
     /// descriptor closest to its limit (the reference's LIMIT_RESPONSE_HEADERS_ENABLED).
     #[arg(long)]
     limit_response_headers: bool,
+    /// Also push statistics to this statsd server (HOST:PORT), under the reference service's
+    /// names; over TCP unless --statsd-udp.
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
+    statsd_addr: Option<(String, u16)>,
+    /// Send statsd lines as UDP datagrams.
+    #[arg(long, requires = "statsd_addr")]
+    statsd_udp: bool,
+    /// How often statsd counters are sent, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    stats_flush_interval_ms: u64,
+    /// A tag appended to every statsd name (KEY:VALUE; repeatable).
+    #[arg(long, value_name = "KEY:VALUE", value_parser = tag)]
+    statsd_extra_tag: Vec<(String, String)>,
 }
 
 /// A ratio between 0 and 1.
@@ -85,6 +100,29 @@ fn environment_help() -> String {
         help.push_str(&format!("  {name:<36} {meaning}\n"));
     }
     help
+}
+
+/// `HOST:PORT`, the host possibly an IPv6 address in brackets.
+fn host_port(text: &str) -> Result<(String, u16), String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?}: expected HOST:PORT"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = port
+        .parse()
+        .map_err(|e| format!("{text:?}: the port: {e}"))?;
+    if host.is_empty() {
+        return Err(format!("{text:?}: no host"));
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// `KEY:VALUE`.
+fn tag(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected KEY:VALUE"))?;
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 fn main() -> ExitCode {
@@ -119,6 +157,7 @@ fn main() -> ExitCode {
             force_start: false,
             grpc_tls: None,
             answering: Answering::default(),
+            statsd: None,
             grpc_addr: args.grpc_addr.unwrap_or(([0, 0, 0, 0], 8081).into()),
             http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
             reload_interval: Duration::ZERO,
@@ -136,6 +175,7 @@ fn main() -> ExitCode {
                 force_start: env.force_start,
                 grpc_tls: env.grpc_tls,
                 answering: env.answering,
+                statsd: env.statsd,
                 grpc_addr: args.grpc_addr.unwrap_or(env.grpc_addr),
                 http_addr: args.http_addr.unwrap_or(env.http_addr),
                 reload_interval: Duration::ZERO,
@@ -164,6 +204,21 @@ fn main() -> ExitCode {
                 None => args.limit_response_headers.then(ReferenceHeaders::default),
             },
         },
+        // The flag wins over USE_STATSD and the STATSD_ variables.
+        statsd: match args.statsd_addr {
+            Some((host, port)) => Some(StatsdSettings {
+                host,
+                port,
+                transport: if args.statsd_udp {
+                    Transport::Udp
+                } else {
+                    Transport::Tcp
+                },
+                flush_interval: Duration::from_millis(args.stats_flush_interval_ms),
+                extra_tags: args.statsd_extra_tag,
+            }),
+            None => settings.statsd.clone(),
+        },
         ..settings
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -176,7 +231,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(tollgate_server::service::run(settings)) {
+    let ran = runtime.block_on(tollgate_server::service::run(settings));
+    // A lookup still blocked in the resolver (a statsd host that does not answer) never holds
+    // the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tollgate-server: {error}");

@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::service::{Answering, ReferenceHeaders};
+use crate::stats::statsd::{StatsdSettings, Transport};
 
 pub use crate::load::RuntimeDir;
 
@@ -40,6 +41,10 @@ pub struct FromEnvironment {
     /// `TLS on the gRPC port`: `GRPC_SERVER_USE_TLS` with its certificate and key, and
     /// `GRPC_CLIENT_TLS_CACERT` (+ `GRPC_CLIENT_TLS_SAN`) for client certificates.
     pub grpc_tls: Option<TlsFiles>,
+    /// Where statistics are pushed under the reference's statsd names (`USE_STATSD`, default
+    /// on as in the reference, `STATSD_HOST`, `STATSD_PORT`, `STATSD_PROTOCOL`, `EXTRA_TAGS`,
+    /// `STATS_FLUSH_INTERVAL`).
+    pub statsd: Option<StatsdSettings>,
     /// How answers are written: `QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`,
     /// `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its three header names.
     pub answering: Answering,
@@ -137,14 +142,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "not supported: statistics are on /metrics (Prometheus)",
     ),
     ("USE_DOG_STATSD_MOGRIFIERS", "not supported"),
-    (
-        "USE_STATSD",
-        "statsd is not supported yet: statistics are on /metrics (Prometheus)",
-    ),
-    ("STATSD_HOST", "statsd is not supported yet"),
-    ("STATSD_PORT", "statsd is not supported yet"),
-    ("EXTRA_TAGS", "statsd is not supported yet"),
-    ("STATS_FLUSH_INTERVAL", "statsd is not supported yet"),
     (
         "DISABLE_STATS",
         "not supported: statistics are always counted",
@@ -319,6 +316,12 @@ pub const READ: &[(&str, &str)] = &[
     ("REDIS_TLS", "false: TLS to Redis"),
     ("REDIS_TIMEOUT", "10s: the longest one store call may take"),
     ("CACHE_KEY_PREFIX", "(none): put before every key the store writes"),
+    ("USE_STATSD", "true: push the reference's statsd names (STATSD_HOST:STATSD_PORT)"),
+    ("STATSD_HOST", "localhost"),
+    ("STATSD_PORT", "8125"),
+    ("STATSD_PROTOCOL", "tcp: tcp or udp"),
+    ("EXTRA_TAGS", "(none): k1:v1,k2:v2 appended to every statsd name"),
+    ("STATS_FLUSH_INTERVAL", "10s: how often statsd counters are sent"),
     ("QUOTA_MODE", "false: every limit a quota limit (OVER_LIMIT only when every quota descriptor is)"),
     ("SHADOW_MODE", "false: every answer OK, decided and counted as usual"),
     ("RESPONSE_DYNAMIC_METADATA", "false: answers carry dynamic_metadata"),
@@ -409,6 +412,7 @@ pub fn read(
             }
         },
     };
+    let statsd = statsd(&env)?;
     let names = ReferenceHeaders::default();
     for name in [
         "LIMIT_LIMIT_HEADER",
@@ -451,6 +455,7 @@ pub fn read(
         log_level,
         log_json,
         grpc_tls,
+        statsd,
         answering,
         notices,
     })
@@ -643,6 +648,43 @@ fn percent_encode(text: &str) -> String {
     out
 }
 
+/// The statsd sink, from `USE_STATSD` and its variables.
+fn statsd(env: &BTreeMap<String, String>) -> Result<Option<StatsdSettings>, SettingsError> {
+    if !boolean(env, "USE_STATSD", true)? {
+        return Ok(None);
+    }
+    let defaults = StatsdSettings::default();
+    let transport = match env.get("STATSD_PROTOCOL").map(|p| p.to_ascii_lowercase()) {
+        None => defaults.transport,
+        Some(p) if p == "tcp" => Transport::Tcp,
+        Some(p) if p == "udp" => Transport::Udp,
+        Some(other) => {
+            return Err(SettingsError(format!(
+                "STATSD_PROTOCOL={other:?}: expected tcp or udp"
+            )))
+        }
+    };
+    // `k1:v1,k2:v2`, as the reference's map variables are written.
+    let mut extra_tags = Vec::new();
+    if let Some(tags) = env.get("EXTRA_TAGS").filter(|tags| !tags.is_empty()) {
+        for pair in tags.split(',') {
+            let Some((key, value)) = pair.split_once(':') else {
+                return Err(SettingsError(format!(
+                    "EXTRA_TAGS={tags:?}: expected key:value pairs separated by commas"
+                )));
+            };
+            extra_tags.push((key.trim().to_owned(), value.trim().to_owned()));
+        }
+    }
+    Ok(Some(StatsdSettings {
+        host: env.get("STATSD_HOST").cloned().unwrap_or(defaults.host),
+        port: number(env, "STATSD_PORT", defaults.port)?,
+        transport,
+        flush_interval: duration(env, "STATS_FLUSH_INTERVAL", defaults.flush_interval)?,
+        extra_tags,
+    }))
+}
+
 /// TLS on the gRPC port, from `GRPC_SERVER_USE_TLS` and its files.
 fn grpc_tls(env: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, SettingsError> {
     if !boolean(env, "GRPC_SERVER_USE_TLS", false)? {
@@ -696,6 +738,37 @@ mod tests {
             json!({ "kind": "redis", "url": "redis+unix:///var/run/nutcracker/ratelimit.sock", "timeout": "10000ms" })
         );
         assert!(settings.notices.is_empty());
+        // The reference pushes statsd to localhost:8125 over TCP unless told not to.
+        assert_eq!(settings.statsd, Some(StatsdSettings::default()));
+    }
+
+    #[test]
+    fn statsd_variables() {
+        let settings = read(env(&[
+            ("STATSD_HOST", "statsd.monitoring"),
+            ("STATSD_PORT", "9125"),
+            ("STATSD_PROTOCOL", "udp"),
+            ("EXTRA_TAGS", "app:rl,version:1"),
+            ("STATS_FLUSH_INTERVAL", "1s"),
+            ("DEBUG_PORT", "6070"),
+        ]))
+        .unwrap();
+        let statsd = settings.statsd.unwrap();
+        assert_eq!(
+            (statsd.host.as_str(), statsd.port),
+            ("statsd.monitoring", 9125)
+        );
+        assert_eq!(statsd.transport, Transport::Udp);
+        assert_eq!(statsd.flush_interval, Duration::from_secs(1));
+        assert_eq!(
+            statsd.extra_tags,
+            [
+                ("app".to_owned(), "rl".to_owned()),
+                ("version".to_owned(), "1".to_owned())
+            ]
+        );
+        assert_eq!(settings.notices.len(), 1, "{:?}", settings.notices);
+        assert!(settings.notices[0].starts_with("DEBUG_PORT is set: "));
     }
 
     /// What Istio's sample (`samples/ratelimit/rate-limit-service.yaml`) sets.
@@ -723,10 +796,9 @@ mod tests {
         assert!(settings.runtime.ignore_dotfiles);
         assert_eq!(settings.store["url"], "redis://redis:6379");
         assert_eq!(settings.log_level, tracing::Level::DEBUG);
-        assert_eq!(
-            settings.notices,
-            ["USE_STATSD is set: statsd is not supported yet: statistics are on /metrics (Prometheus)"]
-        );
+        // Every variable the sample sets is acted on.
+        assert!(settings.notices.is_empty(), "{:?}", settings.notices);
+        assert_eq!(settings.statsd, None);
     }
 
     #[test]

@@ -77,6 +77,8 @@ impl Judged<'_> {
 #[derive(Debug)]
 pub(crate) struct Answer<'t> {
     pub(crate) domain: &'t str,
+    /// No configuration has the domain.
+    pub(crate) unknown_domain: bool,
     /// The fields the domain's answers carry.
     pub(crate) headers: Headers,
     pub(crate) judged: Vec<Judged<'t>>,
@@ -305,6 +307,7 @@ pub(crate) async fn decide<'t>(
     }
     Ok(Answer {
         domain: domain_name,
+        unknown_domain: domain.is_none(),
         headers: domain.map(|domain| domain.headers).unwrap_or_default(),
         judged,
         store_failed,

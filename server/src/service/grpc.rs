@@ -42,9 +42,8 @@ async fn should_rate_limit(
     state: &State,
     request: RateLimitRequest,
 ) -> Result<tonic::Response<RateLimitResponse>, Status> {
-    // The library's clock (a cycle counter read, not a system call) times the decision.
-    let started = quanta::Instant::now();
-    let _in_flight = state.stats.in_flight();
+    // Timed from here by the library's clock (a cycle counter read, not a system call).
+    let call = state.stats.call();
     let limiter = state.layer.limiter();
     let mut attempts = 0;
     loop {
@@ -57,7 +56,7 @@ async fn should_rate_limit(
         match decided {
             Ok(answer) => {
                 let response = respond(state, &request, &answer);
-                state.stats.latency(started.elapsed());
+                state.stats.latency(call.elapsed());
                 return Ok(tonic::Response::new(response));
             }
             Err(Refusal::Invalid(status)) => {

@@ -76,6 +76,6 @@ async fn metrics(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        state.stats.render(),
+        crate::stats::prometheus::render(&state.stats),
     )
 }

@@ -3,14 +3,13 @@
 //! a drain on `SIGTERM`.
 
 mod connections;
-mod decide;
+pub(crate) mod decide;
 mod grpc;
 mod headers;
 mod http_api;
 mod metadata;
 pub mod protocol;
 mod reload;
-mod stats;
 mod tls;
 
 use std::net::SocketAddr;
@@ -21,12 +20,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tollgate::RateLimitLayer;
 
+pub use crate::stats::{Stats, MAX_SERIES};
 pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
-pub use stats::{Stats, MAX_SERIES};
 
 use crate::load::{self, Source, StoreFailure};
 use crate::settings::TlsFiles;
+use crate::stats::statsd::{self, StatsdSettings};
 use crate::tree::Domains;
 
 /// What the server was started with.
@@ -49,6 +49,9 @@ pub struct Settings {
     pub connections: Limits,
     /// How answers are made: the reference's global switches.
     pub answering: Answering,
+    /// Where statistics are also pushed, under the reference service's statsd names (none:
+    /// only `/metrics`).
+    pub statsd: Option<StatsdSettings>,
 }
 
 /// How answers are made: the switches the reference service reads from its environment
@@ -120,7 +123,7 @@ pub(crate) struct State {
     pub(crate) current: ArcSwap<Current>,
     /// The library's layer, kept for its limiter and for reloads.
     pub(crate) layer: RateLimitLayer,
-    pub(crate) stats: Stats,
+    pub(crate) stats: Arc<Stats>,
     /// How answers are made.
     pub(crate) answering: Answering,
     /// Set once a drain starts: `/healthcheck` answers 503 from then on.
@@ -185,10 +188,15 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             on_store_failure: loaded.on_store_failure,
         }),
         layer,
-        stats: Stats::default(),
+        stats: Arc::new(if settings.statsd.is_some() {
+            Stats::with_response_times()
+        } else {
+            Stats::default()
+        }),
         answering: settings.answering.clone(),
         draining: AtomicBool::new(false),
     });
+    state.stats.loaded();
     // Watched before the server says it serves: a SIGTERM from then on is a drain, never the
     // default action that kills the process.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -215,6 +223,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         settings.reload_interval,
         grpc_stopping.clone(),
     ));
+    let (stop_statsd, statsd_stopping) = tokio::sync::watch::channel(false);
+    let statsd_sink = settings
+        .statsd
+        .clone()
+        .map(|sink| statsd::start(state.stats.clone(), sink, statsd_stopping));
     let gate = || connections::Gate::new(settings.connections);
     let http = tokio::spawn(http_api::serve(
         http_listener,
@@ -238,6 +251,11 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let _ = stop_http.send(true);
     let _ = http.await;
     reload.abort();
+    // The last counts leave before the process ends (bounded by the sink).
+    let _ = stop_statsd.send(true);
+    if let Some(sink) = statsd_sink {
+        let _ = sink.await;
+    }
     tracing::info!("tollgate-server: stopped");
     Ok(())
 }

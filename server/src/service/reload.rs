@@ -1,7 +1,8 @@
 //! Hot reload: the configuration's files are compared with the ones in force every interval;
 //! when they changed, the whole configuration is read and checked again, then the library's
 //! rules and the descriptor trees are swapped. A bad configuration keeps the one in force and
-//! says why in the log (and in `tollgate_server_config_reload_failures_total`).
+//! says why in the log (and in `tollgate_server_config_reload_failures_total`, statsd's
+//! `ratelimit.service.config_load_error`).
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -89,15 +89,18 @@ async fn istios_sample_runs_unchanged_and_follows_its_configmap() {
         &echo_config(1),
     );
     let root_text = root.display().to_string();
-    let env = istio_env(&root_text, &redis_addr);
+    let mut env = istio_env(&root_text, &redis_addr);
+    // A variable the sample does not set, and tollgate-server does not act on: named once.
+    env.push(("DEBUG_PORT", "6070"));
     let server = Server::start_env(&env);
-    // The variable it does not act on is named, once.
+    // Every variable the sample sets is acted on: only the one added is named, once.
     let named: Vec<&String> = server
         .log
         .iter()
-        .filter(|l| l.contains("USE_STATSD"))
+        .filter(|l| l.contains(" is set: "))
         .collect();
     assert_eq!(named.len(), 1, "{:#?}", server.log);
+    assert!(named[0].contains("DEBUG_PORT is set: "), "{named:?}");
 
     let client = server.client().await;
     let root_path = [("PATH", "/")];

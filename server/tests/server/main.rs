@@ -17,5 +17,6 @@ mod redis;
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
 mod reload;
+mod statsd;
 mod support;
 mod tls;
