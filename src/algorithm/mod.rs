@@ -17,9 +17,11 @@
 //! rounded up to the next microsecond, which errs on the strict side and keeps bursts exact.
 //!
 //! A `now` earlier than a state's own time (a clock that stepped back) never panics and never
-//! refills anything: windows read it as their window's start, the log as its newest entry's time
-//! — the time in between counts as none. A bucket's state is only the moment it was empty, so
-//! an earlier `now` reads as less time refilled: never more admitted, but possibly less. That is why
+//! refills anything: sliding windows read it as their window's start, the log as its newest
+//! entry's time — the time in between counts as none. A bucket's state is only the moment it was
+//! empty, so an earlier `now` reads as less time refilled, and a fixed window's may be a later
+//! window a reservation holds, so an earlier `now` reads the windows before it as held: never
+//! more admitted, but possibly less. That is why
 //! stores never hand an earlier time than one they handed before (see the memory store's clock).
 
 mod burst_pool;

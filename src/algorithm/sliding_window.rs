@@ -69,15 +69,21 @@ impl SlidingWindow {
         }
     }
 
+    /// The state in the window containing `now`. A window that has ended weighs at most the
+    /// limit in force (DESIGN §13): a count above a lowered limit is forgiven when its window
+    /// ends, and slides out as a full window's would.
     fn roll(&self, state: SlidingWindowState, now: Micros) -> SlidingWindowState {
         let windows = now.saturating_sub(state.window_start) / self.period;
         let window_start = state.window_start + windows * self.period;
         match windows {
-            0 => state,
+            0 => SlidingWindowState {
+                previous: state.previous.min(self.limit),
+                ..state
+            },
             1 => SlidingWindowState {
                 window_start,
                 current: 0,
-                previous: state.current,
+                previous: state.current.min(self.limit),
             },
             _ => SlidingWindowState {
                 window_start,
@@ -120,11 +126,13 @@ impl SlidingWindow {
         // Early in the next window, where the current count becomes the previous one.
         // Saturating: a window end beyond the clock's range is "never".
         let next = state.window_start.saturating_add(self.period);
-        let into = if state.current == 0 {
+        // Weighing at most the limit once its window has ended (see `roll`).
+        let current = state.current.min(self.limit);
+        let into = if current == 0 {
             0
         } else {
             let room = u128::from(self.limit - units);
-            let keep = (room * p / u128::from(state.current)).min(p);
+            let keep = (room * p / u128::from(current)).min(p);
             (p - keep) as u64
         };
         next.saturating_add(into).saturating_sub(now)

@@ -106,7 +106,9 @@ trait Limiter {
     /// From this moment on the state behaves exactly like a fresh key's.
     fn expiry(&self, state: &Self::State) -> Micros;
     /// The time the state records, before which a `now` counts as that time; `None` for the
-    /// buckets, whose one number is the moment they were empty.
+    /// buckets, whose one number is the moment they were empty, and for fixed windows, whose
+    /// window may be a later one a reservation holds (an earlier `now` reads the windows before
+    /// it as held).
     fn stored_time(&self, state: &Self::State) -> Option<Micros>;
 }
 
@@ -176,8 +178,8 @@ impl Limiter for FixedWindow {
     fn expiry(&self, state: &FixedWindowState) -> Micros {
         self.expires_at(*state)
     }
-    fn stored_time(&self, state: &FixedWindowState) -> Option<Micros> {
-        Some(state.window_start)
+    fn stored_time(&self, _state: &FixedWindowState) -> Option<Micros> {
+        None
     }
 }
 

@@ -290,11 +290,12 @@ async fn a_key_whose_limit_changes_keeps_what_fits_on_both_stores() {
 }
 
 /// DESIGN §13 for fixed windows on both stores: a window keeps its count and compares it with
-/// the limit in force (60 of 100 used, moved to 80, leaves 20; moved to 50, none and a balance
-/// of −10, the next window 40); with roll-over the units spent are read under the new capacity;
-/// a debt is owed under any limit. Through the fast path (a lone charge of a window without
-/// roll-over), the general script (checks, roll-over, reservations, a rule with a penalty), with
-/// the deny cache on and off.
+/// the limit in force (60 of 100 used, moved to 80, leaves 20; 80 used, moved to 50, none and a
+/// balance of −30, the next window a whole 50: the count over the limit is forgiven when its
+/// window ends); with roll-over the units not paid back are read under the new capacity; a
+/// reservation holds the windows it reaches into under any limit. Through the fast path (a lone
+/// charge of a window without roll-over), the general script (checks, roll-over, reservations, a
+/// rule with a penalty), with the deny cache on and off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_window_whose_limit_changes_counts_alike_on_both_stores() {
     use differential::Step;
@@ -325,27 +326,32 @@ async fn a_fixed_window_whose_limit_changes_counts_alike_on_both_stores() {
         charge(20, &eighty),
         charge(1, &eighty),
         // Down below the count: 80 used, moved to 50, −30 (even a check is refused); the next
-        // window pays 50 back: 20 left.
+        // window is a whole 50: the 30 over the limit are forgiven when their window ends.
         check(&fifty),
         charge(1, &fifty),
         Step::Advance(60_000_000),
         check(&fifty),
         charge(20, &fifty),
-        // Roll-over: 10 a minute up to 30, 25 spent; a window later 15 spent: 15 left under
-        // 30, 5 under 20.
+        // Roll-over: 10 a minute up to 30, 25 spent; a window later 15 spent, and one more:
+        // 14 left under 30, 4 under 20.
         Step::Advance(60_000_000),
         Step::Reset(0, 1),
         charge(25, &roll30),
         Step::Advance(60_000_000),
-        check(&roll30),
+        charge(1, &roll30),
         check(&roll20),
-        charge(5, &roll20),
+        charge(4, &roll20),
         charge(1, &roll20),
-        // A debt: 16 reserved at 10 a minute; under 20, 4 left; under 5, 11 owed, then 6.
+        // A reservation: 16 at 10 a minute holds this window and 6 of the next, under any
+        // limit: none left now under 20 or 5; the next window has 4 under 10, and under 5 it is
+        // over by 1, forgiven when it ends: a whole 5 the window after.
         Step::Advance(180_000_000),
         Step::Reset(0, 1),
         on(0, 16, reserve, &ten),
         check(&twenty),
+        check(&five),
+        Step::Advance(60_000_000),
+        check(&ten),
         check(&five),
         Step::Advance(60_000_000),
         check(&five),
@@ -374,22 +380,102 @@ async fn a_fixed_window_whose_limit_changes_counts_alike_on_both_stores() {
                 (false, 0, 0),
                 (false, 0, -30),
                 (false, 0, -30),
-                (true, 20, 20),
-                (true, 0, 0),
+                (true, 50, 50),
+                (true, 30, 30),
                 (true, 5, 5),
-                (true, 15, 15),
-                (true, 5, 5),
+                (true, 14, 14),
+                (true, 4, 4),
                 (true, 0, 0),
                 (false, 0, 0),
                 (true, 0, -6),
-                (true, 4, 4),
-                (false, 0, -11),
                 (false, 0, -6),
+                (false, 0, -6),
+                (true, 4, 4),
+                (false, 0, -1),
+                (true, 5, 5),
                 (true, 40, 40),
                 (true, 0, 0),
                 (false, 0, 0),
             ]
         );
+    }
+}
+
+/// Issue 39 (DESIGN §13) on both stores, with their defaults (the deny cache on) and without
+/// the deny cache: 100 an hour, 60 used, moved to 20: denied for the rest of the hour, then 20
+/// fresh the next hour, not two more hours of nothing; a reservation made in the over-counted
+/// hour is paid by the next one and holds 5 of its 20. Key 1 through the fast path (lone
+/// charges), key 2 through the general script (a check, a reservation). Key 0, a sliding window:
+/// the next hour the 60 weigh as a full window of 20 (one unit 3 minutes in, not 41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_above_a_lowered_window_limit_is_forgiven_when_its_window_ends_on_both_stores() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, FixedWindow, ReserveBound, SlidingWindow, WindowStart};
+    let server = ENGINE.server();
+    let hour = Duration::from_secs(3_600);
+    let per_hour = |limit| {
+        Algorithm::FixedWindow(
+            FixedWindow::new(limit, hour).with_start(WindowStart::Aligned(Duration::ZERO)),
+        )
+    };
+    let (hundred, twenty) = (per_hour(100), per_hour(20));
+    let sliding = |limit| {
+        Algorithm::SlidingWindow(
+            SlidingWindow::new(limit, hour).with_start(WindowStart::Aligned(Duration::ZERO)),
+        )
+    };
+    let on = |key, cost, mode, limit: &Algorithm| {
+        Step::ApplyUnder(vec![(0, key, cost, mode, limit.clone())])
+    };
+    let charge = |cost| on(1, cost, Mode::Charge, &twenty);
+    let steps = vec![
+        on(1, 60, Mode::Charge, &hundred),
+        on(2, 60, Mode::Charge, &hundred),
+        on(0, 60, Mode::Charge, &sliding(100)),
+        Step::Advance(1_800_000_000),
+        charge(1),
+        on(2, 0, Mode::Check, &twenty),
+        on(2, 5, Mode::Reserve(ReserveBound::default()), &twenty),
+        on(0, 1, Mode::Charge, &sliding(20)),
+        Step::Advance(1_799_999_999),
+        charge(1),
+        Step::Advance(1),
+        charge(1),
+        charge(19),
+        charge(1),
+        on(2, 0, Mode::Check, &twenty),
+        on(0, 0, Mode::Check, &sliding(20)),
+        Step::Advance(180_000_000),
+        on(0, 1, Mode::Charge, &sliding(20)),
+    ];
+    // A whole UTC hour: aligned windows start with the scenario.
+    let scenario = (1_750_003_200_000_000, vec![(hundred.clone(), None)], steps);
+    let redis = || RedisStore::builder().url(server.url());
+    let secs = Duration::from_secs;
+    let denied = |retry_after| Verdict::Denied { retry_after };
+    let expected = [
+        (Verdict::Allowed, 40, 40),
+        (Verdict::Allowed, 40, 40),
+        (Verdict::Allowed, 40, 40),
+        (denied(secs(1_800)), 0, -40),
+        (denied(secs(1_800)), 0, -40),
+        (Verdict::Reserved { wait: secs(1_800) }, 0, -5),
+        (denied(secs(1_980)), 0, 0),
+        (denied(Duration::from_micros(1)), 0, -40),
+        (Verdict::Allowed, 19, 19),
+        (Verdict::Allowed, 0, 0),
+        (denied(secs(3_600)), 0, 0),
+        (Verdict::Allowed, 15, 15),
+        (Verdict::Allowed, 0, 0),
+        (Verdict::Allowed, 0, 0),
+    ];
+    for answers in differential::run_with_and_without_deny_cache(redis, "forgiven", &scenario).await
+    {
+        let seen: Vec<(Verdict, u64, i64)> = answers
+            .iter()
+            .map(|a| (a[0].verdict, a[0].remaining, a[0].balance))
+            .collect();
+        assert_eq!(seen, expected);
     }
 }
 

@@ -122,33 +122,142 @@ fn a_larger_limit_compares_the_windows_count_with_it() {
 }
 
 #[test]
-fn a_smaller_limit_below_the_count_refuses_until_the_window_pays_it_back() {
-    // 60 of 100 used, moved to 50: the count is over the new limit, nothing is left in this
-    // window (a balance of −10), and the next window pays the 10 over it back: 40 left.
-    let fifty = aligned(50, secs(60));
-    let state = spent(&aligned(100, secs(60)), T0 + 10 * SEC, 60);
-    let t = T0 + 20 * SEC;
-    let out = fifty.evaluate(state, t, 1, Mode::Charge);
-    assert_eq!(out, denied(50, 0, secs(40), secs(40)));
-    assert_eq!(out.balance, -10);
+fn a_count_above_a_lowered_limit_is_forgiven_when_its_window_ends() {
+    // Issue 39 (DESIGN §13): 100 an hour, 60 used, moved to 20: denied for the rest of this
+    // hour, 20 fresh the next hour, not two more hours of nothing.
+    let hour = secs(3_600);
+    let h = 1_699_999_200 * SEC; // a whole UTC hour
+    let state = spent(&aligned(100, hour), h + 600 * SEC, 60);
+    let twenty = aligned(20, hour);
+    let t = h + 1_800 * SEC;
+    let out = twenty.evaluate(state, t, 1, Mode::Charge);
+    assert_eq!(out, denied(20, 0, secs(1_800), secs(1_800)));
+    assert_eq!(out.balance, -40);
+    assert_eq!(out.full_in, secs(1_800));
+    let mut run = Run::new(&twenty, state);
     assert_eq!(
-        fifty
-            .evaluate(state, T0 + 60 * SEC, 0, Mode::Check)
-            .remaining,
-        40
+        run.charge(h + hour_us() - 1, 1),
+        denied(20, 0, us(1), us(1))
     );
-    // Moved to 60: exactly used up; to 70: 10 left.
+    assert_eq!(run.peek(h + hour_us()), allowed(20, 20, Duration::ZERO));
+    let next = h + hour_us() + 100 * SEC;
+    for left in (0..20).rev() {
+        assert_eq!(run.charge(next, 1), allowed(20, left, secs(3_500)));
+    }
+    assert_eq!(run.charge(next, 1), denied(20, 0, secs(3_500), secs(3_500)));
+    // The key is a fresh one's when its window ends.
+    assert_eq!(twenty.expires_at(state), h + hour_us());
+
+    // Moved to 50, 60 and 70 instead: 10 over (then 50 fresh the next hour), exactly used up,
+    // 10 left.
+    let fifty = aligned(50, hour);
+    assert_eq!(fifty.evaluate(state, t, 0, Mode::Check).balance, -10);
     assert_eq!(
-        aligned(60, secs(60))
-            .evaluate(state, t, 0, Mode::Check)
-            .balance,
+        fifty.evaluate(state, h + hour_us(), 0, Mode::Check),
+        allowed(50, 50, Duration::ZERO)
+    );
+    assert_eq!(
+        aligned(60, hour).evaluate(state, t, 0, Mode::Check).balance,
         0
     );
     assert_eq!(
-        aligned(70, secs(60))
+        aligned(70, hour)
             .evaluate(state, t, 0, Mode::Check)
             .remaining,
         10
+    );
+}
+
+fn hour_us() -> Micros {
+    3_600 * SEC
+}
+
+#[test]
+fn a_reservation_in_an_over_counted_window_waits_for_the_next_one() {
+    // 60 of 100 an hour used, moved to 20: a reservation of 5 is paid by the next hour, which
+    // does not owe the 40 over the limit; it holds 5 of that hour's 20.
+    let hour = secs(3_600);
+    let h = 1_699_999_200 * SEC;
+    let state = spent(&aligned(100, hour), h, 60);
+    let twenty = aligned(20, hour);
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    let t = h + 1_800 * SEC;
+    let out = twenty.evaluate(state, t, 5, unbounded);
+    assert_eq!(out, reserved(20, 0, secs(1_800), secs(1_800)));
+    assert_eq!(out.balance, -5);
+    let state = twenty.commit(state, t, 5);
+    assert_eq!(
+        state,
+        FixedWindowState {
+            window_start: h + hour_us(),
+            spent: 5,
+        }
+    );
+    assert_eq!(
+        twenty.evaluate(state, h + hour_us(), 0, Mode::Check),
+        allowed(20, 15, secs(3_600))
+    );
+    // At most 5 owed: 5 more would owe 10; the unit bound is met once that hour begins.
+    let by_units = Mode::Reserve(ReserveBound {
+        max_units: Some(5),
+        max_wait: None,
+    });
+    assert_eq!(
+        twenty.evaluate(state, t, 5, by_units),
+        denied(20, 0, secs(1_800), secs(1_800))
+    );
+}
+
+#[test]
+fn a_reservation_carries_its_debt_into_later_windows_under_any_limit() {
+    // 10 a minute, 16 reserved from a full window at W: W is held, and 6 of W + 60 s.
+    let ten = aligned(10, secs(60));
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    let state = ten.fresh(T0, 0);
+    assert_eq!(
+        ten.evaluate(state, T0, 16, unbounded),
+        reserved(10, 0, secs(60), secs(60))
+    );
+    let state = ten.commit(state, T0, 16);
+    assert_eq!(
+        state,
+        FixedWindowState {
+            window_start: T0 + 60 * SEC,
+            spent: 6,
+        }
+    );
+    // The debt is carried: W + 60 s has 4 left.
+    assert_eq!(
+        ten.evaluate(state, T0 + 60 * SEC, 0, Mode::Check),
+        allowed(10, 4, secs(60))
+    );
+    // Moved to 5 a minute: still held until W + 60 s, whose 6 counted are above 5: nothing
+    // until W + 120 s, which is a whole window.
+    let five = aligned(5, secs(60));
+    let out = five.evaluate(state, T0 + SEC, 1, Mode::Charge);
+    assert_eq!(out, denied(5, 0, secs(119), secs(119)));
+    assert_eq!(out.balance, -6);
+    assert_eq!(
+        five.evaluate(state, T0 + 60 * SEC, 1, Mode::Charge),
+        denied(5, 0, secs(60), secs(60))
+    );
+    assert_eq!(
+        five.evaluate(state, T0 + 120 * SEC, 0, Mode::Check),
+        allowed(5, 5, Duration::ZERO)
+    );
+    assert_eq!(five.expires_at(state), T0 + 120 * SEC);
+    // Moved to 20 a minute: the windows it holds stay held, as a bucket's reservation holds
+    // the time until it is paid: nothing left in W, 14 at W + 60 s.
+    let twenty = aligned(20, secs(60));
+    assert_eq!(
+        twenty.evaluate(state, T0 + SEC, 0, Mode::Check).remaining,
+        0
+    );
+    assert_eq!(
+        twenty
+            .evaluate(state, T0 + 60 * SEC, 0, Mode::Check)
+            .remaining,
+        14
     );
 }
 
@@ -175,11 +284,15 @@ fn rolled_over_units_are_what_the_new_capacity_leaves_above_the_spent() {
     let state = spent(&thirty, T0, 25);
     let t = T0 + SEC + 100 * MS;
     assert_eq!(thirty.evaluate(state, t, 0, Mode::Check).remaining, 15);
-    // Under a capacity of 20 the same 15 spent leave 5; of 40, 25.
-    let twenty = aligned(10, secs(1)).with_capacity(20);
-    assert_eq!(twenty.evaluate(state, t, 0, Mode::Check).remaining, 5);
+    // Under a capacity of 40 the same 15 spent leave 25; written at T0 + 1 s, under 20, 5.
     let forty = aligned(10, secs(1)).with_capacity(40);
     assert_eq!(forty.evaluate(state, t, 0, Mode::Check).remaining, 25);
+    let twenty = aligned(10, secs(1)).with_capacity(20);
+    let written = thirty.refund(state, t, 0);
+    assert_eq!(twenty.evaluate(written, t, 0, Mode::Check).remaining, 5);
+    // Read under 20 from T0, the 25 counted at T0 were 5 over it, forgiven when T0's window
+    // ended: 10 spent, 10 left.
+    assert_eq!(twenty.evaluate(state, t, 0, Mode::Check).remaining, 10);
     // Windows pay back at the limit in force: 20 a second pays the 25 back in two windows.
     let fast = aligned(20, secs(1)).with_capacity(30);
     assert_eq!(fast.evaluate(state, T0 + SEC, 0, Mode::Check).remaining, 25);
@@ -187,40 +300,6 @@ fn rolled_over_units_are_what_the_new_capacity_leaves_above_the_spent() {
         fast.evaluate(state, T0 + 2 * SEC, 0, Mode::Check).remaining,
         30
     );
-}
-
-#[test]
-fn a_debt_is_owed_under_any_limit() {
-    // 10 a minute, 16 reserved from a full window: 16 spent, 6 owed.
-    let ten = aligned(10, secs(60));
-    let unbounded = Mode::Reserve(ReserveBound::default());
-    let state = ten.fresh(T0, 0);
-    assert_eq!(
-        ten.evaluate(state, T0, 16, unbounded),
-        reserved(10, 0, secs(60), secs(60))
-    );
-    let state = ten.commit(state, T0, 16);
-    // Moved to 20 a minute: the window holds 20, of which 16 are spent: 4 left.
-    let twenty = aligned(20, secs(60));
-    assert_eq!(
-        twenty.evaluate(state, T0 + SEC, 0, Mode::Check).remaining,
-        4
-    );
-    // Moved to 5 a minute: 11 owed, paid back by 5 a window: at W + 120 s 1 is still owed,
-    // at W + 180 s 4 are left.
-    let five = aligned(5, secs(60));
-    let out = five.evaluate(state, T0 + SEC, 0, Mode::Check);
-    assert_eq!(out.balance, -11);
-    assert_eq!(
-        five.evaluate(state, T0 + 120 * SEC, 0, Mode::Check).balance,
-        -1
-    );
-    assert_eq!(
-        five.evaluate(state, T0 + 180 * SEC, 0, Mode::Check)
-            .remaining,
-        4
-    );
-    assert_eq!(five.expires_at(state), T0 + 240 * SEC);
 }
 
 #[test]
@@ -292,14 +371,27 @@ fn reservations_wait_for_the_window_that_pays_them_back() {
         run.step(T0, 16, unbounded),
         reserved(10, 0, secs(60), secs(60))
     );
-    assert_eq!(run.state.spent, 16);
+    // The reservation holds W, and 6 of the window that pays it back.
+    assert_eq!(
+        run.state,
+        FixedWindowState {
+            window_start: T0 + 60 * SEC,
+            spent: 6,
+        }
+    );
     // At W + 30 s reserve 5 → v' = −11: wait until W + 120 s, 90 s from now.
     let t = T0 + 30 * SEC;
     assert_eq!(
         run.step(t, 5, unbounded),
         reserved(10, 0, secs(90), secs(90))
     );
-    assert_eq!(run.state.spent, 21);
+    assert_eq!(
+        run.state,
+        FixedWindowState {
+            window_start: T0 + 120 * SEC,
+            spent: 1,
+        }
+    );
     // Nothing passes before the debt is paid: at W + 60 s the balance is −1.
     assert_eq!(
         run.charge(T0 + 60 * SEC, 1),
@@ -309,8 +401,13 @@ fn reservations_wait_for_the_window_that_pays_them_back() {
     // The key is fresh again once the debt is paid and the window refilled: at W + 180 s.
     assert_eq!(fw.expires_at(run.state), T0 + 180 * SEC);
     // A refund pays the debt back first.
-    fw.refund(run.state, t, 11);
-    assert_eq!(fw.refund(run.state, t, 11).spent, 10);
+    assert_eq!(
+        fw.refund(run.state, t, 11),
+        FixedWindowState {
+            window_start: T0,
+            spent: 10,
+        }
+    );
 }
 
 #[test]

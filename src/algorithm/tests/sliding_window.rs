@@ -77,6 +77,34 @@ fn a_full_window_slides_into_the_next() {
 }
 
 #[test]
+fn a_count_above_a_lowered_limit_weighs_as_a_full_window_once_its_window_ends() {
+    // Issue 39 (DESIGN §13): 100 an hour, 60 used, moved to 20: denied for the rest of the
+    // hour; the next hour the 60 weigh as a full window of 20 would, not as 60 (which would
+    // refuse everything until 41 minutes into it).
+    let hour = secs(3_600);
+    let h = 1_699_999_200 * SEC; // a whole UTC hour
+    let per_hour =
+        |limit| SlidingWindow::new(limit, hour).with_start(WindowStart::Aligned(Duration::ZERO));
+    let hundred = per_hour(100);
+    let mut used = Run::new(&hundred, hundred.fresh(h, 0));
+    assert!(used.charge(h + 600 * SEC, 60).verdict.is_admitted());
+    let twenty = per_hour(20);
+    let mut run = Run::new(&twenty, used.state);
+    assert_eq!(
+        run.charge(h + 1_800 * SEC, 1),
+        denied(20, 0, secs(1_980), secs(1_980))
+    );
+    assert_eq!(run.peek(h + 3_600 * SEC), allowed(20, 0, secs(180)));
+    assert_eq!(
+        run.charge(h + 3_780 * SEC - 1, 1),
+        denied(20, 0, us(1), us(1))
+    );
+    assert_eq!(run.charge(h + 3_780 * SEC, 1), allowed(20, 0, secs(180)));
+    // The window after that one is a whole one.
+    assert_eq!(run.peek(h + 7_200 * SEC).remaining, 19);
+}
+
+#[test]
 fn expires_when_neither_count_weighs() {
     let sw = ten_per_second();
     assert_eq!(sw.expires_at(EIGHT_THEN_TWO), T0 + 2 * SEC);

@@ -136,7 +136,8 @@ impl Fast {
             (Kind::Fixed(w), Value::BulkString(bytes)) => {
                 let [flags, into, balance] = numbers(bytes)?;
                 // The script answers the units left under this call's capacity; the state
-                // keeps what was spent.
+                // keeps what was spent. A window a reservation holds starts after now
+                // (`into` negative): the state reads the windows before it as held.
                 let spent = i128::from(w.capacity()) - i128::from(balance);
                 let state = FixedWindowState {
                     window_start: BASE,

@@ -24,13 +24,14 @@ if counted and cur ~= cost then
   if prev then
     cur = cur - cost
     prev = prev + 0
-    -- A count above the limit (a request brought a lower one since) is kept and compared with
-    -- the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 / period (a count
-    -- made under a shorter period) is it held there, so that the products below stay exact.
-    if cur > limit or prev > limit then
+    -- A count above the limit (a request brought a lower one since): the current one is kept
+    -- and compared with the limit in force (DESIGN §13), as the Rust keeps it, and only past
+    -- 2^53 / period (a count made under a shorter period) is it held there, so that the products
+    -- below stay exact; the previous window's is forgiven above the limit (`sw_roll`).
+    if prev > limit then prev = limit end
+    if cur > limit then
       local most = math.floor(9007199254740991 / period)
       if cur > most then cur = most end
-      if prev > most then prev = most end
     end
     local into = now - ws
     local room = limit - cur - cost
@@ -81,6 +82,8 @@ if counted then
     if now - sws - into == period then prev = cur else prev = 0 end
     sws, cur = now - into, 0
   end
+  -- A window that has ended weighs at most the limit in force (`sw_roll`).
+  if prev > limit then prev = limit end
 end
 local into = now - sws
 local left = period - into

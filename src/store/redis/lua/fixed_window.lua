@@ -1,8 +1,9 @@
 -- Fixed window (src/algorithm/fixed_window.rs): { ws = window start, rem = units left under this
--- call's capacity, negative while reservations are owed }. The key keeps the units spent
--- (`FixedWindowState::spent`), read as `rem = cap − spent` under whatever limit the call brings
--- (DESIGN §13: a window's count compared with the limit in force).
--- `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
+-- call's capacity }. The key keeps the units spent (`FixedWindowState::spent`), read as
+-- `rem = cap − spent` under whatever limit the call brings (DESIGN §13: a window's count compared
+-- with the limit in force; a count above a lowered capacity is forgiven when its window ends). A
+-- reservation that reaches into later windows moves `ws` to the window paying its last unit: the
+-- windows before it are held. `p.owed` and `p.max_wait` bound a reservation (see `params::push`).
 
 local function make_fixed()
   local fixed = {}
@@ -27,40 +28,86 @@ local function make_fixed()
     return { ws = window_containing(now, p.offset, p.period), rem = p.cap }
   end
 
+  -- A state read at `now` (`FixedWindow::roll`): { st = start of now's window, sp = units spent
+  -- in the state's window, ah = windows from `st` to it (a reservation's) }. Each window after
+  -- the state's pays back `limit` of at most the capacity.
   local function fw_roll(p, s, now)
-    local windows = fw_between(p, s.ws, now)
-    local rem
-    if s.rem >= p.cap then
-      rem = p.cap
-    elseif windows >= cdiv(p.cap - s.rem, p.limit) then
-      rem = p.cap
-    else
-      rem = s.rem + windows * p.limit
+    local sp = p.cap - s.rem
+    if now >= s.ws then
+      local windows = fw_between(p, s.ws, now)
+      if windows == 0 then return { st = s.ws, sp = sp, ah = 0 } end
+      -- (A product past 2^53 is inexact, but then far above the capacity: the result is 0.)
+      return { st = fw_boundary(p, s.ws, windows), sp = pos(min(sp, p.cap) - windows * p.limit), ah = 0 }
     end
-    return { ws = fw_boundary(p, s.ws, windows), rem = rem }
+    if p.period > 0 then
+      local ah = min(cdiv(s.ws - now, p.period), div(s.ws, p.period))
+      return { st = s.ws - ah * p.period, sp = sp, ah = ah }
+    end
+    local index = month_index(now, p.off)
+    return { st = month_start(index, p.off), sp = sp, ah = pos(month_index(s.ws, p.off) - index) }
   end
 
-  -- Until the balance reaches `units` (negative: a debt of that many).
-  local function fw_wait_for(p, s, now, units)
-    if s.rem >= units then return 0 end
-    local windows = cdiv(units - s.rem, p.limit)
-    return pos(fw_boundary(p, s.ws, windows) - now)
+  -- Units held seen from `r.st` (`FixedWindow::held`).
+  local function fw_held(p, r)
+    return r.sp + r.ah * p.limit
+  end
+
+  -- A count above the capacity forgiven (`FixedWindow::forgiven`).
+  local function fw_forgiven(p, r)
+    return { st = r.st, sp = min(r.sp, p.cap), ah = r.ah }
+  end
+
+  -- `held` units seen from `st`, in the window paying the last of them, at most `most` ahead
+  -- (`FixedWindow::settle`).
+  local function fw_settle(p, st, held, most)
+    held = pos(held)
+    local ah = 0
+    if held > p.cap then ah = min(cdiv(held - p.cap, p.limit), most) end
+    return { st = st, sp = pos(held - ah * p.limit), ah = ah }
+  end
+
+  -- After a charge of `cost` (`FixedWindow::charged`).
+  local function fw_charged(p, r, cost)
+    if cost == 0 then return r end
+    return fw_settle(p, r.st, fw_held(p, fw_forgiven(p, r)) + cost, math.huge)
+  end
+
+  local function fw_stored(p, r)
+    return { ws = fw_boundary(p, r.st, r.ah), rem = p.cap - r.sp }
+  end
+
+  -- Windows from `r.st` until the balance reaches `units`.
+  local function fw_windows(p, r, units)
+    local missing = units - p.cap + fw_held(p, r)
+    if missing <= 0 then return 0 end
+    return cdiv(missing, p.limit)
+  end
+
+  -- Until the balance reaches `units` (negative: a debt of that many); a window after an
+  -- over-counted one reads it as full.
+  local function fw_wait_for(p, r, now, units)
+    local k = fw_windows(p, r, units)
+    if k == 0 then return 0 end
+    if k > r.ah and r.sp > p.cap then k = max(fw_windows(p, fw_forgiven(p, r), units), r.ah + 1) end
+    return pos(fw_boundary(p, r.st, k) - now)
   end
 
   -- `wait_to_reserve`: when a reservation past its bound would be accepted.
   local function fw_wait_to_reserve(p, r, now, cost)
     local fits = math.huge
     if cost <= p.cap then fits = now + fw_wait_for(p, r, now, cost) end
-    local units_ok = now + fw_wait_for(p, r, now, cost - p.owed)
-    local full = now + fw_wait_for(p, r, now, p.cap)
-    local slot = now + fw_wait_for(p, r, now, cost)
+    local reads = r
+    if cost > 0 then reads = fw_forgiven(p, r) end
+    local units_ok = now + fw_wait_for(p, reads, now, cost - p.owed)
+    local full = now + fw_wait_for(p, reads, now, p.cap)
+    local slot = now + fw_wait_for(p, reads, now, cost)
     local accepted = max(units_ok, slot - p.max_wait)
     if accepted >= full then
       -- From a full window the slot is `m` windows after the current one's start; windows of
       -- different lengths (months) may need a few tries.
       local m = cdiv(pos(cost - p.cap), p.limit)
       local t = max(units_ok, full)
-      local start = fw_boundary(p, r.ws, fw_between(p, r.ws, t))
+      local start = fw_boundary(p, reads.st, fw_between(p, reads.st, t))
       accepted = math.huge
       for _ = 1, 24 do
         local next = fw_boundary(p, start, 1)
@@ -77,13 +124,13 @@ local function make_fixed()
 
   function fixed.eval(p, s, now, cost, mode)
     local r = fw_roll(p, s, now)
+    local after = fw_charged(p, r, cost)
     local kind, wait, left = 0, 0, r
-    local after = { ws = r.ws, rem = r.rem - cost }
-    if after.rem >= 0 then
+    if p.cap - fw_held(p, r) >= cost then
       left = after
     elseif mode == 2 then
       wait = fw_wait_for(p, after, now, 0)
-      if -after.rem <= p.owed and wait <= p.max_wait then
+      if fw_held(p, after) - p.cap <= p.owed and wait <= p.max_wait then
         kind, left = 1, after
       else
         kind, wait = 2, fw_wait_to_reserve(p, r, now, cost)
@@ -91,24 +138,25 @@ local function make_fixed()
     else
       kind, wait = 2, fw_wait_for(p, r, now, cost)
     end
-    local remaining = pos(left.rem)
+    local bal = p.cap - fw_held(p, left)
+    local remaining = pos(bal)
     local reset = 0
-    if left.rem < p.cap then reset = fw_wait_for(p, left, now, remaining + 1) end
-    return kind, wait, p.cap, remaining, reset, left.rem, fw_wait_for(p, left, now, p.cap)
+    if bal < p.cap then reset = fw_wait_for(p, left, now, remaining + 1) end
+    return kind, wait, p.cap, remaining, reset, bal, fw_wait_for(p, left, now, p.cap)
   end
 
   function fixed.commit(p, s, now, cost)
-    local r = fw_roll(p, s, now)
-    return { ws = r.ws, rem = r.rem - cost }
+    return fw_stored(p, fw_charged(p, fw_roll(p, s, now), cost))
   end
 
+  -- From the last window a reservation holds first (`FixedWindow::refund`).
   function fixed.refund(p, s, now, units)
     local r = fw_roll(p, s, now)
-    return { ws = r.ws, rem = min(r.rem + units, p.cap) }
+    return fw_stored(p, fw_settle(p, r.st, fw_held(p, r) - units, r.ah))
   end
 
   function fixed.expires(p, s)
-    return fw_boundary(p, s.ws, cdiv(pos(p.cap - s.rem), p.limit))
+    return s.ws + fw_wait_for(p, fw_roll(p, s, s.ws), s.ws, p.cap)
   end
 
   -- The key is a hash (see fast_fixed.lua): its newest window's field, read as the units left.

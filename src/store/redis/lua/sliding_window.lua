@@ -8,11 +8,13 @@ local function make_sliding()
     return { ws = window_containing(now, p.offset, p.period), cur = 0, prev = 0 }
   end
 
+  -- `SlidingWindow::roll`: a window that has ended weighs at most the limit in force (a count
+  -- above a lowered limit is forgiven when its window ends).
   local function sw_roll(p, s, now)
     local windows = div(pos(now - s.ws), p.period)
     local ws = s.ws + windows * p.period
-    if windows == 0 then return s end
-    if windows == 1 then return { ws = ws, cur = 0, prev = s.cur } end
+    if windows == 0 then return { ws = s.ws, cur = s.cur, prev = min(s.prev, p.limit) } end
+    if windows == 1 then return { ws = ws, cur = 0, prev = min(s.cur, p.limit) } end
     return { ws = ws, cur = 0, prev = 0 }
   end
 
@@ -39,8 +41,9 @@ local function make_sliding()
         if at < s.ws + P then return at - now end
       end
     end
-    local into = 0
-    if s.cur > 0 then into = P - min(div((p.limit - units) * P, s.cur), P) end
+    -- The current count weighs at most the limit once its window has ended (`sw_roll`).
+    local into, cur = 0, min(s.cur, p.limit)
+    if cur > 0 then into = P - min(div((p.limit - units) * P, cur), P) end
     return s.ws + P + into - now
   end
 
@@ -99,9 +102,10 @@ local function make_sliding()
       end
     end
     if s == nil or prev == nil then return nil end
-    -- A count above the limit (a request brought a lower one since) is kept and compared with
-    -- the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 / period (a count
-    -- made under a shorter period) is it held there, so that the products stay exact.
+    -- A current count above the limit (a request brought a lower one since) is kept and
+    -- compared with the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 /
+    -- period (a count made under a shorter period) is it held there, so that the products stay
+    -- exact. (A previous count weighs at most the limit: `sw_roll`.)
     local most = p.limit
     if s.cur > most or prev > most then most = math.floor(9007199254740991 / p.period) end
     return { ws = s.ws, cur = min(s.cur, most), prev = min(prev, most) }
