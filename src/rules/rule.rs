@@ -586,7 +586,7 @@ pub struct RuleSummary {
     pub queue: Option<ReserveBound>,
     /// Whether the rule is in shadow mode (recorded, never blocking).
     pub shadow: bool,
-    /// How a key that is denied is blocked ([`Rule::block_for`], [`Rule::penalty`]).
+    /// How a key that is denied is blocked ([`Rule::block_for`], [`Rule::block`]).
     pub penalty: Option<Penalty>,
     /// Which responses keep their charge ([`Rule::count_if`]); the others get it back.
     pub count_if: Option<CountIf>,
