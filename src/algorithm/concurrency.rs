@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::{Outcome, Verdict};
 
-/// A concurrency limit (DESIGN §12): at most `max` requests of a key in flight at once.
+/// A concurrency limit: at most `max` requests of a key in flight at once.
 ///
 /// Not a quota over time: a slot is taken when a request is admitted and given back when its
 /// response ends, however long that takes. The state is the number of slots taken; a charge of

@@ -24,7 +24,7 @@ const LONGEST_MONTH: Micros = 31 * 86_400_000_000;
 /// The state of one key under a [`FixedWindow`].
 ///
 /// It keeps how far a window is below full, not what is left, so that a limit chosen per
-/// request (DESIGN §13) compares the window's count with the limit in force: 60 spent of 100,
+/// request compares the window's count with the limit in force: 60 spent of 100,
 /// read under 80, leaves 20. A count above a lowered capacity is forgiven when its window ends.
 ///
 /// A reservation that reaches into later windows moves `window_start` to the window its last

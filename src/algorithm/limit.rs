@@ -105,7 +105,7 @@ impl Limit {
         }
     }
 
-    /// A concurrency limit: at most `n` requests of a key in flight at once (DESIGN §12), e.g. 8
+    /// A concurrency limit: at most `n` requests of a key in flight at once, e.g. 8
     /// LLM completions per API key. Not a quota over time: a request takes a slot in the same
     /// atomic step as its other rules and gives it back when its response body ends or is
     /// dropped (a streaming body holds its slot to its end), or when the service fails or the

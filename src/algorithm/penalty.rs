@@ -1,4 +1,4 @@
-//! Penalties: a key that a rule denies is blocked for a while (DESIGN §10).
+//! Penalties: a key that a rule denies is blocked for a while.
 //!
 //! A block is two numbers kept beside the key's counters: the moment it ends and how many
 //! offences led to it. While it lasts, every request of the key under the rule is denied without

@@ -70,7 +70,7 @@ impl SlidingWindow {
     }
 
     /// The state in the window containing `now`. A window that has ended weighs at most the
-    /// limit in force (DESIGN §13): a count above a lowered limit is forgiven when its window
+    /// limit in force: a count above a lowered limit is forgiven when its window
     /// ends, and slides out as a full window's would.
     fn roll(&self, state: SlidingWindowState, now: Micros) -> SlidingWindowState {
         let windows = now.saturating_sub(state.window_start) / self.period;

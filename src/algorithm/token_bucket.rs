@@ -12,7 +12,7 @@ use super::{duration, micros, Micros, Mode, Outcome, ReserveBound, Verdict};
 /// `min(capacity, (now − empty_at) / interval)`, negative while reservations are owed, and a charge
 /// of `n` moves the state to `max(empty_at, now − capacity·interval) + n·interval`.
 ///
-/// Nothing in the state depends on the capacity, so a key whose limit changes (DESIGN §13) keeps
+/// Nothing in the state depends on the capacity, so a key whose limit changes keeps
 /// what it has, at most the new capacity: 40 of 100 left, then a capacity of 20, leaves 20 (an
 /// idle key is full under the smaller limit, a larger capacity keeps the 40), and the time accrued
 /// since the bucket was empty is read at the new rate (40 of 100 a minute, then 20 a minute with a

@@ -565,7 +565,7 @@ impl Limiter {
     /// [`charge_all`](Self::charge_all), each charge decided under the limit given with it
     /// (`None`: the rule's own), as a rule whose limit comes from the request is decided
     /// ([`Rule::limit_from`](crate::Rule::limit_from)): the key's state is the rule's, read under
-    /// the limit given (a window keeps its count and compares it with the limit; DESIGN §13). For
+    /// the limit given (a window keeps its count and compares it with the limit). For
     /// services whose callers bring a limit with each request, e.g. Envoy's descriptor `limit`
     /// override: one rule per period, the number per request. A limit the rule cannot use is
     /// [`LimitError::BadLimit`], nothing charged.
@@ -871,7 +871,7 @@ impl Limiter {
     /// in the store, so every instance charges the key under it from its next decision; it
     /// takes precedence over the rule's own limit and over one the request brings, is
     /// reported in `RateLimit-Policy`, and the key's state carries over as for any limit
-    /// change (DESIGN §13). The rule must be [`overridable`](crate::Rule::overridable).
+    /// change. The rule must be [`overridable`](crate::Rule::overridable).
     ///
     /// Refused with nothing written: an unknown rule, a rule without overrides, a limit the
     /// rule cannot use (a zero rate or period, another family: a rate for a concurrency rule

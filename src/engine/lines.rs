@@ -1,5 +1,5 @@
 //! The first-come-first-served lines of requests waiting for a concurrency slot on this
-//! instance (queue mode, DESIGN §12): one line per (rule, key), woken when a slot is given back.
+//! instance (queue mode): one line per (rule, key), woken when a slot is given back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

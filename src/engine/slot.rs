@@ -1,4 +1,4 @@
-//! Concurrency slots (DESIGN §12): the guard that gives a request's slots back whatever way it
+//! Concurrency slots: the guard that gives a request's slots back whatever way it
 //! ends, and the first-come-first-served line of requests waiting for a slot in queue mode.
 //!
 //! A slot is taken by the store in the same atomic step as the request's other rules (it is a

@@ -1,4 +1,4 @@
-//! gRPC-shaped answers (DESIGN §14).
+//! gRPC-shaped answers.
 //!
 //! A gRPC client reads a call's outcome from `grpc-status`, never from the HTTP status: a `429`
 //! with a JSON body reaches a tonic client as `Internal` ("invalid compression flag"). So a

@@ -1,4 +1,4 @@
-//! Limits chosen per request (DESIGN §13): a rule's limit read from the request's extensions, or
+//! Limits chosen per request: a rule's limit read from the request's extensions, or
 //! looked up by the rule's key through an async [`LimitResolver`] with a bounded TTL cache.
 //!
 //! A per-request limit never makes a request fail: a limit that is missing, invalid, or that the

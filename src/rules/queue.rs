@@ -26,7 +26,7 @@ use crate::algorithm::{Algorithm, Mode, ReserveBound};
 /// rejected; with `nodelay`, six pass and one is rejected.
 ///
 /// On a fixed window a queued request waits for the start of the first window that pays its
-/// units back (DESIGN §2): with 10 per minute, 16 requests at a window's start let 10 pass and 6
+/// units back: with 10 per minute, 16 requests at a window's start let 10 pass and 6
 /// wait for the next window; `delay` and `nodelay` do not apply (a window has no excess that
 /// passes at once).
 ///

@@ -251,7 +251,7 @@ impl Rule {
         self
     }
 
-    /// Blocks a key for `d` each time this rule denies it (DESIGN §10): while blocked, every
+    /// Blocks a key for `d` each time this rule denies it: while blocked, every
     /// request of the key under this rule is denied with `Retry-After` = what is left of the
     /// block, its counters untouched; denials during a block do not extend it. Blocks live in
     /// the store, so every instance sees them. Shorthand for
@@ -274,7 +274,7 @@ impl Rule {
     /// a limit of its own for a while (a customer raised tenfold for a day), kept in the store
     /// so that every instance sees it on its next decision for the key. An override takes
     /// precedence over the rule's own limit and over one the request brings, and the key's
-    /// state carries over as for any limit change (DESIGN §13).
+    /// state carries over as for any limit change.
     ///
     /// Off by default: every decision of an overridable rule reads the key's override in the
     /// same step as its charge, which costs a lookup in memory and a little Redis work per call
@@ -285,7 +285,7 @@ impl Rule {
         self
     }
 
-    /// Counts only the requests whose response matches (DESIGN §11), e.g. failed logins:
+    /// Counts only the requests whose response matches, e.g. failed logins:
     /// `.count_if(CountIf::status([401, 403]))`. Every request is charged when it arrives — so
     /// concurrent attempts can never get past the limit — and given its charge back when its
     /// response does not match. A request whose response never comes (the client went away
@@ -297,7 +297,7 @@ impl Rule {
     }
 
     /// Charges the rule's [`cost`](Self::cost) as an estimate when the request arrives and
-    /// settles it to the real cost read from the response (DESIGN §11), e.g. the tokens an LLM
+    /// settles it to the real cost read from the response, e.g. the tokens an LLM
     /// call used: `.settle(Settle::header(HeaderName::from_static("x-tokens-used")))`. The
     /// difference is charged — possibly into debt, which later requests of the key wait for or
     /// are denied until it is repaid, `Retry-After` counting it — or given back, after the

@@ -1,4 +1,4 @@
-//! Once the response is known: counting by outcome and settling the real cost (DESIGN §11).
+//! Once the response is known: counting by outcome and settling the real cost.
 //!
 //! A rule with [`count_if`](crate::Rule::count_if) or [`settle`](crate::Rule::settle) is charged
 //! when the request arrives, like any rule — so concurrent requests can never get past the limit

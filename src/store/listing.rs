@@ -57,7 +57,7 @@ impl<T> Page<T> {
     }
 }
 
-/// A key blocked now under a rule's penalty (DESIGN §10), as a listing reports it.
+/// A key blocked now under a rule's penalty, as a listing reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BlockedKey {

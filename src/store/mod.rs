@@ -46,7 +46,7 @@ pub struct Charge<'a> {
     pub cost: u64,
     /// Charge, check, or reserve.
     pub mode: Mode,
-    /// The rule's penalty, if it blocks keys it denies (DESIGN §10): a blocked key is denied
+    /// The rule's penalty, if it blocks keys it denies: a blocked key is denied
     /// without touching its counters, and a charge the rule denies starts a block.
     pub penalty: Option<&'a Penalty>,
     /// The rule's quota lease, if a remote store may hand this instance a slice of the key's

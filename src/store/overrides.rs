@@ -1,4 +1,4 @@
-//! Per-key overrides (DESIGN §19): a key of an overridable rule charged under a limit of its own
+//! Per-key overrides: a key of an overridable rule charged under a limit of its own
 //! for a while, kept in the store so every instance sees it on its next decision, and listed a
 //! page at a time (a [`Page`](super::Page) walked with a [`Cursor`](super::Cursor), as blocks are).
 

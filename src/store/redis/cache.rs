@@ -9,7 +9,7 @@
 //! shrink as time passes, `remaining` and `balance` stay. A key in debt (a negative balance, owed
 //! to reservations) is not cached: its balance grows before its `remaining` does. A request with
 //! another cost or mode goes to Redis, and so does one under another limit (a limit chosen per
-//! request, DESIGN §13, may change between two requests of a key).
+//! request may change between two requests of a key).
 //!
 //! A local answer must still carry an outcome for every rule of the request, so the other charges
 //! of a cached denial are kept too, as "last seen" entries valid while their own fields stay

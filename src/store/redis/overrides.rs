@@ -1,4 +1,4 @@
-//! Per-key overrides on Redis (DESIGN §19): a key of an overridable rule charged under a limit of
+//! Per-key overrides on Redis: a key of an overridable rule charged under a limit of
 //! its own until the override ends.
 //!
 //! An override is one string key beside the counters, `<prefix>:override:{<tag>}:<rule>` (the
