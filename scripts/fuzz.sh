@@ -6,7 +6,7 @@
 # Debug assertions (and so overflow checks) are on. The committed seeds in fuzz/corpus/TARGET are
 # read but never written: new inputs go to fuzz/target/corpus/TARGET, crashes to
 # fuzz/artifacts/TARGET. To keep a crash as a regression input, fix it, then copy the file into
-# fuzz/corpus/TARGET (`cargo test --test fuzz_corpus` replays it from then on).
+# fuzz/corpus/TARGET (`cargo test --test it fuzz_corpus` replays it from then on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

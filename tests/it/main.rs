@@ -11,6 +11,7 @@ mod axum;
 mod concurrency;
 mod config;
 mod decide;
+mod docs;
 mod examples;
 mod fuzz_corpus;
 mod grpc;

@@ -20,7 +20,7 @@
 //! demand:
 //!
 //! ```sh
-//! cargo test --release --test soak -- --ignored --nocapture
+//! cargo test --release --test it soak -- --ignored --nocapture
 //! ```
 
 use std::convert::Infallible;
@@ -501,7 +501,7 @@ async fn quick() {
 
 /// Two simulated hours of heavier churn; about two minutes in release.
 #[tokio::test]
-#[ignore = "long: cargo test --release --test soak -- --ignored --nocapture"]
+#[ignore = "long: cargo test --release --test it soak -- --ignored --nocapture"]
 async fn soak() {
     run(Soak {
         seconds: 7_200,

@@ -325,7 +325,7 @@ fn same_answers_as_the_memory_store_across_slots_1024_scenarios() {
     differential_cases(1_024);
 }
 
-/// The soak: `cargo test --all-features --test redis_cluster -- --ignored`.
+/// The soak: `cargo test --all-features --test redis_store redis::cluster -- --ignored`.
 #[test]
 #[ignore = "soak: 20 000 scenarios, several minutes"]
 fn same_answers_as_the_memory_store_across_slots_soak() {

@@ -183,7 +183,7 @@ fn with_script_config_client_and_function_refused_same_answers_by_evalsha_and_ev
     );
 }
 
-/// The soak: `cargo test --all-features --test redis -- --ignored`.
+/// The soak: `cargo test --all-features --test redis_store redis::single -- --ignored`.
 #[test]
 #[ignore = "soak: 50 000 scenarios, several minutes"]
 fn same_answers_as_the_memory_store_soak() {
