@@ -197,19 +197,6 @@ impl Decision {
     pub fn remaining(&self) -> Option<u64> {
         self.rules.iter().map(|r| r.outcome.remaining).min()
     }
-
-    /// The rule that binds hardest: the denying rule with the longest `retry_after`, or, when
-    /// allowed, the rule with the fewest units left.
-    pub fn most_restrictive(&self) -> Option<&RuleDecision> {
-        let denied = self.rules.iter().filter_map(|r| match r.outcome.verdict {
-            Verdict::Denied { retry_after } => Some((retry_after, r)),
-            _ => None,
-        });
-        denied
-            .max_by_key(|(wait, _)| *wait)
-            .map(|(_, r)| r)
-            .or_else(|| self.rules.iter().min_by_key(|r| r.outcome.remaining))
-    }
 }
 
 impl RuleDecision {

@@ -327,10 +327,12 @@ where
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 StateProj::Respond { response } => {
-                    return match response.take() {
-                        Some(response) => Poll::Ready(Ok(response.map(ResponseBody::own))),
-                        None => Poll::Pending,
-                    };
+                    // A future polled again after it completed is the caller's bug: said at once
+                    // (as tower-http's futures do), not hidden as a request that never ends.
+                    let response = response
+                        .take()
+                        .expect("ResponseFuture polled after it completed");
+                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
                 }
             };
             this.state.set(next);

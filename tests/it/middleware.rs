@@ -764,3 +764,26 @@ async fn prepared_refusals_are_exact_copies_and_follow_the_clock() {
         "Rate limit exceeded (per-ip); retry in 49 s."
     );
 }
+
+/// A response future polled again after it completed panics (as tower-http's do): a caller's
+/// bug is loud, never a request that hangs.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "ResponseFuture polled after it completed")]
+async fn a_future_polled_after_it_completed_panics() {
+    use std::future::Future as _;
+    let (_, inner) = counting();
+    let mut service = RateLimitLayer::new(Limit::per_minute(1).key(Key::global())).layer(inner);
+    let first = service.ready().await.unwrap().call(get("/")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The second is refused by the layer itself.
+    let mut refused = Box::pin(service.ready().await.unwrap().call(get("/")));
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    match refused.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(response)) => {
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS)
+        }
+        other => panic!("the refusal is ready at once: {:?}", other.is_ready()),
+    }
+    let _ = refused.as_mut().poll(&mut cx);
+}

@@ -309,6 +309,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_probe_interval_starts_and_stops_where_it_is_set() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let flaky = Arc::new(Flaky::default());
+        let breaker = CircuitBreaker::new()
+            .failures(1)
+            .probe_interval(Duration::from_secs(3), Duration::from_secs(5))
+            .clock(clock.clone());
+        let guarded = Guarded::new(flaky.clone(), &breaker, FailurePolicy::Open);
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
+        flaky.down.store(true, Ordering::Relaxed);
+        apply(&guarded, &algorithm).unwrap_err();
+        let next_probe = |guarded: &Guarded| apply(guarded, &algorithm).unwrap_err().retry_after();
+        assert_eq!(next_probe(&guarded), Some(Duration::from_secs(3)));
+        // Each failed probe doubles the interval, up to the maximum: 3 s, then 5 s (not 6).
+        for expected in [5, 5] {
+            let wait = next_probe(&guarded).unwrap();
+            clock.advance(wait);
+            apply(&guarded, &algorithm).unwrap_err();
+            tokio::task::yield_now().await;
+            assert_eq!(next_probe(&guarded), Some(Duration::from_secs(expected)));
+        }
+    }
+
+    #[tokio::test]
     async fn opens_after_5_failures_skips_the_store_probes_with_backoff_and_closes() {
         let (clock, flaky, guarded) = flaky_behind_a_breaker(FailurePolicy::Open);
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(100, Duration::from_secs(1)));
