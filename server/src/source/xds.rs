@@ -587,8 +587,15 @@ fn status_text(status: &tonic::Status) -> String {
     use std::error::Error as _;
     let mut text = format!("{:?}: {}", status.code(), status.message());
     if let Some(source) = status.source() {
-        text.push_str(": ");
-        text.push_str(&chain(source));
+        let causes = chain(source);
+        // tonic's message is often its source's first words.
+        let causes = causes
+            .strip_prefix(status.message())
+            .map_or(causes.as_str(), |rest| rest.trim_start_matches(": "));
+        if !causes.is_empty() {
+            text.push_str(": ");
+            text.push_str(causes);
+        }
     }
     text
 }
@@ -622,6 +629,168 @@ mod tests {
         assert_eq!(jittered.delay(3, 0.0), Duration::from_secs(1));
         assert_eq!(jittered.delay(3, 0.5), Duration::from_millis(4500));
         assert_eq!(jittered.delay(1000, 0.5), Duration::from_secs(60));
+    }
+
+    fn settings() -> XdsSettings {
+        XdsSettings {
+            server_url: "xds:18000".into(),
+            node_id: "default".into(),
+            node_metadata: Vec::new(),
+            headers: Vec::new(),
+            connect_retry_interval: Duration::from_secs(3),
+            tls: None,
+            backoff: Backoff::default(),
+            max_message_size: None,
+            merge_domains: false,
+            store: json!({ "kind": "memory" }),
+        }
+    }
+
+    fn push(configs: &[RateLimitConfig]) -> DiscoveryResponse {
+        DiscoveryResponse {
+            version_info: "1".into(),
+            resources: configs
+                .iter()
+                .map(|config| Any {
+                    type_url: RATE_LIMIT_CONFIG_TYPE.into(),
+                    value: prost::Message::encode_to_vec(config),
+                })
+                .collect(),
+            type_url: RATE_LIMIT_CONFIG_TYPE.into(),
+            nonce: "n".into(),
+        }
+    }
+
+    fn limit(unit: i32, requests_per_unit: u32) -> Option<RateLimitPolicy> {
+        Some(RateLimitPolicy {
+            unit,
+            requests_per_unit,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_push_is_read_as_the_references_files_are() {
+        let metadata = Struct {
+            fields: [(
+                "team".to_owned(),
+                Value::of(Kind::StringValue("payments".into())),
+            )]
+            .into(),
+        };
+        let config = RateLimitConfig {
+            name: "edge".into(),
+            domain: "edge".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    key: "remote_address".into(),
+                    rate_limit: limit(2, 10),
+                    shadow_mode: true,
+                    quota_mode: true,
+                    metadata: Some(metadata),
+                    ..Default::default()
+                },
+                RateLimitDescriptor {
+                    key: "path".into(),
+                    value: "/admin".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        key: "user".into(),
+                        rate_limit: Some(RateLimitPolicy {
+                            unlimited: true,
+                            name: "admins".into(),
+                            replaces: vec![RateLimitReplace {
+                                name: "other".into(),
+                            }],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+        };
+        let other = RateLimitConfig {
+            name: "api".into(),
+            domain: "api".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "k".into(),
+                rate_limit: limit(7, 3),
+                ..Default::default()
+            }],
+        };
+        let loaded = load_push(&push(&[config, other]), &settings()).unwrap();
+        let mut names: Vec<&str> = loaded.domains.names().collect();
+        names.sort();
+        assert_eq!(names, ["api", "edge"]);
+        let edge = loaded.domains.get("edge").unwrap();
+        let mut limits = edge.limits();
+        limits.sort_by(|a, b| a.stat_key.cmp(&b.stat_key));
+        let keys: Vec<&str> = limits.iter().map(|l| l.stat_key.as_str()).collect();
+        assert_eq!(keys, ["path_/admin.user", "remote_address"]);
+        let (admins, address) = (limits[0], limits[1]);
+        assert_eq!(admins.name, "admins");
+        assert_eq!(admins.replaces, ["other"]);
+        assert!(matches!(admins.kind, crate::tree::LimitKind::Unlimited));
+        assert_eq!(
+            (address.requests_per_unit, address.unit),
+            (10, crate::unit::Unit::Minute)
+        );
+        assert!(address.shadow && address.quota);
+        assert_eq!(
+            Json::Object((**address.metadata.as_ref().unwrap()).clone()),
+            json!({ "team": "payments" })
+        );
+        let api = loaded.domains.get("api").unwrap().limits();
+        assert_eq!(api[0].unit, crate::unit::Unit::Week);
+    }
+
+    #[test]
+    fn a_push_that_does_not_load_says_which_resource_and_why() {
+        let error =
+            |configs: &[RateLimitConfig]| load_push(&push(configs), &settings()).unwrap_err().0;
+        let config = |name: &str, unit: i32| RateLimitConfig {
+            name: name.into(),
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "k".into(),
+                rate_limit: limit(unit, 1),
+                ..Default::default()
+            }],
+        };
+        assert_eq!(
+            error(&[config("a", 0)]),
+            "RateLimitConfig \"a\": descriptors[0].rate_limit.unit: missing (second, minute, \
+             hour, day, week, month or year)"
+        );
+        assert!(error(&[config("a", 9)]).contains("unknown unit \"9\""));
+        // Two resources of one domain, as two files: refused unless MERGE_DOMAIN_CONFIG.
+        let twice = [config("a", 1), config("b", 2)];
+        assert!(error(&twice)
+            .starts_with("RateLimitConfig \"b\": domain: \"edge\" is configured twice"));
+        let merged = XdsSettings {
+            merge_domains: true,
+            ..settings()
+        };
+        let twice = [
+            config("a", 1),
+            RateLimitConfig {
+                descriptors: vec![RateLimitDescriptor {
+                    key: "other".into(),
+                    rate_limit: limit(1, 1),
+                    ..Default::default()
+                }],
+                ..config("b", 1)
+            },
+        ];
+        let loaded = load_push(&push(&twice), &merged).unwrap();
+        assert_eq!(loaded.domains.get("edge").unwrap().limits().len(), 2);
+        // Not a RateLimitConfig.
+        let mut wrong = push(&[config("a", 1)]);
+        wrong.resources[0].type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+        assert!(load_push(&wrong, &settings())
+            .unwrap_err()
+            .0
+            .starts_with("resources[0]: of type"));
     }
 
     #[test]
