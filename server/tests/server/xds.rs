@@ -548,3 +548,27 @@ fn seen_or_wait(server: &mut Server, text: &str) -> String {
         None => server.wait_for_log(text),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_management_servers_certificate_must_name_the_url_host_or_the_san() {
+    let certs = Certificates::new(None);
+    let named = certs.ca.sign(&["xds.internal"]);
+    let mut management = Management::start("127.0.0.1:0".parse().unwrap(), &certs.ca, &named).await;
+    let env = envoy_gateway(&certs, management.addr);
+
+    // Its certificate does not name 127.0.0.1: refused by the client.
+    let mut server = Server::start_env(&borrowed(&env));
+    let warning = seen_or_wait(&mut server, "cannot be reached");
+    assert!(warning.contains("not valid for name"), "{warning}");
+    drop(server);
+
+    // CONFIG_GRPC_XDS_SERVER_TLS_SAN names the one it holds.
+    let env = with(
+        &env,
+        &[("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.internal")],
+        &[],
+    );
+    let _server = Server::start_env(&borrowed(&env));
+    let mut stream = management.stream().await;
+    assert_eq!(stream.request().await.node.unwrap().id, "envoy-ratelimit");
+}
