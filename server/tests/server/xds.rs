@@ -132,7 +132,7 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for Ads {
 struct Management {
     addr: SocketAddr,
     streams: mpsc::UnboundedReceiver<AdsStream>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Management {
@@ -158,7 +158,7 @@ impl Management {
         Management {
             addr,
             streams,
-            task,
+            task: Some(task),
         }
     }
 
@@ -170,15 +170,21 @@ impl Management {
             .expect("the server runs")
     }
 
-    /// Stops listening (the streams end when their handles are dropped).
-    fn stop(self) {
-        self.task.abort();
+    /// Stops listening, its port closed on return (the streams end when their handles are
+    /// dropped).
+    async fn stop(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
     }
 }
 
 impl Drop for Management {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -435,7 +441,7 @@ async fn the_client_reconnects_when_the_management_server_comes_back() {
     assert_eq!(stream.request().await.version_info, "7");
 
     // The management server goes away: the stream ends, the limits in force stay.
-    management.stop();
+    management.stop().await;
     drop(stream);
     server.wait_for_log("stream from the management server ended");
     assert_eq!(limit_for(&client, "10.0.0.1").await, Some((3, 2)));
