@@ -4,7 +4,8 @@
 //! This library is the part of the server that tools share: the two forms of configuration
 //! ([`load`]) and how a request's descriptors find their limits ([`tree`]). The service itself
 //! (feature `service`, on by default) is the `tollgate-server` binary's: gRPC, HTTP, and its
-//! statistics (`stats`: Prometheus on `/metrics`, statsd).
+//! statistics (`stats`: Prometheus on `/metrics`, statsd), and the configuration's other
+//! sources (`source`: an xDS management server).
 
 mod document;
 pub mod load;
@@ -17,5 +18,7 @@ pub mod unit;
 pub mod service;
 #[cfg(feature = "service")]
 pub mod settings;
+#[cfg(feature = "service")]
+pub mod source;
 #[cfg(feature = "service")]
 pub mod stats;

@@ -70,7 +70,7 @@ impl Loaded {
     /// holds until the configuration can be read.
     pub fn nothing(source: &Source) -> Loaded {
         let mut file = Map::new();
-        if let Source::Runtime { store, .. } = source {
+        if let Some(store) = source.store() {
             file.insert("store".to_owned(), store.clone());
         }
         let built = finish(
@@ -168,6 +168,10 @@ pub enum Source {
         /// The library's `[store]` table.
         store: Value,
     },
+    /// The reference's `CONFIG_TYPE=GRPC_XDS_SOTW`: pushed by an xDS management server (see
+    /// [`crate::source::xds`]), each push a whole configuration, never read from a file.
+    #[cfg(feature = "service")]
+    Xds(Box<crate::source::xds::XdsSettings>),
 }
 
 impl Source {
@@ -176,24 +180,63 @@ impl Source {
         match self {
             Source::Path(path) => load(path),
             Source::Runtime { dir, store } => load_runtime(dir, store),
+            #[cfg(feature = "service")]
+            Source::Xds(xds) => Err(Error(format!(
+                "{}: the configuration is pushed by the xDS management server, not read",
+                xds.server_url
+            ))),
         }
     }
 
-    /// The files read now, with their content: what a reload compares.
+    /// The files read now, with their content: what a reload compares (none for xDS).
     pub fn fingerprint(&self) -> Vec<(PathBuf, Vec<u8>)> {
         match self {
             Source::Path(path) => fingerprint(path),
             Source::Runtime { dir, .. } => runtime_fingerprint(dir),
+            #[cfg(feature = "service")]
+            Source::Xds(_) => Vec::new(),
         }
     }
 
-    /// The file or directory errors are about.
+    /// The file or directory errors are about (for xDS, the management server's address).
     pub fn path(&self) -> &Path {
         match self {
             Source::Path(path) => path,
             Source::Runtime { dir, .. } => &dir.dir,
+            #[cfg(feature = "service")]
+            Source::Xds(xds) => Path::new(&xds.server_url),
         }
     }
+
+    /// The library's `[store]` table the reference's variables name, if this source has one.
+    fn store(&self) -> Option<&Value> {
+        match self {
+            Source::Path(_) => None,
+            Source::Runtime { store, .. } => Some(store),
+            #[cfg(feature = "service")]
+            Source::Xds(xds) => Some(&xds.store),
+        }
+    }
+}
+
+/// Domains in the reference's structure, given as values (one per domain, each named by
+/// `origin`, as the reference's files are by their path), served by the library's store
+/// `store`: what an xDS push is read into. With `merge` (`MERGE_DOMAIN_CONFIG`), two naming one
+/// domain are merged rather than refused.
+pub fn load_reference_values(
+    configs: impl IntoIterator<Item = (String, Value)>,
+    store: &Value,
+    merge: bool,
+    origin: &Path,
+) -> Result<Loaded, Error> {
+    let mut domains = Domains::default();
+    let mut rules = LibraryRules::default();
+    for (name, value) in configs {
+        reference::read_value(&name, value, &mut domains, &mut rules, merge)?;
+    }
+    let mut file = Map::new();
+    file.insert("store".to_owned(), store.clone());
+    finish(domains, rules, file, origin).map(|(loaded, _)| loaded)
 }
 
 /// Reads the reference files of `runtime`, served by the library's store `store` (its

@@ -168,9 +168,12 @@ fn main() -> ExitCode {
                 tracing::warn!("{notice}");
             }
             Settings {
-                config: Source::Runtime {
-                    dir: env.runtime,
-                    store: env.store,
+                config: match env.xds {
+                    Some(xds) => Source::Xds(Box::new(xds)),
+                    None => Source::Runtime {
+                        dir: env.runtime,
+                        store: env.store,
+                    },
                 },
                 force_start: env.force_start,
                 grpc_tls: env.grpc_tls,

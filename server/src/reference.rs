@@ -93,15 +93,40 @@ pub(crate) fn read(
     merge: bool,
 ) -> Result<(), Error> {
     let file: File = yaml_serde::from_str(text).map_err(|error| yaml_error(path, &error))?;
-    let fail = |message: String| placed_error(path, ConfigFormat::Yaml, text, &message);
+    add(&file, domains, rules, merge)
+        .map_err(|message| placed_error(path, ConfigFormat::Yaml, text, &message))
+}
+
+/// Reads one domain's configuration in the reference's structure, given as a value rather than
+/// as YAML text (what an xDS management server pushes: `RateLimitConfig` is that structure), as
+/// [`read`] does; errors begin with `origin` (the resource's name).
+pub(crate) fn read_value(
+    origin: &str,
+    value: serde_json::Value,
+    domains: &mut Domains,
+    rules: &mut LibraryRules,
+    merge: bool,
+) -> Result<(), Error> {
+    let file: File =
+        serde_json::from_value(value).map_err(|error| Error(format!("{origin}: {error}")))?;
+    add(&file, domains, rules, merge).map_err(|message| Error(format!("{origin}: {message}")))
+}
+
+/// One domain's descriptors into `domains`; an error begins with the place it is about.
+fn add(
+    file: &File,
+    domains: &mut Domains,
+    rules: &mut LibraryRules,
+    merge: bool,
+) -> Result<(), String> {
     if file.domain.is_empty() {
-        return Err(fail("domain: is empty".into()));
+        return Err("domain: is empty".into());
     }
     if domains.contains(&file.domain) && !merge {
-        return Err(fail(format!(
+        return Err(format!(
             "domain: {:?} is configured twice (each domain lives in one file)",
             file.domain
-        )));
+        ));
     }
     let domain = domains.entry(&file.domain);
     let mut walk = Walk {
@@ -110,7 +135,6 @@ pub(crate) fn read(
         value_to_metric: &mut domain.value_to_metric,
     };
     walk.level(&mut domain.root, &file.descriptors, "descriptors", None)
-        .map_err(fail)
 }
 
 struct Walk<'a> {

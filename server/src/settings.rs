@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::service::{Answering, ReferenceHeaders};
+use crate::source::xds::{Backoff, XdsSettings, XdsTls};
 use crate::stats::statsd::{StatsdSettings, Transport};
 
 pub use crate::load::RuntimeDir;
@@ -48,6 +49,10 @@ pub struct FromEnvironment {
     /// How answers are written: `QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`,
     /// `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its three header names.
     pub answering: Answering,
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration is pushed by this xDS management server
+    /// (the `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` variables) rather than read from
+    /// `runtime`.
+    pub xds: Option<XdsSettings>,
     /// Variables that are set and that tollgate-server does not act on, each with why: said
     /// once at start-up.
     pub notices: Vec<String>,
@@ -98,45 +103,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "not supported yet: connections live until the client closes them",
     ),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not supported yet"),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", "xDS is not supported yet"),
-    ("CONFIG_GRPC_XDS_SERVER_URL", "xDS is not supported yet"),
-    ("CONFIG_GRPC_XDS_NODE_ID", "xDS is not supported yet"),
-    (
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        "xDS is not supported yet",
-    ),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-        "xDS is not supported yet",
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "xDS is not supported yet"),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-        "xDS is not supported yet",
-    ),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "xDS is not supported yet"),
-    (
-        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-        "xDS is not supported yet",
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xDS is not supported yet"),
-    (
-        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-        "xDS is not supported yet",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-        "xDS is not supported yet",
-    ),
-    (
-        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-        "xDS is not supported yet",
-    ),
-    ("XDS_CLIENT_BACKOFF_JITTER", "xDS is not supported yet"),
-    (
-        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-        "xDS is not supported yet",
-    ),
     (
         "USE_DOG_STATSD",
         "not supported: statistics are on /metrics (Prometheus)",
@@ -300,7 +266,7 @@ pub const READ: &[(&str, &str)] = &[
     ("GRPC_PORT", "8081"),
     ("LOG_LEVEL", "info: debug, info, warn or error"),
     ("LOG_FORMAT", "text: text or json"),
-    ("CONFIG_TYPE", "FILE (GRPC_XDS_SOTW is not supported yet)"),
+    ("CONFIG_TYPE", "FILE: FILE (RUNTIME_ROOT…), or GRPC_XDS_SOTW (pushed by an xDS management server)"),
     ("RUNTIME_ROOT", "/srv/runtime_data/current"),
     ("RUNTIME_SUBDIRECTORY", "(empty)"),
     ("RUNTIME_APPDIRECTORY", "config: the configuration is every *.yaml under ROOT/SUBDIRECTORY/APPDIRECTORY"),
@@ -335,6 +301,40 @@ pub const READ: &[(&str, &str)] = &[
     ("GRPC_SERVER_TLS_KEY", "its private key (PEM)"),
     ("GRPC_CLIENT_TLS_CACERT", "(none): require client certificates chaining to this CA (mutual TLS)"),
     ("GRPC_CLIENT_TLS_SAN", "(none): and naming this SAN"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000: the xDS management server (host:port), with CONFIG_TYPE=GRPC_XDS_SOTW"),
+    ("CONFIG_GRPC_XDS_NODE_ID", "default: the node id the management server keys its snapshots by"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "(none): the node's metadata, k1=v1,k2=v2 (k:v too)"),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "(none): gRPC metadata sent with the stream, k1:v1,k2:v2"),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s: the wait (±50%) before connecting again"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false: TLS to the management server"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "(none): the client certificate (PEM), with its key"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "(none): its private key (PEM)"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "(the system's roots): the CA the management server's certificate chains to"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "(the URL's host): the name its certificate must hold"),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s: the wait before a lost stream is opened again"),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s: the longest such wait"),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5: the wait's multiplier per attempt, as the reference uses it"),
+    ("XDS_CLIENT_BACKOFF_JITTER", "true: a random wait between the initial and the computed one"),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "(gRPC's 4 MiB): the largest push accepted"),
+];
+
+/// The xDS variables, read only with `CONFIG_TYPE=GRPC_XDS_SOTW`.
+const XDS_VARIABLES: &[&str] = &[
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 ];
 
 /// The settings `env` (the process's environment, or a test's) gives.
@@ -348,21 +348,15 @@ pub fn read(
     let http_addr = address(&env, "HOST", "PORT", 8080)?;
     let grpc_addr = address(&env, "GRPC_HOST", "GRPC_PORT", 8081)?;
 
-    match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
-        None | Some("FILE") => {}
-        Some("GRPC_XDS_SOTW") => {
-            return Err(SettingsError(
-                "CONFIG_TYPE=GRPC_XDS_SOTW: configuration from an xDS management server is \
-                 not supported yet; use FILE (the default) with RUNTIME_ROOT"
-                    .into(),
-            ))
-        }
+    let from_xds = match get("CONFIG_TYPE").map(str::to_ascii_uppercase).as_deref() {
+        None | Some("FILE") => false,
+        Some("GRPC_XDS_SOTW") => true,
         Some(other) => {
             return Err(SettingsError(format!(
                 "CONFIG_TYPE={other:?}: expected FILE or GRPC_XDS_SOTW"
             )))
         }
-    }
+    };
     let root = PathBuf::from(text("RUNTIME_ROOT", "/srv/runtime_data/current"));
     let runtime = RuntimeDir {
         dir: root
@@ -441,11 +435,25 @@ pub fn read(
         }),
     };
 
-    let notices = NOT_ACTED_ON
+    let xds = if from_xds {
+        Some(xds(&env, store.clone(), runtime.merge_domains)?)
+    } else {
+        None
+    };
+
+    let mut notices: Vec<String> = NOT_ACTED_ON
         .iter()
         .filter(|(name, _)| env.contains_key(*name))
         .map(|(name, why)| format!("{name} is set: {why}"))
         .collect();
+    if !from_xds {
+        notices.extend(
+            XDS_VARIABLES
+                .iter()
+                .filter(|name| env.contains_key(**name))
+                .map(|name| format!("{name} is set: read only with CONFIG_TYPE=GRPC_XDS_SOTW")),
+        );
+    }
     Ok(FromEnvironment {
         http_addr,
         grpc_addr,
@@ -457,6 +465,7 @@ pub fn read(
         grpc_tls,
         statsd,
         answering,
+        xds,
         notices,
     })
 }
@@ -685,6 +694,125 @@ fn statsd(env: &BTreeMap<String, String>) -> Result<Option<StatsdSettings>, Sett
     }))
 }
 
+/// The xDS client, from the `CONFIG_GRPC_XDS_*` and `XDS_CLIENT_*` variables, with the
+/// reference's defaults.
+fn xds(
+    env: &BTreeMap<String, String>,
+    store: Value,
+    merge_domains: bool,
+) -> Result<XdsSettings, SettingsError> {
+    let get = |name: &str| env.get(name).map(String::as_str).filter(|v| !v.is_empty());
+    let server_url = get("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or("localhost:18000");
+    let well_formed = server_url.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
+    });
+    if !well_formed {
+        return Err(SettingsError(format!(
+            "CONFIG_GRPC_XDS_SERVER_URL={server_url:?}: expected host:port"
+        )));
+    }
+    // `k1=v1,k2=v2` as the reference splits it; `k:v` (the form its documentation shows, which
+    // its parser drops) is read too rather than ignored.
+    let mut node_metadata = Vec::new();
+    for entry in get("CONFIG_GRPC_XDS_NODE_METADATA")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|entry| !entry.trim().is_empty())
+    {
+        let pair = entry.split_once('=').or_else(|| entry.split_once(':'));
+        let Some((key, value)) = pair.filter(|(key, _)| !key.trim().is_empty()) else {
+            return Err(SettingsError(format!(
+                "CONFIG_GRPC_XDS_NODE_METADATA: {entry:?}: expected key=value pairs separated \
+                 by commas"
+            )));
+        };
+        node_metadata.push((key.trim().to_owned(), value.trim().to_owned()));
+    }
+    // `k1:v1,k2:v2`, as the reference's map variables are written; gRPC metadata names are
+    // lower case (gRPC lowers them too).
+    let mut headers = Vec::new();
+    if let Some(list) = get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
+        for entry in list.split(',').filter(|entry| !entry.trim().is_empty()) {
+            let header = entry.split_once(':').and_then(|(name, value)| {
+                let name = http::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+                http::HeaderValue::from_str(value.trim()).ok()?;
+                Some((name.as_str().to_owned(), value.trim().to_owned()))
+            });
+            match header {
+                Some(header) => headers.push(header),
+                None => {
+                    return Err(SettingsError(format!(
+                        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: {entry:?}: expected \
+                         name:value pairs separated by commas (valid header names and values)"
+                    )))
+                }
+            }
+        }
+    }
+    let tls = if boolean(env, "CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+        let path = |name: &str| get(name).map(PathBuf::from);
+        let (cert, key) = (
+            path("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+            path("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        );
+        if cert.is_some() != key.is_some() {
+            let missing = if cert.is_some() {
+                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"
+            } else {
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"
+            };
+            return Err(SettingsError(format!(
+                "{missing}: required with the other of CONFIG_GRPC_XDS_CLIENT_TLS_CERT and \
+                 CONFIG_GRPC_XDS_CLIENT_TLS_KEY (a PEM file)"
+            )));
+        }
+        Some(XdsTls {
+            cert,
+            key,
+            ca: path("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+            san: get("CONFIG_GRPC_XDS_SERVER_TLS_SAN").map(str::to_owned),
+        })
+    } else {
+        None
+    };
+    let defaults = Backoff::default();
+    let factor = match get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR") {
+        None => defaults.factor,
+        Some(text) => match text.trim().parse::<f64>() {
+            Ok(factor) if factor.is_finite() && factor >= 0.0 => factor,
+            _ => {
+                return Err(SettingsError(format!(
+                    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR={text:?}: expected a number, 0 or more"
+                )))
+            }
+        },
+    };
+    let max_message_size: usize = number(env, "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", 0)?;
+    Ok(XdsSettings {
+        server_url: server_url.to_owned(),
+        node_id: get("CONFIG_GRPC_XDS_NODE_ID")
+            .unwrap_or("default")
+            .to_owned(),
+        node_metadata,
+        headers,
+        connect_retry_interval: duration(
+            env,
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            Duration::from_secs(3),
+        )?,
+        tls,
+        backoff: Backoff {
+            initial: duration(env, "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", defaults.initial)?,
+            max: duration(env, "XDS_CLIENT_BACKOFF_MAX_INTERVAL", defaults.max)?,
+            factor,
+            jitter: boolean(env, "XDS_CLIENT_BACKOFF_JITTER", defaults.jitter)?,
+        },
+        max_message_size: (max_message_size > 0).then_some(max_message_size),
+        merge_domains,
+        store,
+    })
+}
+
 /// TLS on the gRPC port, from `GRPC_SERVER_USE_TLS` and its files.
 fn grpc_tls(env: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, SettingsError> {
     if !boolean(env, "GRPC_SERVER_USE_TLS", false)? {
@@ -850,9 +978,173 @@ mod tests {
             error(&[("GRPC_SERVER_USE_TLS", "true")]),
             "GRPC_SERVER_TLS_CERT: required with GRPC_SERVER_USE_TLS=true (a PEM file)"
         );
-        assert!(error(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).contains("not supported yet"));
+        assert!(error(&[("CONFIG_TYPE", "XDS")]).starts_with("CONFIG_TYPE=\"XDS\""));
         assert!(error(&[("NEAR_LIMIT_RATIO", "2")]).starts_with("NEAR_LIMIT_RATIO="));
         assert!(error(&[("LIMIT_RESET_HEADER", "bad name")]).starts_with("LIMIT_RESET_HEADER="));
+    }
+
+    /// Envoy Gateway's default Deployment of the rate-limit service
+    /// (`internal/infrastructure/kubernetes/ratelimit/testdata/deployments/default.yaml`), its
+    /// variables exactly.
+    fn envoy_gateway() -> Vec<(String, String)> {
+        env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("LOG_LEVEL", "info"),
+            ("USE_STATSD", "false"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.redis.svc:6379"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ])
+    }
+
+    #[test]
+    fn envoy_gateways_deployment() {
+        let settings = read(envoy_gateway()).unwrap();
+        let xds = settings.xds.expect("CONFIG_TYPE=GRPC_XDS_SOTW");
+        assert_eq!(xds.server_url, "envoy-gateway:18001");
+        assert_eq!(xds.node_id, "envoy-ratelimit");
+        assert!(xds.node_metadata.is_empty() && xds.headers.is_empty());
+        assert_eq!(
+            xds.tls,
+            Some(XdsTls {
+                cert: Some("/certs/tls.crt".into()),
+                key: Some("/certs/tls.key".into()),
+                ca: Some("/certs/ca.crt".into()),
+                san: None,
+            })
+        );
+        // The reference's defaults for what the Deployment leaves out.
+        assert_eq!(xds.connect_retry_interval, Duration::from_secs(3));
+        assert_eq!(xds.backoff, Backoff::default());
+        assert_eq!(xds.max_message_size, None);
+        assert!(!xds.merge_domains);
+        assert_eq!(xds.store["url"], "redis://redis.redis.svc:6379");
+        assert!(settings.force_start);
+        let tls = settings.grpc_tls.unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/certs/tls.crt"));
+        assert_eq!(settings.statsd, None);
+        // Every xDS variable is read: none is named as not acted on.
+        assert!(
+            settings.notices.iter().all(|n| !n.contains("XDS")),
+            "{:?}",
+            settings.notices
+        );
+    }
+
+    #[test]
+    fn xds_variables() {
+        let mut vars = envoy_gateway();
+        vars.extend(env(&[
+            (
+                "CONFIG_GRPC_XDS_NODE_METADATA",
+                "zone=eu-1,team:edge,url=a=b",
+            ),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "X-Tenant:acme,authorization:Bearer t",
+            ),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "250ms"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.internal"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "2m"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "8388608"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+        ]));
+        let xds = read(vars).unwrap().xds.unwrap();
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            xds.node_metadata,
+            pairs(&[("zone", "eu-1"), ("team", "edge"), ("url", "a=b")])
+        );
+        assert_eq!(
+            xds.headers,
+            pairs(&[("x-tenant", "acme"), ("authorization", "Bearer t")])
+        );
+        assert_eq!(xds.connect_retry_interval, Duration::from_millis(250));
+        assert_eq!(xds.tls.unwrap().san.as_deref(), Some("xds.internal"));
+        assert_eq!(
+            xds.backoff,
+            Backoff {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(120),
+                factor: 2.0,
+                jitter: false
+            }
+        );
+        assert_eq!(xds.max_message_size, Some(8 << 20));
+        assert!(xds.merge_domains);
+
+        // The reference's defaults, without TLS.
+        let plain = read(env(&[("CONFIG_TYPE", "grpc_xds_sotw")]))
+            .unwrap()
+            .xds
+            .unwrap();
+        assert_eq!(
+            (plain.server_url.as_str(), plain.node_id.as_str()),
+            ("localhost:18000", "default")
+        );
+        assert_eq!(plain.tls, None);
+
+        // Set with CONFIG_TYPE=FILE, they are named, not silently ignored.
+        let file = read(env(&[("CONFIG_GRPC_XDS_NODE_ID", "n")])).unwrap();
+        assert_eq!(file.xds, None);
+        assert_eq!(
+            file.notices,
+            ["CONFIG_GRPC_XDS_NODE_ID is set: read only with CONFIG_TYPE=GRPC_XDS_SOTW"]
+        );
+    }
+
+    #[test]
+    fn a_malformed_xds_variable_names_itself() {
+        let error = |pairs: &[(&str, &str)]| {
+            let mut vars = env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]);
+            vars.extend(env(pairs));
+            read(vars).unwrap_err().0
+        };
+        for (name, value) in [
+            ("CONFIG_GRPC_XDS_SERVER_URL", "http://xds"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:port"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "novalue"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "bad name:v"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "soon"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "x"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "-1"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "maybe"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "big"),
+        ] {
+            let message = error(&[(name, value)]);
+            assert!(message.starts_with(name), "{name}={value}: {message}");
+        }
+        assert!(error(&[
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c.crt"),
+        ])
+        .starts_with("CONFIG_GRPC_XDS_CLIENT_TLS_KEY: required"));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 
 use crate::load::{self, Source, StoreFailure};
 use crate::settings::TlsFiles;
+use crate::source::xds;
 use crate::stats::statsd::{self, StatsdSettings};
 use crate::tree::Domains;
 
@@ -144,25 +145,66 @@ impl std::error::Error for StartError {}
 
 /// Runs the server until `SIGTERM` or `SIGINT`, then drains the calls in flight and returns.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
+    let stats = Arc::new(if settings.statsd.is_some() {
+        Stats::with_response_times()
+    } else {
+        Stats::default()
+    });
     // The files' content is taken before they are read: a change in between is then seen by
     // the first comparison, never mistaken for the content in force.
     let config_path = settings.config.path().to_owned();
     let mut in_force = settings.config.fingerprint();
-    let loaded = match settings.config.load() {
-        Ok(loaded) => loaded,
-        Err(error) if settings.force_start => {
-            // Serve with nothing configured; the first readable configuration takes over.
+    let mut xds = None;
+    let mut first_push = None;
+    let loaded = if let Source::Xds(client) = &settings.config {
+        let endpoint = xds::endpoint(client).map_err(StartError)?;
+        let (offer, mut offers) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(xds::run((**client).clone(), endpoint, offer));
+        let loaded = if settings.force_start {
             tracing::warn!(
-                %error,
                 "no configuration yet (FORCE_START_WITHOUT_INITIAL_CONFIG): every call is \
-                 answered OK until one can be read"
+                 answered OK until the xDS management server pushes one"
             );
-            in_force.clear();
             load::Loaded::nothing(&settings.config)
+        } else {
+            // As the reference: nothing is served before the first configuration, however
+            // long the management server takes.
+            tracing::info!("waiting for the first configuration from the xDS management server");
+            loop {
+                let Some(offer) = offers.recv().await else {
+                    return Err(StartError("the xDS client stopped".into()));
+                };
+                match offer.loaded {
+                    Ok(loaded) => {
+                        first_push = Some(offer.reply);
+                        break loaded;
+                    }
+                    Err(error) => {
+                        stats.reload(false);
+                        let _ = offer.reply.send(Err(error.to_string()));
+                    }
+                }
+            }
+        };
+        xds = Some((task, offers));
+        loaded
+    } else {
+        match settings.config.load() {
+            Ok(loaded) => loaded,
+            Err(error) if settings.force_start => {
+                // Serve with nothing configured; the first readable configuration takes over.
+                tracing::warn!(
+                    %error,
+                    "no configuration yet (FORCE_START_WITHOUT_INITIAL_CONFIG): every call is \
+                     answered OK until one can be read"
+                );
+                in_force.clear();
+                load::Loaded::nothing(&settings.config)
+            }
+            Err(error) => return Err(StartError(error.to_string())),
         }
-        Err(error) => return Err(StartError(error.to_string())),
     };
-    if loaded.is_empty() {
+    if loaded.is_empty() && !(xds.is_some() && settings.force_start) {
         // It serves (a ConfigMap may be filled later; a reload then takes it), but says so.
         tracing::warn!(
             "{}: every call is answered OK until one is added",
@@ -188,15 +230,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             on_store_failure: loaded.on_store_failure,
         }),
         layer,
-        stats: Arc::new(if settings.statsd.is_some() {
-            Stats::with_response_times()
-        } else {
-            Stats::default()
-        }),
+        stats,
         answering: settings.answering.clone(),
         draining: AtomicBool::new(false),
     });
     state.stats.loaded();
+    if let Some(reply) = first_push {
+        let _ = reply.send(Ok(()));
+    }
     // Watched before the server says it serves: a SIGTERM from then on is a drain, never the
     // default action that kills the process.
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -216,13 +257,22 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     // the calls in flight finish (a load balancer stops sending meanwhile).
     let (stop_grpc, grpc_stopping) = tokio::sync::watch::channel(false);
     let (stop_http, http_stopping) = tokio::sync::watch::channel(false);
-    let reload = tokio::spawn(reload::watch(
-        state.clone(),
-        settings.config.clone(),
-        in_force,
-        settings.reload_interval,
-        grpc_stopping.clone(),
-    ));
+    let (reload, xds_client) = match xds {
+        Some((client, offers)) => (
+            tokio::spawn(reload::follow(state.clone(), config_path.clone(), offers)),
+            Some(client),
+        ),
+        None => (
+            tokio::spawn(reload::watch(
+                state.clone(),
+                settings.config.clone(),
+                in_force,
+                settings.reload_interval,
+                grpc_stopping.clone(),
+            )),
+            None,
+        ),
+    };
     let (stop_statsd, statsd_stopping) = tokio::sync::watch::channel(false);
     let statsd_sink = settings
         .statsd
@@ -251,6 +301,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let _ = stop_http.send(true);
     let _ = http.await;
     reload.abort();
+    if let Some(client) = xds_client {
+        client.abort();
+    }
     // The last counts leave before the process ends (bounded by the sink).
     let _ = stop_statsd.send(true);
     if let Some(sink) = statsd_sink {

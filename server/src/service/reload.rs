@@ -1,15 +1,20 @@
-//! Hot reload: the configuration's files are compared with the ones in force every interval;
-//! when they changed, the whole configuration is read and checked again, then the library's
-//! rules and the descriptor trees are swapped. A bad configuration keeps the one in force and
-//! says why in the log (and in `tollgate_server_config_reload_failures_total`, statsd's
-//! `ratelimit.service.config_load_error`).
+//! Configurations put in force while serving, by one path ([`apply`]) whatever their source:
+//!
+//! - Files: compared with the ones in force every interval; when they changed, the whole
+//!   configuration is read and checked again ([`watch`]).
+//! - xDS: every push the client loads is offered ([`follow`]); the answer is its ACK or NACK.
+//!
+//! Either way the library's rules and the descriptor trees are swapped together. A bad
+//! configuration keeps the one in force and says why in the log (and in
+//! `tollgate_server_config_reload_failures_total`, statsd's `ratelimit.service.config_load_error`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Current, State};
-use crate::load::{self, Source};
+use crate::load::{self, Loaded, Source};
+use crate::source::xds::Offer;
 
 /// Watches `path`, whose configuration in force was read from `in_force`, until `stop` turns
 /// true.
@@ -32,31 +37,57 @@ pub(crate) async fn watch(
             continue;
         }
         in_force = now;
-        match reload(&state, &source) {
+        let applied = source
+            .load()
+            .map_err(|e| e.to_string())
+            .and_then(|loaded| apply(&state, loaded, source.path(), false));
+        state.stats.reload(applied.is_ok());
+        match applied {
             Ok(()) => {
-                state.stats.reload(true);
                 tracing::info!(config = %source.path().display(), "configuration reloaded");
             }
             Err(error) => {
-                state.stats.reload(false);
                 tracing::warn!(%error, "configuration not reloaded: the rules in force stay");
             }
         }
     }
 }
 
-fn reload(state: &State, source: &Source) -> Result<(), String> {
-    let path = source.path();
-    let loaded = source.load().map_err(|e| e.to_string())?;
-    // Files emptied or removed under a running server (a ConfigMap swapped badly) are a
-    // mistake far more often than a wish to lift every limit: the limits in force stay.
-    if loaded.is_empty() && state.current.load().domains.names().next().is_some() {
-        return Err(load::nothing_configured(path));
+/// Puts every configuration the xDS client offers in force, or refuses it, until the client
+/// stops. The client logs each answer (its ACK or NACK).
+pub(crate) async fn follow(
+    state: Arc<State>,
+    origin: PathBuf,
+    mut offers: tokio::sync::mpsc::Receiver<Offer>,
+) {
+    while let Some(offer) = offers.recv().await {
+        let applied = offer
+            .loaded
+            .map_err(|e| e.to_string())
+            .and_then(|loaded| apply(&state, loaded, &origin, true));
+        state.stats.reload(applied.is_ok());
+        let _ = offer.reply.send(applied);
+    }
+}
+
+/// Swaps `loaded` (read from `origin`) in force: the library's rules, then the descriptor
+/// trees. With `may_empty` false, a configuration with no domain is refused while one is in
+/// force: files emptied or removed under a running server (a ConfigMap swapped badly) are a
+/// mistake far more often than a wish to lift every limit. An xDS push is the whole state of
+/// the world: an empty one means no limit.
+pub(crate) fn apply(
+    state: &State,
+    loaded: Loaded,
+    origin: &Path,
+    may_empty: bool,
+) -> Result<(), String> {
+    if !may_empty && loaded.is_empty() && state.current.load().domains.names().next().is_some() {
+        return Err(load::nothing_configured(origin));
     }
     loaded
         .config
         .reload(&state.layer)
-        .map_err(|e| load::library_error(path, &e).to_string())?;
+        .map_err(|e| load::library_error(origin, &e).to_string())?;
     state.current.store(Arc::new(Current {
         domains: loaded.domains,
         on_store_failure: loaded.on_store_failure,

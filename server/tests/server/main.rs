@@ -20,3 +20,4 @@ mod reload;
 mod statsd;
 mod support;
 mod tls;
+mod xds;

@@ -61,7 +61,32 @@ impl Server {
     }
 
     /// Starts `command` and waits (bounded) until it says where it serves.
-    pub fn spawn(mut command: Command) -> Server {
+    pub fn spawn(command: Command) -> Server {
+        let mut server = Server::launch(command);
+        server.wait_serving();
+        server
+    }
+
+    /// Starts a server configured by `env` alone, as [`Server::start_env`] does, without waiting
+    /// for it to serve (a server waiting for its first configuration does not yet).
+    pub fn launch_env(env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(BINARY);
+        command
+            .env_clear()
+            .envs(env.iter().copied())
+            .args(["--reload-interval-ms", "50"]);
+        Server::launch(command)
+    }
+
+    /// Waits (bounded) until the server says where it serves.
+    pub fn wait_serving(&mut self) {
+        let serving = self.wait_for_log("serving");
+        self.grpc = field(&serving, "grpc=").parse().expect("gRPC address");
+        self.http = field(&serving, "http=").parse().expect("HTTP address");
+    }
+
+    /// Starts `command`, keeping its log lines.
+    pub fn launch(mut command: Command) -> Server {
         let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -77,17 +102,13 @@ impl Server {
                 }
             }
         });
-        let mut server = Server {
+        Server {
             child,
             grpc: "0.0.0.0:0".parse().unwrap(),
             http: "0.0.0.0:0".parse().unwrap(),
             lines,
             log: Vec::new(),
-        };
-        let serving = server.wait_for_log("serving");
-        server.grpc = field(&serving, "grpc=").parse().expect("gRPC address");
-        server.http = field(&serving, "http=").parse().expect("HTTP address");
-        server
+        }
     }
 
     /// Waits (bounded) for a log line containing `text` after those already seen; returns it.
