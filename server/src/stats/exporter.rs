@@ -138,55 +138,63 @@ impl Exporter {
 
     /// Every series, in Prometheus' text format.
     pub(crate) fn render(&self, stats: &Stats) -> String {
-        let mut families: BTreeMap<String, Family> = BTreeMap::new();
+        // The names and values first, the series' lock held only meanwhile (calls that make a
+        // new series wait on it); then the mapping, which may run regular expressions.
+        let mut counters: Vec<(String, u64)> = Vec::new();
         {
-            let mut mapped = self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut add = |name: &str, value: u64| {
-                if value == 0 {
-                    return;
-                }
-                let series = mapped
-                    .entry(name.to_owned())
-                    .or_insert_with(|| self.mapper.map(name, EventKind::Counter));
-                let Mapped::Series(series) = series else {
-                    return;
-                };
-                let family = families
-                    .entry(series.name.clone())
-                    .or_insert_with(|| Family {
-                        help: series.help.clone().unwrap_or_else(|| DEFAULT_HELP.into()),
-                        kind: "counter",
-                        series: BTreeMap::new(),
-                    });
-                if family.kind == "counter" {
-                    *family.series.entry(series.labels.clone()).or_default() += value as f64;
-                }
-            };
             let series = stats.lock();
             for (domain, key, counts) in series.all() {
-                let prefix = format!(
-                    "ratelimit.service.rate_limit.{}.",
-                    statsd::sanitize(&format!("{domain}.{key}"))
-                );
+                let mut prefix = None;
                 for (i, counter) in COUNTERS.iter().enumerate() {
-                    add(
-                        &format!("{prefix}{counter}"),
-                        counts[i].load(Ordering::Relaxed),
-                    );
+                    let value = counts[i].load(Ordering::Relaxed);
+                    if value == 0 {
+                        continue;
+                    }
+                    let prefix = prefix.get_or_insert_with(|| {
+                        format!(
+                            "ratelimit.service.rate_limit.{}.",
+                            statsd::sanitize(&format!("{domain}.{key}"))
+                        )
+                    });
+                    counters.push((format!("{prefix}{counter}"), value));
                 }
             }
             for (domain, counter) in &series.not_found {
-                let name = format!(
-                    "ratelimit.service.rate_limit.{}.domain_not_found",
-                    statsd::sanitize(domain)
-                );
-                add(&name, counter.load(Ordering::Relaxed));
-            }
-            drop(series);
-            for (name, counter) in stats.totals() {
-                add(name, counter.load(Ordering::Relaxed));
+                let value = counter.load(Ordering::Relaxed);
+                if value != 0 {
+                    let domain = statsd::sanitize(domain);
+                    let name = format!("ratelimit.service.rate_limit.{domain}.domain_not_found");
+                    counters.push((name, value));
+                }
             }
         }
+        for (name, counter) in stats.totals() {
+            let value = counter.load(Ordering::Relaxed);
+            if value != 0 {
+                counters.push((name.to_owned(), value));
+            }
+        }
+        let mut families: BTreeMap<String, Family> = BTreeMap::new();
+        let mut mapped = self.mapped.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, value) in counters {
+            let series = mapped
+                .entry(name)
+                .or_insert_with_key(|name| self.mapper.map(name, EventKind::Counter));
+            let Mapped::Series(series) = series else {
+                continue;
+            };
+            let family = families
+                .entry(series.name.clone())
+                .or_insert_with(|| Family {
+                    help: series.help.clone().unwrap_or_else(|| DEFAULT_HELP.into()),
+                    kind: "counter",
+                    series: BTreeMap::new(),
+                });
+            if family.kind == "counter" {
+                *family.series.entry(series.labels.clone()).or_default() += value as f64;
+            }
+        }
+        drop(mapped);
         process(&mut families);
         let mut out = String::new();
         // The exporter keeps the first type a name had: a counter of the timer's name wins.
