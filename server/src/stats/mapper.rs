@@ -15,8 +15,10 @@
 //!   histogram`, with `histogram_options.buckets` or `buckets`, else the defaults', else
 //!   Prometheus' default buckets) or a summary, each value multiplied by `scale` when given.
 //! - A name no mapping matches is not dropped: it becomes its own escaped name, with no labels.
-//! - Keys this server has no use for (`ttl`, `honor_labels`, `summary_options`' content) are read
-//!   and ignored, and so are keys the exporter does not know, as it ignores them.
+//! - Keys this server has no use for are ignored, and so are keys the exporter does not know, as
+//!   it ignores them: `ttl` (a series here never goes stale), `honor_labels` (the reference's
+//!   names carry no tags), `glob_disable_ordering` (the file's order always decides: one of the
+//!   orders the exporter may take), `summary_options` (a summary here is its count and sum).
 
 use std::collections::BTreeMap;
 use std::fmt;
