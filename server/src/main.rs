@@ -9,6 +9,7 @@ use clap::Parser;
 use tollgate_server::load::Source;
 use tollgate_server::service::{Answering, Limits, ReferenceHeaders, Settings};
 use tollgate_server::settings;
+use tollgate_server::stats::exporter::PrometheusSettings;
 use tollgate_server::stats::statsd::{StatsdSettings, Transport};
 
 /// The rate-limit service of Envoy, Istio and every client of
@@ -79,6 +80,18 @@ struct Args {
     /// A tag appended to every statsd name (KEY:VALUE; repeatable).
     #[arg(long, value_name = "KEY:VALUE", value_parser = tag)]
     statsd_extra_tag: Vec<(String, String)>,
+    /// Also serve the reference service's statistics as its Prometheus listener does (its
+    /// statsd names through its statsd-exporter mapping, or PROMETHEUS_MAPPER_YAML's, on
+    /// PROMETHEUS_PATH or /metrics) at this address (:PORT for every interface, or IP:PORT)
+    /// [default: none, or PROMETHEUS_ADDR with USE_PROMETHEUS=true].
+    #[arg(long, value_name = "ADDR", value_parser = prometheus_addr)]
+    prometheus_addr: Option<SocketAddr>,
+}
+
+/// `:PORT` or `IP:PORT`, as the reference's PROMETHEUS_ADDR.
+fn prometheus_addr(text: &str) -> Result<SocketAddr, String> {
+    settings::listen_address(text)
+        .ok_or_else(|| format!("{text:?}: expected :PORT or IP:PORT (:19001, 127.0.0.1:9090)"))
 }
 
 /// A ratio between 0 and 1.
@@ -158,6 +171,7 @@ fn main() -> ExitCode {
             grpc_tls: None,
             answering: Answering::default(),
             statsd: None,
+            prometheus: None,
             grpc_addr: args.grpc_addr.unwrap_or(([0, 0, 0, 0], 8081).into()),
             http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
             reload_interval: Duration::ZERO,
@@ -179,6 +193,7 @@ fn main() -> ExitCode {
                 grpc_tls: env.grpc_tls,
                 answering: env.answering,
                 statsd: env.statsd,
+                prometheus: env.prometheus,
                 grpc_addr: args.grpc_addr.unwrap_or(env.grpc_addr),
                 http_addr: args.http_addr.unwrap_or(env.http_addr),
                 reload_interval: Duration::ZERO,
@@ -221,6 +236,12 @@ fn main() -> ExitCode {
                 extra_tags: args.statsd_extra_tag,
             }),
             None => settings.statsd.clone(),
+        },
+        // The flag's address wins; the mapping and path are the environment's, if any.
+        prometheus: match (args.prometheus_addr, settings.prometheus.clone()) {
+            (Some(addr), Some(from_env)) => Some(PrometheusSettings { addr, ..from_env }),
+            (Some(addr), None) => Some(PrometheusSettings::at(addr)),
+            (None, from_env) => from_env,
         },
         ..settings
     };

@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 
 use crate::service::{Answering, ReferenceHeaders};
 use crate::source::xds::{Backoff, XdsSettings, XdsTls};
+use crate::stats::exporter::PrometheusSettings;
+use crate::stats::mapper::Mapper;
 use crate::stats::statsd::{StatsdSettings, Transport};
 
 pub use crate::load::RuntimeDir;
@@ -46,6 +48,10 @@ pub struct FromEnvironment {
     /// on as in the reference, `STATSD_HOST`, `STATSD_PORT`, `STATSD_PROTOCOL`, `EXTRA_TAGS`,
     /// `STATS_FLUSH_INTERVAL`).
     pub statsd: Option<StatsdSettings>,
+    /// Where the reference's statsd names are served as Prometheus series, through a
+    /// statsd-exporter mapping (`USE_PROMETHEUS`, `PROMETHEUS_ADDR`, `PROMETHEUS_PATH`,
+    /// `PROMETHEUS_MAPPER_YAML`, `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
+    pub prometheus: Option<PrometheusSettings>,
     /// How answers are written: `QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`,
     /// `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED` and its three header names.
     pub answering: Answering,
@@ -111,23 +117,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
     (
         "DISABLE_STATS",
         "not supported: statistics are always counted",
-    ),
-    (
-        "USE_PROMETHEUS",
-        "not supported yet: /metrics is served on HOST:PORT",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "not supported yet: /metrics is served on HOST:PORT",
-    ),
-    ("PROMETHEUS_PATH", "not supported yet: the path is /metrics"),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "not supported yet: /metrics has the reference's mapped names",
-    ),
-    (
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "not supported yet",
     ),
     (
         "EXPIRATION_JITTER_MAX_SECONDS",
@@ -288,6 +277,11 @@ pub const READ: &[(&str, &str)] = &[
     ("STATSD_PROTOCOL", "tcp: tcp or udp"),
     ("EXTRA_TAGS", "(none): k1:v1,k2:v2 appended to every statsd name"),
     ("STATS_FLUSH_INTERVAL", "10s: how often statsd counters are sent"),
+    ("USE_PROMETHEUS", "false: also serve the reference's statsd names as Prometheus series (PROMETHEUS_ADDR)"),
+    ("PROMETHEUS_ADDR", ":9090: [IP]:PORT of that listener (:PORT is every interface)"),
+    ("PROMETHEUS_PATH", "/metrics"),
+    ("PROMETHEUS_MAPPER_YAML", "(the reference's mapping): a statsd-exporter mapping file"),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false: the reference's mapping keeps the response time in milliseconds"),
     ("QUOTA_MODE", "false: every limit a quota limit (OVER_LIMIT only when every quota descriptor is)"),
     ("SHADOW_MODE", "false: every answer OK, decided and counted as usual"),
     ("RESPONSE_DYNAMIC_METADATA", "false: answers carry dynamic_metadata"),
@@ -407,6 +401,7 @@ pub fn read(
         },
     };
     let statsd = statsd(&env)?;
+    let prometheus = prometheus(&env)?;
     let names = ReferenceHeaders::default();
     for name in [
         "LIMIT_LIMIT_HEADER",
@@ -464,6 +459,7 @@ pub fn read(
         log_json,
         grpc_tls,
         statsd,
+        prometheus,
         answering,
         xds,
         notices,
@@ -813,6 +809,65 @@ fn xds(
     })
 }
 
+/// The reference's Prometheus listener, from `USE_PROMETHEUS` and its variables; the mapping
+/// file is read here, so that one that cannot be used stops the start naming the variable.
+fn prometheus(env: &BTreeMap<String, String>) -> Result<Option<PrometheusSettings>, SettingsError> {
+    let milliseconds = boolean(env, "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", false)?;
+    if !boolean(env, "USE_PROMETHEUS", false)? {
+        return Ok(None);
+    }
+    let addr = match env.get("PROMETHEUS_ADDR") {
+        None => SocketAddr::from(([0, 0, 0, 0], 9090)),
+        Some(text) => listen_address(text).ok_or_else(|| {
+            SettingsError(format!(
+                "PROMETHEUS_ADDR={text:?}: expected :PORT (every interface) or IP:PORT \
+                 (:19001, 127.0.0.1:9090, [::]:9090)"
+            ))
+        })?,
+    };
+    let path = env
+        .get("PROMETHEUS_PATH")
+        .map_or("/metrics", String::as_str);
+    if !path.starts_with('/') {
+        return Err(SettingsError(format!(
+            "PROMETHEUS_PATH={path:?}: expected a path starting with /"
+        )));
+    }
+    let mapper = match env
+        .get("PROMETHEUS_MAPPER_YAML")
+        .filter(|file| !file.is_empty())
+    {
+        None => Mapper::reference(milliseconds),
+        Some(file) => {
+            let text = std::fs::read_to_string(file).map_err(|error| {
+                SettingsError(format!(
+                    "PROMETHEUS_MAPPER_YAML={file:?}: cannot read it: {error}"
+                ))
+            })?;
+            Mapper::from_yaml(std::path::Path::new(file), &text)
+                .map_err(|error| SettingsError(format!("PROMETHEUS_MAPPER_YAML: {error}")))?
+        }
+    };
+    Ok(Some(PrometheusSettings {
+        addr,
+        path: path.to_owned(),
+        mapper: std::sync::Arc::new(mapper),
+    }))
+}
+
+/// A listening address as Go writes one: `:PORT` (every interface), `IP:PORT`, `[IPv6]:PORT`,
+/// `localhost:PORT`.
+pub fn listen_address(text: &str) -> Option<SocketAddr> {
+    let (host, port) = text.trim().rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let ip: IpAddr = match host.trim_start_matches('[').trim_end_matches(']') {
+        "" => IpAddr::from([0, 0, 0, 0]),
+        "localhost" => IpAddr::from([127, 0, 0, 1]),
+        ip => ip.parse().ok()?,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
 /// TLS on the gRPC port, from `GRPC_SERVER_USE_TLS` and its files.
 fn grpc_tls(env: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, SettingsError> {
     if !boolean(env, "GRPC_SERVER_USE_TLS", false)? {
@@ -985,9 +1040,17 @@ mod tests {
 
     /// Envoy Gateway's default Deployment of the rate-limit service
     /// (`internal/infrastructure/kubernetes/ratelimit/testdata/deployments/default.yaml`), its
-    /// variables exactly.
+    /// variables exactly, but for the mapping file's path: a file the test writes (Envoy Gateway
+    /// mounts its ConfigMap there; this machine has none).
     fn envoy_gateway() -> Vec<(String, String)> {
-        env(&[
+        static MAPPING: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let dir = MAPPING.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("conf.yaml"), "mappings: []\n").unwrap();
+            dir
+        });
+        let mapping = dir.path().join("conf.yaml").display().to_string();
+        let mut env = env(&[
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("RUNTIME_IGNOREDOTFILES", "true"),
@@ -1010,8 +1073,14 @@ mod tests {
             ("REDIS_URL", "redis.redis.svc:6379"),
             ("USE_PROMETHEUS", "true"),
             ("PROMETHEUS_ADDR", ":19001"),
-            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
-        ])
+            ("PROMETHEUS_MAPPER_YAML", "(the test's file)"),
+        ]);
+        for (name, value) in &mut env {
+            if name == "PROMETHEUS_MAPPER_YAML" {
+                value.clone_from(&mapping);
+            }
+        }
+        env
     }
 
     #[test]
@@ -1145,6 +1214,73 @@ mod tests {
             ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/c.crt"),
         ])
         .starts_with("CONFIG_GRPC_XDS_CLIENT_TLS_KEY: required"));
+    }
+
+    /// What Envoy Gateway's Deployment of the reference sets for its statistics.
+    #[test]
+    fn envoy_gateways_statistics_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("conf.yaml");
+        std::fs::write(
+            &file,
+            "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.total_hits\"\n    name: hits\n",
+        )
+        .unwrap();
+        let settings = read(env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", file.to_str().unwrap()),
+        ]))
+        .unwrap();
+        assert!(settings.notices.is_empty(), "{:?}", settings.notices);
+        assert_eq!(settings.statsd, None);
+        let prometheus = settings.prometheus.unwrap();
+        assert_eq!(prometheus.addr, "0.0.0.0:19001".parse().unwrap());
+        assert_eq!(prometheus.path, "/metrics");
+        assert_ne!(*prometheus.mapper, Mapper::reference(false));
+        // The defaults: :9090, the reference's own mapping; off unless asked.
+        let default = read(env(&[("USE_PROMETHEUS", "1")]))
+            .unwrap()
+            .prometheus
+            .unwrap();
+        assert_eq!(default.addr, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(*default.mapper, Mapper::reference(false));
+        let milliseconds = read(env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+            ("PROMETHEUS_ADDR", "[::1]:0"),
+            ("PROMETHEUS_PATH", "/stats"),
+        ]))
+        .unwrap()
+        .prometheus
+        .unwrap();
+        assert_eq!(*milliseconds.mapper, Mapper::reference(true));
+        assert_eq!(milliseconds.addr, "[::1]:0".parse().unwrap());
+        assert_eq!(milliseconds.path, "/stats");
+        assert_eq!(read(env(&[])).unwrap().prometheus, None);
+
+        let error = |pairs: &[(&str, &str)]| read(env(pairs)).unwrap_err().0;
+        assert!(error(&[("USE_PROMETHEUS", "yes")]).starts_with("USE_PROMETHEUS=\"yes\""));
+        let on = ("USE_PROMETHEUS", "true");
+        assert!(error(&[on, ("PROMETHEUS_ADDR", "19001")]).starts_with("PROMETHEUS_ADDR=\"19001\""));
+        assert!(
+            error(&[on, ("PROMETHEUS_ADDR", "metrics.local:80")]).starts_with("PROMETHEUS_ADDR=")
+        );
+        assert!(error(&[on, ("PROMETHEUS_PATH", "metrics")]).starts_with("PROMETHEUS_PATH="));
+        assert!(error(&[("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "ms")])
+            .starts_with("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS="));
+        let missing = dir.path().join("absent.yaml");
+        assert!(
+            error(&[on, ("PROMETHEUS_MAPPER_YAML", missing.to_str().unwrap())])
+                .starts_with("PROMETHEUS_MAPPER_YAML=\"")
+        );
+        std::fs::write(&file, "mappings:\n  - match: [\n").unwrap();
+        let broken = error(&[on, ("PROMETHEUS_MAPPER_YAML", file.to_str().unwrap())]);
+        assert!(
+            broken.starts_with(&format!("PROMETHEUS_MAPPER_YAML: {}:", file.display())),
+            "{broken}"
+        );
     }
 
     #[test]

@@ -1,14 +1,15 @@
 //! The HTTP side: `/healthcheck` (as the reference service answers it: `OK`, or 503 once a drain
-//! has started) and `/metrics` (Prometheus text).
+//! has started) and `/metrics` (Prometheus text); and, with `USE_PROMETHEUS`, the reference's
+//! Prometheus listener (its statsd names through a statsd-exporter mapping, on its own port).
 //!
-//! Served over HTTP/1 by hyper with a bound on every request head's arrival (the first on a
+//! Both served over HTTP/1 by hyper with a bound on every request head's arrival (the first on a
 //! connection and each kept-alive one's), under the port's connection limit.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State as Shared;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -17,18 +18,68 @@ use hyper_util::service::TowerToHyperService;
 
 use super::connections::Gate;
 use super::State;
+use crate::stats::exporter::Exporter;
 
 /// Serves HTTP on `listener` until `stop` turns true, then lets the requests in flight finish.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     gate: Gate,
     state: Arc<State>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .with_state(state.clone());
+    serve_app(listener, gate, app, state, stop).await;
+}
+
+/// Serves the reference's series on `path` (every path under it when it ends with `/`, as Go's
+/// server matches a pattern) until `stop` turns true; any other path is 404.
+pub(crate) async fn serve_prometheus(
+    listener: tokio::net::TcpListener,
+    gate: Gate,
+    state: Arc<State>,
+    exporter: Arc<Exporter>,
+    path: String,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let shared = state.clone();
+    let app = Router::new().fallback(move |uri: Uri| {
+        let state = shared.clone();
+        let exporter = exporter.clone();
+        let served = uri.path() == path || (path.ends_with('/') && uri.path().starts_with(&*path));
+        async move {
+            if !served {
+                return (
+                    StatusCode::NOT_FOUND,
+                    [(CONTENT_TYPE, "text/plain")],
+                    "404 page not found\n".to_owned(),
+                );
+            }
+            (
+                StatusCode::OK,
+                [(CONTENT_TYPE, TEXT_FORMAT)],
+                exporter.render(&state.stats),
+            )
+        }
+    });
+    serve_app(listener, gate, app, state, stop).await;
+}
+
+const CONTENT_TYPE: axum::http::HeaderName = axum::http::header::CONTENT_TYPE;
+/// Prometheus' text format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves `app` on `listener`'s admitted connections until `stop` turns true, then lets the
+/// requests in flight finish.
+async fn serve_app(
+    listener: tokio::net::TcpListener,
+    gate: Gate,
+    app: Router,
+    state: Arc<State>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(gate.limits().header_read_timeout);

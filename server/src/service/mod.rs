@@ -1,6 +1,6 @@
 //! The running service: gRPC (`RateLimitService`, `grpc.health.v1.Health`) on one port, HTTP
-//! (`/healthcheck`, `/metrics`) on another, the configuration reloaded when its files change, and
-//! a drain on `SIGTERM`.
+//! (`/healthcheck`, `/metrics`) on another, the reference's Prometheus listener on a third when
+//! asked, the configuration reloaded when its files change, and a drain on `SIGTERM`.
 
 mod connections;
 pub(crate) mod decide;
@@ -27,6 +27,7 @@ pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 use crate::load::{self, Source, StoreFailure};
 use crate::settings::TlsFiles;
 use crate::source::xds;
+use crate::stats::exporter::{Exporter, PrometheusSettings};
 use crate::stats::statsd::{self, StatsdSettings};
 use crate::tree::Domains;
 
@@ -53,6 +54,10 @@ pub struct Settings {
     /// Where statistics are also pushed, under the reference service's statsd names (none:
     /// only `/metrics`).
     pub statsd: Option<StatsdSettings>,
+    /// Where the reference's statsd names are also served as Prometheus series, through a
+    /// statsd-exporter mapping, as the reference's `USE_PROMETHEUS` serves them (none: only
+    /// `/metrics` on the HTTP port).
+    pub prometheus: Option<PrometheusSettings>,
 }
 
 /// How answers are made: the switches the reference service reads from its environment
@@ -145,11 +150,18 @@ impl std::error::Error for StartError {}
 
 /// Runs the server until `SIGTERM` or `SIGINT`, then drains the calls in flight and returns.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
-    let stats = Arc::new(if settings.statsd.is_some() {
-        Stats::with_response_times()
-    } else {
-        Stats::default()
-    });
+    // The Prometheus listener's mapping is read first: the counters keep the observations its
+    // histograms need.
+    let exporter = settings
+        .prometheus
+        .as_ref()
+        .map(|prometheus| Arc::new(Exporter::new(prometheus.mapper.clone())));
+    let stats = Arc::new(Stats::new(
+        settings.statsd.is_some(),
+        exporter
+            .as_ref()
+            .and_then(|exporter| exporter.observations()),
+    ));
     // The files' content is taken before they are read: a change in between is then seen by
     // the first comparison, never mistaken for the content in force.
     let config_path = settings.config.path().to_owned();
@@ -224,6 +236,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .map_err(StartError)?;
     let grpc_listener = bind(settings.grpc_addr, "gRPC").await?;
     let http_listener = bind(settings.http_addr, "HTTP").await?;
+    let prometheus = match (&settings.prometheus, exporter) {
+        (Some(prometheus), Some(exporter)) => Some((
+            bind(prometheus.addr, "Prometheus").await?,
+            exporter,
+            prometheus.path.clone(),
+        )),
+        _ => None,
+    };
     let state = Arc::new(State {
         current: ArcSwap::from_pointee(Current {
             domains: loaded.domains,
@@ -244,6 +264,14 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         .map_err(|e| StartError(format!("cannot watch SIGTERM: {e}")))?;
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
     let http_addr = http_listener.local_addr().unwrap_or(settings.http_addr);
+    if let Some((listener, _, path)) = &prometheus {
+        let addr = listener.local_addr().ok();
+        tracing::info!(
+            prometheus = %addr.map_or_else(|| "?".into(), |addr| addr.to_string()),
+            path = %path,
+            "prometheus: the reference's series are served there"
+        );
+    }
     tracing::info!(
         grpc = %grpc_addr,
         http = %http_addr,
@@ -283,8 +311,18 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         http_listener,
         gate(),
         state.clone(),
-        http_stopping,
+        http_stopping.clone(),
     ));
+    let prometheus = prometheus.map(|(listener, exporter, path)| {
+        tokio::spawn(http_api::serve_prometheus(
+            listener,
+            gate(),
+            state.clone(),
+            exporter,
+            path,
+            http_stopping.clone(),
+        ))
+    });
     let grpc = tokio::spawn(grpc::serve(
         grpc_listener,
         gate(),
@@ -300,6 +338,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let _ = grpc.await;
     let _ = stop_http.send(true);
     let _ = http.await;
+    if let Some(prometheus) = prometheus {
+        let _ = prometheus.await;
+    }
     reload.abort();
     if let Some(client) = xds_client {
         client.abort();

@@ -4,12 +4,16 @@
 //! - [`statsd`]: lines pushed to a statsd server every flush interval, under the reference
 //!   service's names, so Envoy Gateway's statsd-exporter mapping and the dashboards built on the
 //!   reference carry over.
+//! - [`exporter`]: the reference's Prometheus listener (`USE_PROMETHEUS`): those statsd names
+//!   made series by a statsd-exporter mapping ([`mapper`]), read when scraped.
 //!
 //! Per domain and descriptor, the reference's counters (`total_hits`, `over_limit`,
 //! `near_limit`, `within_limit`, `shadow_mode`); per call, its request count and response time;
 //! the configuration's loads; the store's failures and refused requests. A call only adds to
 //! atomic counters: no sink ever slows it.
 
+pub mod exporter;
+pub mod mapper;
 pub mod prometheus;
 pub mod statsd;
 
@@ -118,6 +122,9 @@ pub struct Stats {
     /// Each call's time in whole milliseconds, kept for the statsd sink's timer (none without
     /// one).
     response_times: Option<ResponseTimes>,
+    /// Each call's time as the mapped Prometheus listener shows it (none without one, or when
+    /// its mapping drops the timer).
+    observed: Option<exporter::Observations>,
     store_errors: AtomicU64,
     /// Requests answered OK only because of the global shadow mode.
     global_shadow_mode: AtomicU64,
@@ -153,21 +160,52 @@ impl Call<'_> {
 impl Drop for Call<'_> {
     fn drop(&mut self) {
         self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let elapsed = self.started.elapsed();
         if let Some(times) = &self.stats.response_times {
-            if !times.record(self.started.elapsed()) {
+            if !times.record(elapsed) {
                 self.stats.statsd_dropped.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if let Some(observed) = &self.stats.observed {
+            // Whole milliseconds, as the reference times its calls.
+            observed.record(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
         }
     }
 }
 
 impl Stats {
-    /// Statistics that also keep each call's time for a statsd sink.
-    pub(crate) fn with_response_times() -> Stats {
+    /// Statistics that also keep each call's time for a statsd sink (`statsd`), and for the
+    /// mapped Prometheus listener in `observed`.
+    pub(crate) fn new(statsd: bool, observed: Option<exporter::Observations>) -> Stats {
         Stats {
-            response_times: Some(ResponseTimes::default()),
+            response_times: statsd.then(ResponseTimes::default),
+            observed,
             ..Stats::default()
         }
+    }
+
+    /// The service-wide counters under the reference's statsd names.
+    fn totals(&self) -> [(&'static str, &AtomicU64); 6] {
+        [
+            (
+                "ratelimit.service.global_shadow_mode",
+                &self.global_shadow_mode,
+            ),
+            ("ratelimit.service.config_load_success", &self.config_loads),
+            ("ratelimit.service.config_load_error", &self.reload_failures),
+            (
+                "ratelimit.service.call.should_rate_limit.redis_error",
+                &self.store_errors,
+            ),
+            (
+                "ratelimit.service.call.should_rate_limit.service_error",
+                &self.invalid_requests,
+            ),
+            (
+                "ratelimit_server.ShouldRateLimit.total_requests",
+                &self.requests,
+            ),
+        ]
     }
 
     /// Counts one answered request.

@@ -84,7 +84,7 @@ pub fn render(stats: &Stats) -> String {
 }
 
 /// A label value, escaped as the text format requires.
-fn label(value: &str) -> String {
+pub(super) fn label(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -274,29 +274,7 @@ impl Flusher {
                 }
             }
         }
-        let totals: [(&str, &AtomicU64); 6] = [
-            (
-                "ratelimit.service.global_shadow_mode",
-                &stats.global_shadow_mode,
-            ),
-            ("ratelimit.service.config_load_success", &stats.config_loads),
-            (
-                "ratelimit.service.config_load_error",
-                &stats.reload_failures,
-            ),
-            (
-                "ratelimit.service.call.should_rate_limit.redis_error",
-                &stats.store_errors,
-            ),
-            (
-                "ratelimit.service.call.should_rate_limit.service_error",
-                &stats.invalid_requests,
-            ),
-            (
-                "ratelimit_server.ShouldRateLimit.total_requests",
-                &stats.requests,
-            ),
-        ];
+        let totals = stats.totals();
         for ((name, counter), sent) in totals.iter().zip(&mut self.totals_sent) {
             let now = counter.load(Ordering::Relaxed);
             if now != *sent {

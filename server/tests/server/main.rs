@@ -12,6 +12,7 @@ mod environment;
 mod later_fields;
 mod numbers;
 mod operations;
+mod prometheus;
 mod readme;
 mod redis;
 #[path = "../../../tests/support/redis_server.rs"]

@@ -201,7 +201,7 @@ impl Drop for Server {
 }
 
 /// The value after `name` in a `key=value` log line.
-fn field<'a>(line: &'a str, name: &str) -> &'a str {
+pub fn field<'a>(line: &'a str, name: &str) -> &'a str {
     let start = line
         .find(name)
         .unwrap_or_else(|| panic!("{name} in {line}"))
@@ -223,23 +223,40 @@ pub fn run_to_exit_env(env: &[(&str, &str)]) -> (ExitStatus, String) {
     run_command_to_exit(command)
 }
 
+/// Runs `command` until it exits (bounded: one still running after [`DEADLINE`] is killed and the
+/// test fails): its status and stderr.
 fn run_command_to_exit(mut command: Command) -> (ExitStatus, String) {
     let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tollgate-server");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (child.wait().unwrap(), stderr)
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "still running after {DEADLINE:?}; its stderr:\n{}",
+                reader.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, reader.join().unwrap())
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// `GET path` on `addr`: the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connect to the HTTP port");
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
     write!(

@@ -223,6 +223,8 @@ impl Certificates {
         std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
         std::fs::write(dir.path().join("tls.key"), key).unwrap();
         std::fs::write(dir.path().join("ca.crt"), &ca.pem).unwrap();
+        // Where Envoy Gateway mounts its statsd-exporter mapping; an empty one serves here.
+        std::fs::write(dir.path().join("conf.yaml"), "mappings: []\n").unwrap();
         let server = ca.sign(&["localhost", "127.0.0.1"]);
         Certificates { dir, ca, server }
     }
@@ -234,8 +236,8 @@ impl Certificates {
 
 /// Envoy Gateway's default Deployment's environment (`internal/infrastructure/kubernetes/
 /// ratelimit/testdata/deployments/default.yaml`), exactly, but for: the addresses on loopback
-/// and free ports, the management server at `xds`, the certificates at the test's files, and
-/// the memory store rather than a Redis Service.
+/// and free ports, the management server at `xds`, the certificates and the mapping at the
+/// test's files, and the memory store rather than a Redis Service.
 fn envoy_gateway(certs: &Certificates, xds: SocketAddr) -> Vec<(String, String)> {
     let pairs = [
         ("RUNTIME_ROOT", "/data".to_owned()),
@@ -259,12 +261,9 @@ fn envoy_gateway(certs: &Certificates, xds: SocketAddr) -> Vec<(String, String)>
         ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
         ("REDIS_URL", "redis.redis.svc:6379".to_owned()),
         ("USE_PROMETHEUS", "true".to_owned()),
-        ("PROMETHEUS_ADDR", ":19001".to_owned()),
-        (
-            "PROMETHEUS_MAPPER_YAML",
-            "/etc/statsd-exporter/conf.yaml".to_owned(),
-        ),
+        ("PROMETHEUS_MAPPER_YAML", certs.file("conf.yaml")),
         // Moved: loopback and free ports, the memory store.
+        ("PROMETHEUS_ADDR", "127.0.0.1:0".to_owned()),
         ("HOST", "127.0.0.1".to_owned()),
         ("GRPC_HOST", "127.0.0.1".to_owned()),
         ("PORT", "0".to_owned()),
