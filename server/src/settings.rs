@@ -168,18 +168,6 @@ const NOT_ACTED_ON: &[(&str, &str)] = &[
         "meaningless here: the store connects when first asked",
     ),
     (
-        "REDIS_TLS_CLIENT_CERT",
-        "not supported yet from the environment: use tollgate's own file's [store]",
-    ),
-    (
-        "REDIS_TLS_CLIENT_KEY",
-        "not supported yet from the environment: use tollgate's own file's [store]",
-    ),
-    (
-        "REDIS_TLS_CACERT",
-        "not supported yet from the environment: use tollgate's own file's [store]",
-    ),
-    (
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         "not supported: hostnames are verified",
     ),
@@ -269,6 +257,9 @@ pub const READ: &[(&str, &str)] = &[
     ("REDIS_TYPE", "SINGLE: SINGLE, or SENTINEL with REDIS_URL master-name,host:port,… (CLUSTER is not supported yet)"),
     ("REDIS_AUTH", "(none): a password, or user:password"),
     ("REDIS_TLS", "false: TLS to Redis"),
+    ("REDIS_TLS_CACERT", "(the system's roots): the CA Redis' certificate chains to (PEM)"),
+    ("REDIS_TLS_CLIENT_CERT", "(none): a client certificate for Redis (PEM), with REDIS_TLS_CLIENT_KEY"),
+    ("REDIS_TLS_CLIENT_KEY", "(none): its key (PEM)"),
     ("REDIS_TIMEOUT", "10s: the longest one store call may take"),
     ("CACHE_KEY_PREFIX", "(none): put before every key the store writes"),
     ("USE_STATSD", "true: push the reference's statsd names (STATSD_HOST:STATSD_PORT)"),
@@ -635,6 +626,28 @@ fn store(env: &BTreeMap<String, String>) -> Result<Value, SettingsError> {
         "url": url,
         "timeout": format!("{}ms", timeout.as_millis().max(1)),
     });
+    // Redis over TLS: the files the library's `[store]` reads.
+    let tls_file = |name: &str| get(name).filter(|path| !path.is_empty());
+    let tls_files = [
+        ("REDIS_TLS_CACERT", "ca_file"),
+        ("REDIS_TLS_CLIENT_CERT", "client_cert_file"),
+        ("REDIS_TLS_CLIENT_KEY", "client_key_file"),
+    ];
+    for (variable, field) in tls_files {
+        if let Some(path) = tls_file(variable) {
+            if !tls {
+                return Err(SettingsError(format!(
+                    "{variable} is set without REDIS_TLS=true: the certificate would not be used"
+                )));
+            }
+            store[field] = Value::from(path);
+        }
+    }
+    if tls_file("REDIS_TLS_CLIENT_CERT").is_some() != tls_file("REDIS_TLS_CLIENT_KEY").is_some() {
+        return Err(SettingsError(
+            "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY: give both or neither".into(),
+        ));
+    }
     if let Some(prefix) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
         store["prefix"] = Value::from(prefix);
     }
@@ -1008,6 +1021,24 @@ mod tests {
         assert_eq!(
             sentinel.store["url"],
             "redis+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        let tls = read(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6380"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/redis-certs/ca.crt"),
+            ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ]))
+        .unwrap();
+        assert_eq!(tls.store["url"], "rediss://redis:6380");
+        assert_eq!(tls.store["ca_file"], "/redis-certs/ca.crt");
+        assert_eq!(tls.store["client_cert_file"], "/redis-certs/tls.crt");
+        assert_eq!(tls.store["client_key_file"], "/redis-certs/tls.key");
+        let without = read(env(&[("REDIS_TLS_CACERT", "/ca.crt")])).unwrap_err().0;
+        assert!(
+            without.starts_with("REDIS_TLS_CACERT is set without REDIS_TLS=true"),
+            "{without}"
         );
         let memory = read(env(&[("BACKEND_TYPE", "memory")])).unwrap();
         assert_eq!(memory.store, json!({ "kind": "memory" }));
