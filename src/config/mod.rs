@@ -89,8 +89,9 @@ impl ConfigFormat {
 ///
 /// [`read`](Self::read) or [`parse`](Self::parse) it, then build a [`layer`](Self::layer) — or a
 /// [`builder`](Self::builder) for settings that code adds — or [`reload`](Self::reload) a running
-/// layer with it. Every error names the file, the place in it and, when known, the line and the
-/// rule (see [`ConfigFileError`]).
+/// layer with it. Code that decides without the middleware takes a [`limiter`](Self::limiter),
+/// or the [`rules`](Self::rules) alone. Every error names the file, the place in it and, when
+/// known, the line and the rule (see [`ConfigFileError`]).
 ///
 /// ```
 /// use tollgate::config::{Config, ConfigFormat};

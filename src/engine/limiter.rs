@@ -390,11 +390,14 @@ impl Limiter {
     ///
     /// ```
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
     /// use tollgate::{Limit, Limiter, Rule};
     ///
-    /// let before = Limiter::builder().rule(Rule::new("api", Limit::per_minute(2))).build()?;
+    /// let minute = Duration::from_secs(60);
+    /// let two = Rule::new("api", Limit::fixed_window(2, minute));
+    /// let before = Limiter::builder().rule(two).build()?;
     /// before.charge("api", "alice", 1).await?;
-    /// let after = before.with_rules([Rule::new("api", Limit::per_minute(5))])?;
+    /// let after = before.with_rules([Rule::new("api", Limit::fixed_window(5, minute))])?;
     /// // Same store, same name: alice's count is kept.
     /// assert_eq!(after.check("api", "alice", 0).await?.remaining, 4);
     /// assert_eq!(before.check("api", "alice", 0).await?.remaining, 1);
