@@ -530,7 +530,8 @@ fn own(
     // takes its rules (there may be none: all unlimited, or all in reference files).
     file.entry("rules")
         .or_insert_with(|| Value::Array(Vec::new()));
-    let config = Config::parse(ConfigFormat::Yaml, &Value::Object(file.clone()).to_string())
+    let store = file.get("store").cloned();
+    let config = Config::parse(ConfigFormat::Yaml, &Value::Object(file).to_string())
         .map_err(|error| library_error(path, &error))?;
     let own_list = config
         .rules()
@@ -540,7 +541,7 @@ fn own(
         .map(|rule| (rule.name(), rule.limit().algorithm().clone()))
         .collect();
     rules.list.splice(0..0, own_list);
-    let mut loaded = finish(domains, rules, file.get("store"), path)?;
+    let mut loaded = finish(domains, rules, store.as_ref(), path)?;
     let tree = loaded.domains.entry(&domain);
     tree.headers = headers;
     for rule in own_rules {
