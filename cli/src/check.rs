@@ -20,21 +20,18 @@ pub fn check(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
     }
     let config = Config::read(path)?;
     let layer = config.layer_with_store(MemoryStore::new())?;
-    let mut out = describe_rules(path, &layer, "");
+    let mut out = describe_rules(path, layer.limiter(), "");
     describe_exemptions(&mut out, &layer, &config.unlimited_plans());
     Ok(out)
 }
 
-fn describe_rules(path: &Path, layer: &tollgate::RateLimitLayer, extra: &str) -> String {
-    let mut rules = layer.limiter().rules_in_force();
-    // The rule a server configuration with nothing to count holds is tollgate-server's, not
-    // the user's,
-    // nor are the rules of the limits descriptors bring.
+fn describe_rules(path: &Path, limiter: &tollgate::Limiter, extra: &str) -> String {
+    let mut rules = limiter.rules_in_force();
+    // The rules of the limits descriptors bring are tollgate-server's, not the user's.
     rules.retain(|rule| {
-        rule.name != tollgate_server::load::IDLE_RULE
-            && !rule
-                .name
-                .starts_with(tollgate_server::plan::OVERRIDE_RULE_PREFIX)
+        !rule
+            .name
+            .starts_with(tollgate_server::plan::OVERRIDE_RULE_PREFIX)
     });
     let mut out = format!("{}: OK, {} rule(s){extra}\n", path.display(), rules.len());
     for rule in &rules {
@@ -54,9 +51,9 @@ fn check_server(path: &Path) -> Result<String, Box<dyn std::error::Error>> {
         let nothing = tollgate_server::load::nothing_configured(path);
         return Err(format!("{nothing}: tollgate-server would answer every call OK").into());
     }
-    let layer = loaded.config.layer_with_store(MemoryStore::new())?;
+    let limiter = loaded.limiter_with_store(MemoryStore::new())?;
     let domains = loaded.domains.sorted();
-    let mut out = describe_rules(path, &layer, &format!(", {} domain(s)", domains.len()));
+    let mut out = describe_rules(path, &limiter, &format!(", {} domain(s)", domains.len()));
     for (name, domain) in domains {
         let _ = writeln!(out, "domain {name:?}:");
         for limit in domain.limits() {

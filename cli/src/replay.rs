@@ -34,14 +34,14 @@ pub fn runner(path: &Path, map: &DescriptorMap) -> Result<Runner, Box<dyn std::e
             .into());
         }
         let loaded = tollgate_server::load::load(path)?;
-        let layer = loaded.config.layer_with_store(store)?;
+        let limiter = loaded.limiter_with_store(store)?;
         let domain = map.domain(&loaded.domains)?;
         let server = ServerRun {
             domains: loaded.domains,
             domain,
             map: map.clone(),
         };
-        return Ok(Runner::new(layer.limiter().clone(), clock).with_descriptors(server));
+        return Ok(Runner::new(limiter, clock).with_descriptors(server));
     }
     let layer = Config::read(path)?.layer_with_store(store)?;
     Ok(Runner::new(layer.limiter().clone(), clock))

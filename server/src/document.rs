@@ -1,13 +1,13 @@
 //! What a configuration file is read into before it is checked: the error that names the file
-//! and the place, and the rules of the library's configuration that a file yields. Both forms
-//! (`load` for tollgate's file, `reference` for the reference service's YAML) write into these.
+//! and the place, and the library's rules that a file yields. Both forms (`load` for tollgate's
+//! file, `reference` for the reference service's YAML) write into these.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
 
-use serde_json::{json, Value};
 use tollgate::config::ConfigFormat;
+use tollgate::{Limit, Rule};
 
 use crate::unit::Unit;
 
@@ -62,15 +62,11 @@ pub(crate) fn placed_error(path: &Path, format: ConfigFormat, text: &str, messag
     }
 }
 
-/// A rule of the library's configuration, as the library's file would write it.
-#[derive(Debug)]
-pub(crate) struct LibraryRule(pub(crate) Value);
-
-/// The rules of the library's configuration that a configuration yields, and every rule name
-/// taken so far: two limits never share a counter because their names look alike.
+/// The library's rules that a configuration yields, and every rule name taken so far: two
+/// limits never share a counter because their names look alike.
 #[derive(Debug, Default)]
 pub(crate) struct LibraryRules {
-    pub(crate) list: Vec<LibraryRule>,
+    pub(crate) list: Vec<Rule>,
     names: HashSet<String>,
 }
 
@@ -96,15 +92,9 @@ impl LibraryRules {
     }
 }
 
-impl LibraryRule {
-    /// The reference's limit: a fixed window of one unit, aligned to the clock.
-    pub(crate) fn fixed_window(name: &str, requests_per_unit: u32, unit: Unit) -> Self {
-        LibraryRule(json!({
-            "name": name,
-            "algorithm": "fixed_window",
-            "limit": requests_per_unit,
-            "period": format!("{}s", unit.duration().as_secs()),
-            "aligned": true,
-        }))
-    }
+/// The reference's limit: a fixed window of one unit, aligned to the clock (windows start at
+/// multiples of the unit since the Unix epoch).
+pub(crate) fn fixed_window(name: &str, requests_per_unit: u32, unit: Unit) -> Rule {
+    let limit = Limit::fixed_window(u64::from(requests_per_unit), unit.duration()).aligned();
+    Rule::new(name, limit)
 }

@@ -1,5 +1,5 @@
-//! Both forms of configuration into what the server runs: the domains' descriptor trees, and the
-//! library's configuration holding a rule for every counted limit (and the store).
+//! Both forms of configuration into what the server runs: the domains' descriptor trees, the
+//! library's rules (one for every counted limit) and the library's configuration of the store.
 //!
 //! - A reference YAML file, or a directory of them (`*.yaml`, `*.yml`): see [`crate::reference`].
 //! - tollgate's own file (TOML or YAML, the library's format), with a top-level `domain` and a
@@ -24,21 +24,22 @@
 //! ```
 //!
 //! The library's checks apply to the rules as written (errors name the rule and the field).
-//! Fields of tollgate-server's are taken out before the library reads the rest.
+//! Fields of tollgate-server's are taken out before the library reads the rest, and the server
+//! takes the library's `Rule`s from it; the reference's limits are `Rule`s built here.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tollgate::algorithm::{Algorithm, Mode};
 use tollgate::config::{Config, ConfigFileError, ConfigFormat};
-use tollgate::MemoryStore;
+use tollgate::store::Store;
+use tollgate::{ConfigError, Limiter, Rule};
 
 pub use crate::document::Error;
-use crate::document::{placed_error, yaml_error};
-use crate::document::{LibraryRule, LibraryRules};
+use crate::document::{fixed_window, placed_error, yaml_error, LibraryRules};
 use crate::reference;
 use crate::tree::{Domain, Domains, Headers, LimitKind, LimitSpec, Policy};
 use crate::unit::Unit;
@@ -47,8 +48,13 @@ use crate::unit::Unit;
 pub struct Loaded {
     /// The domains and their descriptor trees.
     pub domains: Domains,
-    /// The library's configuration: one rule per counted limit, and the store.
-    pub config: Config,
+    /// The library's rules: one per counted limit, and one per unit for the limits descriptors
+    /// bring (see [`crate::plan::override_rule`]). The trees name them.
+    pub rules: Vec<Rule>,
+    /// The library's configuration of the store (the `[store]` table, from the file or the
+    /// reference's variables; no rule): what the server connects to when it starts. A reload
+    /// keeps the store in force.
+    pub store: Config,
     /// What a descriptor is answered when the store fails (the file's `store.on_failure`; with
     /// `local`, the library decides in-process and the store's failure never reaches here).
     pub on_store_failure: StoreFailure,
@@ -69,35 +75,58 @@ impl Loaded {
     /// variables do), else in memory: what a server forced to start without its configuration
     /// holds until the configuration can be read.
     pub fn nothing(source: &Source) -> Loaded {
-        let mut file = Map::new();
-        if let Some(store) = source.store() {
-            file.insert("store".to_owned(), store.clone());
-        }
         let built = finish(
             Domains::default(),
             LibraryRules::default(),
-            file.clone(),
+            source.store(),
             source.path(),
         );
-        match built {
-            Ok((loaded, _)) => loaded,
-            // A store table the library refuses is refused again, with its reason, when the
-            // configuration is read; meanwhile, memory.
-            Err(_) => finish(
+        // A store table the library refuses is refused again, with its reason, when the
+        // configuration is read; meanwhile, memory.
+        built.unwrap_or_else(|_| {
+            finish(
                 Domains::default(),
                 LibraryRules::default(),
-                Map::new(),
+                None,
                 source.path(),
             )
-            .map(|(loaded, _)| loaded)
-            .expect("an empty configuration in memory is valid"),
-        }
+            .expect("an empty configuration in memory is valid")
+        })
+    }
+
+    /// A limiter deciding with `store` under these rules, whatever store the configuration
+    /// names: for running it offline, as the `tollgate` command does.
+    pub fn limiter_with_store(&self, store: impl Store) -> Result<Limiter, ConfigError> {
+        Limiter::builder()
+            .rules(self.rules.iter().cloned())
+            .store(store)
+            .build()
+    }
+
+    /// The limiter this configuration is served with when the server starts: its store
+    /// connected (read from `origin`), its rules in force. A reload then builds the next one
+    /// from it ([`Limiter::with_rules`]): same store, same counts.
+    pub async fn connect(&self, origin: &Path) -> Result<Limiter, Error> {
+        let store = self
+            .store
+            .connect_limiter()
+            .await
+            .map_err(|error| library_error(origin, &error))?;
+        store
+            .with_rules(self.rules.iter().cloned())
+            .map_err(|error| rules_error(origin, &error))
     }
 
     /// Whether nothing is configured: no domain, so every call is answered OK with no limit.
     pub fn is_empty(&self) -> bool {
         self.domains.names().next().is_none()
     }
+}
+
+/// An error of the library's about the rules read from `origin`, as a whole (the rule and the
+/// field it names are the library's, not a place in one file).
+pub fn rules_error(origin: &Path, error: &ConfigError) -> Error {
+    Error(format!("{}: {error}", origin.display()))
 }
 
 /// What an empty configuration at `path` is told: where nothing was found, and what that means.
@@ -125,7 +154,7 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     let mut rules = LibraryRules::default();
     if path.is_dir() {
         read_reference_dir(path, &mut domains, &mut rules)?;
-        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
+        return finish(domains, rules, None, path);
     }
     let text = read_text(path)?;
     let format = ConfigFormat::from_path(path).ok_or_else(|| {
@@ -138,7 +167,7 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
     let value = parse_value(path, format, &text)?;
     if format == ConfigFormat::Yaml && reference::looks_like_reference(&value) {
         reference::read(path, &text, &mut domains, &mut rules, false)?;
-        return finish(domains, rules, Map::new(), path).map(|(loaded, _)| loaded);
+        return finish(domains, rules, None, path);
     }
     own(path, (format, &text), value, domains, rules)
 }
@@ -234,9 +263,7 @@ pub fn load_reference_values(
     for (name, value) in configs {
         reference::read_value(&name, value, &mut domains, &mut rules, merge)?;
     }
-    let mut file = Map::new();
-    file.insert("store".to_owned(), store.clone());
-    finish(domains, rules, file, origin).map(|(loaded, _)| loaded)
+    finish(domains, rules, Some(store), origin)
 }
 
 /// Reads the reference files of `runtime`, served by the library's store `store` (its
@@ -254,9 +281,7 @@ pub fn load_runtime(runtime: &RuntimeDir, store: &Value) -> Result<Loaded, Error
             runtime.merge_domains,
         )?;
     }
-    let mut file = Map::new();
-    file.insert("store".to_owned(), store.clone());
-    finish(domains, rules, file, &runtime.dir).map(|(loaded, _)| loaded)
+    finish(domains, rules, Some(store), &runtime.dir)
 }
 
 /// The files of `runtime` with their content, for reloads to compare.
@@ -501,7 +526,22 @@ fn own(
             "domain: {domain:?} is also configured by a reference file"
         )));
     }
-    let (mut loaded, algorithms) = finish(domains, rules, file, path)?;
+    // JSON is YAML: the library reads the document it would read from a file, and the server
+    // takes its rules (there may be none: all unlimited, or all in reference files).
+    file.entry("rules")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let store = file.get("store").cloned();
+    let config = Config::parse(ConfigFormat::Yaml, &Value::Object(file).to_string())
+        .map_err(|error| library_error(path, &error))?;
+    let own_list = config
+        .rules()
+        .map_err(|error| library_error(path, &error))?;
+    let algorithms: Algorithms = own_list
+        .iter()
+        .map(|rule| (rule.name(), rule.limit().algorithm().clone()))
+        .collect();
+    rules.list.splice(0..0, own_list);
+    let mut loaded = finish(domains, rules, store.as_ref(), path)?;
     let tree = loaded.domains.entry(&domain);
     tree.headers = headers;
     for rule in own_rules {
@@ -629,6 +669,12 @@ fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> 
         }
     };
     let at = format!("{at} (rule {name:?})");
+    if name.starts_with(crate::plan::OVERRIDE_RULE_PREFIX) {
+        return Err(format!(
+            "{at}.name: names beginning with {:?} are tollgate-server's own",
+            crate::plan::OVERRIDE_RULE_PREFIX
+        ));
+    }
     if rule.contains_key("tiers") {
         return Err(format!(
             "{at}.tiers: a tollgate-server rule is chosen by its descriptors, not by plans"
@@ -664,54 +710,41 @@ fn own_rule(i: usize, rule: &mut Map<String, Value>) -> Result<OwnRule, String> 
 /// The algorithm of every rule in force, by name.
 type Algorithms = HashMap<String, Algorithm>;
 
-/// Builds the library's configuration from `file` (tollgate's settings, without
-/// tollgate-server's) and the rules the reference files added; checks it whole.
+/// The configuration whole: the trees, the rules the files added with the rules of the limits
+/// descriptors bring, and the library's configuration of `store` (a `[store]` table; none:
+/// memory), checked.
 fn finish(
     domains: Domains,
-    rules: LibraryRules,
-    mut file: Map<String, Value>,
+    mut rules: LibraryRules,
+    store: Option<&Value>,
     path: &Path,
-) -> Result<(Loaded, Algorithms), Error> {
-    let list = file
-        .entry("rules")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if let Value::Array(list) = list {
-        list.extend(rules.list.into_iter().map(|rule| rule.0));
-        if list.is_empty() {
-            // The library refuses a configuration that limits nothing; a server whose limits
-            // are all unlimited, or that has none yet, still answers. Never charged.
-            list.push(json!({ "name": IDLE_RULE, "rate": 1, "period": "1s" }));
-        }
-        // The rules a descriptor's own `limit` is counted under: one per unit, the number
-        // given with each charge (see `crate::plan::OVERRIDE_RULE_PREFIX`).
-        list.extend(Unit::ALL.into_iter().map(|unit| {
-            LibraryRule::fixed_window(&crate::plan::override_rule(unit), u32::MAX, unit).0
-        }));
-    }
-    let on_store_failure = match file.get("store").and_then(|s| s.get("on_failure")) {
+) -> Result<Loaded, Error> {
+    // The rules a descriptor's own `limit` is counted under: one per unit, the number given
+    // with each charge (see `crate::plan::OVERRIDE_RULE_PREFIX`).
+    rules.list.extend(
+        Unit::ALL
+            .into_iter()
+            .map(|unit| fixed_window(&crate::plan::override_rule(unit), u32::MAX, unit)),
+    );
+    let on_store_failure = match store.and_then(|s| s.get("on_failure")) {
         Some(Value::String(policy)) if policy == "closed" => StoreFailure::Closed,
         _ => StoreFailure::Open,
     };
-    // JSON is YAML: the library reads the document it would read from a file.
-    let text = Value::Object(file).to_string();
-    let config =
-        Config::parse(ConfigFormat::Yaml, &text).map_err(|error| library_error(path, &error))?;
-    // Rules are checked against each other when a layer is built; the server's own store is
-    // connected later, so check with a memory store now.
-    let algorithms = config
-        .layer_with_store(MemoryStore::new())
-        .map_err(|error| library_error(path, &error))?
-        .limiter()
-        .rules_in_force()
-        .into_iter()
-        .map(|rule| (rule.name, rule.algorithm))
-        .collect();
-    let loaded = Loaded {
+    let mut document = Map::new();
+    document.insert("rules".to_owned(), Value::Array(Vec::new()));
+    if let Some(store) = store {
+        document.insert("store".to_owned(), store.clone());
+    }
+    // JSON is YAML: the library reads the table it would read from a file, and checks it.
+    let store = Config::parse(ConfigFormat::Yaml, &Value::Object(document).to_string())
+        .and_then(|config| config.rules().map(|_| config))
+        .map_err(|error| library_error(path, &error))?;
+    Ok(Loaded {
         domains,
-        config,
+        rules: rules.list,
+        store,
         on_store_failure,
-    };
-    Ok((loaded, algorithms))
+    })
 }
 
 /// An error of the library's about the configuration read from `path`: the line and column of
@@ -734,9 +767,6 @@ pub fn library_error(path: &Path, error: &ConfigFileError) -> Error {
         error.message()
     ))
 }
-
-/// The rule a configuration with nothing to count holds, so the library accepts it.
-pub const IDLE_RULE: &str = "tollgate-server:idle";
 
 #[cfg(test)]
 mod tests {
@@ -830,7 +860,7 @@ mod tests {
         let metadata = serde_json::Value::Object((**limit.metadata.as_ref().unwrap()).clone());
         assert_eq!(
             metadata,
-            json!({ "owner": { "team": "payments", "level": 2 } })
+            serde_json::json!({ "owner": { "team": "payments", "level": 2 } })
         );
     }
 

@@ -18,7 +18,7 @@ use std::path::Path;
 use serde::Deserialize;
 use tollgate::config::ConfigFormat;
 
-use crate::document::{placed_error, yaml_error, Error, LibraryRule, LibraryRules};
+use crate::document::{fixed_window, placed_error, yaml_error, Error, LibraryRules};
 use crate::tree::{Domains, LimitKind, LimitSpec, Node, Policy};
 use crate::unit::Unit;
 
@@ -217,7 +217,7 @@ impl Walk<'_> {
                 (LimitKind::Blocked, unit)
             } else {
                 shown_name = self.rules.unique_name(shown_name);
-                self.rules.list.push(LibraryRule::fixed_window(
+                self.rules.list.push(fixed_window(
                     &shown_name,
                     rate_limit.requests_per_unit,
                     unit,

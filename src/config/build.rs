@@ -20,6 +20,7 @@ use super::UnlimitedPlan;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
 use crate::algorithm::{Lease, Penalty};
+use crate::engine::limiter::Limiter;
 use crate::key::{CdnHeader, ForwardedHeader, Key, RequestHead};
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::observe::redact::MIN_SECRET;
@@ -30,6 +31,7 @@ use crate::rules::set::AccessList;
 use crate::rules::settle::{CountIf, Settle};
 use crate::store::FailurePolicy;
 use crate::store::MemoryStore;
+use crate::store::Store;
 
 /// A value that cannot work, at its place in the file.
 #[derive(Debug)]
@@ -54,14 +56,110 @@ pub(crate) struct Rules {
 
 /// The whole layer, for a file whose store needs no connecting.
 pub(crate) fn layer(file: &File) -> Result<RateLimitLayer, Invalid> {
-    finish(builder(file)?)
+    finish(file, builder(file)?)
 }
 
-pub(crate) fn finish(builder: RateLimitLayerBuilder) -> Result<RateLimitLayer, Invalid> {
-    builder.build().map_err(|error| Invalid {
-        path: "rules".into(),
-        message: error.to_string(),
-    })
+pub(crate) fn finish(
+    file: &File,
+    builder: RateLimitLayerBuilder,
+) -> Result<RateLimitLayer, Invalid> {
+    builder.build().map_err(|error| built_error(file, &error))
+}
+
+/// An error of building a limiter from `file`'s rules (two rules of one name, a rule the store
+/// cannot decide) at the place of its rule's field, when the rule is one of the file's.
+pub(crate) fn built_error(file: &File, error: &ConfigError) -> Invalid {
+    let name = error.rule();
+    // A tiered rule's rules are named `rule:plan`.
+    let index = file.rules.iter().position(|rule| {
+        name == rule.name
+            || (rule.tiers.is_some()
+                && name
+                    .strip_prefix(rule.name.as_str())
+                    .is_some_and(|rest| rest.starts_with(':')))
+    });
+    match index {
+        Some(index) => Invalid {
+            path: format!("rules[{index}].{}", error.field()),
+            message: error.message().to_owned(),
+        },
+        None => Invalid {
+            path: "rules".into(),
+            message: error.to_string(),
+        },
+    }
+}
+
+/// The limiter a file describes: its rules (none is allowed), lists, store and failure policy.
+/// A Redis store connects asynchronously, so a file naming one is refused here: see
+/// [`limiter_connected`].
+pub(crate) fn limiter(file: &File) -> Result<Limiter, Invalid> {
+    if file
+        .store
+        .as_ref()
+        .is_some_and(|spec| spec.kind == StoreKind::Redis)
+    {
+        return invalid(
+            "store.kind",
+            "a Redis store connects asynchronously: build the limiter with `Config::connect_limiter(..).await`",
+        );
+    }
+    limiter_with(file, None::<MemoryStore>)
+}
+
+/// [`limiter`], connecting to Redis when the file names a Redis store.
+pub(crate) async fn limiter_connected(file: &File) -> Result<Limiter, Invalid> {
+    let redis = match file.store.as_ref() {
+        Some(spec) if spec.kind == StoreKind::Redis => {
+            let url = spec.url.as_deref().unwrap_or_default();
+            Some(
+                redis_store(url, spec)
+                    .await
+                    .map_err(|(field, message)| Invalid {
+                        path: format!("store.{field}"),
+                        message,
+                    })?,
+            )
+        }
+        _ => None,
+    };
+    limiter_with(file, redis)
+}
+
+/// The limiter `file` describes, deciding with `remote` when given (the file's Redis store).
+fn limiter_with<S: Store>(file: &File, remote: Option<S>) -> Result<Limiter, Invalid> {
+    check_others(file)?;
+    let Rules { rules, allow, deny } = rules_of(file)?;
+    let mut builder = Limiter::builder().rules(rules);
+    for list in allow {
+        builder = builder.allow(list);
+    }
+    for list in deny {
+        builder = builder.deny(list);
+    }
+    if let Some(spec) = &file.store {
+        check_store(spec)?;
+        builder = builder.on_store_failure(failure_policy(spec));
+        if let (StoreKind::Memory, Some(max_keys)) = (spec.kind, spec.max_keys) {
+            builder = builder.store(MemoryStore::builder().max_keys(max_keys).build());
+        }
+    }
+    if let Some(store) = remote {
+        builder = builder.store(store);
+    }
+    builder.build().map_err(|error| built_error(file, &error))
+}
+
+/// Checks the settings of `file` that only a layer reads (a limiter, a reload, the rules alone
+/// leave them as they are, but a file is valid whole or not at all).
+pub(crate) fn check_others(file: &File) -> Result<(), Invalid> {
+    if let Some(store) = &file.store {
+        check_store(store)?;
+    }
+    if let Some(response) = &file.response {
+        check_response(response)?;
+    }
+    check_redact_keys(&file.redact_keys)
 }
 
 /// Everything the file says, as a builder code can still adjust. A Redis store connects
@@ -126,7 +224,7 @@ pub(crate) fn without_redis(file: &File) -> Result<RateLimitLayerBuilder, Invali
     Ok(builder)
 }
 
-/// The rules and the lists, each validated.
+/// The rules and the lists of a layer, each validated: a layer limits something.
 pub(crate) fn rules(file: &File) -> Result<Rules, Invalid> {
     if file.rules.is_empty() && file.deny.is_empty() {
         return invalid(
@@ -134,6 +232,11 @@ pub(crate) fn rules(file: &File) -> Result<Rules, Invalid> {
             "is empty: a layer without rules limits nothing (only a layer with a deny list may have no rules)",
         );
     }
+    rules_of(file)
+}
+
+/// The rules and the lists, each validated; there may be none.
+pub(crate) fn rules_of(file: &File) -> Result<Rules, Invalid> {
     let mut rules: Vec<(Rule, String)> = Vec::new();
     for (index, spec) in file.rules.iter().enumerate() {
         for (rule, at) in rule(spec, &format!("rules[{index}]"))? {
@@ -875,11 +978,7 @@ fn store(
         return Ok(builder);
     };
     check_store(spec)?;
-    let builder = builder.on_store_failure(match spec.on_failure {
-        Some(OnFailure::Closed) => FailurePolicy::Closed,
-        Some(OnFailure::Open) | None => FailurePolicy::Open,
-        Some(OnFailure::Local { share }) => FailurePolicy::Local { share },
-    });
+    let builder = builder.on_store_failure(failure_policy(spec));
     Ok(match spec.kind {
         StoreKind::Memory => match spec.max_keys {
             Some(max_keys) => builder.store(MemoryStore::builder().max_keys(max_keys).build()),
@@ -888,6 +987,15 @@ fn store(
         // Connected by `builder_connected`.
         StoreKind::Redis => builder,
     })
+}
+
+/// What the `[store]` section's `on_failure` says.
+fn failure_policy(spec: &StoreSpec) -> FailurePolicy {
+    match spec.on_failure {
+        Some(OnFailure::Closed) => FailurePolicy::Closed,
+        Some(OnFailure::Open) | None => FailurePolicy::Open,
+        Some(OnFailure::Local { share }) => FailurePolicy::Local { share },
+    }
 }
 
 /// Checks the `[store]` section, whichever stores this build has.

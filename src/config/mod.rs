@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::engine::limiter::Limiter;
 use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
+use crate::rules::rule::Rule;
 use crate::store::Store;
 
 pub use error::ConfigFileError;
@@ -88,8 +89,9 @@ impl ConfigFormat {
 ///
 /// [`read`](Self::read) or [`parse`](Self::parse) it, then build a [`layer`](Self::layer) — or a
 /// [`builder`](Self::builder) for settings that code adds — or [`reload`](Self::reload) a running
-/// layer with it. Every error names the file, the place in it and, when known, the line and the
-/// rule (see [`ConfigFileError`]).
+/// layer with it. Code that decides without the middleware takes a [`limiter`](Self::limiter),
+/// or the [`rules`](Self::rules) alone. Every error names the file, the place in it and, when
+/// known, the line and the rule (see [`ConfigFileError`]).
 ///
 /// ```
 /// use tollgate::config::{Config, ConfigFormat};
@@ -158,7 +160,7 @@ impl Config {
         let builder = build::builder_connected(&self.file)
             .await
             .map_err(|error| self.locate(error))?;
-        build::finish(builder).map_err(|error| self.locate(error))
+        build::finish(&self.file, builder).map_err(|error| self.locate(error))
     }
 
     /// A builder with this configuration, for settings that code adds or overrides before
@@ -189,7 +191,52 @@ impl Config {
             build::check_store(spec).map_err(|error| self.locate(error))?;
         }
         let builder = build::without_redis(&self.file).map_err(|error| self.locate(error))?;
-        build::finish(builder.store(store)).map_err(|error| self.locate(error))
+        build::finish(&self.file, builder.store(store)).map_err(|error| self.locate(error))
+    }
+
+    /// The rules this configuration defines, in order, each validated (a tiered rule gives one
+    /// per plan), for a front end that builds its [`Limiter`] itself and may add rules of its
+    /// own: `Limiter::builder().rules(config.rules()?)`, or
+    /// [`with_rules`](Limiter::with_rules) on a limiter in force. Unlike a layer, a
+    /// configuration read this way may define no rule. The whole configuration is checked, its
+    /// store, response and key redaction settings too.
+    ///
+    /// ```
+    /// use tollgate::config::{Config, ConfigFormat};
+    ///
+    /// let config = Config::parse(ConfigFormat::Toml, r#"
+    ///     [[rules]]
+    ///     name = "per-ip"
+    ///     rate = 60
+    ///     period = "1m"
+    /// "#)?;
+    /// let rules = config.rules()?;
+    /// assert_eq!(rules[0].name(), "per-ip");
+    /// assert!(Config::parse(ConfigFormat::Toml, "rules = []")?.rules()?.is_empty());
+    /// # Ok::<(), tollgate::config::ConfigFileError>(())
+    /// ```
+    pub fn rules(&self) -> Result<Vec<Rule>, ConfigFileError> {
+        build::check_others(&self.file).map_err(|error| self.locate(error))?;
+        build::rules_of(&self.file)
+            .map(|rules| rules.rules)
+            .map_err(|error| self.locate(error))
+    }
+
+    /// A [`Limiter`] with this configuration's rules (there may be none), allow and deny lists,
+    /// store and failure policy: for code that decides without the middleware. A Redis store is
+    /// refused here (building is synchronous): [`connect_limiter`](Self::connect_limiter)
+    /// builds one that connects. The `response`, `shadow`, `redact_keys` and `top_offenders`
+    /// settings are a layer's: checked, and not read.
+    pub fn limiter(&self) -> Result<Limiter, ConfigFileError> {
+        build::limiter(&self.file).map_err(|error| self.locate(error))
+    }
+
+    /// [`limiter`](Self::limiter), with any store: connects to Redis when the file names a
+    /// Redis store.
+    pub async fn connect_limiter(&self) -> Result<Limiter, ConfigFileError> {
+        build::limiter_connected(&self.file)
+            .await
+            .map_err(|error| self.locate(error))
     }
 
     /// Replaces `layer`'s rules and allow and deny lists with this configuration's, while
@@ -311,18 +358,12 @@ pub(crate) struct BuildOnly {
 /// (Errors name their place in the text, not the file.)
 pub(crate) fn reload(limiter: &Limiter, config: &Config) -> Result<BuildOnly, ConfigFileError> {
     let file = &config.file;
-    if let Some(store) = &file.store {
-        build::check_store(store).map_err(|error| config.in_text(error))?;
-    }
-    if let Some(response) = &file.response {
-        build::check_response(response).map_err(|error| config.in_text(error))?;
-    }
-    build::check_redact_keys(&file.redact_keys).map_err(|error| config.in_text(error))?;
+    build::check_others(file).map_err(|error| config.in_text(error))?;
     let build::Rules { rules, allow, deny } =
         build::rules(file).map_err(|error| config.in_text(error))?;
     limiter
         .reload_with_lists(rules, allow, deny)
-        .map_err(|error| ConfigFileError::new("rules", error.to_string()))?;
+        .map_err(|error| config.in_text(build::built_error(file, &error)))?;
     Ok(config.build_only())
 }
 

@@ -84,6 +84,14 @@ impl LimiterBuilder {
         self
     }
 
+    /// Adds every rule of `rules`, in order (as [`rule`](Self::rule) does each). A limiter may
+    /// hold no rule at all: a service with nothing configured yet answers every call with
+    /// [`LimitError::UnknownRule`] until [`with_rules`](Limiter::with_rules) gives it some.
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
     /// The store (default: a new [`MemoryStore`]).
     pub fn store(mut self, store: impl Store) -> Self {
         self.memory = (&store as &dyn Any).downcast_ref::<MemoryStore>().cloned();
@@ -368,6 +376,55 @@ impl Limiter {
             .followers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A limiter deciding under `rules` (validated first), with this limiter's store — its
+    /// counts, its circuit breaker, the requests waiting for its slots — its failure policy and
+    /// its allow and deny lists. This limiter is left as it is: calls in flight on it finish
+    /// under its rules. Rules that keep their name keep their counts, as with
+    /// [`reload`](Self::reload).
+    ///
+    /// For a front end that keeps state of its own beside the rules (`tollgate-server`'s
+    /// descriptor trees) and replaces both as one value, so that a call never sees the rules
+    /// of one configuration with the state of another.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Limiter, Rule};
+    ///
+    /// let minute = Duration::from_secs(60);
+    /// let two = Rule::new("api", Limit::fixed_window(2, minute));
+    /// let before = Limiter::builder().rule(two).build()?;
+    /// before.charge("api", "alice", 1).await?;
+    /// let after = before.with_rules([Rule::new("api", Limit::fixed_window(5, minute))])?;
+    /// // Same store, same name: alice's count is kept.
+    /// assert_eq!(after.check("api", "alice", 0).await?.remaining, 4);
+    /// assert_eq!(before.check("api", "alice", 0).await?.remaining, 1);
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn with_rules(
+        &self,
+        rules: impl IntoIterator<Item = Rule>,
+    ) -> Result<Limiter, ConfigError> {
+        let next = {
+            let current = self.rules();
+            RuleSet::new(
+                rules.into_iter().collect(),
+                current.allow().to_vec(),
+                current.deny().to_vec(),
+            )?
+        };
+        next.check_store(self.store())?;
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                rules: ArcSwap::from_pointee(next),
+                ledger: self.inner.ledger.clone(),
+                failure: self.inner.failure,
+                followers: Mutex::new(Vec::new()),
+            }),
+        })
     }
 
     /// Replaces the rules with `rules` (validated first: on error nothing changes).

@@ -2265,3 +2265,54 @@ async fn the_server_sample_closes_slow_and_silent_connections() {
         );
     }
 }
+
+/// A front end of its own (tollgate-server) takes a configuration's rules, or a limiter with no
+/// layer, and replaces the limiter whole on the same store.
+#[tokio::test]
+async fn a_limiter_of_a_file_may_hold_no_rule_and_is_replaced_on_its_store() {
+    use tollgate::LimitError;
+
+    let tiered = "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1m\"\nkey = { header = \"x-key\" }\n[rules.tiers]\ndefault = \"free\"\nkeys = { k1 = \"pro\" }\nplans.free = { rate = 1 }\nplans.pro = { rate = 10 }\n";
+    let config = Config::parse(ConfigFormat::Toml, tiered).unwrap();
+    let names: Vec<String> = config.rules().unwrap().iter().map(Rule::name).collect();
+    assert_eq!(names, ["api:free", "api:pro"]);
+
+    // No rule at all: a limiter (not a layer) holds none, and says so of every call.
+    let empty = Config::parse(
+        ConfigFormat::Toml,
+        "rules = []\n[store]\nkind = \"memory\"\n",
+    )
+    .unwrap();
+    assert!(empty.rules().unwrap().is_empty());
+    assert!(empty.layer().is_err());
+    let limiter = empty.limiter().unwrap();
+    assert!(limiter.rule_names().is_empty());
+    assert!(matches!(
+        limiter.charge("api", "k", 1).await,
+        Err(LimitError::UnknownRule(_))
+    ));
+    // A Redis store connects: only `connect_limiter` builds it.
+    let redis = "rules = []\n[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n";
+    let error = Config::parse(ConfigFormat::Toml, redis)
+        .unwrap()
+        .limiter()
+        .unwrap_err();
+    assert_eq!(error.path(), "store.kind");
+
+    // The next rules on the same store keep the counts of the names they keep.
+    let day = Duration::from_secs(86_400);
+    let first = limiter
+        .with_rules([Rule::new("api", Limit::fixed_window(3, day).aligned())])
+        .unwrap();
+    first.charge("api", "k", 2).await.unwrap();
+    let next = first
+        .with_rules([Rule::new("api", Limit::fixed_window(5, day).aligned())])
+        .unwrap();
+    assert_eq!(next.check("api", "k", 0).await.unwrap().remaining, 3);
+    assert_eq!(first.check("api", "k", 0).await.unwrap().remaining, 1);
+    // Invalid rules leave nothing half-built: the error names the rule and the field.
+    let error = next
+        .with_rules([Rule::new("api", Limit::fixed_window(0, day))])
+        .unwrap_err();
+    assert_eq!((error.rule(), error.field()), ("api", "limit"));
+}

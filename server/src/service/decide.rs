@@ -91,9 +91,9 @@ pub(crate) struct Answer<'t> {
 pub(crate) enum Refusal {
     /// The request is malformed: `INVALID_ARGUMENT`.
     Invalid(Status),
-    /// The trees matched a rule the limiter no longer (or not yet) has: a reload swapped one
-    /// and not yet the other. Asking again with the trees in force then answers.
-    RulesChanged(LimitError),
+    /// The limiter refused a charge the trees of its own configuration asked for (a rule they
+    /// name that it lacks): a fault of the server's, never of the request.
+    Internal(LimitError),
 }
 
 impl Answer<'_> {
@@ -222,7 +222,7 @@ pub(crate) async fn decide<'t>(
                 store_failed = true;
                 tracing::debug!(%error, "refund: store failed");
             }
-            Err(error) => return Err(Refusal::RulesChanged(error)),
+            Err(error) => return Err(Refusal::Internal(error)),
         }
     }
 
@@ -257,7 +257,7 @@ pub(crate) async fn decide<'t>(
                     }
                 }
             }
-            Err(error) => return Err(Refusal::RulesChanged(error)),
+            Err(error) => return Err(Refusal::Internal(error)),
         }
     }
 

@@ -44,36 +44,33 @@ async fn should_rate_limit(
 ) -> Result<tonic::Response<RateLimitResponse>, Status> {
     // Timed from here by the library's clock (a cycle counter read, not a system call).
     let call = state.stats.call();
-    let limiter = state.layer.limiter();
-    let mut attempts = 0;
-    loop {
-        // The answer borrows the trees in force: they stay alive until it is written. (A guard,
-        // not a counted reference: no shared count written on every call.)
-        let current = state.current.load();
-        let policy = current.on_store_failure;
-        let answering = &state.answering;
-        let decided = decide(&current.domains, limiter, policy, answering, &request).await;
-        match decided {
-            Ok(answer) => {
-                let response = respond(state, &request, &answer);
-                state.stats.latency(call.elapsed());
-                return Ok(tonic::Response::new(response));
-            }
-            Err(Refusal::Invalid(status)) => {
-                state.stats.invalid_request();
-                tracing::debug!(message = status.message(), "invalid request");
-                return Err(status);
-            }
-            // A reload is between its two swaps: the trees in force a moment later agree with
-            // the rules.
-            Err(Refusal::RulesChanged(error)) if attempts < 3 => {
-                attempts += 1;
-                tracing::debug!(%error, "rules and trees out of step; asking again");
-                tokio::task::yield_now().await;
-            }
-            Err(Refusal::RulesChanged(error)) => {
-                return Err(Status::unavailable(format!("rules reloading: {error}")))
-            }
+    // The answer borrows the configuration in force, trees and limiter of one snapshot: they
+    // stay alive until it is written. (A guard, not a counted reference: no shared count
+    // written on every call.)
+    let current = state.current.load();
+    let answering = &state.answering;
+    let decided = decide(
+        &current.domains,
+        &current.limiter,
+        current.on_store_failure,
+        answering,
+        &request,
+    )
+    .await;
+    match decided {
+        Ok(answer) => {
+            let response = respond(state, &request, &answer);
+            state.stats.latency(call.elapsed());
+            Ok(tonic::Response::new(response))
+        }
+        Err(Refusal::Invalid(status)) => {
+            state.stats.invalid_request();
+            tracing::debug!(message = status.message(), "invalid request");
+            Err(status)
+        }
+        Err(Refusal::Internal(error)) => {
+            tracing::error!(%error, "the limiter refused a charge of its own configuration");
+            Err(Status::internal(error.to_string()))
         }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tollgate::RateLimitLayer;
+use tollgate::Limiter;
 
 pub use crate::stats::{Stats, MAX_SERIES};
 pub use connections::Limits;
@@ -117,18 +117,21 @@ impl Default for ReferenceHeaders {
     }
 }
 
-/// The descriptor trees in force, with the store failure policy they were read with.
+/// The configuration in force: the descriptor trees and the library's limiter holding the rules
+/// they name, replaced as one value. A call reads both from one snapshot, so the trees never
+/// name a rule of another configuration.
 #[derive(Debug)]
 pub(crate) struct Current {
     pub(crate) domains: Domains,
+    /// The rules of this configuration, on the store the server started with (every
+    /// configuration's limiter shares it, and the counts in it).
+    pub(crate) limiter: Limiter,
     pub(crate) on_store_failure: StoreFailure,
 }
 
 /// What every call shares.
 pub(crate) struct State {
     pub(crate) current: ArcSwap<Current>,
-    /// The library's layer, kept for its limiter and for reloads.
-    pub(crate) layer: RateLimitLayer,
     pub(crate) stats: Arc<Stats>,
     /// How answers are made.
     pub(crate) answering: Answering,
@@ -223,11 +226,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             load::nothing_configured(&config_path)
         );
     }
-    let layer = loaded
-        .config
-        .connect()
+    let limiter = loaded
+        .connect(&config_path)
         .await
-        .map_err(|e| StartError(load::library_error(&config_path, &e).to_string()))?;
+        .map_err(|e| StartError(e.to_string()))?;
     let tls = settings
         .grpc_tls
         .as_ref()
@@ -247,9 +249,9 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let state = Arc::new(State {
         current: ArcSwap::from_pointee(Current {
             domains: loaded.domains,
+            limiter,
             on_store_failure: loaded.on_store_failure,
         }),
-        layer,
         stats,
         answering: settings.answering.clone(),
         draining: AtomicBool::new(false),

@@ -4,7 +4,8 @@
 //!   configuration is read and checked again ([`watch`]).
 //! - xDS: every push the client loads is offered ([`follow`]); the answer is its ACK or NACK.
 //!
-//! Either way the library's rules and the descriptor trees are swapped together. A bad
+//! Either way the library's rules and the descriptor trees are swapped together, as one value:
+//! a call sees both of one configuration. A bad
 //! configuration keeps the one in force and says why in the log (and in
 //! `tollgate_server_config_reload_failures_total`, statsd's `ratelimit.service.config_load_error`).
 
@@ -70,8 +71,8 @@ pub(crate) async fn follow(
     }
 }
 
-/// Swaps `loaded` (read from `origin`) in force: the library's rules, then the descriptor
-/// trees. With `may_empty` false, a configuration with no domain is refused while one is in
+/// Swaps `loaded` (read from `origin`) in force: the descriptor trees and a limiter holding its
+/// rules on the store in force, in one store of the snapshot. With `may_empty` false, a configuration with no domain is refused while one is in
 /// force: files emptied or removed under a running server (a ConfigMap swapped badly) are a
 /// mistake far more often than a wish to lift every limit. An xDS push is the whole state of
 /// the world: an empty one means no limit.
@@ -81,16 +82,22 @@ pub(crate) fn apply(
     origin: &Path,
     may_empty: bool,
 ) -> Result<(), String> {
-    if !may_empty && loaded.is_empty() && state.current.load().domains.names().next().is_some() {
+    let current = state.current.load();
+    if !may_empty && loaded.is_empty() && current.domains.names().next().is_some() {
         return Err(load::nothing_configured(origin));
     }
-    loaded
-        .config
-        .reload(&state.layer)
-        .map_err(|e| load::library_error(origin, &e).to_string())?;
+    // The store in force stays (its counts with it); the store table of the configuration
+    // read was checked, and is only read when the server starts.
+    let limiter = current
+        .limiter
+        .with_rules(loaded.rules)
+        .map_err(|e| load::rules_error(origin, &e).to_string())?;
+    let (domains, on_store_failure) = (loaded.domains, loaded.on_store_failure);
+    drop(current);
     state.current.store(Arc::new(Current {
-        domains: loaded.domains,
-        on_store_failure: loaded.on_store_failure,
+        domains,
+        limiter,
+        on_store_failure,
     }));
     Ok(())
 }

@@ -28,7 +28,10 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
 
     dir.write("edge.yaml", &config(5));
     server.wait_for_log("configuration reloaded");
-    assert_eq!(limit(&ask().await), 5);
+    let answer = ask().await;
+    assert_eq!(limit(&answer), 5);
+    // The new rules decide on the store in force: the key's count of 1 is kept.
+    assert_eq!(answer.statuses[0].limit_remaining, 3);
     // The statistics of a key go on counting across the reload: a counter never restarts.
     let hits = r#"ratelimit_service_rate_limit_total_hits{domain="edge",key="remote_address"}"#;
     assert_eq!(server.metric(hits), 2);
@@ -39,7 +42,9 @@ async fn a_changed_file_takes_over_and_a_bad_one_changes_nothing() {
         warning.contains("edge.yaml:4:25: descriptors[0].rate_limit.unit: unknown unit"),
         "{warning}"
     );
-    assert_eq!(limit(&ask().await), 5);
+    let answer = ask().await;
+    assert_eq!(limit(&answer), 5);
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
     assert_eq!(server.metric(hits), 3);
     assert_eq!(
         server.metric("tollgate_server_config_reload_failures_total"),
