@@ -71,26 +71,16 @@ pub enum StoreFailure {
 }
 
 impl Loaded {
-    /// Nothing configured yet, served by `source`'s store when it names one (the reference's
+    /// Nothing configured yet, served by `store` when the source names one (the reference's
     /// variables do), else in memory: what a server forced to start without its configuration
-    /// holds until the configuration can be read.
-    pub fn nothing(source: &Source) -> Loaded {
-        let built = finish(
-            Domains::default(),
-            LibraryRules::default(),
-            source.store(),
-            source.path(),
-        );
+    /// holds until the configuration can be read (`path`: what errors are about).
+    pub fn nothing(store: Option<&Value>, path: &Path) -> Loaded {
+        let built = finish(Domains::default(), LibraryRules::default(), store, path);
         // A store table the library refuses is refused again, with its reason, when the
         // configuration is read; meanwhile, memory.
         built.unwrap_or_else(|_| {
-            finish(
-                Domains::default(),
-                LibraryRules::default(),
-                None,
-                source.path(),
-            )
-            .expect("an empty configuration in memory is valid")
+            finish(Domains::default(), LibraryRules::default(), None, path)
+                .expect("an empty configuration in memory is valid")
         })
     }
 
@@ -183,69 +173,6 @@ pub struct RuntimeDir {
     pub ignore_dotfiles: bool,
     /// Files naming one domain are merged rather than refused (`MERGE_DOMAIN_CONFIG`).
     pub merge_domains: bool,
-}
-
-/// Where a server's configuration comes from.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Source {
-    /// `--config PATH`: a reference file, a directory of them, or tollgate's own file.
-    Path(PathBuf),
-    /// The reference's variables: its runtime directory, and the store they name.
-    Runtime {
-        /// The directory and how it is read.
-        dir: RuntimeDir,
-        /// The library's `[store]` table.
-        store: Value,
-    },
-    /// The reference's `CONFIG_TYPE=GRPC_XDS_SOTW`: pushed by an xDS management server (see
-    /// [`crate::source::xds`]), each push a whole configuration, never read from a file.
-    #[cfg(feature = "service")]
-    Xds(Box<crate::source::xds::XdsSettings>),
-}
-
-impl Source {
-    /// The configuration, read and checked whole.
-    pub fn load(&self) -> Result<Loaded, Error> {
-        match self {
-            Source::Path(path) => load(path),
-            Source::Runtime { dir, store } => load_runtime(dir, store),
-            #[cfg(feature = "service")]
-            Source::Xds(xds) => Err(Error(format!(
-                "{}: the configuration is pushed by the xDS management server, not read",
-                xds.server_url
-            ))),
-        }
-    }
-
-    /// The files read now, with their content: what a reload compares (none for xDS).
-    pub fn fingerprint(&self) -> Vec<(PathBuf, Vec<u8>)> {
-        match self {
-            Source::Path(path) => fingerprint(path),
-            Source::Runtime { dir, .. } => runtime_fingerprint(dir),
-            #[cfg(feature = "service")]
-            Source::Xds(_) => Vec::new(),
-        }
-    }
-
-    /// The file or directory errors are about (for xDS, the management server's address).
-    pub fn path(&self) -> &Path {
-        match self {
-            Source::Path(path) => path,
-            Source::Runtime { dir, .. } => &dir.dir,
-            #[cfg(feature = "service")]
-            Source::Xds(xds) => Path::new(&xds.server_url),
-        }
-    }
-
-    /// The library's `[store]` table the reference's variables name, if this source has one.
-    fn store(&self) -> Option<&Value> {
-        match self {
-            Source::Path(_) => None,
-            Source::Runtime { store, .. } => Some(store),
-            #[cfg(feature = "service")]
-            Source::Xds(xds) => Some(&xds.store),
-        }
-    }
 }
 
 /// Domains in the reference's structure, given as values (one per domain, each named by

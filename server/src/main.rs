@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tollgate_server::load::Source;
 use tollgate_server::service::{Answering, Limits, ReferenceHeaders, Settings};
 use tollgate_server::settings;
+use tollgate_server::source::Source;
 use tollgate_server::stats::exporter::PrometheusSettings;
 use tollgate_server::stats::statsd::{StatsdSettings, Transport};
 

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::service::{Answering, ReferenceHeaders};
 use crate::source::xds::{Backoff, XdsSettings, XdsTls};
 use crate::stats::exporter::PrometheusSettings;
 use crate::stats::mapper::Mapper;
@@ -62,6 +61,63 @@ pub struct FromEnvironment {
     /// Variables that are set and that tollgate-server does not act on, each with why: said
     /// once at start-up.
     pub notices: Vec<String>,
+}
+
+/// How answers are made: the switches the reference service reads from its environment
+/// (`QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`, `NEAR_LIMIT_RATIO`,
+/// `LIMIT_RESPONSE_HEADERS_ENABLED` and its header names). [`Default`] is the reference's
+/// defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answering {
+    /// Every limit is a quota limit (`QUOTA_MODE`): a request is OVER_LIMIT only when every
+    /// quota descriptor is; as in the reference, a descriptor with no limit is one, and passes.
+    pub quota_mode: bool,
+    /// Every answer is OK (`SHADOW_MODE`): decided and counted as usual, the descriptors' own
+    /// codes kept, `overall_code` OK; counted in `ratelimit_service_global_shadow_mode`.
+    pub shadow_mode: bool,
+    /// Answers carry `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`): the domain, the
+    /// descriptors, `hitsAddend`, and the `metadata` of the limits that passed.
+    pub response_dynamic_metadata: bool,
+    /// A limit is near once more than this share of it is used (`NEAR_LIMIT_RATIO`, 0.8):
+    /// the `near_limit` statistic.
+    pub near_limit_ratio: f32,
+    /// The reference's three fields for the descriptor closest to its limit
+    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`), beside tollgate's own; `None`: not written.
+    pub reference_headers: Option<ReferenceHeaders>,
+}
+
+impl Default for Answering {
+    fn default() -> Self {
+        Answering {
+            quota_mode: false,
+            shadow_mode: false,
+            response_dynamic_metadata: false,
+            near_limit_ratio: 0.8,
+            reference_headers: None,
+        }
+    }
+}
+
+/// The names of the reference's response fields (`LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceHeaders {
+    /// The limit's `requests_per_unit` (default `RateLimit-Limit`).
+    pub limit: String,
+    /// What is left (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// Seconds until the limit resets (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+impl Default for ReferenceHeaders {
+    fn default() -> Self {
+        ReferenceHeaders {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
 }
 
 /// The certificate files of a TLS listener.

@@ -20,13 +20,15 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tollgate::Limiter;
 
+pub use crate::settings::{Answering, ReferenceHeaders};
 pub use crate::stats::{Stats, MAX_SERIES};
 pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 
-use crate::load::{self, Source, StoreFailure};
+use crate::load::{self, StoreFailure};
 use crate::settings::TlsFiles;
 use crate::source::xds;
+use crate::source::Source;
 use crate::stats::exporter::{Exporter, PrometheusSettings};
 use crate::stats::statsd::{self, StatsdSettings};
 use crate::tree::Domains;
@@ -58,63 +60,6 @@ pub struct Settings {
     /// statsd-exporter mapping, as the reference's `USE_PROMETHEUS` serves them (none: only
     /// `/metrics` on the HTTP port).
     pub prometheus: Option<PrometheusSettings>,
-}
-
-/// How answers are made: the switches the reference service reads from its environment
-/// (`QUOTA_MODE`, `SHADOW_MODE`, `RESPONSE_DYNAMIC_METADATA`, `NEAR_LIMIT_RATIO`,
-/// `LIMIT_RESPONSE_HEADERS_ENABLED` and its header names). [`Default`] is the reference's
-/// defaults.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Answering {
-    /// Every limit is a quota limit (`QUOTA_MODE`): a request is OVER_LIMIT only when every
-    /// quota descriptor is; as in the reference, a descriptor with no limit is one, and passes.
-    pub quota_mode: bool,
-    /// Every answer is OK (`SHADOW_MODE`): decided and counted as usual, the descriptors' own
-    /// codes kept, `overall_code` OK; counted in `ratelimit_service_global_shadow_mode`.
-    pub shadow_mode: bool,
-    /// Answers carry `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`): the domain, the
-    /// descriptors, `hitsAddend`, and the `metadata` of the limits that passed.
-    pub response_dynamic_metadata: bool,
-    /// A limit is near once more than this share of it is used (`NEAR_LIMIT_RATIO`, 0.8):
-    /// the `near_limit` statistic.
-    pub near_limit_ratio: f32,
-    /// The reference's three fields for the descriptor closest to its limit
-    /// (`LIMIT_RESPONSE_HEADERS_ENABLED`), beside tollgate's own; `None`: not written.
-    pub reference_headers: Option<ReferenceHeaders>,
-}
-
-impl Default for Answering {
-    fn default() -> Self {
-        Answering {
-            quota_mode: false,
-            shadow_mode: false,
-            response_dynamic_metadata: false,
-            near_limit_ratio: 0.8,
-            reference_headers: None,
-        }
-    }
-}
-
-/// The names of the reference's response fields (`LIMIT_LIMIT_HEADER`,
-/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReferenceHeaders {
-    /// The limit's `requests_per_unit` (default `RateLimit-Limit`).
-    pub limit: String,
-    /// What is left (default `RateLimit-Remaining`).
-    pub remaining: String,
-    /// Seconds until the limit resets (default `RateLimit-Reset`).
-    pub reset: String,
-}
-
-impl Default for ReferenceHeaders {
-    fn default() -> Self {
-        ReferenceHeaders {
-            limit: "RateLimit-Limit".into(),
-            remaining: "RateLimit-Remaining".into(),
-            reset: "RateLimit-Reset".into(),
-        }
-    }
 }
 
 /// The configuration in force: the descriptor trees and the library's limiter holding the rules
@@ -180,7 +125,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                 "no configuration yet (FORCE_START_WITHOUT_INITIAL_CONFIG): every call is \
                  answered OK until the xDS management server pushes one"
             );
-            load::Loaded::nothing(&settings.config)
+            load::Loaded::nothing(settings.config.store(), settings.config.path())
         } else {
             // As the reference: nothing is served before the first configuration, however
             // long the management server takes.
@@ -214,7 +159,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
                      answered OK until one can be read"
                 );
                 in_force.clear();
-                load::Loaded::nothing(&settings.config)
+                load::Loaded::nothing(settings.config.store(), settings.config.path())
             }
             Err(error) => return Err(StartError(error.to_string())),
         }

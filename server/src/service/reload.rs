@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Current, State};
-use crate::load::{self, Loaded, Source};
+use crate::load::{self, Loaded};
 use crate::source::xds::Offer;
+use crate::source::Source;
 
 /// Watches `path`, whose configuration in force was read from `in_force`, until `stop` turns
 /// true.
