@@ -238,3 +238,48 @@ async fn forced_to_start_without_its_configuration_it_serves_and_takes_it_when_i
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_given_win_over_the_variables() {
+    let temp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(temp.path().join("config")).unwrap();
+    std::fs::write(temp.path().join("config/echo.yaml"), echo_config(1)).unwrap();
+    let root = temp.path().display().to_string();
+    // The variables name a port another process holds: the start would fail on them.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let env = [
+        ("RUNTIME_ROOT", root.as_str()),
+        ("BACKEND_TYPE", "memory"),
+        ("USE_STATSD", "false"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", port.as_str()),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", port.as_str()),
+    ];
+    let (status, stderr) = run_to_exit_env(&env);
+    assert!(!status.success());
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+    let mut command = std::process::Command::new(crate::support::BINARY);
+    command.env_clear().envs(env.iter().copied()).args([
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    let server = Server::spawn(command);
+    assert_ne!(server.grpc.port().to_string(), port);
+    let answer = server
+        .client()
+        .await
+        .ask("echo-ratelimit", &[&[("PATH", "/")]])
+        .await;
+    assert_eq!(
+        answer.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+}
