@@ -166,7 +166,7 @@ impl ServerRun {
         // again without a quota limit that has no room).
         let enforced = charge(
             limiter,
-            plan.charges().map(|c| (c.rule, c.key, c.cost, c.limit)),
+            plan.charges().map(|c| (c.rule, c.key, c.cost, c.limit())),
         );
         let shadow = charge(limiter, shadow);
         match (enforced, shadow) {

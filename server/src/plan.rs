@@ -15,13 +15,12 @@
 //! the reference's too: one per domain, entries and unit, whatever the number (two numbers for
 //! the same entries share it).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tollgate::Limit;
 
-use crate::tree::{Domain, Entry, LimitKind, LimitSpec, Matched, Policy};
+use crate::tree::{Domain, Entry, LimitKind, LimitSpec, Matched, Policy, Reached};
 use crate::unit::Unit;
 
 /// Per descriptor of a request (Envoy sends a handful): up to four kept in place, not allocated.
@@ -71,10 +70,17 @@ pub struct Charge<'p> {
     pub key: &'p [u8],
     /// The units.
     pub cost: u64,
-    /// The limit it is decided under in place of the rule's own (a descriptor's own limit).
-    pub limit: Option<Limit>,
     /// A quota limit's: the request is not refused for it alone.
     pub quota: bool,
+    /// The limit reached (a charge stays a few words: a request's charges are kept in place).
+    spec: &'p LimitSpec,
+}
+
+impl Charge<'_> {
+    /// The limit it is decided under in place of the rule's own (a descriptor's own limit).
+    pub fn limit(&self) -> Option<Limit> {
+        request_limit(self.spec)
+    }
 }
 
 /// The charges of one request.
@@ -204,8 +210,8 @@ impl<'t> Plan<'t> {
                 rule,
                 key: &m.key,
                 cost: *cost,
-                limit: request_limit(&m.limit),
                 quota: self.quota[*first],
+                spec: &m.limit,
             })
         })
     }
@@ -314,7 +320,7 @@ fn from_request<'t>(
         memo: Default::default(),
     };
     Matched {
-        limit: Cow::Owned(limit),
+        limit: Reached::FromRequest(Box::new(limit)),
         key,
         stat_key: None,
     }

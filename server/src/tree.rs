@@ -183,13 +183,35 @@ pub struct Entry<'a> {
 #[derive(Debug)]
 pub struct Matched<'t> {
     /// The limit.
-    pub limit: std::borrow::Cow<'t, LimitSpec>,
+    pub limit: Reached<'t>,
     /// The counter's key in the store: the values that select it, joined by `/` (a wildcard
     /// level with `share_threshold` contributes its pattern instead).
     pub key: Vec<u8>,
     /// The statistics key when `value_to_metric` makes it differ from the limit's own: the
     /// request's values in place of the configured ones.
     pub stat_key: Option<String>,
+}
+
+/// A limit a descriptor reached: the tree's own, or one made for the request. The one made is
+/// boxed so that a request's plan, which keeps a few of these in place, stays a few words per
+/// descriptor (a limit is a few hundred bytes, and a plan is moved on every call).
+#[derive(Debug)]
+pub enum Reached<'t> {
+    /// The configuration's limit, in the tree in force.
+    Configured(&'t LimitSpec),
+    /// Made for this request from its descriptor's own `limit`.
+    FromRequest(Box<LimitSpec>),
+}
+
+impl std::ops::Deref for Reached<'_> {
+    type Target = LimitSpec;
+
+    fn deref(&self) -> &LimitSpec {
+        match self {
+            Reached::Configured(limit) => limit,
+            Reached::FromRequest(limit) => limit,
+        }
+    }
 }
 
 impl Domains {
@@ -278,7 +300,7 @@ impl Domain {
         let limit = node.limit.as_ref()?;
         let stat_key = stat_key.filter(|k| !limit.detailed_metric && *k != limit.stat_key);
         Some(Matched {
-            limit: std::borrow::Cow::Borrowed(limit),
+            limit: Reached::Configured(limit),
             key,
             stat_key,
         })

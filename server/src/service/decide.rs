@@ -32,7 +32,7 @@ use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest}
 use super::Answering;
 use crate::load::StoreFailure;
 use crate::plan::{Charge, Descriptor, PerDescriptor, Plan};
-use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec};
+use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec, Reached};
 use crate::unit::Unit;
 
 /// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
@@ -44,7 +44,7 @@ pub const MAX_ENTRIES: usize = 64;
 #[derive(Debug)]
 pub(crate) struct Judged<'t> {
     /// The limit that applied, if any: the tree's, or one the descriptor brought.
-    pub(crate) limit: Option<Cow<'t, LimitSpec>>,
+    pub(crate) limit: Option<Reached<'t>>,
     /// The units the descriptor asked for.
     pub(crate) cost: u64,
     /// Over the limit (for a shadow limit: would have been).
@@ -295,8 +295,8 @@ pub(crate) async fn decide<'t>(
         };
         j.stat_key = match (&m.limit, m.stat_key) {
             (_, Some(values)) => Cow::Owned(values),
-            (Cow::Borrowed(limit), None) => stat_key(limit, d),
-            (Cow::Owned(limit), None) => Cow::Owned(limit.stat_key.clone()),
+            (Reached::Configured(limit), None) => stat_key(limit, d),
+            (Reached::FromRequest(limit), None) => Cow::Owned(limit.stat_key.clone()),
         };
         j.limit = Some(m.limit);
     }
@@ -356,19 +356,22 @@ async fn charge(
     let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
         .filter(|&c| charges[c].quota && !over_regardless(c))
         .collect();
-    let batch = |picked: &[usize], look: bool| -> SmallVec<[_; 4]> {
-        picked
-            .iter()
-            .map(|&c| {
-                let charge = &charges[c];
-                let cost = if look { 0 } else { charge.cost };
-                (charge.rule, charge.key, cost, charge.limit.clone())
-            })
-            .collect()
-    };
+    // Handed to the limiter as it reads them, not gathered first: a gathered batch is a few
+    // hundred bytes copied into each step's future.
+    fn batch<'a>(
+        charges: &'a [Charge<'a>],
+        picked: &'a [usize],
+        look: bool,
+    ) -> impl Iterator<Item = (&'a str, &'a [u8], u64, Option<tollgate::Limit>)> + 'a {
+        picked.iter().map(move |&c| {
+            let charge = &charges[c];
+            let cost = if look { 0 } else { charge.cost };
+            (charge.rule, charge.key, cost, charge.limit())
+        })
+    }
     if plan.cannot_pass() || (quota_needed && with_room.is_empty()) {
         let all: SmallVec<[usize; 4]> = (0..charges.len()).collect();
-        let decision = limiter.check_all_under(batch(&all, true)).await?;
+        let decision = limiter.check_all_under(batch(charges, &all, true)).await?;
         for (&c, rule) in all.iter().zip(decision.rules()) {
             outcomes[c] = Some(rule.outcome);
         }
@@ -381,7 +384,9 @@ async fn charge(
         if picked.is_empty() {
             return Ok(outcomes);
         }
-        let decision = limiter.charge_all_under(batch(&picked, false)).await?;
+        let decision = limiter
+            .charge_all_under(batch(charges, &picked, false))
+            .await?;
         for (&c, rule) in picked.iter().zip(decision.rules()) {
             outcomes[c] = Some(rule.outcome);
         }
