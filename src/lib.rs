@@ -13,6 +13,10 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 pub mod engine;
+// The guide's chapters on docs.rs (`tollgate::guide::…`): pages of markdown only, built by rustdoc
+// and run as doc tests, never compiled into a program.
+#[cfg(any(doc, doctest))]
+pub mod guide;
 pub mod key;
 pub mod middleware;
 mod observe;
