@@ -1,6 +1,5 @@
-// The crate's front page on docs.rs is its guide: how to pick an algorithm, keys behind proxies,
-// the headers, queue mode, gRPC, Redis and the configuration file, with examples that run as doc
-// tests.
+// The crate's front page on docs.rs: an overview, the first example and the features, linking the
+// guide's chapters (`guide`), whose examples run as doc tests.
 #![doc = include_str!("lib.md")]
 #![forbid(unsafe_code)]
 // On docs.rs, every item that needs a feature carries a badge naming it.
