@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Writes the example access logs the README's `tollgate replay` commands read:
+# Writes the example access logs the guide's `tollgate replay` commands read (src/guide/cli.md):
 # examples/replay/access.log (nginx/Apache `combined`) and examples/replay/access.jsonl (JSON
 # lines, the same requests), two minutes of one API's traffic on 14 Nov 2023 from 22:00 UTC:
 #

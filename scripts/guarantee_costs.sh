@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What tollgate's guarantees and features cost, measured by taking each out of a scratch copy of
-# the tree and counting instructions under callgrind (BENCHMARKS.md, "What the fields row's gap
-# is"). The patches in `bench/experiments/` each remove one; none of them is fit to ship:
+# the tree and counting instructions under callgrind (bench/NOTES.md, "What the fields row's gap
+# is"; BENCHMARKS.md quotes the totals). The patches in `bench/experiments/` each remove one; none of them is fit to ship:
 #
 #   without-span        bucket entries hold only the empty moment: the store can no longer tell
 #                       when a key is full again, so it cannot forget it

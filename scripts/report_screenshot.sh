@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders the `tollgate replay --report` page of a demo log in headless Chromium and saves a
-# screenshot as docs/replay-report.png (the README shows it).
+# screenshot as docs/replay-report.png (the guide's chapter on the command, src/guide/cli.md, names it).
 #
 # The demo log is made here, deterministically: ten minutes of `combined` lines from 60 ordinary
 # clients, a batch job at a steady 7 per second, one scraper that speeds up, and one address

@@ -1,6 +1,5 @@
-// The crate's front page on docs.rs is its guide: how to pick an algorithm, keys behind proxies,
-// the headers, queue mode, gRPC, Redis and the configuration file, with examples that run as doc
-// tests.
+// The crate's front page on docs.rs: an overview, the first example and the features, linking the
+// guide's chapters (`guide`), whose examples run as doc tests.
 #![doc = include_str!("lib.md")]
 #![forbid(unsafe_code)]
 // On docs.rs, every item that needs a feature carries a badge naming it.
@@ -13,6 +12,10 @@ pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 pub mod engine;
+// The guide's chapters on docs.rs (`tollgate::guide::…`): pages of markdown only, built by rustdoc
+// and run as doc tests, never compiled into a program.
+#[cfg(any(doc, doctest))]
+pub mod guide;
 pub mod key;
 pub mod middleware;
 mod observe;

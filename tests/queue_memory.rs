@@ -39,7 +39,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// The bound the README states for one waiting request (with an empty-bodied request and a
+/// The bound the guide's queueing chapter states for one waiting request (with an empty-bodied request and a
 /// trivial inner service): 2 KiB.
 const BYTES_PER_WAITING_REQUEST: isize = 2 * 1024;
 

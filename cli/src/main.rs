@@ -1,5 +1,5 @@
 //! `tollgate`: see what a rate limit does before it ships. See the crate's documentation and the
-//! README's section on the command.
+//! guide's chapter on the command (`src/guide/cli.md`).
 
 use std::fs::File;
 use std::io::{self, BufReader, IsTerminal, Write};

@@ -1008,7 +1008,7 @@ fn replay_sends_each_line_as_descriptors_to_a_tollgate_server_configuration() {
     );
 }
 
-/// The arguments of every `tollgate` command in the README's `sh` blocks, written as
+/// The arguments of every `tollgate` command in a guide chapter's `sh` blocks, written as
 /// `cargo run --release -p tollgate-cli -- ARGS` or `tollgate ARGS` (lines joined at a final `\`).
 fn readme_commands(readme: &str) -> Vec<Vec<String>> {
     let mut commands = Vec::new();
@@ -1033,7 +1033,7 @@ fn readme_commands(readme: &str) -> Vec<Vec<String>> {
             .strip_prefix("cargo run --release -p tollgate-cli -- ")
             .or_else(|| command.strip_prefix("tollgate "));
         if let Some(args) = args {
-            // Split on spaces: the README's commands quote nothing.
+            // Split on spaces: the guide's commands quote nothing.
             assert!(!args.contains(['\'', '"', '$', '`']), "{command}");
             commands.push(args.split_whitespace().map(str::to_owned).collect());
         }
@@ -1042,15 +1042,18 @@ fn readme_commands(readme: &str) -> Vec<Vec<String>> {
     commands
 }
 
-/// The README's `tollgate` commands, run from the repository's root as a reader pastes them:
+/// The guide's `tollgate` commands (its chapters on the command and on `tollgate-server`, which
+/// moved there from the README), run from the repository's root as a reader pastes them:
 /// every file they read ships with the repository (issue 39: `access.log`, `limits.toml`,
 /// `access.jsonl` and `ratelimit/config/` did not), and each exits 0 with output showing it did
 /// its work. `--report` writes into a temporary directory instead of the repository.
 #[test]
 fn the_readmes_commands_run_on_the_files_the_repository_ships() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let commands = readme_commands(&readme);
+    let commands: Vec<Vec<String>> = ["src/guide/cli.md", "src/guide/server.md"]
+        .iter()
+        .flat_map(|chapter| readme_commands(&std::fs::read_to_string(root.join(chapter)).unwrap()))
+        .collect();
     assert!(commands.len() >= 7, "{commands:?}");
     let report = tempfile::tempdir().unwrap();
     let mut subcommands = std::collections::BTreeSet::new();

@@ -470,7 +470,7 @@ pub(crate) fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
         return Some(mock.0.ip());
     }
     // What tonic's server leaves (its `TlsConnectInfo` wrapper is public only with tonic's TLS
-    // features; the README shows how to pass its address on as a `SocketAddr`).
+    // features; the guide's gRPC chapter shows how to pass its address on as a `SocketAddr`).
     #[cfg(feature = "tonic")]
     if let Some(addr) = extensions
         .get::<tonic::transport::server::TcpConnectInfo>()

@@ -52,7 +52,7 @@ async fn route_layer_limits_one_route_and_leaves_404s_alone() {
     }
 }
 
-/// What the README says about `layer` and `route_layer`: `Router::layer` charges 404s and 405s,
+/// What the guide's rules chapter says about `layer` and `route_layer`: `Router::layer` charges 404s and 405s,
 /// `Router::route_layer` charges 405s (the path matched; axum's 405 answer runs inside the route),
 /// and the method router's own `route_layer` charges only requests that match a route and one
 /// of its methods.

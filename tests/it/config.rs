@@ -465,8 +465,11 @@ rules:
 }
 
 #[test]
-fn the_readme_example_loads() {
-    let layer = toml(code_block(include_str!("../../README.md"), "toml"));
+fn the_guides_example_loads() {
+    let layer = toml(code_block(
+        include_str!("../../src/guide/config.md"),
+        "toml",
+    ));
     assert_eq!(
         layer.limiter().rule_names(),
         ["login", "api:free", "api:pro"]

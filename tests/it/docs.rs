@@ -1,6 +1,7 @@
 //! The commands the docs tell people to run name targets that exist: every `cargo … --test`,
-//! `--example`, `--bench`, `--bin NAME` and `-p NAME` written in the README, the docs, the
-//! benchmarks page, the scripts and the code's comments. (The CHANGELOG is history: a command
+//! `--example`, `--bench`, `--bin NAME` and `-p NAME` written in the README, the guide's chapters
+//! (`src/guide/*.md`), the docs, the benchmarks page and its notes, the scripts and the code's
+//! comments. (The CHANGELOG is history: a command
 //! it quotes may name what a later version renamed.) And rustdoc cites no design section of a
 //! file that is not in the repository.
 
@@ -174,6 +175,30 @@ fn every_command_in_the_docs_names_a_real_target() {
         "commands naming no target:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The guide's chapters, shown on docs.rs, are read by both checks: each `src/guide/*.md` is
+/// among the files whose commands are checked, and as a page of `src/` its text is rustdoc.
+#[test]
+fn the_guides_chapters_are_checked() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = documented_files(root);
+    let chapters: Vec<PathBuf> = std::fs::read_dir(root.join("src/guide"))
+        .expect("the guide")
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    assert!(chapters.len() >= 12, "{chapters:?}");
+    for chapter in &chapters {
+        assert!(
+            files.contains(chapter),
+            "{} is not checked",
+            chapter.display()
+        );
+    }
+    let notes = root.join("bench/NOTES.md");
+    assert!(!notes.exists() || files.contains(&notes));
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The README's `tollgate-server` command, on the configuration the repository ships.
+//! The guide's `tollgate-server` command (`src/guide/server.md`, once the README's), on the
+//! configuration the repository ships.
 
 use std::path::Path;
 
@@ -7,18 +8,18 @@ use tollgate_server::unit::Unit;
 
 use crate::support::Server;
 
-/// The README starts the server on `examples/ratelimit/config/` (issue 39: it named a directory
+/// The guide starts the server on `examples/ratelimit/config/` (issue 39: it named a directory
 /// the repository did not have). That directory ships, and a server started on it, on free ports
-/// rather than the README's defaults, answers with its limits.
+/// rather than the guide's defaults, answers with its limits.
 #[tokio::test]
 async fn the_readmes_server_command_serves_the_shipped_configuration() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("src/guide/server.md")).unwrap();
     let dir = "examples/ratelimit/config/";
     let command = format!("cargo run --release -p tollgate-server -- --config {dir}");
     assert!(
         readme.lines().any(|line| line == command),
-        "the README no longer runs `{command}`"
+        "the guide no longer runs `{command}`"
     );
     let server = Server::start(&root.join(dir));
     let client = server.client().await;

@@ -475,8 +475,8 @@ mod single_charge_fast_path {
 #[test]
 fn table_entries_are_as_small_as_the_readme_says() {
     // A token-bucket key is a `u64` hash and a `u64` entry (the moment it was empty, and its
-    // span's code); the other algorithms' entries are the hash and a `Timed` state (the README's
-    // "48-byte table entry").
+    // span's code); the other algorithms' entries are the hash and a `Timed` state (the guide's
+    // algorithms chapter: "48-byte table entry").
     assert_eq!(std::mem::size_of::<(u64, BucketEntry)>(), 16);
     assert_eq!(std::mem::size_of::<(u64, Timed)>(), 48);
 }
