@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tollgate_server::service::{Answering, Limits, ReferenceHeaders, Settings};
+use tollgate_server::service::{
+    default_grpc_workers, Answering, Limits, ReferenceHeaders, Settings,
+};
 use tollgate_server::settings;
 use tollgate_server::source::Source;
 use tollgate_server::stats::exporter::PrometheusSettings;
@@ -46,6 +48,10 @@ struct Args {
           default_value_t = Limits::default().header_read_timeout.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     header_read_timeout_ms: u64,
+    /// The threads that serve gRPC, each a single-threaded runtime with its share of the
+    /// connections [default: one per core].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_workers: Option<u32>,
     /// Every limit is a quota limit (the reference's QUOTA_MODE): a request is OVER_LIMIT only
     /// when every quota descriptor is.
     #[arg(long)]
@@ -176,6 +182,7 @@ fn main() -> ExitCode {
             http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
             reload_interval: Duration::ZERO,
             connections: Limits::default(),
+            grpc_workers: default_grpc_workers(),
         },
         (None, Some(env)) => {
             for notice in &env.notices {
@@ -198,6 +205,7 @@ fn main() -> ExitCode {
                 http_addr: args.http_addr.unwrap_or(env.http_addr),
                 reload_interval: Duration::ZERO,
                 connections: Limits::default(),
+                grpc_workers: default_grpc_workers(),
             }
         }
         (None, None) => unreachable!("the environment is read when --config is not given"),
@@ -208,6 +216,9 @@ fn main() -> ExitCode {
             max_connections: args.max_connections as usize,
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         },
+        grpc_workers: args
+            .grpc_workers
+            .map_or(settings.grpc_workers, |n| n as usize),
         // A switch given as a flag turns the behaviour on whatever the variable says.
         answering: Answering {
             quota_mode: args.quota_mode || settings.answering.quota_mode,

@@ -51,6 +51,9 @@ pub struct Settings {
     pub reload_interval: Duration,
     /// The bounds on each port's connections.
     pub connections: Limits,
+    /// The threads that serve gRPC, each a single-threaded runtime with its share of the
+    /// connections (one per core by default: [`default_grpc_workers`]).
+    pub grpc_workers: usize,
     /// How answers are made: the reference's global switches.
     pub answering: Answering,
     /// Where statistics are also pushed, under the reference service's statsd names (none:
@@ -60,6 +63,11 @@ pub struct Settings {
     /// statsd-exporter mapping, as the reference's `USE_PROMETHEUS` serves them (none: only
     /// `/metrics` on the HTTP port).
     pub prometheus: Option<PrometheusSettings>,
+}
+
+/// One gRPC worker per core the process may use (one when that cannot be told).
+pub fn default_grpc_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// The configuration in force: the descriptor trees and the library's limiter holding the rules
@@ -276,6 +284,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         tls,
         state.clone(),
         grpc_stopping,
+        settings.grpc_workers,
     ));
 
     shutdown_signal(term).await;
