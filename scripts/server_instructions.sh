@@ -137,5 +137,5 @@ callgrind_annotate --inclusive=yes --threshold=100 "$work/server.out.1" 2>/dev/n
             show("  descriptors matched, charges planned", "tollgate_server::plan::Plan::new")
             show("  the answer: statuses, fields, statistics", "tollgate_server::service::grpc::respond")
             show("    the RateLimit fields", "tollgate_server::service::headers::response_headers")
-            show("    the statistics", "tollgate_server::service::stats::Stats::record")
+            show("    the statistics", "tollgate_server::stats::Stats::record")
         }'
