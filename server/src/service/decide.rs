@@ -346,16 +346,6 @@ async fn charge(
     charges: &[Charge<'_>],
 ) -> Result<PerDescriptor<Option<Outcome>>, LimitError> {
     let mut outcomes: PerDescriptor<Option<Outcome>> = smallvec::smallvec![None; charges.len()];
-    let first_of = |c: usize| plan.slots.iter().position(|s| *s == Some(c));
-    let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
-    // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one
-    // refunded.
-    let quota_free = (0..plan.matched.len())
-        .any(|i| plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]);
-    let quota_needed = !quota_free && charges.iter().any(|c| c.quota);
-    let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
-        .filter(|&c| charges[c].quota && !over_regardless(c))
-        .collect();
     // Handed to the limiter as it reads them, not gathered first: a gathered batch is a few
     // hundred bytes copied into each step's future.
     fn batch<'a>(
@@ -369,12 +359,43 @@ async fn charge(
             (charge.rule, charge.key, cost, charge.limit())
         })
     }
-    if plan.cannot_pass() || (quota_needed && with_room.is_empty()) {
-        let all: SmallVec<[usize; 4]> = (0..charges.len()).collect();
-        let decision = limiter.check_all_under(batch(charges, &all, true)).await?;
-        for (&c, rule) in all.iter().zip(decision.rules()) {
+    let all: SmallVec<[usize; 4]> = (0..charges.len()).collect();
+    // The outcomes of a step, kept per charge; whether it was allowed.
+    fn read(
+        outcomes: &mut [Option<Outcome>],
+        decision: &tollgate::Decision,
+        picked: &[usize],
+    ) -> bool {
+        for (&c, rule) in picked.iter().zip(decision.rules()) {
             outcomes[c] = Some(rule.outcome);
         }
+        decision.is_allowed()
+    }
+    // Without quota limits (the usual request), one step decides, all or nothing.
+    if !charges.iter().any(|c| c.quota) {
+        let decision = if plan.cannot_pass() {
+            limiter.check_all_under(batch(charges, &all, true)).await?
+        } else {
+            limiter
+                .charge_all_under(batch(charges, &all, false))
+                .await?
+        };
+        read(&mut outcomes, &decision, &all);
+        return Ok(outcomes);
+    }
+    let first_of = |c: usize| plan.slots.iter().position(|s| *s == Some(c));
+    let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
+    // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one
+    // refunded.
+    let quota_free = (0..plan.matched.len())
+        .any(|i| plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]);
+    let quota_needed = !quota_free;
+    let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
+        .filter(|&c| charges[c].quota && !over_regardless(c))
+        .collect();
+    if plan.cannot_pass() || (quota_needed && with_room.is_empty()) {
+        let decision = limiter.check_all_under(batch(charges, &all, true)).await?;
+        read(&mut outcomes, &decision, &all);
         return Ok(outcomes);
     }
     let enforced: SmallVec<[usize; 4]> =
@@ -387,10 +408,7 @@ async fn charge(
         let decision = limiter
             .charge_all_under(batch(charges, &picked, false))
             .await?;
-        for (&c, rule) in picked.iter().zip(decision.rules()) {
-            outcomes[c] = Some(rule.outcome);
-        }
-        if decision.is_allowed() {
+        if read(&mut outcomes, &decision, &picked) {
             return Ok(outcomes);
         }
         let enforced_over = enforced
