@@ -115,6 +115,10 @@ pub(crate) struct StoreSpec {
     /// Redis over TLS: the client certificate a server asks for, and its key.
     pub(crate) client_cert_file: Option<std::path::PathBuf>,
     pub(crate) client_key_file: Option<std::path::PathBuf>,
+    /// Postgres: the table of the rows (default `tollgate_state`).
+    pub(crate) table: Option<String>,
+    /// Postgres: create the table and its index if missing (default false).
+    pub(crate) create_schema: Option<bool>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -122,6 +126,7 @@ pub(crate) struct StoreSpec {
 pub(crate) enum StoreKind {
     Memory,
     Redis,
+    Postgres,
 }
 
 /// `on_failure`: `"open"`, `"closed"`, or `{ local = { share = 0.5 } }`.
