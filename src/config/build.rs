@@ -109,12 +109,18 @@ pub(crate) fn limiter(file: &File) -> Result<Limiter, Invalid> {
 
 /// [`limiter`], connecting to Redis or Postgres when the file names such a store.
 pub(crate) async fn limiter_connected(file: &File) -> Result<Limiter, Invalid> {
-    if let Some(spec) = file.store.as_ref().filter(|s| s.kind == StoreKind::Postgres) {
+    if let Some(spec) = file
+        .store
+        .as_ref()
+        .filter(|s| s.kind == StoreKind::Postgres)
+    {
         check_store(spec)?;
-        let store = postgres_store(spec).await.map_err(|(field, message)| Invalid {
-            path: format!("store.{field}"),
-            message,
-        })?;
+        let store = postgres_store(spec)
+            .await
+            .map_err(|(field, message)| Invalid {
+                path: format!("store.{field}"),
+                message,
+            })?;
         return limiter_with(file, Some(store));
     }
     let redis = match file.store.as_ref() {

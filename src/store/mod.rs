@@ -36,13 +36,13 @@ pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
 pub use overrides::OverrideEntry;
+pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresBackend, PostgresStep, PostgresStoreBuilder, StepMode};
 pub use transact::{
     Row, RowKey, RowKind, Snapshot, TransactionCounts, TransactionalBackend, TransactionalStore,
     Write,
 };
-pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
 #[derive(Clone, Copy, Debug)]

@@ -60,11 +60,11 @@ fn cases(mode: StepMode, cases: u32) {
 }
 
 #[test]
-fn same_answers_as_the_memory_store_with_locks_256_scenarios() {
-    cases(StepMode::Locks, 256);
+fn same_answers_as_the_memory_store_with_locks_512_scenarios() {
+    cases(StepMode::Locks, 512);
 }
 
 #[test]
-fn same_answers_as_the_memory_store_with_versions_64_scenarios() {
-    cases(StepMode::Versions, 64);
+fn same_answers_as_the_memory_store_with_versions_128_scenarios() {
+    cases(StepMode::Versions, 128);
 }

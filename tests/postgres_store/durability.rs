@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use http::{HeaderName, Request, Response, StatusCode};
 use tollgate::clock::ManualClock;
 use tollgate::store::CircuitBreaker;
-use tollgate::{FailurePolicy, Key, Limit, LimitError, Limiter, PostgresStore, RateLimitLayer, Rule};
+use tollgate::{
+    FailurePolicy, Key, Limit, LimitError, Limiter, PostgresStore, RateLimitLayer, Rule,
+};
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::support::postgres_server::PgServer;
@@ -41,13 +43,20 @@ async fn a_crash_of_the_database_loses_no_acknowledged_charge() {
     let clock = ManualClock::new(START);
     let running = quota(store(&server, &clock).await);
     for cost in [1, 5, 31] {
-        assert!(running.charge("quota", "tenant", cost).await.unwrap().is_allowed());
+        assert!(running
+            .charge("quota", "tenant", cost)
+            .await
+            .unwrap()
+            .is_allowed());
     }
     server.kill();
     server.restart().await;
     // A new instance reads the balance from the database.
     let fresh = quota(store(&server, &clock).await);
-    assert_eq!(fresh.check("quota", "tenant", 0).await.unwrap().remaining, 963);
+    assert_eq!(
+        fresh.check("quota", "tenant", 0).await.unwrap().remaining,
+        963
+    );
     // The running one's connections died with the server: bounded wait for new ones.
     let deadline = Instant::now() + Duration::from_secs(10);
     let outcome = loop {
@@ -110,7 +119,11 @@ async fn stopped_under_traffic_requests_get_the_policy_and_recover() {
     for _ in 0..10 {
         let asked = Instant::now();
         assert_eq!(call().await, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
     }
     server.restart().await;
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use tokio_postgres::SimpleQueryMessage;
 use tollgate::clock::ManualClock;
 use tollgate::config::{Config, ConfigFormat};
 use tollgate::store::{StepMode, Store};
 use tollgate::{Limit, Limiter, PostgresStore, Rule};
-use tokio_postgres::SimpleQueryMessage;
 
 use crate::support::postgres_server::PgServer;
 
@@ -173,7 +173,10 @@ async fn the_schema_is_created_on_request_or_by_the_printed_sql() {
         .build()
         .unwrap();
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 2);
-    assert_eq!(scalar(&server, "SELECT count(*) FROM limits.state").await, "1");
+    assert_eq!(
+        scalar(&server, "SELECT count(*) FROM limits.state").await,
+        "1"
+    );
     let bad = PostgresStore::builder()
         .url(server.url())
         .table("x; DROP TABLE y")
@@ -228,7 +231,10 @@ async fn a_configuration_file_names_the_postgres_store() {
     let config = Config::parse(ConfigFormat::Toml, &text).unwrap();
     let limiter = config.connect_limiter().await.unwrap();
     assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 1);
-    assert_eq!(scalar(&server, "SELECT count(*) FROM tollgate_state").await, "1");
+    assert_eq!(
+        scalar(&server, "SELECT count(*) FROM tollgate_state").await,
+        "1"
+    );
 }
 
 /// Both step modes answer alike on one scenario of each kind of request.

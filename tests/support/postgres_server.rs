@@ -42,7 +42,11 @@ impl PgServer {
 
     async fn start_with(durable: bool) -> PgServer {
         let bin = binaries();
-        let owner = if is_root() { Some(unprivileged()) } else { None };
+        let owner = if is_root() {
+            Some(unprivileged())
+        } else {
+            None
+        };
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("tollgate-pg-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -54,7 +58,15 @@ impl PgServer {
         let status = as_owner(Command::new(bin.join("initdb")), owner)
             .arg("-D")
             .arg(&data)
-            .args(["-U", "tollgate", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                "tollgate",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()

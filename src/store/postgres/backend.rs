@@ -3,11 +3,13 @@
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
 use deadpool_postgres::{Object, Pool, PoolError};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::Statement;
 
 use super::sql::Statements;
 use crate::algorithm::Micros;
@@ -38,6 +40,30 @@ pub struct PostgresBackend {
     pub(super) sql: Arc<Statements>,
     pub(super) mode: StepMode,
     pub(super) table: Arc<str>,
+    /// Exchanges with the server: statements sent together and answered together count once.
+    pub(super) round_trips: Arc<AtomicU64>,
+}
+
+impl PostgresBackend {
+    /// The round trips to Postgres so far, counted by the store: statements sent together (a
+    /// pipeline) count once; preparing a statement on a new connection counts too.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A statement prepared on `conn` (from the connection's cache after the first time).
+    async fn prepared(&self, conn: &Object, sql: &str) -> Result<Statement, StoreError> {
+        let cached = conn.statement_cache.size();
+        let statement = conn.prepare_cached(sql).await.map_err(db_error)?;
+        if conn.statement_cache.size() != cached {
+            self.trip();
+        }
+        Ok(statement)
+    }
 }
 
 impl std::fmt::Debug for PostgresBackend {
@@ -86,12 +112,16 @@ impl PostgresBackend {
     }
 
     /// The table's rows of `keys` (with the locks of those that exist, in lock mode).
-    async fn read_rows(&self, keys: &[RowKey]) -> Result<Snapshot<Option<PostgresStep>>, StoreError> {
+    async fn read_rows(
+        &self,
+        keys: &[RowKey],
+    ) -> Result<Snapshot<Option<PostgresStep>>, StoreError> {
         let (kinds, rules, names) = columns(keys);
         let conn = self.connection().await?;
         match self.mode {
             StepMode::Versions => {
-                let statement = conn.prepare_cached(&self.sql.read).await.map_err(db_error)?;
+                let statement = self.prepared(&conn, &self.sql.read).await?;
+                self.trip();
                 let found = conn
                     .query(&statement, &[&kinds, &rules, &names])
                     .await
@@ -120,8 +150,9 @@ impl PostgresBackend {
                 })
             }
             StepMode::Locks => {
-                let lock = conn.prepare_cached(&self.sql.lock).await.map_err(db_error)?;
-                let clock = conn.prepare_cached(self.sql.clock).await.map_err(db_error)?;
+                let lock = self.prepared(&conn, &self.sql.lock).await?;
+                let clock = self.prepared(&conn, self.sql.clock).await?;
+                self.trip();
                 let held = PostgresStep { conn: Some(conn) };
                 let conn = held.conn.as_ref().ok_or_else(lost)?;
                 // Sent together, answered together: one round trip. The clock is read after the
@@ -161,13 +192,18 @@ impl PostgresBackend {
         }
     }
 
-    async fn write_rows(&self, held: Option<PostgresStep>, writes: &[Write]) -> Result<bool, StoreError> {
+    async fn write_rows(
+        &self,
+        held: Option<PostgresStep>,
+        writes: &[Write],
+    ) -> Result<bool, StoreError> {
         match held {
             None if writes.is_empty() => Ok(true),
             None => {
                 let conn = self.connection().await?;
-                let statement = conn.prepare_cached(&self.sql.write).await.map_err(db_error)?;
+                let statement = self.prepared(&conn, &self.sql.write).await?;
                 let (kinds, rules, names, versions, next, states, expiries) = write_columns(writes);
+                self.trip();
                 let written = conn
                     .query_one(
                         &statement,
@@ -179,12 +215,14 @@ impl PostgresBackend {
             Some(held) => {
                 let conn = held.conn.as_ref().ok_or_else(lost)?;
                 if writes.is_empty() {
+                    self.trip();
                     conn.batch_execute("COMMIT").await.map_err(db_error)?;
                     drop(held.release());
                     return Ok(true);
                 }
-                let statement = conn.prepare_cached(&self.sql.write).await.map_err(db_error)?;
+                let statement = self.prepared(conn, &self.sql.write).await?;
                 let (kinds, rules, names, versions, next, states, expiries) = write_columns(writes);
+                self.trip();
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
                     [&kinds, &rules, &names, &versions, &next, &states, &expiries];
                 // After a conflict the transaction is aborted, and its `COMMIT` rolls it back.
@@ -222,10 +260,8 @@ impl TransactionalBackend for PostgresBackend {
 
     async fn remove_idle(&self, now: Micros, limit: usize) -> Result<u64, StoreError> {
         let conn = self.connection().await?;
-        let statement = conn
-            .prepare_cached(&self.sql.remove_idle)
-            .await
-            .map_err(db_error)?;
+        let statement = self.prepared(&conn, &self.sql.remove_idle).await?;
+        self.trip();
         let now = i64::try_from(now).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         conn.execute(&statement, &[&now, &limit])
@@ -241,7 +277,8 @@ impl TransactionalBackend for PostgresBackend {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Row)>, StoreError> {
         let conn = self.connection().await?;
-        let statement = conn.prepare_cached(&self.sql.list).await.map_err(db_error)?;
+        let statement = self.prepared(&conn, &self.sql.list).await?;
+        self.trip();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let found = conn
             .query(&statement, &[&kind.code(), &rule, &after, &limit])

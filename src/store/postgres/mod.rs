@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
-pub use self::backend::{PostgresStep, PostgresBackend, StepMode};
+pub use self::backend::{PostgresBackend, PostgresStep, StepMode};
 use super::transact::TransactionalStore;
 use super::{StoreError, StoreErrorKind};
 use crate::clock::Clock;
@@ -254,6 +254,7 @@ impl PostgresStoreBuilder {
             sql: Arc::new(sql::Statements::new(&self.table)),
             mode: self.mode,
             table: self.table.into(),
+            round_trips: Arc::default(),
         };
         let mut store = TransactionalStore::new(backend)
             .retries(self.retries)

@@ -83,7 +83,8 @@ pub(super) fn decode(raw: &[u8]) -> Result<(Micros, Limit), StoreError> {
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
         .collect();
-    let limit = crate::store::overrides::limit_from_words(&words).ok_or_else(|| bad("unknown limit"))?;
+    let limit =
+        crate::store::overrides::limit_from_words(&words).ok_or_else(|| bad("unknown limit"))?;
     // A limit that would not pass the checks a set passes is no limit to charge under.
     if limit.check("override").is_err() {
         return Err(bad("unusable limit"));

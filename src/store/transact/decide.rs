@@ -175,7 +175,13 @@ pub(super) fn batch(
         for (i, charge) in charges.iter().enumerate() {
             let outcome = &mut outcomes[i];
             if outcome.verdict.is_admitted() {
-                let peek = evaluate(algorithms[i], &state(&states, i, charge)?, now, 0, charge.mode);
+                let peek = evaluate(
+                    algorithms[i],
+                    &state(&states, i, charge)?,
+                    now,
+                    0,
+                    charge.mode,
+                );
                 *outcome = Outcome {
                     verdict: Verdict::Allowed,
                     ..peek
@@ -224,13 +230,19 @@ fn current(
 }
 
 /// The state of a key never seen before.
-pub(super) fn fresh(charge: &Owned, algorithm: &Algorithm, now: Micros) -> Result<State, StoreError> {
+pub(super) fn fresh(
+    charge: &Owned,
+    algorithm: &Algorithm,
+    now: Micros,
+) -> Result<State, StoreError> {
     let offset = |period, start: crate::algorithm::WindowStart| {
         start.offset(period, &charge.rule, &charge.key)
     };
     Ok(match algorithm {
         Algorithm::TokenBucket(tb) => State::Bucket(tb.fresh(now)),
-        Algorithm::FixedWindow(a) => State::Window(a.fresh(now, offset(a.period_micros(), a.start()))),
+        Algorithm::FixedWindow(a) => {
+            State::Window(a.fresh(now, offset(a.period_micros(), a.start())))
+        }
         Algorithm::SlidingWindow(a) => {
             State::Sliding(a.fresh(now, offset(a.period_micros(), a.start())))
         }

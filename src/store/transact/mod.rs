@@ -503,14 +503,15 @@ impl<B: TransactionalBackend> Shared<B> {
         let shared = self.clone();
         runtime.spawn(async move {
             let swept = shared.backend.remove_idle(now, SWEEP_ROWS);
-            if let Err(error) = tokio::time::timeout(shared.timeout, swept).await.unwrap_or_else(
-                |_| {
+            if let Err(error) = tokio::time::timeout(shared.timeout, swept)
+                .await
+                .unwrap_or_else(|_| {
                     Err(StoreError::new(
                         StoreErrorKind::Timeout,
                         "removing idle rows took too long",
                     ))
-                },
-            ) {
+                })
+            {
                 tracing::debug!(%error, "idle rows not removed");
             }
             shared.sweeping.store(false, Ordering::Release);
@@ -599,7 +600,8 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
                         .iter()
                         .zip(rows)
                         .filter_map(|(key, row)| {
-                            row.as_ref().map(|row| Write::delete(key.clone(), Some(row)))
+                            row.as_ref()
+                                .map(|row| Write::delete(key.clone(), Some(row)))
                         })
                         .collect();
                     Ok(((), writes))
@@ -830,7 +832,12 @@ impl<B: TransactionalBackend> Shared<B> {
         let listed = self.backend.list(kind, rule, after, limit);
         tokio::time::timeout(self.timeout, listed)
             .await
-            .unwrap_or_else(|_| Err(StoreError::new(StoreErrorKind::Timeout, "listing timed out")))
+            .unwrap_or_else(|_| {
+                Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    "listing timed out",
+                ))
+            })
     }
 }
 

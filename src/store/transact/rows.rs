@@ -211,7 +211,11 @@ mod tests {
 
     #[test]
     fn malformed_rows_are_errors() {
-        for raw in [&[][..], &[BUCKET, 1, 2][..], &[WINDOW, 0, 0, 0, 0, 0, 0, 0, 0][..]] {
+        for raw in [
+            &[][..],
+            &[BUCKET, 1, 2][..],
+            &[WINDOW, 0, 0, 0, 0, 0, 0, 0, 0][..],
+        ] {
             assert_eq!(
                 State::decode(raw).unwrap_err().kind(),
                 StoreErrorKind::Protocol
