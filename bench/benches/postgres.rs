@@ -1,7 +1,9 @@
 //! `PostgresStore` beside `RedisStore`, in one run: decisions per second and round trips per
-//! decision with 64 concurrent callers, on one hot key and over 10,000 keys, for both of the
+//! request with 64 concurrent callers, on one hot key and over 10,000 keys, for both of the
 //! Postgres store's step modes (rows locked, or versions checked), with the conflicts (steps
-//! started again) per decision.
+//! started again) per request and the requests that gave up after the store's retries (the
+//! stores are called directly, without a limiter's circuit breaker). One more row per key set:
+//! locks with `synchronous_commit = off`, commits that return before their flush to disk.
 //!
 //! ```text
 //! cargo bench -p tollgate-bench --bench postgres
@@ -25,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use postgres_server::PgServer;
 use redis_server::RedisServer;
-use tollgate::store::StepMode;
-use tollgate::{Limit, Limiter, PostgresStore, RedisStore, Rule};
+use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::store::{Charge, RuleName, StepMode, Store};
+use tollgate::{PostgresStore, RedisStore};
 
 const CALLERS: usize = 64;
 const KEYS: usize = 10_000;
@@ -40,25 +43,43 @@ struct Run {
     conflicts: u64,
 }
 
-/// `CALLERS` tasks charging the rule `limit` of `limiter` for `duration`, each on one hot key
-/// or on a key drawn from `KEYS`.
-async fn hammer(limiter: &Limiter, hot: bool, duration: Duration) -> (u64, u64, Duration) {
+/// `CALLERS` tasks charging one unit through `store` for `duration`, each on one hot key or on
+/// a key drawn from `KEYS`: the store itself, without a limiter's circuit breaker, so that every
+/// request that gives up (too many conflicts) is counted rather than followed by the breaker's
+/// answers.
+async fn hammer<S: Store + Clone>(
+    store: &S,
+    hot: bool,
+    duration: Duration,
+) -> (u64, u64, Duration) {
     let decisions = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = Vec::new();
     for caller in 0..CALLERS {
-        let (limiter, decisions, errors) = (limiter.clone(), decisions.clone(), errors.clone());
+        let (store, decisions, errors) = (store.clone(), decisions.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(caller as u64);
+            let limit =
+                Algorithm::TokenBucket(TokenBucket::new(100_000_000, Duration::from_secs(1)));
             while Instant::now() < deadline {
                 let key = if hot {
                     "hot".to_owned()
                 } else {
                     format!("k{}", rng.usize(..KEYS))
                 };
-                match limiter.charge("limit", key, 1).await {
+                let charge = Charge {
+                    rule: RuleName::new("limit"),
+                    algorithm: &limit,
+                    key: key.as_bytes(),
+                    cost: 1,
+                    mode: Mode::Charge,
+                    penalty: None,
+                    lease: None,
+                    overrides: None,
+                };
+                match store.apply_one(&charge).await {
                     Ok(_) => decisions.fetch_add(1, Ordering::Relaxed),
                     Err(_) => errors.fetch_add(1, Ordering::Relaxed),
                 };
@@ -75,17 +96,9 @@ async fn hammer(limiter: &Limiter, hot: bool, duration: Duration) -> (u64, u64, 
     )
 }
 
-fn limiter(store: impl tollgate::store::Store) -> Limiter {
-    Limiter::builder()
-        .rule(Rule::new("limit", Limit::per_second(100_000_000)))
-        .store(store)
-        .build()
-        .expect("the limiter")
-}
-
-async fn postgres(server: &PgServer, mode: StepMode, hot: bool, duration: Duration) -> Run {
+async fn postgres(url: &str, mode: StepMode, hot: bool, duration: Duration) -> Run {
     let store = PostgresStore::builder()
-        .url(server.url())
+        .url(url)
         .mode(mode)
         .pool_size(CALLERS)
         .timeout(Duration::from_secs(5))
@@ -93,11 +106,10 @@ async fn postgres(server: &PgServer, mode: StepMode, hot: bool, duration: Durati
         .build()
         .await
         .expect("connect to postgres");
-    let limiter = limiter(store.clone());
     // Warm up: every connection opened and its statements prepared.
-    hammer(&limiter, hot, duration / 5).await;
+    hammer(&store, hot, duration / 5).await;
     let (trips, counts) = (store.backend().round_trips(), store.counts());
-    let (decisions, errors, elapsed) = hammer(&limiter, hot, duration).await;
+    let (decisions, errors, elapsed) = hammer(&store, hot, duration).await;
     let after = store.counts();
     Run {
         decisions,
@@ -115,11 +127,10 @@ async fn redis(server: &RedisServer, hot: bool, duration: Duration) -> Run {
         .build()
         .await
         .expect("connect to redis");
-    let limiter = limiter(store);
-    hammer(&limiter, hot, duration / 5).await;
+    hammer(&store, hot, duration / 5).await;
     let calls = || server.command_calls("evalsha") + server.command_calls("eval");
     let before = calls();
-    let (decisions, errors, elapsed) = hammer(&limiter, hot, duration).await;
+    let (decisions, errors, elapsed) = hammer(&store, hot, duration).await;
     Run {
         decisions,
         errors,
@@ -130,13 +141,13 @@ async fn redis(server: &RedisServer, hot: bool, duration: Duration) -> Run {
 }
 
 fn row(store: &str, keys: &str, run: &Run) {
-    let per_decision = |n: u64| n as f64 / run.decisions.max(1) as f64;
+    let requests = (run.decisions + run.errors).max(1) as f64;
     println!(
-        "| {store} | {keys} | {:.0} | {:.2} | {:.3} | {} |",
+        "| {store} | {keys} | {:.0} | {:.2} | {:.3} | {:.1} % |",
         run.decisions as f64 / run.elapsed.as_secs_f64(),
-        per_decision(run.round_trips),
-        per_decision(run.conflicts),
-        run.errors,
+        run.round_trips as f64 / requests,
+        run.conflicts as f64 / requests,
+        100.0 * run.errors as f64 / requests,
     );
 }
 
@@ -157,20 +168,30 @@ fn main() {
         println!("{CALLERS} callers, {duration:?} a row, every decision admitted (each writes)");
         println!();
         println!(
-            "| store | keys | decisions/s | round trips/decision | conflicts/decision | errors |"
+            "| store | keys | decisions/s | round trips per request | conflicts per request | \
+             requests given up |"
         );
         println!("|---|---|---|---|---|---|");
+        let durable = pg.url();
+        // The same server, each commit returning before its flush to disk: where the time of
+        // the durable rows goes.
+        let unflushed = format!("{durable}&options=-c%20synchronous_commit%3Doff");
         for (hot, keys) in [(true, "1 (hot)"), (false, "10,000")] {
             row(
                 "RedisStore",
                 keys,
                 &redis(&redis_server, hot, duration).await,
             );
-            for (mode, name) in [
-                (StepMode::Locks, "PostgresStore, locks"),
-                (StepMode::Versions, "PostgresStore, versions"),
+            for (mode, url, name) in [
+                (StepMode::Locks, &durable, "PostgresStore, locks"),
+                (StepMode::Versions, &durable, "PostgresStore, versions"),
+                (
+                    StepMode::Locks,
+                    &unflushed,
+                    "PostgresStore, locks, commits not flushed",
+                ),
             ] {
-                row(name, keys, &postgres(&pg, mode, hot, duration).await);
+                row(name, keys, &postgres(url, mode, hot, duration).await);
             }
         }
     });

@@ -21,14 +21,15 @@ use crate::store::{StoreError, StoreErrorKind};
 #[non_exhaustive]
 pub enum StepMode {
     /// The read locks the rows (`BEGIN`, `SELECT … FOR UPDATE`, the clock: one round trip), the
-    /// write and `COMMIT` follow in one more. Concurrent steps on a key wait in line instead of
-    /// failing and starting again: the better of the two on a busy key (see the store's
-    /// figures).
+    /// write and `COMMIT` follow in one more (a step that writes nothing, a denial, answers
+    /// without waiting for its `COMMIT`). Concurrent steps on a key wait in line instead of
+    /// failing and starting again.
     #[default]
     Locks,
     /// The read takes no lock (one statement); the write happens only if every row still has
-    /// the version read, and a step that lost the race starts again. A denial is one round trip
-    /// instead of two, but on a busy key most steps lose and retry.
+    /// the version read, and a step that lost the race starts again, up to the store's
+    /// retries. Two round trips for a step that writes, one for a denial; on a busy key most
+    /// steps lose the race.
     Versions,
 }
 
@@ -213,13 +214,21 @@ impl PostgresBackend {
                 conflict_or(written.map(drop))
             }
             Some(held) => {
-                let conn = held.conn.as_ref().ok_or_else(lost)?;
                 if writes.is_empty() {
+                    // Nothing written (a denial, a check): the answer does not wait for the
+                    // `COMMIT` that releases the locks. A connection whose `COMMIT` fails is
+                    // closed rather than pooled.
                     self.trip();
-                    conn.batch_execute("COMMIT").await.map_err(db_error)?;
-                    drop(held.release());
+                    tokio::spawn(async move {
+                        if let Some(conn) = held.conn.as_ref() {
+                            if conn.batch_execute("COMMIT").await.is_ok() {
+                                drop(held.release());
+                            }
+                        }
+                    });
                     return Ok(true);
                 }
+                let conn = held.conn.as_ref().ok_or_else(lost)?;
                 let statement = self.prepared(conn, &self.sql.write).await?;
                 let (kinds, rules, names, versions, next, states, expiries) = write_columns(writes);
                 self.trip();
