@@ -876,3 +876,112 @@ fn system_now() -> Micros {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, micros)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::TokenBucket;
+    use std::sync::Mutex;
+
+    /// Rows in a map; `lose` writes are refused as if another writer had come first.
+    #[derive(Debug, Default)]
+    struct Rows {
+        rows: Mutex<std::collections::HashMap<RowKey, Row>>,
+        lose: AtomicU64,
+    }
+
+    impl TransactionalBackend for Rows {
+        type Step = ();
+
+        async fn read(&self, keys: &[RowKey]) -> Result<Snapshot<()>, StoreError> {
+            let rows = self.rows.lock().unwrap();
+            Ok(Snapshot {
+                rows: keys.iter().map(|k| rows.get(k).cloned()).collect(),
+                now: Some(1_000_000_000),
+                step: (),
+            })
+        }
+
+        async fn write(&self, _: (), writes: &[Write]) -> Result<bool, StoreError> {
+            if !writes.is_empty() && self.lose.load(Ordering::Relaxed) > 0 {
+                self.lose.fetch_sub(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+            let mut rows = self.rows.lock().unwrap();
+            for w in writes {
+                match &w.row {
+                    Some((state, expires_at)) => {
+                        let version = rows.get(&w.key).map_or(1, |r| r.version + 1);
+                        let row = Row {
+                            version,
+                            state: state.clone(),
+                            expires_at: *expires_at,
+                        };
+                        rows.insert(w.key.clone(), row);
+                    }
+                    None => drop(rows.remove(&w.key)),
+                }
+            }
+            Ok(true)
+        }
+
+        async fn remove_idle(&self, _: Micros, _: usize) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+
+    fn charge(algorithm: &Algorithm) -> Charge<'_> {
+        Charge {
+            rule: super::super::RuleName::new("r"),
+            algorithm,
+            key: b"k",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+            lease: None,
+            overrides: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_race_is_retried_and_too_many_are_an_error() {
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(3, Duration::from_secs(60)));
+        let store = TransactionalStore::new(Rows::default()).retries(2);
+        store.backend().lose.store(2, Ordering::Relaxed);
+        let outcome = store.apply_one(&charge(&bucket)).await.unwrap();
+        assert_eq!(outcome.remaining, 2);
+        let counts = store.counts();
+        assert_eq!((counts.steps, counts.attempts, counts.conflicts), (1, 3, 2));
+        store.backend().lose.store(3, Ordering::Relaxed);
+        let error = store.apply_one(&charge(&bucket)).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Contention);
+        // Nothing was charged by the step that gave up.
+        let outcome = store.apply_one(&charge(&bucket)).await.unwrap();
+        assert_eq!(outcome.remaining, 1);
+    }
+
+    #[tokio::test]
+    async fn concurrency_limits_are_refused() {
+        let slots = Algorithm::Concurrency(crate::algorithm::Concurrency::new(2));
+        let store = TransactionalStore::new(Rows::default());
+        assert!(store.validate("exports", &slots).is_err());
+        let error = store.apply_one(&charge(&slots)).await.unwrap_err();
+        assert_eq!(error.kind(), StoreErrorKind::Config);
+    }
+
+    #[test]
+    fn cursors_read_back() {
+        let row = Row {
+            version: 1,
+            state: Vec::new(),
+            expires_at: 0,
+        };
+        let found = vec![(vec![0, 0xab, 0xff], row)];
+        let cursor = next_cursor(&found, 1).unwrap();
+        assert_eq!(read_cursor(cursor.as_str()).unwrap(), [0, 0xab, 0xff]);
+        assert!(next_cursor(&found, 2).is_none());
+        for bad in ["", "k0", "kzz", "o00"] {
+            assert!(read_cursor(bad).is_none(), "{bad}");
+        }
+    }
+}
