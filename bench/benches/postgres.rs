@@ -33,6 +33,14 @@ use tollgate::{PostgresStore, RedisStore};
 
 const CALLERS: usize = 64;
 const KEYS: usize = 10_000;
+/// Connections per Postgres store: the store's default on this machine (four per CPU), the
+/// `POOL` variable when set.
+static POOL: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+    std::env::var("POOL")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(4 * std::thread::available_parallelism().map_or(4, |n| n.get()))
+});
 
 /// What one phase measured.
 struct Run {
@@ -100,7 +108,7 @@ async fn postgres(url: &str, mode: StepMode, hot: bool, duration: Duration) -> R
     let store = PostgresStore::builder()
         .url(url)
         .mode(mode)
-        .pool_size(CALLERS)
+        .pool_size(*POOL)
         .timeout(Duration::from_secs(5))
         .create_schema(true)
         .build()

@@ -33,9 +33,10 @@ const DEFAULT_RETRIES: u32 = 8;
 /// [`StepMode::Versions`] the read takes no lock and the write happens only if every row
 /// still has the version read, else the step starts again (up to
 /// [`retries`](PostgresStoreBuilder::retries) times, default 8, then the request is answered by
-/// the failure policy). Measured on one hot key with 64 callers, locks admit several times as
-/// many requests per second and never give up; versions answer a denial in one round trip
-/// instead of two (see `BENCHMARKS.md`).
+/// the failure policy). Measured on one hot key with 64 callers, locks decide 3 to 7 times as
+/// many requests a second and none gives up, where two thirds of the versioned steps give up
+/// after their retries; over many keys the two are level (see `BENCHMARKS.md`, "Postgres
+/// store").
 ///
 /// Time is the database's `clock_timestamp()`, read in the step itself, so app hosts whose
 /// clocks disagree decide by one clock. Not `now()`: that is the start of the transaction,
@@ -83,8 +84,10 @@ const DEFAULT_RETRIES: u32 = 8;
 /// built in yet: use a local socket, a private network or a TLS proxy.
 ///
 /// # Where it is the wrong choice
-/// Every decision is two round trips and a durable write: a few thousand decisions a second on
-/// one key, tens of thousands over many keys on a modest server, far below the Redis store.
+/// Every decision is two round trips and a durable commit. One hot key is decided one step at
+/// a time, each holding the row's lock through its flush to disk: a few hundred decisions a
+/// second; over many keys, a few thousand on a small server: 30 to 150 times fewer than the
+/// Redis store decides on the same machine.
 /// Put limits that only protect a service from overload (per IP, per route) on Redis or in
 /// memory, and keep Postgres for quotas that bill or must survive a restart.
 ///
