@@ -218,23 +218,36 @@ async fn concurrency_limits_are_refused_and_an_absent_database_is_an_error() {
     assert!(lazy.probe().await.is_err());
 }
 
-/// A configuration file's `[store]` of kind `postgres` builds a limiter on the database.
+/// A configuration file's `[store]` of kind `postgres` (said, or the url's scheme) builds a
+/// limiter on the database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configuration_file_names_the_postgres_store() {
     let server = PgServer::start().await;
-    let text = format!(
-        "[store]\nkind = \"postgres\"\nurl = \"{}\"\ncreate_schema = true\ntimeout = \"2s\"\n\
-         on_failure = \"closed\"\n\n\
-         [[rules]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n",
-        server.url()
-    );
-    let config = Config::parse(ConfigFormat::Toml, &text).unwrap();
-    let limiter = config.connect_limiter().await.unwrap();
-    assert_eq!(limiter.charge("api", "k", 1).await.unwrap().remaining, 1);
+    let file = |store: &str| {
+        format!(
+            "[store]\n{store}url = \"{}\"\n\n[[rules]]\nname = \"api\"\n\
+             algorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\n",
+            server.url()
+        )
+    };
+    // `kind` said, or left to the url's scheme: both charge the same row.
+    for store in [
+        "kind = \"postgres\"\ncreate_schema = true\ntimeout = \"2s\"\non_failure = \"closed\"\n",
+        "",
+    ] {
+        let config = Config::parse(ConfigFormat::Toml, &file(store)).unwrap();
+        let limiter = config.connect_limiter().await.unwrap();
+        assert!(limiter.charge("api", "k", 1).await.unwrap().is_allowed());
+    }
     assert_eq!(
         scalar(&server, "SELECT count(*) FROM tollgate_state").await,
         "1"
     );
+    // A table without a url names no store.
+    let error = Config::parse(ConfigFormat::Toml, "[store]\ntimeout = \"1s\"\n")
+        .map(drop)
+        .unwrap_err();
+    assert!(error.to_string().contains("store.kind"), "{error}");
 }
 
 /// Both step modes answer alike on one scenario of each kind of request.
