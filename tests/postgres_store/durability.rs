@@ -72,14 +72,13 @@ async fn a_crash_of_the_database_loses_no_acknowledged_charge() {
     assert_eq!(outcome.remaining, 960);
 }
 
-/// Stopped under traffic, the layer fails closed (`503`) within the store's timeout, and once
-/// the database is back (the circuit breaker's probe finds it) requests are decided by it
-/// again, with the counts from before the stop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stopped_under_traffic_requests_get_the_policy_and_recover() {
+/// Stopped under traffic, the layer answers by its failure policy (`while_down`) within the
+/// store's timeout, and once the database is back (the circuit breaker's probe finds it)
+/// requests are charged to it again, on the counts from before the stop.
+async fn stopped_under_traffic(policy: FailurePolicy, while_down: StatusCode) {
     let mut server = PgServer::start().await;
     let clock = ManualClock::new(START);
-    let store = PostgresStore::builder()
+    let quick = PostgresStore::builder()
         .url(server.url())
         .clock(clock.clone())
         .create_schema(true)
@@ -90,8 +89,8 @@ async fn stopped_under_traffic_requests_get_the_policy_and_recover() {
     let tenant = HeaderName::from_static("x-tenant");
     let layer = RateLimitLayer::builder()
         .rule(Rule::new("api", Limit::per_day(1_000)).key(Key::header(tenant.clone())))
-        .store(store)
-        .on_store_failure(FailurePolicy::Closed)
+        .store(quick)
+        .on_store_failure(policy)
         .circuit_breaker(
             CircuitBreaker::new()
                 .failures(2)
@@ -110,15 +109,13 @@ async fn stopped_under_traffic_requests_get_the_policy_and_recover() {
         let service = service.clone();
         async move { service.oneshot(request).await.unwrap().status() }
     };
-    let mut passed = 0;
     for _ in 0..3 {
         assert_eq!(call().await, StatusCode::OK);
-        passed += 1;
     }
     server.stop();
     for _ in 0..10 {
         let asked = Instant::now();
-        assert_eq!(call().await, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(call().await, while_down, "{policy:?}");
         assert!(
             asked.elapsed() < Duration::from_secs(2),
             "{:?}",
@@ -126,34 +123,45 @@ async fn stopped_under_traffic_requests_get_the_policy_and_recover() {
         );
     }
     server.restart().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match call().await {
-            StatusCode::OK => {
-                passed += 1;
-                break;
-            }
-            status => {
-                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-                assert!(Instant::now() < deadline, "the store did not come back");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-    for _ in 0..2 {
-        assert_eq!(call().await, StatusCode::OK);
-        passed += 1;
-    }
+    // The database's own count, read by another instance after each request: the first request
+    // it moves is the first the store decided again.
     let check = Limiter::builder()
         .rule(Rule::new("api", Limit::per_day(1_000)))
-        .store(store_at(&server, &clock).await)
+        .store(store(&server, &clock).await)
         .build()
         .unwrap();
+    let remaining = || async { check.check("api", "acme", 0).await.unwrap().remaining };
     // Nothing lost, nothing charged while the store was away.
-    let remaining = check.check("api", "acme", 0).await.unwrap().remaining;
-    assert_eq!(remaining, 1_000 - passed);
+    assert_eq!(remaining().await, 997);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = call().await;
+        if remaining().await < 997 {
+            assert_eq!(status, StatusCode::OK);
+            break;
+        }
+        assert_eq!(status, while_down, "{policy:?}");
+        assert!(Instant::now() < deadline, "the store did not come back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(remaining().await, 996);
+    assert_eq!(call().await, StatusCode::OK);
+    assert_eq!(remaining().await, 995);
 }
 
-async fn store_at(server: &PgServer, clock: &ManualClock) -> PostgresStore {
-    store(server, clock).await
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_under_traffic_failing_closed_answers_503_and_recovers() {
+    stopped_under_traffic(FailurePolicy::Closed, StatusCode::SERVICE_UNAVAILABLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_under_traffic_failing_open_forwards_and_recovers() {
+    stopped_under_traffic(FailurePolicy::Open, StatusCode::OK).await;
+}
+
+/// The local fallback decides meanwhile with half the limit in memory (500 of 1,000: the ten
+/// requests fit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_under_traffic_failing_to_local_limits_decides_in_memory_and_recovers() {
+    stopped_under_traffic(FailurePolicy::Local { share: 0.5 }, StatusCode::OK).await;
 }
