@@ -289,8 +289,9 @@ pub trait TransactionalBackend: Send + Sync + fmt::Debug + 'static {
 /// One read of every row the request needs (the counters, and the blocks and overrides of the
 /// rules that have them), the batch decided at the backend's time, then one conditional write
 /// of the rows that changed. A denial or a check writes nothing. When another writer changed a
-/// row in between, the step starts again, at most [`retries`](Self::retries) more times (default
-/// 8); then the request gets an error of kind `Contention`, answered by the failure policy.
+/// row in between, the step starts again after a short random wait (doubling with each loss), at
+/// most [`retries`](Self::retries) more times (default 8); then the request gets an error of kind
+/// `Contention`, answered by the failure policy.
 ///
 /// # Idle rows
 /// Every row carries the moment it becomes idle (a full bucket, a past window, a forgiven
@@ -474,6 +475,10 @@ impl<B: TransactionalBackend> Shared<B> {
                         format!("rows changed by others {conflicts} times in a row"),
                     ));
                 }
+                // Steps that lost the same race do not all read again at once: each waits a
+                // random time, up to 100 µs doubled with every loss (at most 25.6 ms).
+                let most = 100u64 << conflicts.min(8);
+                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..most))).await;
             }
         };
         let result = match tokio::time::timeout(self.timeout, run).await {
