@@ -215,7 +215,9 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        self.kill();
+        // A fast shutdown rather than a kill: a killed postmaster leaves its shared memory
+        // segment behind until a server starts again on the same data.
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
