@@ -3,8 +3,8 @@
 # integration, examples, benches in test mode) and the doc tests.
 #
 # The Redis store's tests run real `redis-server` and `valkey-server` processes (and `redis-cli`,
-# `redis-benchmark`, `valkey-cli`): they are installed from Debian's packages when missing, and a
-# failed install stops here.
+# `redis-benchmark`, `valkey-cli`), the Postgres store's a real `postgres`: they are installed
+# from Debian's packages when missing, and a failed install stops here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,15 +46,29 @@ if ! command -v valkey-server >/dev/null || ! command -v valkey-cli >/dev/null; 
 fi
 valkey-server --version
 
+# The Postgres store's tests run a real `postgres` (made by `initdb` in a temporary directory).
+# Debian's `postgresql` package puts both in /usr/lib/postgresql/<version>/bin, off PATH.
+step "initdb and postgres (Debian package postgresql)"
+pg_bin() { command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
+if ! pg_bin; then
+    if ! { $sudo apt-get update -qq && apt_install postgresql; }; then
+        echo "error: could not install postgresql from Debian's packages;" \
+            "the Postgres store's tests need it" >&2
+        exit 1
+    fi
+fi
+"$( (command -v initdb || ls /usr/lib/postgresql/*/bin/initdb) | tail -n 1)" --version
+
 step "format"
 cargo fmt --all -- --check
 
 step "clippy (all targets, all features, warnings are errors)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "clippy without default features, and with only the redis or the tonic feature"
+step "clippy without default features, and with only the redis, the postgres or the tonic feature"
 cargo clippy -p tollgate --lib --no-default-features -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features redis -- -D warnings
+cargo clippy -p tollgate --lib --no-default-features --features postgres -- -D warnings
 cargo clippy -p tollgate --lib --no-default-features --features tonic -- -D warnings
 
 step "clippy on tollgate-server's library without its service (what the tollgate command links)"

@@ -38,6 +38,8 @@ pub use rules::set::AccessList;
 pub use rules::settle::{CountIf, Settle};
 pub use store::failure::FailurePolicy;
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 

@@ -11,7 +11,7 @@
 //! reference = ["ratelimit/config"]         # optional: reference files or directories, too
 //! domain_headers = { other = "legacy" }    # optional: the headers of the other domains
 //!
-//! [store]                                  # optional, the library's: memory or Redis
+//! [store]                                  # optional, the library's: memory, Redis or Postgres
 //! kind = "memory"
 //!
 //! [[rules]]

@@ -307,7 +307,8 @@ pub const READ: &[(&str, &str)] = &[
     ("RUNTIME_WATCH_ROOT", "true: either way the directory is read and reloaded alike"),
     ("MERGE_DOMAIN_CONFIG", "false: files naming one domain are merged instead of refused"),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", "false: serve, with no limits, although no configuration can be read yet"),
-    ("BACKEND_TYPE", "redis: redis, or memory (tollgate's, one process)"),
+    ("BACKEND_TYPE", "redis: redis, memory (tollgate's, one process) or postgres (tollgate's, POSTGRES_URL)"),
+    ("POSTGRES_URL", "(none): postgres://user@host[:port]/database with BACKEND_TYPE=postgres; the table is created if missing"),
     ("REDIS_SOCKET_TYPE", "unix: tcp or unix"),
     ("REDIS_URL", "/var/run/nutcracker/ratelimit.sock: host:port (tcp) or a socket path (unix)"),
     ("REDIS_TYPE", "SINGLE: SINGLE, or SENTINEL with REDIS_URL master-name,host:port,… (CLUSTER is not supported yet)"),
@@ -588,6 +589,20 @@ fn store(env: &BTreeMap<String, String>) -> Result<Value, SettingsError> {
     match get("BACKEND_TYPE").map(str::to_ascii_lowercase).as_deref() {
         None | Some("redis") => {}
         Some("memory") => return Ok(json!({ "kind": "memory" })),
+        // tollgate's own: the counts in a Postgres table, created if missing.
+        Some("postgres") => {
+            let url = get("POSTGRES_URL")
+                .filter(|url| !url.is_empty())
+                .ok_or_else(|| {
+                    SettingsError("BACKEND_TYPE=postgres needs POSTGRES_URL (postgres://…)".into())
+                })?;
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(SettingsError(format!(
+                    "POSTGRES_URL={url:?}: expected postgres://user@host[:port]/database"
+                )));
+            }
+            return Ok(json!({ "kind": "postgres", "url": url, "create_schema": true }));
+        }
         Some("memcache") => {
             return Err(SettingsError(
                 "BACKEND_TYPE=memcache: not supported; use redis, or memory for one process".into(),
@@ -595,7 +610,7 @@ fn store(env: &BTreeMap<String, String>) -> Result<Value, SettingsError> {
         }
         Some(other) => {
             return Err(SettingsError(format!(
-                "BACKEND_TYPE={other:?}: expected redis or memory"
+                "BACKEND_TYPE={other:?}: expected redis, memory or postgres"
             )))
         }
     }
@@ -1098,6 +1113,17 @@ mod tests {
         );
         let memory = read(env(&[("BACKEND_TYPE", "memory")])).unwrap();
         assert_eq!(memory.store, json!({ "kind": "memory" }));
+        let postgres = read(env(&[
+            ("BACKEND_TYPE", "postgres"),
+            ("POSTGRES_URL", "postgres://rl@db:5432/rl"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            postgres.store,
+            json!({ "kind": "postgres", "url": "postgres://rl@db:5432/rl", "create_schema": true })
+        );
+        let error = read(env(&[("BACKEND_TYPE", "postgres")])).unwrap_err().0;
+        assert!(error.contains("POSTGRES_URL"), "{error}");
     }
 
     #[test]

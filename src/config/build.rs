@@ -94,21 +94,35 @@ pub(crate) fn built_error(file: &File, error: &ConfigError) -> Invalid {
 /// A Redis store connects asynchronously, so a file naming one is refused here: see
 /// [`limiter_connected`].
 pub(crate) fn limiter(file: &File) -> Result<Limiter, Invalid> {
-    if file
-        .store
-        .as_ref()
-        .is_some_and(|spec| spec.kind == StoreKind::Redis)
-    {
-        return invalid(
+    match file.store.as_ref().map(|spec| spec.kind) {
+        Some(StoreKind::Redis) => invalid(
             "store.kind",
             "a Redis store connects asynchronously: build the limiter with `Config::connect_limiter(..).await`",
-        );
+        ),
+        Some(StoreKind::Postgres) => invalid(
+            "store.kind",
+            "a Postgres store connects asynchronously: build the limiter with `Config::connect_limiter(..).await`",
+        ),
+        _ => limiter_with(file, None::<MemoryStore>),
     }
-    limiter_with(file, None::<MemoryStore>)
 }
 
-/// [`limiter`], connecting to Redis when the file names a Redis store.
+/// [`limiter`], connecting to Redis or Postgres when the file names such a store.
 pub(crate) async fn limiter_connected(file: &File) -> Result<Limiter, Invalid> {
+    if let Some(spec) = file
+        .store
+        .as_ref()
+        .filter(|s| s.kind == StoreKind::Postgres)
+    {
+        check_store(spec)?;
+        let store = postgres_store(spec)
+            .await
+            .map_err(|(field, message)| Invalid {
+                path: format!("store.{field}"),
+                message,
+            })?;
+        return limiter_with(file, Some(store));
+    }
     let redis = match file.store.as_ref() {
         Some(spec) if spec.kind == StoreKind::Redis => {
             let url = spec.url.as_deref().unwrap_or_default();
@@ -171,6 +185,10 @@ pub(crate) fn builder(file: &File) -> Result<RateLimitLayerBuilder, Invalid> {
             "store.kind",
             "a Redis store connects asynchronously: build the layer with `Config::connect(..).await`",
         ),
+        Some(StoreKind::Postgres) => invalid(
+            "store.kind",
+            "a Postgres store connects asynchronously: build the layer with `Config::connect(..).await`",
+        ),
         _ => Ok(builder),
     }
 }
@@ -182,6 +200,15 @@ pub(crate) async fn builder_connected(file: &File) -> Result<RateLimitLayerBuild
         Some(spec) if spec.kind == StoreKind::Redis => {
             let url = spec.url.as_deref().unwrap_or_default();
             let store = redis_store(url, spec)
+                .await
+                .map_err(|(field, message)| Invalid {
+                    path: format!("store.{field}"),
+                    message,
+                })?;
+            Ok(builder.store(store))
+        }
+        Some(spec) if spec.kind == StoreKind::Postgres => {
+            let store = postgres_store(spec)
                 .await
                 .map_err(|(field, message)| Invalid {
                     path: format!("store.{field}"),
@@ -985,7 +1012,7 @@ fn store(
             None => builder,
         },
         // Connected by `builder_connected`.
-        StoreKind::Redis => builder,
+        StoreKind::Redis | StoreKind::Postgres => builder,
     })
 }
 
@@ -1010,7 +1037,32 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
             Ok(())
         }
     };
+    if spec.kind != StoreKind::Postgres {
+        only("table", spec.table.is_some(), "postgres")?;
+        only("create_schema", spec.create_schema.is_some(), "postgres")?;
+    }
     match spec.kind {
+        StoreKind::Postgres => {
+            only("max_keys", spec.max_keys.is_some(), "memory")?;
+            only("lease", spec.lease.is_some(), "redis")?;
+            only("prefix", spec.prefix.is_some(), "redis")?;
+            only("ca_file", spec.ca_file.is_some(), "redis")?;
+            only("client_cert_file", spec.client_cert_file.is_some(), "redis")?;
+            only("client_key_file", spec.client_key_file.is_some(), "redis")?;
+            let Some(url) = &spec.url else {
+                return invalid("store.url", "is required by the postgres store");
+            };
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return invalid(
+                    "store.url",
+                    format!("{url:?} is not a Postgres URL (expected postgres://user@host[:port]/database)"),
+                );
+            }
+            if spec.timeout.is_some_and(|t| t.0.is_zero()) {
+                return invalid("store.timeout", "must be greater than 0");
+            }
+            check_share(spec)?;
+        }
         StoreKind::Memory => {
             only("url", spec.url.is_some(), "redis")?;
             only("timeout", spec.timeout.is_some(), "redis")?;
@@ -1035,17 +1087,56 @@ pub(crate) fn check_store(spec: &StoreSpec) -> Result<(), Invalid> {
                 return invalid("store.lease", "must be greater than 0");
             }
             check_tls(spec, url)?;
-            if let Some(OnFailure::Local { share }) = spec.on_failure {
-                if !(share > 0.0 && share <= 1.0) {
-                    return invalid(
-                        "store.on_failure.local.share",
-                        format!("must be greater than 0 and at most 1, not {share}"),
-                    );
-                }
-            }
+            check_share(spec)?;
         }
     }
     Ok(())
+}
+
+/// The share of each limit a remote store's local fallback decides with.
+fn check_share(spec: &StoreSpec) -> Result<(), Invalid> {
+    if let Some(OnFailure::Local { share }) = spec.on_failure {
+        if !(share > 0.0 && share <= 1.0) {
+            return invalid(
+                "store.on_failure.local.share",
+                format!("must be greater than 0 and at most 1, not {share}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Connects the Postgres store a file names; a failure names the field it comes from.
+#[cfg(feature = "postgres")]
+async fn postgres_store(
+    spec: &StoreSpec,
+) -> Result<crate::store::postgres::PostgresStore, (&'static str, String)> {
+    // As for Redis: failing open (or to local limits), an app starts while Postgres is down.
+    let lazily = !matches!(spec.on_failure, Some(OnFailure::Closed));
+    let mut builder = crate::store::postgres::PostgresStore::builder()
+        .url(spec.url.clone().unwrap_or_default())
+        .connect_lazily(lazily)
+        .create_schema(spec.create_schema.unwrap_or(false));
+    if let Some(timeout) = spec.timeout {
+        builder = builder.timeout(timeout.0);
+    }
+    if let Some(table) = &spec.table {
+        builder = builder.table(table.clone());
+    }
+    builder
+        .build()
+        .await
+        .map_err(|error| ("url", error.to_string()))
+}
+
+/// Without the `postgres` feature, a file naming a Postgres store cannot be served.
+#[cfg(not(feature = "postgres"))]
+async fn postgres_store(spec: &StoreSpec) -> Result<MemoryStore, (&'static str, String)> {
+    let _ = spec;
+    Err((
+        "kind",
+        "tollgate was built without the `postgres` feature".to_owned(),
+    ))
 }
 
 /// The TLS files of a Redis store: for a `rediss://` URL only, a certificate with its key, and a

@@ -141,8 +141,8 @@ impl Config {
         })
     }
 
-    /// A layer with this configuration. A Redis store is refused here (building is synchronous):
-    /// [`connect`](Self::connect) builds one that connects.
+    /// A layer with this configuration. A Redis or Postgres store is refused here (building is
+    /// synchronous): [`connect`](Self::connect) builds one that connects.
     pub fn layer(&self) -> Result<RateLimitLayer, ConfigFileError> {
         build::layer(&self.file).map_err(|error| self.locate(error))
     }
@@ -154,8 +154,9 @@ impl Config {
         build::unlimited_plans(&self.file)
     }
 
-    /// A layer with this configuration, with any store: connects to Redis when the file names a
-    /// Redis store.
+    /// A layer with this configuration, with any store: connects to Redis or Postgres when the
+    /// file names such a store (`[store]` with `kind = "postgres"`, or a `postgres://` url, and
+    /// optionally `create_schema = true` and `table`: see `PostgresStore`).
     pub async fn connect(&self) -> Result<RateLimitLayer, ConfigFileError> {
         let builder = build::builder_connected(&self.file)
             .await
@@ -223,16 +224,17 @@ impl Config {
     }
 
     /// A [`Limiter`] with this configuration's rules (there may be none), allow and deny lists,
-    /// store and failure policy: for code that decides without the middleware. A Redis store is
-    /// refused here (building is synchronous): [`connect_limiter`](Self::connect_limiter)
+    /// store and failure policy: for code that decides without the middleware. A Redis or
+    /// Postgres store is refused here (building is synchronous):
+    /// [`connect_limiter`](Self::connect_limiter)
     /// builds one that connects. The `response`, `shadow`, `redact_keys` and `top_offenders`
     /// settings are a layer's: checked, and not read.
     pub fn limiter(&self) -> Result<Limiter, ConfigFileError> {
         build::limiter(&self.file).map_err(|error| self.locate(error))
     }
 
-    /// [`limiter`](Self::limiter), with any store: connects to Redis when the file names a
-    /// Redis store.
+    /// [`limiter`](Self::limiter), with any store: connects to Redis or Postgres when the file
+    /// names such a store.
     pub async fn connect_limiter(&self) -> Result<Limiter, ConfigFileError> {
         build::limiter_connected(&self.file)
             .await

@@ -98,7 +98,7 @@ impl<'de> Deserialize<'de> for RedactKeysSpec {
 
 /// `[store]`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawStoreSpec")]
 pub(crate) struct StoreSpec {
     pub(crate) kind: StoreKind,
     pub(crate) max_keys: Option<usize>,
@@ -115,6 +115,70 @@ pub(crate) struct StoreSpec {
     /// Redis over TLS: the client certificate a server asks for, and its key.
     pub(crate) client_cert_file: Option<std::path::PathBuf>,
     pub(crate) client_key_file: Option<std::path::PathBuf>,
+    /// Postgres: the table of the rows (default `tollgate_state`).
+    pub(crate) table: Option<String>,
+    /// Postgres: create the table and its index if missing (default false).
+    pub(crate) create_schema: Option<bool>,
+}
+
+/// `[store]` as written: `kind` may be left out when the url says it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStoreSpec {
+    kind: Option<StoreKind>,
+    max_keys: Option<usize>,
+    url: Option<String>,
+    timeout: Option<HumanDuration>,
+    /// Redis: how long a concurrency slot's lease lives unless renewed.
+    lease: Option<HumanDuration>,
+    /// Redis: put before every key the store writes (several apps or environments on one
+    /// Redis).
+    prefix: Option<String>,
+    on_failure: Option<OnFailure>,
+    /// Redis over TLS (`rediss://`): a certificate authority to trust instead of the system's.
+    ca_file: Option<std::path::PathBuf>,
+    /// Redis over TLS: the client certificate a server asks for, and its key.
+    client_cert_file: Option<std::path::PathBuf>,
+    client_key_file: Option<std::path::PathBuf>,
+    /// Postgres: the table of the rows (default `tollgate_state`).
+    table: Option<String>,
+    /// Postgres: create the table and its index if missing (default false).
+    create_schema: Option<bool>,
+}
+
+impl TryFrom<RawStoreSpec> for StoreSpec {
+    type Error = String;
+
+    /// A `[store]` without `kind` is the store its url names: `postgres://` (or
+    /// `postgresql://`) Postgres, any other url Redis; without a url, `kind` is required.
+    fn try_from(raw: RawStoreSpec) -> Result<StoreSpec, String> {
+        let kind = match (raw.kind, raw.url.as_deref()) {
+            (Some(kind), _) => kind,
+            (None, Some(url))
+                if url.starts_with("postgres://") || url.starts_with("postgresql://") =>
+            {
+                StoreKind::Postgres
+            }
+            (None, Some(_)) => StoreKind::Redis,
+            (None, None) => {
+                return Err("missing field `kind` (memory, redis or postgres)".to_owned())
+            }
+        };
+        Ok(StoreSpec {
+            kind,
+            max_keys: raw.max_keys,
+            url: raw.url,
+            timeout: raw.timeout,
+            lease: raw.lease,
+            prefix: raw.prefix,
+            on_failure: raw.on_failure,
+            ca_file: raw.ca_file,
+            client_cert_file: raw.client_cert_file,
+            client_key_file: raw.client_key_file,
+            table: raw.table,
+            create_schema: raw.create_schema,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -122,6 +186,7 @@ pub(crate) struct StoreSpec {
 pub(crate) enum StoreKind {
     Memory,
     Redis,
+    Postgres,
 }
 
 /// `on_failure`: `"open"`, `"closed"`, or `{ local = { share = 0.5 } }`.

@@ -50,6 +50,11 @@ pub mod redis {
     #![doc = include_str!("redis.md")]
 }
 
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    #![doc = include_str!("postgres.md")]
+}
+
 #[cfg(feature = "config")]
 pub mod config {
     #![doc = include_str!("config.md")]

@@ -2,14 +2,19 @@
 //!
 //! A [`Store`] applies a batch of [`Charge`]s — one per rule that applies to a request — as a single
 //! atomic step: every charge is admitted, or none is. [`MemoryStore`] is the default; `RedisStore`
-//! (feature `redis`) shares limits between the instances of an app through the same trait.
+//! (feature `redis`) shares limits between the instances of an app through the same trait, and
+//! [`TransactionalStore`] keeps them in a transactional database (`PostgresStore`, feature
+//! `postgres`).
 
 pub(crate) mod failure;
 mod listing;
 pub(crate) mod memory;
 mod overrides;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod transact;
 
 use std::fmt;
 use std::future::Future;
@@ -32,6 +37,12 @@ pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
 pub use overrides::OverrideEntry;
 pub(crate) use overrides::MAX_OVERRIDE_PAGE;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresBackend, PostgresStep, PostgresStoreBuilder, StepMode};
+pub use transact::{
+    Row, RowKey, RowKind, Snapshot, TransactionCounts, TransactionalBackend, TransactionalStore,
+    Write,
+};
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
 #[derive(Clone, Copy, Debug)]
@@ -297,6 +308,9 @@ pub enum StoreErrorKind {
     CircuitOpen,
     /// A listing was given a [`Cursor`] this store did not make (or cannot read any more).
     BadCursor,
+    /// Other instances changed the rows of a request every time it was decided, more times than
+    /// the store retries (a [`TransactionalStore`] under contention).
+    Contention,
 }
 
 impl StoreError {
@@ -339,6 +353,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Config => "rate-limit store misconfigured",
             StoreErrorKind::CircuitOpen => "rate-limit store not asked (circuit breaker open)",
             StoreErrorKind::BadCursor => "rate-limit store cannot read the listing's cursor",
+            StoreErrorKind::Contention => "rate-limit store met too many concurrent writes",
         };
         write!(f, "{what}: {}", self.source)
     }

@@ -13,6 +13,7 @@ use tollgate::algorithm::{
     WindowStart,
 };
 use tollgate::clock::ManualClock;
+#[cfg(feature = "redis")]
 use tollgate::store::RedisStoreBuilder;
 use tollgate::store::{Charge, Outcomes, RuleName, Store};
 use tollgate::MemoryStore;
@@ -353,6 +354,7 @@ async fn both(
     got
 }
 
+#[cfg(feature = "redis")]
 /// [`run`] with the Redis store's deny cache on (its default), then off, each run's keys under
 /// a prefix of its own (`prefix` followed by `true` or `false`); `redis` makes the builder of the
 /// server or cluster. Returns the outcomes of each run, cache on first.
@@ -373,20 +375,36 @@ pub async fn run_with_and_without_deny_cache(
 /// clock, with the builder's settings otherwise (the defaults include the deny cache, whose
 /// local answers must be Redis's exactly); panics on the first difference. Returns the outcomes
 /// of the requests, in order.
-pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> Vec<Outcomes> {
-    let clock = ManualClock::new(Duration::from_micros(*start));
+#[cfg(feature = "redis")]
+pub async fn run(redis: RedisStoreBuilder, scenario: &Scenario) -> Vec<Outcomes> {
+    let clock = ManualClock::new(Duration::from_micros(scenario.0));
     let redis = redis
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
+    run_against(&redis, &clock, "", scenario).await
+}
+
+/// Runs a scenario on a memory store and on `other`, a store reading time from `clock` (set to
+/// the scenario's start), with every rule's name after `names` (so that runs on one database do
+/// not share keys); panics on the first difference. Returns the outcomes of the requests.
+pub async fn run_against(
+    redis: &dyn Store,
+    clock: &ManualClock,
+    names: &str,
+    (start, rules, steps): &Scenario,
+) -> Vec<Outcomes> {
+    clock.set(Duration::from_micros(*start));
     let penalties: Vec<Option<Penalty>> = rules.iter().map(|(_, p)| p.clone()).collect();
     let rules: Vec<Algorithm> = rules.iter().map(|(a, _)| a.clone()).collect();
     let rules = &rules;
     let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let (redis, memory, clock) = (&redis, &memory, &clock);
-    let names: Vec<String> = (0..rules.len()).map(name).collect();
+    let memory = &memory;
+    let names: Vec<String> = (0..rules.len())
+        .map(|rule| format!("{names}{}", name(rule)))
+        .collect();
     let overridable: Vec<bool> = (0..rules.len())
         .map(|r| {
             steps

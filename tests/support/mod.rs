@@ -5,7 +5,7 @@
 
 pub mod calendar;
 pub mod certificates;
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub mod differential;
 pub mod hammer;
 pub mod log_lines;
@@ -13,6 +13,8 @@ pub mod metric;
 pub mod oneshot;
 pub mod pages;
 pub mod paused;
+#[cfg(feature = "postgres")]
+pub mod postgres_server;
 pub mod redis_server;
 pub mod reservations;
 pub mod stores;

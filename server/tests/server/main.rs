@@ -12,6 +12,9 @@ mod environment;
 mod later_fields;
 mod numbers;
 mod operations;
+mod postgres;
+#[path = "../../../tests/support/postgres_server.rs"]
+mod postgres_server;
 mod prometheus;
 mod readme;
 mod redis;

@@ -14,7 +14,7 @@
 //! | 16–23 | `S`, how many of the script's numbers follow, a double |
 //! | 24–31 | the largest cost a charge or check can pass under the limit, a double |
 //! | 32… | the `S` numbers the script charges under (those of `params::push` for an unbounded reservation of nothing: the script puts in what a request's cost and mode change) |
-//! | then | the limit for the Rust side, as 64-bit integers (see [`describe`]) |
+//! | then | the limit for the Rust side, as 64-bit integers (see `store::overrides::limit_words`) |
 //!
 //! The key's expiry (`PX`) is the override's TTL (plus a test clock's slack): it goes by
 //! itself, and while it lasts the script applies it only while `until` is ahead. A value that
@@ -27,10 +27,7 @@ use ::redis::{Cmd, Value};
 
 use super::listing::At;
 use super::{conn, keys, params, push_now, Inner, Packed};
-use crate::algorithm::{
-    duration, micros, Algorithm, BurstPool, Concurrency, FixedWindow, Limit, Micros, Mode,
-    ReserveBound, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
-};
+use crate::algorithm::{duration, micros, Algorithm, Limit, Micros, Mode, ReserveBound};
 use crate::key::KeyValue;
 use crate::store::{Cursor, OverrideEntry, Page, StoreError, StoreErrorKind};
 
@@ -57,49 +54,10 @@ pub(super) fn encode(limit: &Limit, rule: &str, key: &[u8]) -> Vec<u8> {
     for &n in &numbers {
         value.push(n);
     }
-    for word in describe(algorithm) {
+    for word in crate::store::overrides::limit_words(algorithm) {
         value.0.extend_from_slice(&word.to_le_bytes());
     }
     value.0
-}
-
-/// The limit as 64-bit integers: the algorithm's code (as in the script), then its numbers as
-/// its constructors take them (periods and offsets in µs, a window start as its kind — 0 per
-/// key, 1 aligned — and offset in seconds and nanoseconds, a calendar month's UTC offset as a
-/// signed µs count after a flag).
-fn describe(algorithm: &Algorithm) -> Vec<u64> {
-    let bucket = |tb: &TokenBucket| [tb.rate(), micros(tb.period()), tb.capacity(), tb.initial()];
-    let start = |start: WindowStart| match start {
-        WindowStart::PerKey => [0, 0, 0],
-        WindowStart::Aligned(at) => [1, at.as_secs(), u64::from(at.subsec_nanos())],
-    };
-    let mut words = Vec::with_capacity(12);
-    match algorithm {
-        Algorithm::TokenBucket(tb) => {
-            words.push(1);
-            words.extend(bucket(tb));
-        }
-        Algorithm::FixedWindow(w) => {
-            words.extend([2, w.limit(), micros(w.period()), w.capacity()]);
-            words.extend(start(w.start()));
-            match w.months() {
-                Some(utc) => words.extend([1, utc as u64]),
-                None => words.extend([0, 0]),
-            }
-        }
-        Algorithm::SlidingWindow(w) => {
-            words.extend([3, w.limit(), micros(w.period())]);
-            words.extend(start(w.start()));
-        }
-        Algorithm::SlidingLog(w) => words.extend([4, w.limit(), micros(w.period())]),
-        Algorithm::BurstPool(p) => {
-            words.push(5);
-            words.extend(bucket(p.steady()));
-            words.extend(bucket(p.pool()));
-        }
-        Algorithm::Concurrency(c) => words.extend([6, c.max()]),
-    }
-    words
 }
 
 /// Reads a value back: when it ends, and the limit. Anything malformed is a `Protocol` error.
@@ -125,50 +83,13 @@ pub(super) fn decode(raw: &[u8]) -> Result<(Micros, Limit), StoreError> {
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
         .collect();
-    let limit = rebuild(&words).ok_or_else(|| bad("unknown limit"))?;
+    let limit =
+        crate::store::overrides::limit_from_words(&words).ok_or_else(|| bad("unknown limit"))?;
     // A limit that would not pass the checks a set passes is no limit to charge under.
     if limit.check("override").is_err() {
         return Err(bad("unusable limit"));
     }
     Ok((until as Micros, limit))
-}
-
-fn rebuild(words: &[u64]) -> Option<Limit> {
-    let period = |us: u64| Duration::from_micros(us);
-    let bucket = |w: &[u64]| {
-        TokenBucket::new(w[0], period(w[1]))
-            .with_capacity(w[2])
-            .with_initial(w[3])
-    };
-    let start = |w: &[u64]| match w[0] {
-        0 => Some(WindowStart::PerKey),
-        1 => Some(WindowStart::Aligned(Duration::new(
-            w[1],
-            u32::try_from(w[2]).ok().filter(|&n| n < 1_000_000_000)?,
-        ))),
-        _ => None,
-    };
-    let algorithm = match *words.first()? {
-        1 if words.len() == 5 => Algorithm::TokenBucket(bucket(&words[1..])),
-        2 if words.len() == 9 => {
-            let w = match words[7] {
-                0 => FixedWindow::new(words[1], period(words[2])),
-                1 => FixedWindow::calendar_months(words[1], words[8] as i64),
-                _ => return None,
-            };
-            Algorithm::FixedWindow(w.with_capacity(words[3]).with_start(start(&words[4..7])?))
-        }
-        3 if words.len() == 6 => Algorithm::SlidingWindow(
-            SlidingWindow::new(words[1], period(words[2])).with_start(start(&words[3..6])?),
-        ),
-        4 if words.len() == 3 => Algorithm::SlidingLog(SlidingLog::new(words[1], period(words[2]))),
-        5 if words.len() == 9 => {
-            Algorithm::BurstPool(BurstPool::new(bucket(&words[1..5]), bucket(&words[5..9])))
-        }
-        6 if words.len() == 2 => Algorithm::Concurrency(Concurrency::new(words[1])),
-        _ => return None,
-    };
-    Some(Limit::from(algorithm))
 }
 
 impl Inner {
