@@ -58,7 +58,7 @@ if [ -z "${LIMITADOR_BIN:-}" ] && ! diff -rq -x target -x .git "$LIMITADOR_SRC" 
     patch -d "$copy" -p1 -s <bench/limitador-redis-only.patch
 fi
 if [ -z "${LIMITADOR_BIN:-}" ]; then
-    (cd "$copy" && cargo build --release -q -p limitador-server)
+    cargo build --release -q --manifest-path "$copy/limitador-server/Cargo.toml"
 fi
 cargo build --release -q -p tollgate-server --bin tollgate-server
 
