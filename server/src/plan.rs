@@ -367,7 +367,7 @@ mod tests {
         assert_ne!(keys[1], keys[2]);
         let charge = plan.charges().next().unwrap();
         assert_eq!(charge.rule, "tollgate-server:override:day");
-        assert!(charge.limit.is_some());
+        assert!(charge.limit().is_some());
         // An unknown domain: no limit, the descriptor's own included (the reference's answer).
         let plan = Plan::new(None, &[with_limit(&[("a", "b")], 10, Unit::Day)], false);
         assert!(plan.matched[0].is_none());

@@ -76,7 +76,9 @@ pub struct ReserveBound {
 }
 
 /// The answer for one rule.
+// Non-exhaustive: a new kind of answer (a partial grant, say) is an addition, not a break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// The cost fits now and was charged.
     Allowed,
@@ -101,7 +103,12 @@ impl Verdict {
 }
 
 /// The answer for one rule, with everything the response headers need.
+///
+/// A custom [`Store`](crate::store::Store) builds one with [`Outcome::new`] and the `with_`
+/// setters; the fields stay readable.
+// Non-exhaustive: a field the headers need later is an addition, not a break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Outcome {
     /// Allowed, reserved or denied.
     pub verdict: Verdict,
@@ -125,6 +132,49 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// An outcome of `verdict` under a limit of `limit` units with `remaining` left: the balance
+    /// is `remaining`, nothing is owed, the quota is full again at once (`next_unit_in` and
+    /// `full_in` zero), and it is no offence. The `with_` setters change the rest.
+    pub const fn new(verdict: Verdict, limit: u64, remaining: u64) -> Self {
+        Outcome {
+            verdict,
+            limit,
+            remaining,
+            balance: if remaining > i64::MAX as u64 {
+                i64::MAX
+            } else {
+                remaining as i64
+            },
+            next_unit_in: Duration::ZERO,
+            full_in: Duration::ZERO,
+            offence: false,
+        }
+    }
+
+    /// The same outcome with the signed balance `balance` (negative while units are owed).
+    pub const fn with_balance(mut self, balance: i64) -> Self {
+        self.balance = balance;
+        self
+    }
+
+    /// The same outcome, the available quota growing by a unit in `wait`.
+    pub const fn with_next_unit_in(mut self, wait: Duration) -> Self {
+        self.next_unit_in = wait;
+        self
+    }
+
+    /// The same outcome, the quota full again in `wait`.
+    pub const fn with_full_in(mut self, wait: Duration) -> Self {
+        self.full_in = wait;
+        self
+    }
+
+    /// The same outcome, marked as the offence that blocked its key (or not).
+    pub const fn with_offence(mut self, offence: bool) -> Self {
+        self.offence = offence;
+        self
+    }
+
     /// `true` unless the request was denied.
     pub fn is_allowed(&self) -> bool {
         self.verdict.is_admitted()
@@ -173,7 +223,10 @@ pub enum WindowStart {
 }
 
 /// Every algorithm, as a store sees it.
+// Non-exhaustive: adding an algorithm (ARCHITECTURE's recipe) must not break a store's or a
+// tool's `match`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Continuous refill with a burst capacity.
     TokenBucket(TokenBucket),

@@ -39,7 +39,9 @@ const PENDING: Outcome = Outcome {
 };
 
 /// One rule's part of a [`Decision`].
+// Non-exhaustive: the middleware builds these; a field handlers read later is an addition.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RuleDecision {
     pub(crate) rule: Arc<str>,
     /// What the rule decided, with the numbers the headers carry.

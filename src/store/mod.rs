@@ -34,7 +34,12 @@ pub use overrides::OverrideEntry;
 pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
+///
+/// Outside the crate (a test, a bench, a front end driving a store directly), build one with
+/// [`Charge::new`] and the `with_` setters; a store reads the fields.
+// Non-exhaustive: a field a rule hands its store later is an addition, not a break.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Charge<'a> {
     /// The rule's name: the namespace of its keys.
     pub rule: RuleName<'a>,
@@ -58,6 +63,53 @@ pub struct Charge<'a> {
     /// `None` for every other rule: the store reads no override. (Shared, so that a store
     /// answering later, from a future of its own, can fill it in.)
     pub overrides: Option<&'a Arc<OnceLock<Limit>>>,
+}
+
+impl<'a> Charge<'a> {
+    /// A plain charge of `cost` units to `key` under `rule` and its `algorithm`: mode
+    /// [`Mode::Charge`], no penalty, no lease, no override read.
+    pub const fn new(
+        rule: RuleName<'a>,
+        algorithm: &'a Algorithm,
+        key: &'a [u8],
+        cost: u64,
+    ) -> Self {
+        Charge {
+            rule,
+            algorithm,
+            key,
+            cost,
+            mode: Mode::Charge,
+            penalty: None,
+            lease: None,
+            overrides: None,
+        }
+    }
+
+    /// The same charge in `mode` (charge, check or reserve).
+    pub const fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The same charge under the rule's `penalty`.
+    pub const fn with_penalty(mut self, penalty: &'a Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+
+    /// The same charge with the rule's quota `lease`.
+    pub const fn with_lease(mut self, lease: &'a Lease) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The same charge reading the key's override, put in `cell` when there is one (see
+    /// [`overrides`](Charge::overrides)).
+    pub const fn with_overrides(mut self, cell: &'a Arc<OnceLock<Limit>>) -> Self {
+        self.overrides = Some(cell);
+        self
+    }
 }
 
 /// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a

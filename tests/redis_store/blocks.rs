@@ -62,7 +62,7 @@ fn is_denied_for(outcome: &tollgate::algorithm::Outcome, at_most: Duration, at_l
             retry_after <= at_most && retry_after >= at_least,
             "{retry_after:?} not in {at_least:?}..={at_most:?}"
         ),
-        Verdict::Allowed | Verdict::Reserved { .. } => panic!("admitted: {outcome:?}"),
+        _ => panic!("admitted: {outcome:?}"),
     }
 }
 

@@ -501,16 +501,7 @@ async fn hand_picked_edges_match() {
     ));
     for step in 0..40 {
         for (rule, algorithm, cost) in [("log", &log, 1), ("pool", &pool, 2)] {
-            let batch = [Charge {
-                rule: RuleName::new(rule),
-                algorithm,
-                key: b"k",
-                cost,
-                mode: Mode::Charge,
-                penalty: None,
-                lease: None,
-                overrides: None,
-            }];
+            let batch = [Charge::new(RuleName::new(rule), algorithm, b"k", cost)];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();
             assert_eq!(got, expected, "step {step}, rule {rule}");
@@ -770,17 +761,17 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
         let local = limiter.charge("hourly", "k", 1).await.unwrap();
         assert_eq!(
             local,
-            tollgate::algorithm::Outcome {
-                verdict: Verdict::Denied {
+            tollgate::algorithm::Outcome::new(
+                Verdict::Denied {
                     retry_after: Duration::from_secs(1200)
                 },
-                limit: 2,
-                remaining: 0,
-                balance: 0,
-                next_unit_in: Duration::from_secs(1200),
-                full_in: Duration::from_secs(3000),
-                offence: false,
-            }
+                2,
+                0,
+            )
+            .with_balance(0)
+            .with_next_unit_in(Duration::from_secs(1200))
+            .with_full_in(Duration::from_secs(3000))
+            .with_offence(false)
         );
     }
     assert_eq!(

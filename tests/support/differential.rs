@@ -332,9 +332,10 @@ async fn both(
             .iter()
             .zip(slots)
             .zip(overridable)
-            .map(|((charge, slot), &o)| Charge {
-                overrides: o.then_some(slot),
-                ..*charge
+            .map(|((charge, slot), &o)| {
+                let mut charge = *charge;
+                charge.overrides = o.then_some(slot);
+                charge
             })
             .collect()
     }
@@ -400,15 +401,12 @@ pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> 
             Step::Apply(charges) => {
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
-                    .map(|&(rule, key, cost, mode)| Charge {
-                        rule: RuleName::new(&names[rule]),
-                        algorithm: &rules[rule],
-                        key: KEYS[key],
-                        cost,
-                        mode: mode_of(mode, overridable[rule]),
-                        penalty: penalties[rule].as_ref(),
-                        lease: None,
-                        overrides: None,
+                    .map(|&(rule, key, cost, mode)| {
+                        let mut charge =
+                            Charge::new(RuleName::new(&names[rule]), &rules[rule], KEYS[key], cost)
+                                .with_mode(mode_of(mode, overridable[rule]));
+                        charge.penalty = penalties[rule].as_ref();
+                        charge
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
@@ -418,15 +416,12 @@ pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> 
             Step::ApplyUnder(charges) => {
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
-                    .map(|(rule, key, cost, mode, limit)| Charge {
-                        rule: RuleName::new(&names[*rule]),
-                        algorithm: limit,
-                        key: KEYS[*key],
-                        cost: *cost,
-                        mode: mode_of(*mode, overridable[*rule]),
-                        penalty: penalties[*rule].as_ref(),
-                        lease: None,
-                        overrides: None,
+                    .map(|(rule, key, cost, mode, limit)| {
+                        let mut charge =
+                            Charge::new(RuleName::new(&names[*rule]), limit, KEYS[*key], *cost)
+                                .with_mode(mode_of(*mode, overridable[*rule]));
+                        charge.penalty = penalties[*rule].as_ref();
+                        charge
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
@@ -434,16 +429,13 @@ pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> 
                 answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::Refund(rule, key, units) => {
-                let charge = Charge {
-                    rule: RuleName::new(&names[*rule]),
-                    algorithm: &rules[*rule],
-                    key: KEYS[*key],
-                    cost: *units,
-                    mode: Mode::Charge,
-                    penalty: penalties[*rule].as_ref(),
-                    lease: None,
-                    overrides: None,
-                };
+                let mut charge = Charge::new(
+                    RuleName::new(&names[*rule]),
+                    &rules[*rule],
+                    KEYS[*key],
+                    *units,
+                );
+                charge.penalty = penalties[*rule].as_ref();
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
             }
@@ -459,16 +451,13 @@ pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> 
             }
             Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
             Step::Owe(rule, key, units) if rules[*rule].reserves() => {
-                let charge = Charge {
-                    rule: RuleName::new(&names[*rule]),
-                    algorithm: &rules[*rule],
-                    key: KEYS[*key],
-                    cost: *units,
-                    mode: Mode::Reserve(ReserveBound::default()),
-                    penalty: None,
-                    lease: None,
-                    overrides: None,
-                };
+                let charge = Charge::new(
+                    RuleName::new(&names[*rule]),
+                    &rules[*rule],
+                    KEYS[*key],
+                    *units,
+                )
+                .with_mode(Mode::Reserve(ReserveBound::default()));
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;
                 assert_eq!(
