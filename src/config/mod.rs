@@ -104,7 +104,7 @@ impl ConfigFormat {
 ///     key = "peer_ip"
 /// "#)?;
 /// let limits = config.layer()?;
-/// assert_eq!(limits.limiter().rule_names(), ["per-ip"]);
+/// assert_eq!(limits.limiter().rules_in_force()[0].name, "per-ip");
 /// # Ok::<(), tollgate::config::ConfigFileError>(())
 /// ```
 pub struct Config {

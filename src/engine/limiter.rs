@@ -195,7 +195,7 @@ pub enum LimitError {
     /// [`reserve_all`](Limiter::reserve_all)) names no rule: there is nothing to decide, and a
     /// decision that says "allowed" would be a limit that was never asked.
     EmptyBatch,
-    /// The rule has no penalty ([`Rule::block_for`]), so its keys cannot be blocked.
+    /// The rule has no penalty ([`Rule::block`]), so its keys cannot be blocked.
     NoPenalty(String),
     /// The rule is not a concurrency limit, so it has no slots to acquire.
     NotConcurrent(String),
@@ -305,8 +305,9 @@ impl Limiter {
         LimiterBuilder::default()
     }
 
-    /// The names of the rules in force, in order.
-    pub fn rule_names(&self) -> Vec<String> {
+    /// The names of the rules in force, in order (for the reload's log line; callers read
+    /// [`rules_in_force`](Self::rules_in_force)).
+    fn rule_names(&self) -> Vec<String> {
         self.inner
             .rules
             .load()
@@ -886,8 +887,7 @@ impl Limiter {
     /// Blocks `key` under `rule` for `d` from now, e.g. an admin action or an IP caught stuffing
     /// credentials: every request of the key under the rule is denied until then, with
     /// `Retry-After` = what is left of the block. A block already in force is replaced; the
-    /// key's offence count is kept. The rule must have a penalty ([`Rule::block_for`] or
-    /// [`Rule::block`]): only such rules read blocks, so the others pay nothing for them.
+    /// key's offence count is kept. The rule must have a penalty ([`Rule::block`]): only such rules read blocks, so the others pay nothing for them.
     pub async fn block(
         &self,
         rule: &str,
@@ -1056,10 +1056,10 @@ impl Limiter {
     /// ```
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use tollgate::{Limit, Limiter, Rule};
+    /// use tollgate::{Limit, Limiter, Penalty, Rule};
     ///
     /// let limiter = Limiter::builder()
-    ///     .rule(Rule::new("login", Limit::per_minute(5)).block_for(Duration::from_secs(600)))
+    ///     .rule(Rule::new("login", Limit::per_minute(5)).block(Penalty::fixed(Duration::from_secs(600))))
     ///     .build()?;
     /// limiter.block("login", "203.0.113.9", Duration::from_secs(60)).await?;
     /// let mut blocked = Vec::new();

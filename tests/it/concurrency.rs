@@ -12,7 +12,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tollgate::config::Config;
 use tollgate::middleware::ResponseBody;
-use tollgate::{Key, Limit, LimitError, Limiter, Queue, RateLimitLayer, Rule};
+use tollgate::{Key, Limit, LimitError, Limiter, Penalty, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::paused;
@@ -517,7 +517,9 @@ fn rules_that_cannot_work_are_errors_naming_the_rule_and_the_field() {
         "rule \"llm\": shadow: not available on a concurrency rule"
     );
     assert_eq!(
-        error(Rule::new("llm", Limit::concurrent(4)).block_for(Duration::from_secs(60))),
+        error(
+            Rule::new("llm", Limit::concurrent(4)).block(Penalty::fixed(Duration::from_secs(60)))
+        ),
         "rule \"llm\": block: not available on a concurrency rule"
     );
 }

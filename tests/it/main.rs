@@ -6,6 +6,16 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The names of the rules `limiter` has in force, in order: what most assertions about a
+/// reload compare.
+fn rule_names(limiter: &tollgate::Limiter) -> Vec<String> {
+    limiter
+        .rules_in_force()
+        .into_iter()
+        .map(|rule| rule.name)
+        .collect()
+}
+
 mod admin;
 mod axum;
 mod concurrency;

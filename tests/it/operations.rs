@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use tollgate::{AccessList, Key, Limit, Queue, RateLimitLayer, Rule};
+use tollgate::{AccessList, Key, Limit, Penalty, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::oneshot;
@@ -258,7 +258,7 @@ async fn reloading_under_load_fails_no_request_and_keeps_unchanged_rules() {
     assert!(layer
         .reload([Rule::new("kept", Limit::per_day(0))])
         .is_err());
-    assert_eq!(layer.limiter().rule_names(), ["kept"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["kept"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -340,7 +340,7 @@ async fn a_blocked_key_gets_the_rest_of_its_block_as_retry_after_and_is_counted_
             .rule(
                 Rule::new("login", Limit::per_minute(2))
                     .key(Key::peer_ip())
-                    .block_for(std::time::Duration::from_secs(600)),
+                    .block(Penalty::fixed(std::time::Duration::from_secs(600))),
             )
             .build()
             .unwrap()

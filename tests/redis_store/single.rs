@@ -27,7 +27,8 @@ use tollgate::clock::ManualClock;
 use tollgate::config::Config;
 use tollgate::store::{Charge, RuleName, Store, StoreErrorKind};
 use tollgate::{
-    FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, RedisStore, Rule,
+    FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, Penalty, RateLimitLayer,
+    RedisStore, Rule,
 };
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -1041,7 +1042,7 @@ async fn every_script_is_sent_again_after_noscript() {
                 .rule(Rule::new("fixed", Limit::fixed_window(10, DAY)))
                 .rule(Rule::new("sliding", Limit::sliding_window(10, DAY)))
                 .rule(Rule::new("log", Limit::sliding_log(10, DAY)))
-                .rule(Rule::new("guarded", Limit::per_day(10)).block_for(DAY))
+                .rule(Rule::new("guarded", Limit::per_day(10)).block(Penalty::fixed(DAY)))
                 .store(builder.build().await.unwrap())
                 .build()
                 .unwrap()

@@ -11,7 +11,7 @@ pub const CONFIG: &str = r#"
 name = "per-ip"
 rate = 10
 period = "1s"
-burst = 20
+capacity = 20
 key = "peer_ip"
 "#;
 
