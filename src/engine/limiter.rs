@@ -74,7 +74,6 @@ pub struct LimiterBuilder {
     memory: Option<MemoryStore>,
     failure: FailurePolicy,
     breaker: CircuitBreaker,
-    breaker_given: bool,
 }
 
 impl LimiterBuilder {
@@ -114,22 +113,7 @@ impl LimiterBuilder {
     /// answers again.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = breaker;
-        self.breaker_given = true;
         self
-    }
-
-    /// The first setting given that only a limiter built by this builder would use (a layer
-    /// built on another limiter refuses it rather than ignore it).
-    pub(crate) fn first_setting(&self) -> Option<&'static str> {
-        [
-            ("rule", !self.rules.is_empty()),
-            ("store", self.store.is_some()),
-            ("allow", !self.allow.is_empty()),
-            ("deny", !self.deny.is_empty()),
-            ("circuit_breaker", self.breaker_given),
-        ]
-        .into_iter()
-        .find_map(|(setting, given)| given.then_some(setting))
     }
 
     /// Requests matching `list` are never limited.

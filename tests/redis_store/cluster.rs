@@ -81,8 +81,7 @@ async fn rules_with_one_key_value_share_a_slot_and_one_call() {
         .store(store.clone())
         .build()
         .unwrap();
-    let layer = tollgate::RateLimitLayer::builder()
-        .limiter(limiter)
+    let layer = tollgate::RateLimitLayer::from_limiter(limiter)
         .build()
         .unwrap();
     use tower::{Layer, ServiceExt};

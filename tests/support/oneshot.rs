@@ -42,7 +42,7 @@ pub(crate) async fn send<S: Limited<Full<Bytes>>>(
 
 /// `limiter`'s layer around a service answering 200 with an empty body.
 pub(crate) fn app(limiter: Limiter) -> impl Limited<Full<Bytes>> {
-    let layer = RateLimitLayer::builder().limiter(limiter).build().unwrap();
+    let layer = RateLimitLayer::from_limiter(limiter).build().unwrap();
     layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::default()))
     }))
