@@ -13,7 +13,7 @@ use http::header::HeaderName;
 use http::Request;
 use tollgate::engine::Ruling;
 use tollgate::{Decision, Limiter};
-use tollgate_server::plan::{Descriptor, Plan};
+use tollgate_server::plan::{Descriptor, RequestCharges};
 use tollgate_server::tree::{Domains, Entry};
 
 /// Where an entry's value comes from.
@@ -150,7 +150,7 @@ impl ServerRun {
                 Descriptor::new(entries, 1)
             })
             .collect();
-        let plan = Plan::new(self.domains.get(&self.domain), &descriptors, false);
+        let plan = RequestCharges::new(self.domains.get(&self.domain), &descriptors, false);
         if plan.cannot_pass() {
             return Ruling::Refused {
                 status: http::StatusCode::TOO_MANY_REQUESTS,

@@ -28,26 +28,26 @@ pub fn locate(format: ConfigFormat, text: &str, place: &str) -> Option<(usize, u
     locate::locate(format, text, place)
 }
 
-/// The plan (tier) of a request, put in its extensions by an earlier layer — typically the one
+/// The name of a request's plan (tier), put in its extensions by an earlier layer — typically the one
 /// that authenticates the caller — for rules whose tiers say `from = "extension"`.
 ///
 /// ```
-/// use tollgate::config::Plan;
+/// use tollgate::config::PlanName;
 ///
 /// let mut request = http::Request::new(());
 /// // In your authentication layer, once you know the customer:
-/// request.extensions_mut().insert(Plan::new("pro"));
-/// assert_eq!(request.extensions().get::<Plan>().unwrap().as_str(), "pro");
+/// request.extensions_mut().insert(PlanName::new("pro"));
+/// assert_eq!(request.extensions().get::<PlanName>().unwrap().as_str(), "pro");
 /// ```
 ///
 /// A plan the rule does not list counts as the rule's `default` plan.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Plan(String);
+pub struct PlanName(String);
 
-impl Plan {
+impl PlanName {
     /// The plan named `name`, as the configuration file names it.
-    pub fn new(name: impl Into<String>) -> Plan {
-        Plan(name.into())
+    pub fn new(name: impl Into<String>) -> PlanName {
+        PlanName(name.into())
     }
 
     /// The plan's name.
@@ -56,7 +56,7 @@ impl Plan {
     }
 }
 
-impl fmt::Display for Plan {
+impl fmt::Display for PlanName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }

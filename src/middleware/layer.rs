@@ -282,8 +282,7 @@ impl RateLimitLayerBuilder<Limiter> {
         let failure = self.failure;
         let (limiter, layer) = self.split();
         layer.finish(|| {
-            if matches!(failure, FailurePolicy::Local { .. })
-                && limiter.failure_policy() != failure
+            if matches!(failure, FailurePolicy::Local { .. }) && limiter.failure_policy() != failure
             {
                 return Err(ConfigError::new(
                     "on_store_failure",
@@ -450,7 +449,6 @@ impl<L> RateLimitLayerBuilder<L> {
         self.top_offenders = capacity;
         self
     }
-
 }
 
 impl RateLimitLayerBuilder<()> {

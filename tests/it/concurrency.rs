@@ -718,7 +718,7 @@ async fn concurrent_in_a_config_file() {
 #[tokio::test]
 async fn each_plan_of_a_config_file_has_its_own_number_of_slots() {
     use tollgate::config::ConfigFormat;
-    use tollgate::config::Plan;
+    use tollgate::config::PlanName;
 
     let toml = r#"
 [[rules]]
@@ -741,7 +741,7 @@ concurrent = 3
     let (open, app) = streaming(&layer);
     let on = |plan: &str, key: &str, id| {
         let mut request = request(key, id);
-        request.extensions_mut().insert(Plan::new(plan));
+        request.extensions_mut().insert(PlanName::new(plan));
         request
     };
     let mut held = Vec::new();

@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use tollgate::clock::{ManualClock, TokioClock};
 use tollgate::config::Config;
 use tollgate::config::ConfigFormat;
-use tollgate::config::Plan;
+use tollgate::config::PlanName;
 use tollgate::key::ForwardedHeader;
 use tollgate::{
     AccessList, Cost, CountIf, FailurePolicy, Key, Limit, MemoryStore, MissingKey, Penalty, Queue,
@@ -1223,7 +1223,7 @@ plans.pro = { rate = 2 }
         move || {
             let mut request = get("/", &[]);
             if let Some(plan) = plan {
-                request.extensions_mut().insert(Plan::new(plan));
+                request.extensions_mut().insert(PlanName::new(plan));
             }
             request
         }
