@@ -38,19 +38,53 @@ mod token_bucket;
 
 use std::time::Duration;
 
-pub use burst_pool::{BurstPool, BurstPoolState};
+pub use burst_pool::BurstPool;
+pub(crate) use burst_pool::BurstPoolState;
 pub use concurrency::{Concurrency, SLOT_RETRY_AFTER};
-pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use fixed_window::FixedWindow;
+pub(crate) use fixed_window::FixedWindowState;
 pub use lease::{Lease, MAX_LEASE_TTL};
 pub(crate) use limit::Limit;
 pub use penalty::Block;
 pub(crate) use penalty::Penalty;
-pub use sliding_log::{SlidingLog, SlidingLogState};
-pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use sliding_log::SlidingLog;
+pub(crate) use sliding_log::SlidingLogState;
+pub use sliding_window::SlidingWindow;
+pub(crate) use sliding_window::SlidingWindowState;
+pub(crate) use state::{stable_key_hash, Micros};
 pub use token_bucket::TokenBucket;
 
-/// Microseconds since the Unix epoch: the time every algorithm works in.
-pub type Micros = u64;
+/// What a store keeps per key, for the authors of custom stores (and of benchmarks of the
+/// algorithms alone): the state each algorithm's `evaluate` reads and `commit` returns, the time
+/// they work in, and the hash that places a key's windows. An application never needs these:
+/// the stores keep them.
+///
+/// A token bucket's state is a plain `i64` (the moment the bucket was empty) and a concurrency
+/// limit's a `u64` (the slots taken), so neither has a type here.
+pub mod state {
+    pub use super::burst_pool::BurstPoolState;
+    pub use super::fixed_window::FixedWindowState;
+    pub use super::sliding_log::SlidingLogState;
+    pub use super::sliding_window::SlidingWindowState;
+
+    /// Microseconds since the Unix epoch: the time every algorithm works in.
+    pub type Micros = u64;
+
+    /// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes,
+    /// versions and machines, so every instance of a fleet derives the same per-key window
+    /// start ([`WindowStart::PerKey`](super::WindowStart::PerKey)): a store that places
+    /// windows itself must use it to agree with the others.
+    pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut h = OFFSET;
+        for &b in rule.as_bytes().iter().chain(&[0xff]).chain(key) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+        h
+    }
+}
 
 /// What a caller asks of one rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -316,19 +350,6 @@ pub(crate) fn window_containing(now: Micros, offset: Micros, period: Micros) -> 
     // Only a time within one period of the epoch has a window starting before it; start that one
     // at the epoch instead.
     now.saturating_sub(into as u64)
-}
-
-/// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes, versions and
-/// machines, so every instance of a fleet derives the same per-key window start.
-pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h = OFFSET;
-    for &b in rule.as_bytes().iter().chain(&[0xff]).chain(key) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(PRIME);
-    }
-    h
 }
 
 impl WindowStart {

@@ -21,9 +21,17 @@ pub use watch::ConfigWatch;
 
 /// The line and column (1-based) of `place` — a path such as `rules[2].period`, as
 /// [`ConfigFileError::path`] names it — in a configuration's `text`, or of the deepest part of it
-/// the text holds. For tools that hand [`Config::parse`] a document derived from a user's file
-/// (`tollgate-server` adds and removes fields of its own): they report the library's error at
-/// its place in the file the user wrote.
+/// the text holds. For tools that hand [`Config::parse`] a document derived from a user's file:
+/// they report the library's error at its place in the file the user wrote. Public because
+/// `tollgate-server` is such a tool (it adds and removes fields of its own before parsing) and
+/// is built on this crate's public API only.
+///
+/// ```
+/// use tollgate::config::{locate, ConfigFormat};
+///
+/// let text = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"\n";
+/// assert_eq!(locate(ConfigFormat::Toml, text, "rules[0].period"), Some((4, 10)));
+/// ```
 pub fn locate(format: ConfigFormat, text: &str, place: &str) -> Option<(usize, usize)> {
     locate::locate(format, text, place)
 }
