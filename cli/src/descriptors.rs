@@ -130,8 +130,11 @@ fn value(source: &Source, request: &Request<()>) -> Option<String> {
 
 /// A configuration of tollgate-server, and how log lines become its descriptors.
 pub struct ServerRun {
+    /// The domains of the configuration, each with its descriptor tree.
     pub domains: Domains,
+    /// The domain the log's requests are decided in.
     pub domain: String,
+    /// How a log line's request becomes the descriptors tollgate-server would be sent.
     pub map: DescriptorMap,
 }
 

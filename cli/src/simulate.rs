@@ -27,13 +27,22 @@ pub const START: Micros = 1_700_000_000_000_000;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Traffic {
     /// `steady:RATE`: RATE requests per second per client, evenly spaced.
-    Steady { rate: f64 },
+    Steady {
+        /// Requests per second per client.
+        rate: f64,
+    },
     /// `poisson:RATE`: RATE per second per client on average, at random.
-    Poisson { rate: f64 },
+    Poisson {
+        /// Requests per second per client, on average.
+        rate: f64,
+    },
     /// `burst:N/EVERY[+AT]`: N requests at once every EVERY, the first at AT.
     Burst {
+        /// Requests in each burst.
         n: u64,
+        /// The time between bursts.
         every: Duration,
+        /// The time of the first burst.
         at: Duration,
     },
 }
