@@ -4,7 +4,7 @@
 
 #![cfg(feature = "redis")]
 
-use crate::support::differential;
+use crate::differential;
 use crate::support::hammer;
 use crate::support::redis_server;
 

@@ -4,8 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+use crate::differential;
 use crate::support::calendar;
-use crate::support::differential;
 use crate::support::hammer;
 #[allow(dead_code)]
 #[path = "../../examples/redis.rs"]

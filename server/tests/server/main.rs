@@ -6,8 +6,7 @@
 #![allow(unreachable_pub)]
 
 mod bad_input;
-#[path = "../../../tests/support/certificates.rs"]
-mod certificates;
+use tollgate_test_support::certificates;
 mod environment;
 mod later_fields;
 mod numbers;
@@ -15,8 +14,7 @@ mod operations;
 mod prometheus;
 mod readme;
 mod redis;
-#[path = "../../../tests/support/redis_server.rs"]
-mod redis_server;
+use tollgate_test_support::redis_server;
 mod reload;
 mod statsd;
 mod support;

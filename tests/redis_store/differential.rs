@@ -2,8 +2,6 @@
 //! overrides and times — against the memory store and the Redis store, comparing every field of
 //! every outcome and the override each charge was decided under.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -20,7 +18,7 @@ use tollgate::{Limit, Penalty};
 
 /// One step of a scenario.
 #[derive(Clone, Debug)]
-pub enum Step {
+pub(crate) enum Step {
     /// A request: (rule, key, cost, mode) per charge, rules distinct.
     Apply(Vec<(usize, usize, u64, Mode)>),
     /// A request whose limits come from the request (DESIGN §13): (rule, key, cost, mode, limit)
@@ -41,10 +39,10 @@ pub enum Step {
 }
 
 /// A rule of a scenario: its algorithm and, for some, a penalty.
-pub type ScenarioRule = (Algorithm, Option<Penalty>);
+pub(crate) type ScenarioRule = (Algorithm, Option<Penalty>);
 
 /// A scenario: its start (microseconds since the epoch), its rules and its steps.
-pub type Scenario = (u64, Vec<ScenarioRule>, Vec<Step>);
+pub(crate) type Scenario = (u64, Vec<ScenarioRule>, Vec<Step>);
 
 fn penalty() -> impl Strategy<Value = Penalty> {
     (
@@ -64,7 +62,7 @@ fn rule() -> impl Strategy<Value = ScenarioRule> {
 }
 
 /// Key values: the global (empty) key, and two others.
-pub const KEYS: [&[u8]; 3] = [b"", b"alice", b"10.0.0.7"];
+pub(crate) const KEYS: [&[u8]; 3] = [b"", b"alice", b"10.0.0.7"];
 
 fn period() -> impl Strategy<Value = Duration> {
     prop_oneof![
@@ -95,7 +93,7 @@ fn start() -> impl Strategy<Value = WindowStart> {
     ]
 }
 
-pub fn algorithm() -> impl Strategy<Value = Algorithm> {
+pub(crate) fn algorithm() -> impl Strategy<Value = Algorithm> {
     prop_oneof![
         3 => bucket().prop_map(Algorithm::TokenBucket),
         2 => (1u64..10, period(), 0u64..3, start()).prop_map(|(limit, period, extra, start)| {
@@ -281,7 +279,7 @@ fn step(rules: Vec<Algorithm>, overrides: bool) -> BoxedStrategy<Step> {
 
 /// A scenario: a start time (near today's, so the script's numbers are as large as in
 /// production), rules, and steps.
-pub fn scenario() -> impl Strategy<Value = Scenario> {
+pub(crate) fn scenario() -> impl Strategy<Value = Scenario> {
     (
         1_700_000_000_000_000u64..1_800_000_000_000_000,
         prop::collection::vec(rule(), 1..=3),
@@ -357,7 +355,7 @@ async fn both(
 /// [`run`] with the Redis store's deny cache on (its default), then off, each run's keys under
 /// a prefix of its own (`prefix` followed by `true` or `false`); `redis` makes the builder of the
 /// server or cluster. Returns the outcomes of each run, cache on first.
-pub async fn run_with_and_without_deny_cache(
+pub(crate) async fn run_with_and_without_deny_cache(
     redis: impl Fn() -> RedisStoreBuilder,
     prefix: &str,
     scenario: &Scenario,
@@ -374,7 +372,10 @@ pub async fn run_with_and_without_deny_cache(
 /// clock, with the builder's settings otherwise (the defaults include the deny cache, whose
 /// local answers must be Redis's exactly); panics on the first difference. Returns the outcomes
 /// of the requests, in order.
-pub async fn run(redis: RedisStoreBuilder, (start, rules, steps): &Scenario) -> Vec<Outcomes> {
+pub(crate) async fn run(
+    redis: RedisStoreBuilder,
+    (start, rules, steps): &Scenario,
+) -> Vec<Outcomes> {
     let clock = ManualClock::new(Duration::from_micros(*start));
     let redis = redis
         .clock(clock.clone())
