@@ -458,3 +458,72 @@ impl<T> Future for StoreFuture<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algorithm::{ReserveBound, TokenBucket, Verdict};
+
+    /// `Charge::new` is a plain charge; each setter sets its field and only it (the way every
+    /// caller outside the crate builds one, the type being non-exhaustive).
+    #[test]
+    fn a_charge_built_with_its_setters_has_each_field() {
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(5, Duration::from_secs(1)));
+        let penalty = Penalty::fixed(Duration::from_secs(60));
+        let lease = Lease::new(2, Duration::from_secs(1));
+        let cell = Arc::new(OnceLock::new());
+        let plain = Charge::new(RuleName::new("api"), &algorithm, b"alice", 3);
+        assert_eq!(
+            (plain.rule.as_str(), plain.key, plain.cost, plain.mode),
+            ("api", &b"alice"[..], 3, Mode::Charge)
+        );
+        assert!(plain.penalty.is_none() && plain.lease.is_none() && plain.overrides.is_none());
+        let reserve = Mode::Reserve(ReserveBound::default());
+        let full = plain
+            .with_mode(reserve)
+            .with_penalty(&penalty)
+            .with_lease(&lease)
+            .with_overrides(&cell);
+        assert_eq!(full.mode, reserve);
+        assert_eq!(full.penalty, Some(&penalty));
+        assert_eq!(full.lease, Some(&lease));
+        assert!(full
+            .overrides
+            .is_some_and(|given| Arc::ptr_eq(given, &cell)));
+        assert_eq!(
+            (full.rule, full.key, full.cost),
+            (plain.rule, plain.key, plain.cost)
+        );
+    }
+
+    /// `Outcome::new` starts from a full quota with nothing owed; the setters change the rest.
+    #[test]
+    fn an_outcome_built_with_its_setters_has_each_field() {
+        let denied = Verdict::Denied {
+            retry_after: Duration::from_secs(2),
+        };
+        let plain = Outcome::new(denied, 10, 0);
+        assert_eq!((plain.limit, plain.remaining, plain.balance), (10, 0, 0));
+        assert_eq!(
+            (plain.next_unit_in, plain.full_in),
+            (Duration::ZERO, Duration::ZERO)
+        );
+        assert!(!plain.offence);
+        let owed = plain
+            .with_balance(-4)
+            .with_next_unit_in(Duration::from_secs(2))
+            .with_full_in(Duration::from_secs(7))
+            .with_offence(true);
+        assert_eq!(owed.balance, -4);
+        assert_eq!(owed.next_unit_in, Duration::from_secs(2));
+        assert_eq!(owed.full_in, Duration::from_secs(7));
+        assert!(owed.offence);
+        assert_eq!(owed.retry_after(), Some(Duration::from_secs(2)));
+        assert_eq!(
+            Outcome::new(Verdict::Allowed, 3, u64::MAX).balance,
+            i64::MAX
+        );
+    }
+}
