@@ -183,7 +183,7 @@ impl Limiter {
                     return Err(LimitError::Repeated(rule.to_owned()));
                 }
                 let applied = limit.map(|limit| Arc::new(std::sync::OnceLock::from(Some(limit))));
-                decision.plan(index, compiled.name.clone(), key, cost, applied);
+                decision.add_charge(index, compiled.name.clone(), key, cost, applied);
                 modes.push(mode);
             }
             if decision.rules().is_empty() {

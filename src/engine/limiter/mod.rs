@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use http::Request;
 
 use super::ask::Answer;
-use super::decision::{Decision, Ruling};
+use super::decision::{Decision, Plan, Ruling};
 use super::ledger::Ledger;
 use super::ledger::StoreRef;
 use super::slot::Slots;
@@ -180,7 +180,7 @@ impl Limiter {
             if let Some(plan) = shadow_plan {
                 *shadow = plan;
             }
-            let ask = |plan: &mut Decision| {
+            let ask = |plan: &mut Plan| {
                 if plan.rules().is_empty() {
                     Answer::Now(Ok(()))
                 } else {
