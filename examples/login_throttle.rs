@@ -41,7 +41,7 @@ pub(crate) fn app() -> Router {
             Rule::new("ip", Limit::per_minute(20))
                 .key(Key::peer_ip())
                 .count_if(failed())
-                .block_for(15 * MINUTE),
+                .block(Penalty::fixed(15 * MINUTE)),
         )
         .build()
         .expect("the rules are valid");

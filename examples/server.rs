@@ -118,7 +118,8 @@ pub(crate) fn app(limits: RateLimitLayer, metrics: PrometheusHandle) -> Router {
 /// Every rule's top offenders, as JSON values.
 async fn top_offenders(layer: &RateLimitLayer) -> Vec<serde_json::Value> {
     let mut rules = Vec::new();
-    for name in layer.limiter().rule_names() {
+    for rule in layer.limiter().rules_in_force() {
+        let name = rule.name;
         // A reload between the two calls may have removed the rule: it is left out.
         let Ok(top) = layer.top_offenders(&name).await else {
             continue;
@@ -735,13 +736,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    println!(
-        "{} rules from {}:",
-        limits.limiter().rule_names().len(),
-        path.display()
-    );
-    for name in limits.limiter().rule_names() {
-        println!("  {name}");
+    let rules = limits.limiter().rules_in_force();
+    println!("{} rules from {}:", rules.len(), path.display());
+    for rule in rules {
+        println!("  {}", rule.name);
     }
     println!("listening on http://{addr}; try, with this file's rules:");
     print!("{}", try_lines(addr, &probes));

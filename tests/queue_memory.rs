@@ -18,8 +18,7 @@ use http_body_util::Full;
 use tollgate::{Limit, Queue, Rule};
 use tower::{service_fn, Layer, ServiceExt};
 
-#[path = "support/paused.rs"]
-mod paused;
+use tollgate_test_support::paused;
 
 struct Counting;
 

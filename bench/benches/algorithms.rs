@@ -10,9 +10,11 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use tollgate::algorithm::state::{
+    BurstPoolState, FixedWindowState, Micros, SlidingLogState, SlidingWindowState,
+};
 use tollgate::algorithm::{
-    BurstPool, BurstPoolState, FixedWindow, FixedWindowState, Micros, Mode, Outcome, SlidingLog,
-    SlidingLogState, SlidingWindow, SlidingWindowState, TokenBucket, WindowStart,
+    BurstPool, FixedWindow, Mode, Outcome, SlidingLog, SlidingWindow, TokenBucket, WindowStart,
 };
 
 /// An arbitrary start time: 2023-11-14, in microseconds since the Unix epoch.

@@ -143,9 +143,14 @@ fn middleware(c: &mut Criterion) {
     check_headers(&peer, peer_request, StatusCode::OK);
     let key = peer
         .limiter()
-        .rule_names()
+        .rules_in_force()
         .first()
-        .and_then(|rule| peer.limiter().key_for(rule, &peer_request()).ok().flatten())
+        .and_then(|rule| {
+            peer.limiter()
+                .key_for(&rule.name, &peer_request())
+                .ok()
+                .flatten()
+        })
         .expect("the peer address is the key");
     assert_eq!(key.as_bytes(), b"203.0.113.7");
     bench(

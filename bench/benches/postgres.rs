@@ -16,10 +16,7 @@
 //! together count once) and, for Redis, as the server's calls of the store's script. Under
 //! `cargo test` (no `--bench` argument) each phase runs briefly, as a smoke test.
 
-#[path = "../../tests/support/postgres_server.rs"]
-mod postgres_server;
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+use tollgate_test_support::{postgres_server, redis_server};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -77,16 +74,8 @@ async fn hammer<S: Store + Clone>(
                 } else {
                     format!("k{}", rng.usize(..KEYS))
                 };
-                let charge = Charge {
-                    rule: RuleName::new("limit"),
-                    algorithm: &limit,
-                    key: key.as_bytes(),
-                    cost: 1,
-                    mode: Mode::Charge,
-                    penalty: None,
-                    lease: None,
-                    overrides: None,
-                };
+                let charge = Charge::new(RuleName::new("limit"), &limit, key.as_bytes(), 1)
+                    .with_mode(Mode::Charge);
                 match store.apply_one(&charge).await {
                     Ok(_) => decisions.fetch_add(1, Ordering::Relaxed),
                     Err(_) => errors.fetch_add(1, Ordering::Relaxed),

@@ -20,8 +20,7 @@
 //! someone else, in step with its caller: `scripts/redis_instructions.sh` counts the server's
 //! instructions per call of each row that way, under callgrind (see `drive`).
 
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+use tollgate_test_support::redis_server;
 
 /// The store's scripts, as `RedisStore` puts them together (the rows below use the fast paths').
 #[path = "../../src/store/redis/lua/mod.rs"]

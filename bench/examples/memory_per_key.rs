@@ -15,7 +15,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
-use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::algorithm::{Algorithm, TokenBucket};
 use tollgate::store::{Charge, RuleName, Store};
 use tollgate::MemoryStore;
 
@@ -67,16 +67,7 @@ fn tollgate(n: u64) -> (u64, u64) {
     let before = rss();
     for i in 0..n {
         let bytes = key(i).to_le_bytes();
-        let charge = Charge {
-            rule,
-            algorithm: &algorithm,
-            key: &bytes,
-            cost: 1,
-            mode: Mode::Charge,
-            penalty: None,
-            lease: None,
-            overrides: None,
-        };
+        let charge = Charge::new(rule, &algorithm, &bytes, 1);
         let outcomes = match store.apply(std::slice::from_ref(&charge)).into_ready() {
             Ok(Ok(outcomes)) => outcomes,
             _ => unreachable!("the memory store answers at once"),

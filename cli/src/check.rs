@@ -363,6 +363,8 @@ fn algorithm(algorithm: &Algorithm) -> String {
             "at most {} in flight at once (a slot is held until the response ends)",
             c.max()
         ),
+        // An algorithm added later is described by its debug form until it has words here.
+        other => format!("{other:?}"),
     }
 }
 

@@ -13,7 +13,7 @@ use http::header::HeaderName;
 use http::Request;
 use tollgate::engine::Ruling;
 use tollgate::{Decision, Limiter};
-use tollgate_server::plan::{Descriptor, Plan};
+use tollgate_server::plan::{Descriptor, RequestCharges};
 use tollgate_server::tree::{Domains, Entry};
 
 /// Where an entry's value comes from.
@@ -130,8 +130,11 @@ fn value(source: &Source, request: &Request<()>) -> Option<String> {
 
 /// A configuration of tollgate-server, and how log lines become its descriptors.
 pub struct ServerRun {
+    /// The domains of the configuration, each with its descriptor tree.
     pub domains: Domains,
+    /// The domain the log's requests are decided in.
     pub domain: String,
+    /// How a log line's request becomes the descriptors tollgate-server would be sent.
     pub map: DescriptorMap,
 }
 
@@ -150,7 +153,7 @@ impl ServerRun {
                 Descriptor::new(entries, 1)
             })
             .collect();
-        let plan = Plan::new(self.domains.get(&self.domain), &descriptors, false);
+        let plan = RequestCharges::new(self.domains.get(&self.domain), &descriptors, false);
         if plan.cannot_pass() {
             return Ruling::Refused {
                 status: http::StatusCode::TOO_MANY_REQUESTS,

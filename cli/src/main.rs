@@ -77,7 +77,7 @@ enum Command {
         /// A configuration whose rules run together, as the layer runs them.
         #[arg(long, conflicts_with_all = ["rules", "scenario"])]
         config: Option<PathBuf>,
-        /// A rule, `name=api,rate=10,period=1s,burst=20` with the configuration file's setting
+        /// A rule, `name=api,rate=10,period=1s,capacity=20` with the configuration file's setting
         /// names (key defaults to peer_ip); several run side by side, each on its own.
         #[arg(long = "rule", value_name = "SETTINGS", conflicts_with = "scenario")]
         rules: Vec<String>,

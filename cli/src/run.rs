@@ -45,7 +45,12 @@ pub struct Runner {
 impl Runner {
     /// Runs requests through `limiter`, whose store reads `clock`.
     pub fn new(limiter: Limiter, clock: ManualClock) -> Runner {
-        let tally = Tally::new(&limiter.rule_names());
+        let names: Vec<String> = limiter
+            .rules_in_force()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        let tally = Tally::new(&names);
         Runner {
             limiter,
             clock,

@@ -27,13 +27,22 @@ pub const START: Micros = 1_700_000_000_000_000;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Traffic {
     /// `steady:RATE`: RATE requests per second per client, evenly spaced.
-    Steady { rate: f64 },
+    Steady {
+        /// Requests per second per client.
+        rate: f64,
+    },
     /// `poisson:RATE`: RATE per second per client on average, at random.
-    Poisson { rate: f64 },
+    Poisson {
+        /// Requests per second per client, on average.
+        rate: f64,
+    },
     /// `burst:N/EVERY[+AT]`: N requests at once every EVERY, the first at AT.
     Burst {
+        /// Requests in each burst.
         n: u64,
+        /// The time between bursts.
         every: Duration,
+        /// The time of the first burst.
         at: Duration,
     },
 }
@@ -142,7 +151,7 @@ pub fn seconds(text: &str) -> Option<Duration> {
         .then(|| Duration::from_secs_f64(secs))
 }
 
-/// A rule from the command line, `name=api,rate=10,period=1s,burst=20` (dotted names for tables:
+/// A rule from the command line, `name=api,rate=10,period=1s,capacity=20` (dotted names for tables:
 /// `queue.burst=20`), as the configuration file's TOML (so it is checked exactly as a file would be). The key defaults to the peer.
 pub fn rule_toml(spec: &str) -> Result<String, String> {
     let mut toml = String::from("[[rules]]\n");
@@ -271,7 +280,7 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "bucket-burst",
         about: "A burst of 30 at 10 s over a steady 1 per second: the token bucket admits up to its burst of 20 at once and then the steady rate; a fixed window of 2 per second cuts the burst to 2.",
         rules: &[
-            "name=token-bucket,rate=2,period=1s,burst=20",
+            "name=token-bucket,rate=2,period=1s,capacity=20",
             "name=fixed-window,algorithm=fixed_window,limit=2,period=1s,aligned=true",
         ],
         traffic: &["steady:1", "burst:30/60s+10s"],
@@ -293,8 +302,8 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "queue-pacing",
         about: "Bursts of 10 every 10 s against 1 per second: without a queue all but the first few are denied; queue mode delays them and lets them through at the rate.",
         rules: &[
-            "name=no-queue,rate=1,period=1s,burst=2",
-            "name=queued,rate=1,period=1s,burst=2,queue.burst=20",
+            "name=no-queue,rate=1,period=1s,capacity=2",
+            "name=queued,rate=1,period=1s,capacity=2,queue.burst=20",
         ],
         traffic: &["burst:10/10s"],
         clients: 1,

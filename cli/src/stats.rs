@@ -131,7 +131,8 @@ impl Tally {
                             tally.delayed += 1;
                             (1, 0, true)
                         }
-                        Verdict::Denied { .. } => {
+                        // A verdict added later counts as a denial until it has a column.
+                        _ => {
                             tally.denied += 1;
                             (0, 1, true)
                         }

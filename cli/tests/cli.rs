@@ -91,7 +91,7 @@ fn rule<'a>(json: &'a Value, name: &str) -> &'a Value {
 }
 
 const PACED: &str =
-    "[[rules]]\nname = \"per-ip\"\nrate = 2\nperiod = \"1s\"\nburst = 1\nkey = \"peer_ip\"\n";
+    "[[rules]]\nname = \"per-ip\"\nrate = 2\nperiod = \"1s\"\ncapacity = 1\nkey = \"peer_ip\"\n";
 
 #[test]
 fn check_prints_the_rules_and_exits_zero() {
@@ -704,7 +704,7 @@ fn simulate_rules_from_the_command_line() {
     let output = tollgate(&[
         "simulate",
         "--rule",
-        "name=tb,rate=5,period=1s,burst=5",
+        "name=tb,rate=5,period=1s,capacity=5",
         "--traffic",
         "steady:10",
         "--clients",
@@ -730,7 +730,7 @@ fn simulate_rules_from_the_command_line() {
     let text = stdout(&tollgate(&[
         "simulate",
         "--rule",
-        "name=tb,rate=5,period=1s,burst=5",
+        "name=tb,rate=5,period=1s,capacity=5",
         "--clients",
         "3",
         "--duration",

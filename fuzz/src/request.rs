@@ -168,8 +168,8 @@ pub fn run(data: &[u8]) {
             if let Some(peer) = parts.extensions.get::<SocketAddr>() {
                 request.extensions_mut().insert(*peer);
             }
-            for rule in layer.limiter().rule_names() {
-                let _ = layer.limiter().key_for(&rule, &request);
+            for rule in layer.limiter().rules_in_force() {
+                let _ = layer.limiter().key_for(&rule.name, &request);
             }
             let before = calls.load(Ordering::SeqCst);
             let has_peer = request.extensions().get::<SocketAddr>().is_some();

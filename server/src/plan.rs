@@ -85,10 +85,10 @@ impl Charge<'_> {
 
 /// The charges of one request.
 #[derive(Debug)]
-pub struct Plan<'t> {
+pub struct RequestCharges<'t> {
     /// Per descriptor, the limit that applies, if any.
     pub matched: PerDescriptor<Option<Matched<'t>>>,
-    /// Per descriptor, the enforced charge it is part of (an index into [`Plan::charges`]).
+    /// Per descriptor, the enforced charge it is part of (an index into [`RequestCharges::charges`]).
     pub slots: PerDescriptor<Option<usize>>,
     /// Per descriptor, whether it is over its limit whatever the store counts:
     /// `requests_per_unit: 0`, or a cost above what the limit can ever hold.
@@ -102,14 +102,14 @@ pub struct Plan<'t> {
     charges: PerDescriptor<(usize, u64)>,
 }
 
-impl<'t> Plan<'t> {
+impl<'t> RequestCharges<'t> {
     /// The plan of `descriptors` in `domain` (`None`: an unknown domain, nothing applies), with
     /// every limit a quota limit when `quota_mode` (the reference's global `QUOTA_MODE`).
     pub fn new(
         domain: Option<&'t Domain>,
         descriptors: &[Descriptor<'_>],
         quota_mode: bool,
-    ) -> Plan<'t> {
+    ) -> RequestCharges<'t> {
         let mut matched: PerDescriptor<Option<Matched<'t>>> = descriptors
             .iter()
             .map(|d| {
@@ -147,7 +147,7 @@ impl<'t> Plan<'t> {
                 None => quota_mode,
             })
             .collect();
-        let mut plan = Plan {
+        let mut plan = RequestCharges {
             slots: smallvec::smallvec![None; n],
             over_regardless: smallvec::smallvec![false; n],
             negative: descriptors.iter().map(|d| d.negative).collect(),
@@ -227,7 +227,7 @@ impl<'t> Plan<'t> {
     }
 
     /// The shadow limits: `(descriptor, rule, key, limit)`, each charged on its own (those whose
-    /// cost is given back are in [`Plan::refunds`]).
+    /// cost is given back are in [`RequestCharges::refunds`]).
     pub fn shadow(
         &self,
     ) -> impl Iterator<Item = (usize, &str, &[u8], Option<Limit>)> + use<'_, 't> {
@@ -360,7 +360,7 @@ mod tests {
         let a = with_limit(&[("a", "b/c")], 10, Unit::Day);
         let b = with_limit(&[("a/b", "c")], 10, Unit::Day);
         let c = with_limit(&[("a=b", "c")], 10, Unit::Day);
-        let plan = Plan::new(domain, &[a, b, c], false);
+        let plan = RequestCharges::new(domain, &[a, b, c], false);
         let keys: Vec<&[u8]> = plan.charges().map(|c| c.key).collect();
         assert_eq!(keys.len(), 3);
         assert_ne!(keys[0], keys[1]);
@@ -369,7 +369,7 @@ mod tests {
         assert_eq!(charge.rule, "tollgate-server:override:day");
         assert!(charge.limit().is_some());
         // An unknown domain: no limit, the descriptor's own included (the reference's answer).
-        let plan = Plan::new(None, &[with_limit(&[("a", "b")], 10, Unit::Day)], false);
+        let plan = RequestCharges::new(None, &[with_limit(&[("a", "b")], 10, Unit::Day)], false);
         assert!(plan.matched[0].is_none());
     }
 }

@@ -38,19 +38,53 @@ mod token_bucket;
 
 use std::time::Duration;
 
-pub use burst_pool::{BurstPool, BurstPoolState};
+pub use burst_pool::BurstPool;
+pub(crate) use burst_pool::BurstPoolState;
 pub use concurrency::{Concurrency, SLOT_RETRY_AFTER};
-pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use fixed_window::FixedWindow;
+pub(crate) use fixed_window::FixedWindowState;
 pub use lease::{Lease, MAX_LEASE_TTL};
 pub(crate) use limit::Limit;
 pub use penalty::Block;
 pub(crate) use penalty::Penalty;
-pub use sliding_log::{SlidingLog, SlidingLogState};
-pub use sliding_window::{SlidingWindow, SlidingWindowState};
+pub use sliding_log::SlidingLog;
+pub(crate) use sliding_log::SlidingLogState;
+pub use sliding_window::SlidingWindow;
+pub(crate) use sliding_window::SlidingWindowState;
+pub(crate) use state::{stable_key_hash, Micros};
 pub use token_bucket::TokenBucket;
 
-/// Microseconds since the Unix epoch: the time every algorithm works in.
-pub type Micros = u64;
+/// What a store keeps per key, for the authors of custom stores (and of benchmarks of the
+/// algorithms alone): the state each algorithm's `evaluate` reads and `commit` returns, the time
+/// they work in, and the hash that places a key's windows. An application never needs these:
+/// the stores keep them.
+///
+/// A token bucket's state is a plain `i64` (the moment the bucket was empty) and a concurrency
+/// limit's a `u64` (the slots taken), so neither has a type here.
+pub mod state {
+    pub use super::burst_pool::BurstPoolState;
+    pub use super::fixed_window::FixedWindowState;
+    pub use super::sliding_log::SlidingLogState;
+    pub use super::sliding_window::SlidingWindowState;
+
+    /// Microseconds since the Unix epoch: the time every algorithm works in.
+    pub type Micros = u64;
+
+    /// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes,
+    /// versions and machines, so every instance of a fleet derives the same per-key window
+    /// start ([`WindowStart::PerKey`](super::WindowStart::PerKey)): a store that places
+    /// windows itself must use it to agree with the others.
+    pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
+        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut h = OFFSET;
+        for &b in rule.as_bytes().iter().chain(&[0xff]).chain(key) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(PRIME);
+        }
+        h
+    }
+}
 
 /// What a caller asks of one rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -76,7 +110,9 @@ pub struct ReserveBound {
 }
 
 /// The answer for one rule.
+// Non-exhaustive: a new kind of answer (a partial grant, say) is an addition, not a break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Verdict {
     /// The cost fits now and was charged.
     Allowed,
@@ -101,7 +137,12 @@ impl Verdict {
 }
 
 /// The answer for one rule, with everything the response headers need.
+///
+/// A custom [`Store`](crate::store::Store) builds one with [`Outcome::new`] and the `with_`
+/// setters; the fields stay readable.
+// Non-exhaustive: a field the headers need later is an addition, not a break.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Outcome {
     /// Allowed, reserved or denied.
     pub verdict: Verdict,
@@ -125,6 +166,49 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// An outcome of `verdict` under a limit of `limit` units with `remaining` left: the balance
+    /// is `remaining`, nothing is owed, the quota is full again at once (`next_unit_in` and
+    /// `full_in` zero), and it is no offence. The `with_` setters change the rest.
+    pub const fn new(verdict: Verdict, limit: u64, remaining: u64) -> Self {
+        Outcome {
+            verdict,
+            limit,
+            remaining,
+            balance: if remaining > i64::MAX as u64 {
+                i64::MAX
+            } else {
+                remaining as i64
+            },
+            next_unit_in: Duration::ZERO,
+            full_in: Duration::ZERO,
+            offence: false,
+        }
+    }
+
+    /// The same outcome with the signed balance `balance` (negative while units are owed).
+    pub const fn with_balance(mut self, balance: i64) -> Self {
+        self.balance = balance;
+        self
+    }
+
+    /// The same outcome, the available quota growing by a unit in `wait`.
+    pub const fn with_next_unit_in(mut self, wait: Duration) -> Self {
+        self.next_unit_in = wait;
+        self
+    }
+
+    /// The same outcome, the quota full again in `wait`.
+    pub const fn with_full_in(mut self, wait: Duration) -> Self {
+        self.full_in = wait;
+        self
+    }
+
+    /// The same outcome, marked as the offence that blocked its key (or not).
+    pub const fn with_offence(mut self, offence: bool) -> Self {
+        self.offence = offence;
+        self
+    }
+
     /// `true` unless the request was denied.
     pub fn is_allowed(&self) -> bool {
         self.verdict.is_admitted()
@@ -173,7 +257,10 @@ pub enum WindowStart {
 }
 
 /// Every algorithm, as a store sees it.
+// Non-exhaustive: adding an algorithm (ARCHITECTURE's recipe) must not break a store's or a
+// tool's `match`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// Continuous refill with a burst capacity.
     TokenBucket(TokenBucket),
@@ -263,19 +350,6 @@ pub(crate) fn window_containing(now: Micros, offset: Micros, period: Micros) -> 
     // Only a time within one period of the epoch has a window starting before it; start that one
     // at the epoch instead.
     now.saturating_sub(into as u64)
-}
-
-/// A stable 64-bit hash (FNV-1a) of a rule name and a key. Stable across processes, versions and
-/// machines, so every instance of a fleet derives the same per-key window start.
-pub fn stable_key_hash(rule: &str, key: &[u8]) -> u64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h = OFFSET;
-    for &b in rule.as_bytes().iter().chain(&[0xff]).chain(key) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(PRIME);
-    }
-    h
 }
 
 impl WindowStart {

@@ -15,7 +15,7 @@ use super::schema::{
     PlanSource, QueueSpec, RedactKeysSpec, ResponseSpec, RuleSpec, SharedSecretSpec, StoreKind,
     StoreSpec, TiersSpec,
 };
-use super::Plan;
+use super::PlanName;
 use super::UnlimitedPlan;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::Limit;
@@ -571,10 +571,10 @@ fn plan_condition(source: &PlanSource, plan: &str, default: &str, listed: usize)
             format!("requests whose {name} header is {plan:?}, names no other plan, or is absent")
         }
         (PlanSource::Extension, false) => {
-            format!("requests whose `Plan` extension (set by the application) is {plan:?}")
+            format!("requests whose `PlanName` extension (set by the application) is {plan:?}")
         }
         (PlanSource::Extension, true) => format!(
-            "requests whose `Plan` extension (set by the application) is {plan:?}, names no \
+            "requests whose `PlanName` extension (set by the application) is {plan:?}, names no \
              other plan, or is absent"
         ),
         (PlanSource::Key, true) => {
@@ -627,7 +627,7 @@ impl PlanSelector {
                 .extract_head(head)
                 .and_then(|key| self.table.get(key.as_bytes()))
                 .map(|plan| &**plan),
-            Selector::Extension => head.extensions.get::<Plan>().map(Plan::as_str),
+            Selector::Extension => head.extensions.get::<PlanName>().map(PlanName::as_str),
             Selector::Header(name) => head.headers.get(name).and_then(|v| v.to_str().ok()),
         };
         named

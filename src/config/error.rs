@@ -153,6 +153,8 @@ pub(crate) fn refine(path: &str, message: &str) -> (String, String) {
             let names = quoted_names(expected);
             let message = if expected.starts_with("there are no fields") {
                 "unknown field (this table takes none)".to_owned()
+            } else if let Some(new) = renamed(field, &names) {
+                format!("unknown field (did you mean `{new}`? `{field}` was its name before 0.3)")
             } else if let Some(near) = closest(field, &names) {
                 format!("unknown field (did you mean `{near}`?)")
             } else if names.len() > LISTED_NAMES {
@@ -213,6 +215,16 @@ fn quoted_names(expected: &str) -> Vec<&str> {
 /// distance (a swap of two neighbours counting as one edit, case ignored), if it is near
 /// enough — at most one edit for a word of up to five characters, then one more per three
 /// characters, and fewer edits than either has characters. Ties go to the earlier name.
+/// Fields renamed in a release, old name first: a file that still says the old one is pointed at
+/// the new, which no edit distance would find (`burst` is now only a queue's word).
+const RENAMED: &[(&str, &str)] = &[("burst", "capacity")];
+
+/// The new name of `field` when it is an old one and the table takes the new one.
+fn renamed<'a>(field: &str, names: &[&'a str]) -> Option<&'a str> {
+    let (_, new) = RENAMED.iter().find(|(old, _)| *old == field)?;
+    names.iter().copied().find(|name| name == new)
+}
+
 pub(crate) fn closest<'a>(word: &str, names: &[&'a str]) -> Option<&'a str> {
     let word: Vec<char> = word.to_lowercase().chars().collect();
     let most = (word.len() / 3).max(1);

@@ -21,33 +21,41 @@ pub use watch::ConfigWatch;
 
 /// The line and column (1-based) of `place` — a path such as `rules[2].period`, as
 /// [`ConfigFileError::path`] names it — in a configuration's `text`, or of the deepest part of it
-/// the text holds. For tools that hand [`Config::parse`] a document derived from a user's file
-/// (`tollgate-server` adds and removes fields of its own): they report the library's error at
-/// its place in the file the user wrote.
+/// the text holds. For tools that hand [`Config::parse`] a document derived from a user's file:
+/// they report the library's error at its place in the file the user wrote. Public because
+/// `tollgate-server` is such a tool (it adds and removes fields of its own before parsing) and
+/// is built on this crate's public API only.
+///
+/// ```
+/// use tollgate::config::{locate, ConfigFormat};
+///
+/// let text = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1 fortnight\"\n";
+/// assert_eq!(locate(ConfigFormat::Toml, text, "rules[0].period"), Some((4, 10)));
+/// ```
 pub fn locate(format: ConfigFormat, text: &str, place: &str) -> Option<(usize, usize)> {
     locate::locate(format, text, place)
 }
 
-/// The plan (tier) of a request, put in its extensions by an earlier layer — typically the one
+/// The name of a request's plan (tier), put in its extensions by an earlier layer — typically the one
 /// that authenticates the caller — for rules whose tiers say `from = "extension"`.
 ///
 /// ```
-/// use tollgate::config::Plan;
+/// use tollgate::config::PlanName;
 ///
 /// let mut request = http::Request::new(());
 /// // In your authentication layer, once you know the customer:
-/// request.extensions_mut().insert(Plan::new("pro"));
-/// assert_eq!(request.extensions().get::<Plan>().unwrap().as_str(), "pro");
+/// request.extensions_mut().insert(PlanName::new("pro"));
+/// assert_eq!(request.extensions().get::<PlanName>().unwrap().as_str(), "pro");
 /// ```
 ///
 /// A plan the rule does not list counts as the rule's `default` plan.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Plan(String);
+pub struct PlanName(String);
 
-impl Plan {
+impl PlanName {
     /// The plan named `name`, as the configuration file names it.
-    pub fn new(name: impl Into<String>) -> Plan {
-        Plan(name.into())
+    pub fn new(name: impl Into<String>) -> PlanName {
+        PlanName(name.into())
     }
 
     /// The plan's name.
@@ -56,7 +64,7 @@ impl Plan {
     }
 }
 
-impl fmt::Display for Plan {
+impl fmt::Display for PlanName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -104,7 +112,7 @@ impl ConfigFormat {
 ///     key = "peer_ip"
 /// "#)?;
 /// let limits = config.layer()?;
-/// assert_eq!(limits.limiter().rule_names(), ["per-ip"]);
+/// assert_eq!(limits.limiter().rules_in_force()[0].name, "per-ip");
 /// # Ok::<(), tollgate::config::ConfigFileError>(())
 /// ```
 pub struct Config {

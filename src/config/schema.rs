@@ -231,8 +231,7 @@ pub(crate) struct RuleSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    /// `burst` is the old spelling, still read.
-    #[serde(alias = "burst")]
+    /// `burst`, its spelling before 0.3, is refused with a did-you-mean (see `config::error`).
     pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,
@@ -507,8 +506,7 @@ pub(crate) struct PlanSpec {
     pub(crate) rate: Option<u64>,
     pub(crate) limit: Option<u64>,
     pub(crate) period: Option<HumanDuration>,
-    /// `burst` is the old spelling, still read.
-    #[serde(alias = "burst")]
+    /// `burst`, its spelling before 0.3, is refused with a did-you-mean (see `config::error`).
     pub(crate) capacity: Option<u64>,
     pub(crate) initial: Option<u64>,
     pub(crate) pool: Option<PoolSpec>,

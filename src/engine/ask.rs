@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
-use super::decision::{Decision, RuleDecision};
+use super::decision::{Plan, RuleDecision};
 use super::ledger::Ledger;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Limit, Mode, Outcome};
@@ -25,7 +25,7 @@ use crate::store::{Charge, Outcomes, RuleName, Store, StoreError, StoreFuture};
 pub(crate) enum Answer {
     /// Decided at once (the memory store): the outcomes are in the decision.
     Now(Result<(), StoreError>),
-    /// Deciding needs I/O; [`Decision::answer`] takes the outcomes.
+    /// Deciding needs I/O; [`Plan::answer`](super::decision::Decision::answer) takes the outcomes.
     Later(Pending),
 }
 
@@ -69,7 +69,7 @@ impl RuleSet {
     /// Asks the store for the outcomes of a planned decision: filled in now, or the
     /// future of a store that needs I/O (or of a per-request limit still being looked up). A
     /// plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(self: &Arc<Self>, ledger: &Ledger, plan: &mut Decision) -> Answer {
+    pub(crate) fn ask(self: &Arc<Self>, ledger: &Ledger, plan: &mut Plan) -> Answer {
         let store = ledger.store_ref();
         if self.overridable {
             plan.expect_overrides(|index| self.rules[index].overridable);
@@ -99,7 +99,7 @@ impl RuleSet {
     fn per_request(
         self: &Arc<Self>,
         ledger: &Ledger,
-        plan: &mut Decision,
+        plan: &mut Plan,
     ) -> Option<StoreFuture<Outcomes>> {
         let mut waiting = false;
         for entry in plan.rules_mut() {
@@ -161,7 +161,7 @@ impl RuleSet {
     }
 
     /// The store's view of a planned decision.
-    pub(crate) fn charges<'a>(&'a self, plan: &'a Decision) -> SmallVec<[Charge<'a>; 2]> {
+    pub(crate) fn charges<'a>(&'a self, plan: &'a Plan) -> SmallVec<[Charge<'a>; 2]> {
         plan.rules().iter().map(|p| self.charge_of(p)).collect()
     }
 

@@ -27,6 +27,14 @@ pub struct Decision {
     grpc_method: Option<Arc<str>>,
 }
 
+/// A request's charges as its rules planned them, before the store answers: what the engine asks
+/// the store for (`RuleSet::ask`). A name for the [`Decision`] at that stage rather than a type
+/// of its own: the store's outcomes are filled in place, the middleware then moves the value
+/// once, into the request's extensions, and a request that waits for a concurrency slot asks
+/// again with it, so a type of its own would copy or convert the entries at each step of the
+/// request path. Handlers only ever see a `Decision`, answered.
+pub(crate) type Plan = Decision;
+
 /// A planned charge's outcome until the store answers; never seen outside the crate.
 const PENDING: Outcome = Outcome {
     verdict: Verdict::Allowed,
@@ -39,7 +47,9 @@ const PENDING: Outcome = Outcome {
 };
 
 /// One rule's part of a [`Decision`].
+// Non-exhaustive: the middleware builds these; a field handlers read later is an addition.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RuleDecision {
     pub(crate) rule: Arc<str>,
     /// What the rule decided, with the numbers the headers carry.
@@ -68,7 +78,7 @@ impl Decision {
     /// builds the decision in place as the request goes through — rules, then the store — so it
     /// is moved once, into the request's extensions.)
     #[inline]
-    pub(crate) fn plan(
+    pub(crate) fn add_charge(
         &mut self,
         index: usize,
         rule: Arc<str>,
@@ -325,7 +335,7 @@ impl Charges for Decision {
         cost: u64,
         applied: Option<Applied>,
     ) {
-        self.plan(index, rule, key, cost, applied);
+        self.add_charge(index, rule, key, cost, applied);
     }
 
     #[inline]

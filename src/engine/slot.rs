@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::decision::Decision;
+use super::decision::{Decision, Plan};
 use super::ledger::Ledger;
 use super::lines::{LineOf, Waiter};
 use crate::algorithm::Mode;
@@ -146,7 +146,7 @@ impl Ticket {
     pub(crate) fn behind(
         ledger: &Ledger,
         rules: &RuleSet,
-        plan: &Decision,
+        plan: &Plan,
     ) -> Option<(usize, KeyValue)> {
         if !rules.slots {
             return None;
@@ -154,7 +154,7 @@ impl Ticket {
         Self::busy_line(ledger, rules, plan)
     }
 
-    fn busy_line(ledger: &Ledger, rules: &RuleSet, plan: &Decision) -> Option<(usize, KeyValue)> {
+    fn busy_line(ledger: &Ledger, rules: &RuleSet, plan: &Plan) -> Option<(usize, KeyValue)> {
         plan.rules()
             .iter()
             .find(|e| {

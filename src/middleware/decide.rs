@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::shared::{InForce, Shared};
 use crate::algorithm::Algorithm;
-use crate::engine::decision::{Decision, RuleDecision};
+use crate::engine::decision::{Decision, Plan, RuleDecision};
 use crate::engine::ledger::Ledger;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket};
@@ -48,7 +48,7 @@ pub(crate) enum Next {
 /// A request that waits for a concurrency slot: its plan, to ask the store again, and the line
 /// it waits in (rule index, key).
 pub(crate) struct AwaitSlot {
-    pub(crate) plan: Decision,
+    pub(crate) plan: Plan,
     pub(crate) in_force: Arc<InForce>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) line: (usize, crate::key::KeyValue),

@@ -15,7 +15,7 @@ use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::{InForce, Shared};
 use crate::engine::ask::{Answer, Pending};
-use crate::engine::decision::Decision;
+use crate::engine::decision::Plan;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
@@ -92,7 +92,7 @@ pub(crate) struct InLine<S, B> {
 pub(crate) struct Deciding<S, B> {
     inner: S,
     request: Request<B>,
-    plan: Decision,
+    plan: Plan,
     in_force: Arc<InForce>,
     shared: Arc<Shared>,
     started: tokio::time::Instant,
@@ -108,7 +108,7 @@ where
         store: Pending,
         inner: S,
         request: Request<B>,
-        plan: Decision,
+        plan: Plan,
         in_force: Arc<InForce>,
         shared: Arc<Shared>,
         ticket: Option<Ticket>,

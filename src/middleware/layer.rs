@@ -53,21 +53,37 @@ impl RateLimitLayer {
 
     /// Configures a layer: several rules, a store, response options.
     pub fn builder() -> RateLimitLayerBuilder {
-        RateLimitLayerBuilder {
-            limiter: Limiter::builder(),
-            limiter_given: None,
-            status: StatusCode::TOO_MANY_REQUESTS,
-            on_allowed: true,
-            legacy: false,
-            jitter: Duration::ZERO,
-            rejection: None,
-            failure: FailurePolicy::default(),
-            shadow_all: false,
-            redact_keys: false,
-            redact_keys_secret: None,
-            top_offenders: offenders::DEFAULT_CAPACITY,
-            decision_in_extensions: true,
-        }
+        RateLimitLayerBuilder::on(Limiter::builder())
+    }
+
+    /// Configures a layer on an existing limiter, its rules, lists and store: several layers can
+    /// then share one limiter (one budget), or a handler can hold the same limiter as the layer.
+    /// The builder takes the layer's own settings (responses, shadow mode, redaction, top
+    /// offenders, the failure policy) and none of the limiter's: those are the limiter's, set on
+    /// its builder.
+    ///
+    /// ```
+    /// use tollgate::{Limit, Limiter, RateLimitLayer, Rule};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .rule(Rule::new("per-ip", Limit::per_minute(60)))
+    ///     .build()?;
+    /// let public = RateLimitLayer::from_limiter(limiter.clone()).build()?;
+    /// let admin = RateLimitLayer::from_limiter(limiter).shadow(true).build()?;
+    /// # let _ = (public, admin);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// A rule (or a store, a list, a circuit breaker) given to this builder does not compile:
+    ///
+    /// ```compile_fail
+    /// use tollgate::{Limit, Limiter, RateLimitLayer, Rule};
+    ///
+    /// let limiter = Limiter::builder().rule(Limit::per_minute(60)).build().unwrap();
+    /// let layer = RateLimitLayer::from_limiter(limiter).rule(Limit::per_second(1));
+    /// ```
+    pub fn from_limiter(limiter: Limiter) -> RateLimitLayerBuilder<Limiter> {
+        RateLimitLayerBuilder::on(limiter)
     }
 
     /// The limiter behind this layer: check, charge, refund or reset keys from handlers and jobs.
@@ -161,11 +177,15 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-/// Builds a [`RateLimitLayer`].
+/// Builds a [`RateLimitLayer`]: on the builder of its limiter ([`RateLimitLayer::builder`], the
+/// default `L`), with the limiter's settings (rules, store, lists) beside the layer's, or on a
+/// limiter built already ([`RateLimitLayer::from_limiter`], `L` = [`Limiter`]), with the layer's
+/// settings only.
+// The limiter's setters exist only on the first kind, so a setting a given limiter would ignore
+// cannot be written (0.2 refused it when the layer was built).
 #[must_use]
-pub struct RateLimitLayerBuilder {
-    limiter: LimiterBuilder,
-    limiter_given: Option<Limiter>,
+pub struct RateLimitLayerBuilder<L = LimiterBuilder> {
+    limiter: L,
     status: StatusCode,
     on_allowed: bool,
     legacy: bool,
@@ -179,7 +199,26 @@ pub struct RateLimitLayerBuilder {
     decision_in_extensions: bool,
 }
 
-impl RateLimitLayerBuilder {
+impl<L> RateLimitLayerBuilder<L> {
+    fn on(limiter: L) -> Self {
+        RateLimitLayerBuilder {
+            limiter,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            on_allowed: true,
+            legacy: false,
+            jitter: Duration::ZERO,
+            rejection: None,
+            failure: FailurePolicy::default(),
+            shadow_all: false,
+            redact_keys: false,
+            redact_keys_secret: None,
+            top_offenders: offenders::DEFAULT_CAPACITY,
+            decision_in_extensions: true,
+        }
+    }
+}
+
+impl RateLimitLayerBuilder<LimiterBuilder> {
     /// Adds a rule; a request is charged by every rule whose scope it is in, all or nothing.
     pub fn rule(mut self, rule: impl Into<Rule>) -> Self {
         self.limiter = self.limiter.rule(rule);
@@ -192,13 +231,103 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Uses an existing limiter (its rules and store) instead of `rule` and `store`: several layers
-    /// can then share one limiter, or a handler can hold the same limiter as the layer. The
-    /// limiter's own settings (`rule`, `store`, `allow`, `deny`, `circuit_breaker`) given to this
-    /// builder too are an error from [`build`](Self::build), not silently ignored.
-    pub fn limiter(mut self, limiter: Limiter) -> Self {
-        self.limiter_given = Some(limiter);
+    /// Requests matching `list` are never limited (no rule is charged, no fields are added).
+    pub fn allow(mut self, list: AccessList) -> Self {
+        self.limiter = self.limiter.allow(list);
         self
+    }
+
+    /// Requests matching `list` are refused with `403 Forbidden` and a problem+json body (gRPC
+    /// requests: `PERMISSION_DENIED`).
+    pub fn deny(mut self, list: AccessList) -> Self {
+        self.limiter = self.limiter.deny(list);
+        self
+    }
+
+    /// What to do when the store fails, times out, or its circuit breaker is open (default:
+    /// [`FailurePolicy::Open`]).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self.limiter = self.limiter.on_store_failure(policy);
+        self
+    }
+
+    /// The circuit breaker in front of a remote store (default: [`CircuitBreaker::new`]; see
+    /// [`LimiterBuilder::circuit_breaker`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.limiter = self.limiter.circuit_breaker(breaker);
+        self
+    }
+
+    /// Validates every rule and builds the layer.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.failure.validate()?;
+        let (limiter, layer) = self.split();
+        layer.finish(|| limiter.build())
+    }
+}
+
+impl RateLimitLayerBuilder<Limiter> {
+    /// What to do when the store fails, times out, or its circuit breaker is open (default:
+    /// [`FailurePolicy::Open`]). [`FailurePolicy::Local`] must be the limiter's own policy too
+    /// (its store does the local deciding): [`build`](Self::build) refuses it otherwise.
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// Builds the layer on the limiter.
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.failure.validate()?;
+        let failure = self.failure;
+        let (limiter, layer) = self.split();
+        layer.finish(|| {
+            if matches!(failure, FailurePolicy::Local { .. }) && limiter.failure_policy() != failure
+            {
+                return Err(ConfigError::new(
+                    "on_store_failure",
+                    "local",
+                    "a layer built on a given limiter fails to local only when that limiter \
+                     was built with the same `on_store_failure(FailurePolicy::Local { .. })`",
+                ));
+            }
+            Ok(limiter)
+        })
+    }
+}
+
+impl<L> RateLimitLayerBuilder<L> {
+    /// The limiter's part, apart from the layer's own settings.
+    fn split(self) -> (L, RateLimitLayerBuilder<()>) {
+        let RateLimitLayerBuilder {
+            limiter,
+            status,
+            on_allowed,
+            legacy,
+            jitter,
+            rejection,
+            failure,
+            shadow_all,
+            redact_keys,
+            redact_keys_secret,
+            top_offenders,
+            decision_in_extensions,
+        } = self;
+        let layer = RateLimitLayerBuilder {
+            limiter: (),
+            status,
+            on_allowed,
+            legacy,
+            jitter,
+            rejection,
+            failure,
+            shadow_all,
+            redact_keys,
+            redact_keys_secret,
+            top_offenders,
+            decision_in_extensions,
+        };
+        (limiter, layer)
     }
 
     /// The status of a denied request (default `429 Too Many Requests`; some APIs prefer `503`).
@@ -266,19 +395,6 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Requests matching `list` are never limited (no rule is charged, no fields are added).
-    pub fn allow(mut self, list: AccessList) -> Self {
-        self.limiter = self.limiter.allow(list);
-        self
-    }
-
-    /// Requests matching `list` are refused with `403 Forbidden` and a problem+json body (gRPC
-    /// requests: `PERMISSION_DENIED`).
-    pub fn deny(mut self, list: AccessList) -> Self {
-        self.limiter = self.limiter.deny(list);
-        self
-    }
-
     /// Shadow mode for every rule: decide and record, never block (see [`Rule::shadow`]).
     /// Concurrency rules ([`Limit::concurrent`](crate::Limit::concurrent)) are left out: a
     /// shadow decision is made apart from the response, so nothing would give a slot back.
@@ -333,27 +449,16 @@ impl RateLimitLayerBuilder {
         self.top_offenders = capacity;
         self
     }
+}
 
-    /// What to do when the store fails, times out, or its circuit breaker is open (default:
-    /// [`FailurePolicy::Open`]). With a limiter given to [`limiter`](Self::limiter),
-    /// [`FailurePolicy::Local`] must be set on that limiter too (its store does the local
-    /// deciding).
-    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self.limiter = self.limiter.on_store_failure(policy);
-        self
-    }
-
-    /// The circuit breaker in front of a remote store (default: [`CircuitBreaker::new`]; see
-    /// [`LimiterBuilder::circuit_breaker`]).
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.limiter = self.limiter.circuit_breaker(breaker);
-        self
-    }
-
-    /// Validates every rule and builds the layer.
-    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        self.failure.validate()?;
+impl RateLimitLayerBuilder<()> {
+    /// The layer on the limiter `limiter` makes, with these settings (the limiter is made after
+    /// the layer's own settings are checked, so that their errors come first, as they always
+    /// have).
+    fn finish(
+        self,
+        limiter: impl FnOnce() -> Result<Limiter, ConfigError>,
+    ) -> Result<RateLimitLayer, ConfigError> {
         let redact_keys = match (self.redact_keys, &self.redact_keys_secret) {
             (true, Some(secret)) => Some(Redactor::with_secret(secret)?),
             (true, None) => Some(Redactor::per_process()?),
@@ -366,30 +471,7 @@ impl RateLimitLayerBuilder {
                 ))
             }
         };
-        let limiter = match self.limiter_given {
-            Some(limiter) => {
-                if let Some(setting) = self.limiter.first_setting() {
-                    return Err(ConfigError::new(
-                        "limiter",
-                        setting,
-                        "is set on a layer built on a given limiter, which has its own: set it \
-                         on that limiter's builder",
-                    ));
-                }
-                if matches!(self.failure, FailurePolicy::Local { .. })
-                    && limiter.failure_policy() != self.failure
-                {
-                    return Err(ConfigError::new(
-                        "on_store_failure",
-                        "local",
-                        "a layer built on a given limiter fails to local only when that limiter \
-                         was built with the same `on_store_failure(FailurePolicy::Local { .. })`",
-                    ));
-                }
-                limiter
-            }
-            None => self.limiter.build()?,
-        };
+        let limiter = limiter()?;
         let mut responder = Responder::new();
         responder.status = self.status;
         responder.on_allowed = self.on_allowed;
@@ -414,7 +496,7 @@ impl RateLimitLayerBuilder {
     }
 }
 
-impl std::fmt::Debug for RateLimitLayerBuilder {
+impl<L: std::fmt::Debug> std::fmt::Debug for RateLimitLayerBuilder<L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("limiter", &self.limiter)

@@ -12,7 +12,7 @@ use super::decide::{decide, AwaitSlot, Next};
 use super::future::{ResponseFuture, State};
 use super::shared::{InForce, Shared};
 use crate::engine::ask::Answer;
-use crate::engine::decision::Decision;
+use crate::engine::decision::{Decision, Plan};
 use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
 use crate::key::protocol::Protocol;
@@ -192,7 +192,7 @@ fn report_no_route(shared: &Shared, rule: &str, key: &str) {
 
 /// Decides shadow rules: counted and logged like the others, never blocking. A store that needs
 /// I/O answers in the background, so shadow rules add no latency.
-fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Decision) {
+fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Plan) {
     let record = |shared: &Shared,
                   in_force: &InForce,
                   decision: &Decision,

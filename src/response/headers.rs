@@ -317,7 +317,7 @@ mod tests {
         ];
         for (remaining, next_unit_in, expected) in cases {
             let mut decision = Decision::default();
-            decision.plan(
+            decision.add_charge(
                 0,
                 "per \"ip\"".into(),
                 crate::key::KeyValue::new(b"k"),
@@ -345,7 +345,7 @@ mod tests {
         let item = PolicyItem::new("llm", &slots);
         assert_eq!(item.policy, "\"llm\";q=8;qu=\"concurrent-requests\"");
         let mut decision = Decision::default();
-        decision.plan(0, "llm".into(), crate::key::KeyValue::new(b"k"), 1, None);
+        decision.add_charge(0, "llm".into(), crate::key::KeyValue::new(b"k"), 1, None);
         decision.answer_one(Outcome {
             verdict: crate::algorithm::Verdict::Allowed,
             limit: 8,

@@ -251,20 +251,15 @@ impl Rule {
         self
     }
 
-    /// Blocks a key for `d` each time this rule denies it: while blocked, every
-    /// request of the key under this rule is denied with `Retry-After` = what is left of the
-    /// block, its counters untouched; denials during a block do not extend it. Blocks live in
-    /// the store, so every instance sees them. Shorthand for
-    /// [`block`](Self::block)`(Penalty::fixed(d))`.
+    /// Blocks keys this rule denies as `penalty` says: for a fixed time each denial
+    /// ([`Penalty::fixed`]), or escalating: 1 minute, then 10, then an hour, forgiven a day after
+    /// the last block ([`Penalty::escalating`]). While blocked, every request of the key under
+    /// this rule is denied with `Retry-After` = what is left of the block, its counters
+    /// untouched; denials during a block do not extend it. Blocks live in the store, so every
+    /// instance sees them. Also lets [`Limiter::block`](crate::Limiter::block) block keys of this
+    /// rule by hand.
     ///
     /// A zero duration is an error when the layer is built.
-    pub fn block_for(self, d: std::time::Duration) -> Rule {
-        self.block(Penalty::fixed(d))
-    }
-
-    /// Blocks keys this rule denies as `penalty` says, e.g. escalating: 1 minute, then 10, then
-    /// an hour, forgiven a day after the last block ([`Penalty::escalating`]). Also lets
-    /// [`Limiter::block`](crate::Limiter::block) block keys of this rule by hand.
     pub fn block(mut self, penalty: Penalty) -> Rule {
         self.penalty = Some(penalty);
         self
@@ -586,7 +581,7 @@ pub struct RuleSummary {
     pub queue: Option<ReserveBound>,
     /// Whether the rule is in shadow mode (recorded, never blocking).
     pub shadow: bool,
-    /// How a key that is denied is blocked ([`Rule::block_for`], [`Rule::block`]).
+    /// How a key that is denied is blocked ([`Rule::block`]).
     pub penalty: Option<Penalty>,
     /// Which responses keep their charge ([`Rule::count_if`]); the others get it back.
     pub count_if: Option<CountIf>,

@@ -173,23 +173,14 @@ impl MemoryStore {
     /// too.
     ///
     /// ```
-    /// use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+    /// use tollgate::algorithm::{Algorithm, TokenBucket};
     /// use tollgate::store::{Charge, RuleName};
     /// use tollgate::MemoryStore;
     /// use std::time::Duration;
     ///
     /// let store = MemoryStore::new();
     /// let limit = Algorithm::TokenBucket(TokenBucket::new(2, Duration::from_secs(1)));
-    /// let charge = Charge {
-    ///     rule: RuleName::new("per-user"),
-    ///     algorithm: &limit,
-    ///     key: b"alice",
-    ///     cost: 1,
-    ///     mode: Mode::Charge,
-    ///     penalty: None,
-    ///     lease: None,
-    ///     overrides: None,
-    /// };
+    /// let charge = Charge::new(RuleName::new("per-user"), &limit, b"alice", 1);
     /// assert_eq!(store.decide(&charge).remaining, 1);
     /// assert_eq!(store.decide(&charge).remaining, 0);
     /// assert!(!store.decide(&charge).is_allowed());

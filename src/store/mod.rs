@@ -45,7 +45,12 @@ pub use transact::{
 };
 
 /// One rule's part of a request: charge `cost` units to `key` under `rule`.
+///
+/// Outside the crate (a test, a bench, a front end driving a store directly), build one with
+/// [`Charge::new`] and the `with_` setters; a store reads the fields.
+// Non-exhaustive: a field a rule hands its store later is an addition, not a break.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Charge<'a> {
     /// The rule's name: the namespace of its keys.
     pub rule: RuleName<'a>,
@@ -69,6 +74,53 @@ pub struct Charge<'a> {
     /// `None` for every other rule: the store reads no override. (Shared, so that a store
     /// answering later, from a future of its own, can fill it in.)
     pub overrides: Option<&'a Arc<OnceLock<Limit>>>,
+}
+
+impl<'a> Charge<'a> {
+    /// A plain charge of `cost` units to `key` under `rule` and its `algorithm`: mode
+    /// [`Mode::Charge`], no penalty, no lease, no override read.
+    pub const fn new(
+        rule: RuleName<'a>,
+        algorithm: &'a Algorithm,
+        key: &'a [u8],
+        cost: u64,
+    ) -> Self {
+        Charge {
+            rule,
+            algorithm,
+            key,
+            cost,
+            mode: Mode::Charge,
+            penalty: None,
+            lease: None,
+            overrides: None,
+        }
+    }
+
+    /// The same charge in `mode` (charge, check or reserve).
+    pub const fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The same charge under the rule's `penalty`.
+    pub const fn with_penalty(mut self, penalty: &'a Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
+    }
+
+    /// The same charge with the rule's quota `lease`.
+    pub const fn with_lease(mut self, lease: &'a Lease) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The same charge reading the key's override, put in `cell` when there is one (see
+    /// [`overrides`](Charge::overrides)).
+    pub const fn with_overrides(mut self, cell: &'a Arc<OnceLock<Limit>>) -> Self {
+        self.overrides = Some(cell);
+        self
+    }
 }
 
 /// A rule's name as a store sees it: the text (reached through `Deref<Target = str>`), and a
@@ -419,5 +471,74 @@ impl<T> Future for StoreFuture<T> {
             },
             Inner::Pending(future) => future.as_mut().poll(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::algorithm::{ReserveBound, TokenBucket, Verdict};
+
+    /// `Charge::new` is a plain charge; each setter sets its field and only it (the way every
+    /// caller outside the crate builds one, the type being non-exhaustive).
+    #[test]
+    fn a_charge_built_with_its_setters_has_each_field() {
+        let algorithm = Algorithm::TokenBucket(TokenBucket::new(5, Duration::from_secs(1)));
+        let penalty = Penalty::fixed(Duration::from_secs(60));
+        let lease = Lease::new(2, Duration::from_secs(1));
+        let cell = Arc::new(OnceLock::new());
+        let plain = Charge::new(RuleName::new("api"), &algorithm, b"alice", 3);
+        assert_eq!(
+            (plain.rule.as_str(), plain.key, plain.cost, plain.mode),
+            ("api", &b"alice"[..], 3, Mode::Charge)
+        );
+        assert!(plain.penalty.is_none() && plain.lease.is_none() && plain.overrides.is_none());
+        let reserve = Mode::Reserve(ReserveBound::default());
+        let full = plain
+            .with_mode(reserve)
+            .with_penalty(&penalty)
+            .with_lease(&lease)
+            .with_overrides(&cell);
+        assert_eq!(full.mode, reserve);
+        assert_eq!(full.penalty, Some(&penalty));
+        assert_eq!(full.lease, Some(&lease));
+        assert!(full
+            .overrides
+            .is_some_and(|given| Arc::ptr_eq(given, &cell)));
+        assert_eq!(
+            (full.rule, full.key, full.cost),
+            (plain.rule, plain.key, plain.cost)
+        );
+    }
+
+    /// `Outcome::new` starts from a full quota with nothing owed; the setters change the rest.
+    #[test]
+    fn an_outcome_built_with_its_setters_has_each_field() {
+        let denied = Verdict::Denied {
+            retry_after: Duration::from_secs(2),
+        };
+        let plain = Outcome::new(denied, 10, 0);
+        assert_eq!((plain.limit, plain.remaining, plain.balance), (10, 0, 0));
+        assert_eq!(
+            (plain.next_unit_in, plain.full_in),
+            (Duration::ZERO, Duration::ZERO)
+        );
+        assert!(!plain.offence);
+        let owed = plain
+            .with_balance(-4)
+            .with_next_unit_in(Duration::from_secs(2))
+            .with_full_in(Duration::from_secs(7))
+            .with_offence(true);
+        assert_eq!(owed.balance, -4);
+        assert_eq!(owed.next_unit_in, Duration::from_secs(2));
+        assert_eq!(owed.full_in, Duration::from_secs(7));
+        assert!(owed.offence);
+        assert_eq!(owed.retry_after(), Some(Duration::from_secs(2)));
+        assert_eq!(
+            Outcome::new(Verdict::Allowed, 3, u64::MAX).balance,
+            i64::MAX
+        );
     }
 }

@@ -12,7 +12,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tollgate::config::Config;
 use tollgate::middleware::ResponseBody;
-use tollgate::{Key, Limit, LimitError, Limiter, Queue, RateLimitLayer, Rule};
+use tollgate::{Key, Limit, LimitError, Limiter, Penalty, Queue, RateLimitLayer, Rule};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::paused;
@@ -517,7 +517,9 @@ fn rules_that_cannot_work_are_errors_naming_the_rule_and_the_field() {
         "rule \"llm\": shadow: not available on a concurrency rule"
     );
     assert_eq!(
-        error(Rule::new("llm", Limit::concurrent(4)).block_for(Duration::from_secs(60))),
+        error(
+            Rule::new("llm", Limit::concurrent(4)).block(Penalty::fixed(Duration::from_secs(60)))
+        ),
         "rule \"llm\": block: not available on a concurrency rule"
     );
 }
@@ -716,7 +718,7 @@ async fn concurrent_in_a_config_file() {
 #[tokio::test]
 async fn each_plan_of_a_config_file_has_its_own_number_of_slots() {
     use tollgate::config::ConfigFormat;
-    use tollgate::config::Plan;
+    use tollgate::config::PlanName;
 
     let toml = r#"
 [[rules]]
@@ -739,7 +741,7 @@ concurrent = 3
     let (open, app) = streaming(&layer);
     let on = |plan: &str, key: &str, id| {
         let mut request = request(key, id);
-        request.extensions_mut().insert(Plan::new(plan));
+        request.extensions_mut().insert(PlanName::new(plan));
         request
     };
     let mut held = Vec::new();

@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use tollgate::clock::{ManualClock, TokioClock};
 use tollgate::config::Config;
 use tollgate::config::ConfigFormat;
-use tollgate::config::Plan;
+use tollgate::config::PlanName;
 use tollgate::key::ForwardedHeader;
 use tollgate::{
     AccessList, Cost, CountIf, FailurePolicy, Key, Limit, MemoryStore, MissingKey, Penalty, Queue,
@@ -461,7 +461,10 @@ rules:
     );
     assert_eq!(described(&from_toml), described(&from_yaml));
     // Plans keep the file's order.
-    assert_eq!(from_toml.limiter().rule_names(), ["api:free", "api:pro"]);
+    assert_eq!(
+        crate::rule_names(from_toml.limiter()),
+        ["api:free", "api:pro"]
+    );
 }
 
 #[test]
@@ -471,7 +474,7 @@ fn the_guides_example_loads() {
         "toml",
     ));
     assert_eq!(
-        layer.limiter().rule_names(),
+        crate::rule_names(layer.limiter()),
         ["login", "api:free", "api:pro"]
     );
 }
@@ -480,7 +483,7 @@ fn the_guides_example_loads() {
 fn the_documented_yaml_loads() {
     let layer = yaml(code_block(CONFIG_DOCS, "yaml"));
     assert_eq!(
-        layer.limiter().rule_names(),
+        crate::rule_names(layer.limiter()),
         ["login", "api:free", "api:pro"]
     );
 }
@@ -593,15 +596,29 @@ queue = { burst = 2, max_delay = "5s" }
     assert_eq!(started.elapsed(), Duration::from_secs(1));
 }
 
-/// `capacity` sets a limit's capacity; `burst`, its old spelling, still does (a queue's `burst`
-/// is the only other meaning of the word).
+/// `capacity` sets a limit's capacity; `burst`, its spelling before 0.3, is refused with the
+/// place and the right name (a queue's `burst` is the only meaning of the word now).
 #[test]
-fn capacity_and_its_old_spelling_burst_say_the_same() {
+fn capacity_sets_the_capacity_and_its_old_spelling_burst_says_so() {
     let new = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\ncapacity = 7");
-    let old = toml("[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 7");
     let in_code = RateLimitLayer::new(Rule::new("a", Limit::per_second(1).capacity(7)));
     assert_eq!(described(&new), described(&in_code));
-    assert_eq!(described(&old), described(&in_code));
+    let old = "[[rules]]\nname = \"a\"\nrate = 1\nperiod = \"1s\"\nburst = 7";
+    let error = Config::parse(ConfigFormat::Toml, old)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "line 5, column 1: rules[0].burst (rule \"a\"): unknown field (did you mean `capacity`? \
+         `burst` was its name before 0.3)"
+    );
+    let plan = "[[rules]]\nname = \"a\"\nkey = { header = \"x-key\" }\n\
+                [rules.tiers]\nkeys = { k = \"pro\" }\ndefault = \"pro\"\n\
+                plans.pro = { rate = 1, burst = 7 }\n";
+    let error = Config::parse(ConfigFormat::Toml, plan)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("did you mean `capacity`?"), "{error}");
 }
 
 /// Calendar windows from a file: `calendar = "month"` or `"week"` with a `utc_offset`, the same
@@ -1138,7 +1155,7 @@ rate = 5
 unlimited = true
 "#,
     );
-    assert_eq!(layer.limiter().rule_names(), ["api:free", "api:pro"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["api:free", "api:pro"]);
     let service = service(&layer);
     let with_key = |key: &'static str| move || get("/", &[("x-api-key", key)]);
     assert_eq!(
@@ -1206,7 +1223,7 @@ plans.pro = { rate = 2 }
         move || {
             let mut request = get("/", &[]);
             if let Some(plan) = plan {
-                request.extensions_mut().insert(Plan::new(plan));
+                request.extensions_mut().insert(PlanName::new(plan));
             }
             request
         }
@@ -1325,7 +1342,7 @@ async fn reload_keeps_the_state_of_unchanged_rules_and_replaces_the_lists() {
     Config::parse(ConfigFormat::Toml, RELOAD_V2)
         .and_then(|config| config.reload(&layer))
         .unwrap();
-    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["kept", "added"]);
     // "kept" remembers its first request: one unit of two is left.
     let next = send(&service, get("/", &[])).await;
     assert_eq!(header(&next, "ratelimit"), Some("\"kept\";r=0;t=1800"));
@@ -1361,7 +1378,7 @@ async fn an_invalid_reload_changes_nothing() {
         error.to_string(),
         "line 3, column 12: store.max_keys: must be greater than 0"
     );
-    assert_eq!(layer.limiter().rule_names(), ["kept", "changed"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["kept", "changed"]);
     let service = service(&layer);
     assert_eq!(
         send(&service, get("/", &[("x-api-key", "old-leak")]))
@@ -1446,7 +1463,7 @@ async fn the_watch_reloads_a_changed_file_and_keeps_the_rules_on_a_bad_one() {
 
     write(&path, RELOAD_V2);
     eventually("the new rules", || {
-        layer.limiter().rule_names() == ["kept", "added"]
+        crate::rule_names(layer.limiter()) == ["kept", "added"]
     })
     .await;
 
@@ -1461,16 +1478,16 @@ async fn the_watch_reloads_a_changed_file_and_keeps_the_rules_on_a_bad_one() {
         watch.problem().is_some_and(|why| why.contains("rate"))
     })
     .await;
-    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["kept", "added"]);
     std::fs::remove_file(&path).unwrap();
     eventually("the missing file reported", || {
         watch.problem().is_some_and(|why| !why.contains("rate"))
     })
     .await;
-    assert_eq!(layer.limiter().rule_names(), ["kept", "added"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["kept", "added"]);
     write(&path, RELOAD_V1);
     eventually("the rules of the fixed file", || {
-        layer.limiter().rule_names() == ["kept", "changed"]
+        crate::rule_names(layer.limiter()) == ["kept", "changed"]
     })
     .await;
     assert_eq!(watch.problem(), None);
@@ -1538,7 +1555,7 @@ fn misspellings_name_the_rule_and_the_nearest_name() {
         (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\n[rules.tiers]\nfrom = \"extension\"\ndefault = \"free\"\n[rules.tiers.plans.free]\nunlimted = true", "line 9, column 1: rules[0].tiers.plans.free.unlimted (rule \"api\"): unknown field (did you mean `unlimited`?)"),
         (Toml, "[store]\nkind = \"memory\"\nmax_key = 5\n[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"", "line 3, column 1: store.max_key: unknown field (did you mean `max_keys`?)"),
         // Nothing near: a long list is not repeated, a short one is.
-        (Toml, "[[rules]]\nname = \"api\"\ncolour = \"red\"", "line 3, column 1: rules[0].colour (rule \"api\"): unknown field (none of this table's 28 fields is spelled like it; the configuration reference lists them)"),
+        (Toml, "[[rules]]\nname = \"api\"\ncolour = \"red\"", "line 3, column 1: rules[0].colour (rule \"api\"): unknown field (none of this table's 27 fields is spelled like it; the configuration reference lists them)"),
         (Toml, "[[rules]]\nname = \"api\"\nrate = 1\nperiod = \"1s\"\nqueue = { size = 3 }", "line 5, column 11: rules[0].queue.size (rule \"api\"): unknown field (expected one of `burst`, `delay`, `nodelay`, `max_delay`)"),
         // Values.
         (Toml, "[[rules]]\nname = \"api\"\nalgorithm = \"sliding-window\"\nlimit = 5\nperiod = \"1m\"", "line 3, column 13: rules[0].algorithm (rule \"api\"): unknown value \"sliding-window\" (did you mean \"sliding_window\"?)"),
@@ -1687,7 +1704,7 @@ fn file_errors_name_the_file_and_the_line() {
         .and_then(|config| config.reload(&layer))
         .unwrap_err();
     assert_eq!(error.file(), Some(path.as_path()));
-    assert_eq!(layer.limiter().rule_names(), ["a"]);
+    assert_eq!(crate::rule_names(layer.limiter()), ["a"]);
 
     let yaml_path = dir.path().join("api.yml");
     write(
@@ -1702,7 +1719,7 @@ fn file_errors_name_the_file_and_the_line() {
     assert_eq!(error.rule(), Some("a"));
     assert_eq!(
         error.message(),
-        "unknown field (none of this table's 28 fields is spelled like it; the configuration \
+        "unknown field (none of this table's 27 fields is spelled like it; the configuration \
          reference lists them)"
     );
 
@@ -1775,7 +1792,7 @@ async fn the_public_api_sample_serves_its_plans_and_metrics() {
         .and_then(|config| config.layer())
         .unwrap();
     assert_eq!(
-        limits.limiter().rule_names(),
+        crate::rule_names(limits.limiter()),
         ["per-ip", "api:free", "api:pro", "daily", "exports"]
     );
     let app = server::app(limits, metrics);
@@ -1980,7 +1997,7 @@ async fn the_login_protection_sample_slows_down_guessing() {
         .and_then(|config| config.layer())
         .unwrap();
     assert_eq!(
-        limits.limiter().rule_names(),
+        crate::rule_names(limits.limiter()),
         [
             "login-per-ip",
             "login-per-device",
@@ -2203,7 +2220,7 @@ async fn the_server_example_serves_the_redis_sample_through_redis() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let (first, _watch) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
     let (second, _watch2) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(first.limiter().rule_names(), ["per-ip", "search"]);
+    assert_eq!(crate::rule_names(first.limiter()), ["per-ip", "search"]);
     let apps = [
         server::app(first, recorder.handle()),
         server::app(second, recorder.handle()),
@@ -2289,7 +2306,7 @@ async fn a_limiter_of_a_file_may_hold_no_rule_and_is_replaced_on_its_store() {
     assert!(empty.rules().unwrap().is_empty());
     assert!(empty.layer().is_err());
     let limiter = empty.limiter().unwrap();
-    assert!(limiter.rule_names().is_empty());
+    assert!(crate::rule_names(&limiter).is_empty());
     assert!(matches!(
         limiter.charge("api", "k", 1).await,
         Err(LimitError::UnknownRule(_))

@@ -3,8 +3,17 @@
 //! fuzz corpora and the soak. One binary, so the test command links tokio, hyper, tonic and axum
 //! once for all of them (Redis-backed cases among them start their own `redis-server`).
 
-#[path = "../support/mod.rs"]
-mod support;
+use tollgate_test_support as support;
+
+/// The names of the rules `limiter` has in force, in order: what most assertions about a
+/// reload compare.
+fn rule_names(limiter: &tollgate::Limiter) -> Vec<String> {
+    limiter
+        .rules_in_force()
+        .into_iter()
+        .map(|rule| rule.name)
+        .collect()
+}
 
 mod admin;
 mod axum;

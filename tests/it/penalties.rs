@@ -117,7 +117,7 @@ async fn a_block_starts_at_the_denial_and_ends_exactly_d_later_unextended() {
     let bench = Bench::new();
     for backend in backends() {
         let clock = ManualClock::new(START);
-        let rule = Rule::new("login", Limit::per_minute(3)).block_for(10 * MINUTE);
+        let rule = Rule::new("login", Limit::per_minute(3)).block(Penalty::fixed(10 * MINUTE));
         let limiter = bench.limiter(backend, &clock, rule).await;
         for _ in 0..3 {
             assert!(admitted(&limiter.charge("login", "k", 1).await.unwrap()));
@@ -203,7 +203,7 @@ async fn limiter_block_and_unblock() {
     let bench = Bench::new();
     for backend in backends() {
         let clock = ManualClock::new(START);
-        let rule = Rule::new("login", Limit::per_minute(3)).block_for(10 * MINUTE);
+        let rule = Rule::new("login", Limit::per_minute(3)).block(Penalty::fixed(10 * MINUTE));
         let limiter = bench.limiter(backend, &clock, rule).await;
         // An admin blocks a key that never offended: denied for exactly that long.
         limiter.block("login", "mallory", 2 * HOUR).await.unwrap();
@@ -265,7 +265,8 @@ async fn blocking_needs_a_rule_with_a_penalty() {
 fn a_zero_block_or_an_empty_escalation_is_a_configuration_error() {
     let error = |rule: Rule| RateLimitLayer::builder().rule(rule).build().unwrap_err();
     assert_eq!(
-        error(Rule::new("login", Limit::per_minute(3)).block_for(Duration::ZERO)).to_string(),
+        error(Rule::new("login", Limit::per_minute(3)).block(Penalty::fixed(Duration::ZERO)))
+            .to_string(),
         "rule \"login\": block: must be greater than zero (a block lasts at least 1 µs)"
     );
     assert_eq!(
@@ -290,7 +291,7 @@ fn a_zero_block_or_an_empty_escalation_is_a_configuration_error() {
 async fn the_deny_cache_answers_a_blocked_key_without_redis_until_the_block_ends() {
     let bench = Bench::new();
     let clock = ManualClock::new(START);
-    let rule = Rule::new("login", Limit::per_minute(3)).block_for(10 * MINUTE);
+    let rule = Rule::new("login", Limit::per_minute(3)).block(Penalty::fixed(10 * MINUTE));
     let limiter = bench
         .limiter(Backend::Redis { cache: true }, &clock, rule)
         .await;
@@ -339,7 +340,7 @@ async fn a_sharded_rule_cannot_have_a_penalty_on_redis() {
         .await
         .unwrap();
     let error = Limiter::builder()
-        .rule(Rule::new("hot", Limit::per_second(100)).block_for(MINUTE))
+        .rule(Rule::new("hot", Limit::per_second(100)).block(Penalty::fixed(MINUTE)))
         .store(store)
         .build()
         .unwrap_err();
@@ -356,7 +357,7 @@ async fn blocked_keys_are_listed_with_what_is_left_of_their_blocks() {
     let bench = Bench::new();
     for backend in backends() {
         let clock = ManualClock::new(START);
-        let rule = Rule::new("login", Limit::per_minute(1)).block_for(10 * MINUTE);
+        let rule = Rule::new("login", Limit::per_minute(1)).block(Penalty::fixed(10 * MINUTE));
         let limiter = bench.limiter(backend, &clock, rule).await;
         // `offender` is blocked by its second request, `admin` by hand.
         for _ in 0..2 {

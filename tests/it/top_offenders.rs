@@ -234,8 +234,7 @@ async fn keys_are_redacted_when_the_layer_redacts_them() {
         .rule(per_key("per-key", Limit::per_minute(1)))
         .build()
         .unwrap();
-    let layer = RateLimitLayer::builder()
-        .limiter(limiter.clone())
+    let layer = RateLimitLayer::from_limiter(limiter.clone())
         .redact_keys(true)
         .build()
         .unwrap();
@@ -379,8 +378,7 @@ async fn layers_sharing_a_limiter_list_their_own_denials() {
         .build()
         .unwrap();
     let on_limiter = || {
-        RateLimitLayer::builder()
-            .limiter(limiter.clone())
+        RateLimitLayer::from_limiter(limiter.clone())
             .build()
             .unwrap()
     };

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use tollgate::{Key, Limit, RateLimitLayer, Rule};
+use tollgate::{Key, Limit, Penalty, RateLimitLayer, Rule};
 use tower::{service_fn, Layer};
 
 use crate::support::paused;
@@ -236,7 +236,7 @@ async fn block_log(redact: bool) -> String {
         .rule(
             Rule::new("login", Limit::per_minute(1))
                 .key(Key::peer_ip())
-                .block_for(std::time::Duration::from_secs(90)),
+                .block(Penalty::fixed(std::time::Duration::from_secs(90))),
         )
         .redact_keys(redact)
         .build()

@@ -6,8 +6,7 @@
 // The same test files are loaded once per engine, on purpose.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "../support/mod.rs"]
-mod support;
+use tollgate_test_support as support;
 
 mod logging;
 mod per_request_logging;

@@ -8,7 +8,7 @@ use tokio_postgres::SimpleQueryMessage;
 use tollgate::clock::ManualClock;
 use tollgate::config::{Config, ConfigFormat};
 use tollgate::store::{StepMode, Store};
-use tollgate::{Limit, Limiter, PostgresStore, Rule};
+use tollgate::{Limit, Limiter, Penalty, PostgresStore, Rule};
 
 use crate::support::postgres_server::PgServer;
 
@@ -46,7 +46,7 @@ async fn blocks_are_seen_by_every_instance_and_listed() {
     let clock = ManualClock::new(START);
     let limiter = |store| {
         Limiter::builder()
-            .rule(Rule::new("login", Limit::per_minute(2)).block_for(10 * MINUTE))
+            .rule(Rule::new("login", Limit::per_minute(2)).block(Penalty::fixed(10 * MINUTE)))
             .store(store)
             .build()
             .unwrap()

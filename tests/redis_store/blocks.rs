@@ -20,7 +20,7 @@ use tollgate::algorithm::Verdict;
 use tollgate::clock::ManualClock;
 use tollgate::config::Config;
 use tollgate::store::BlockedKey;
-use tollgate::{Limit, Limiter, RedisStore, Rule};
+use tollgate::{Limit, Limiter, Penalty, RedisStore, Rule};
 
 use super::ENGINE;
 use crate::support::pages::every_page;
@@ -29,7 +29,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn login() -> Rule {
-    Rule::new("login", Limit::per_minute(1)).block_for(10 * MINUTE)
+    Rule::new("login", Limit::per_minute(1)).block(Penalty::fixed(10 * MINUTE))
 }
 
 async fn instance(store: RedisStore, rules: impl IntoIterator<Item = Rule>) -> Limiter {
@@ -62,7 +62,7 @@ fn is_denied_for(outcome: &tollgate::algorithm::Outcome, at_most: Duration, at_l
             retry_after <= at_most && retry_after >= at_least,
             "{retry_after:?} not in {at_least:?}..={at_most:?}"
         ),
-        Verdict::Allowed | Verdict::Reserved { .. } => panic!("admitted: {outcome:?}"),
+        _ => panic!("admitted: {outcome:?}"),
     }
 }
 
@@ -160,7 +160,8 @@ async fn a_block_lifted_elsewhere_reaches_a_cached_instance_within_a_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_walk_lists_every_blocked_key_of_the_rule_and_nothing_else() {
     let server = ENGINE.server();
-    let rule = |name: &str| Rule::new(name, Limit::per_minute(1)).block_for(10 * MINUTE);
+    let rule =
+        |name: &str| Rule::new(name, Limit::per_minute(1)).block(Penalty::fixed(10 * MINUTE));
     let limiter = on_server(&server.url(), "p[1]*", [rule("log*in"), rule("logXin")]).await;
     let mut keys: Vec<Vec<u8>> = (0..250)
         .map(|i| format!("10.0.0.{i}").into_bytes())

@@ -4,7 +4,7 @@
 
 #![cfg(feature = "redis")]
 
-use crate::support::differential;
+use crate::differential;
 use crate::support::hammer;
 use crate::support::redis_server;
 
@@ -81,8 +81,7 @@ async fn rules_with_one_key_value_share_a_slot_and_one_call() {
         .store(store.clone())
         .build()
         .unwrap();
-    let layer = tollgate::RateLimitLayer::builder()
-        .limiter(limiter)
+    let layer = tollgate::RateLimitLayer::from_limiter(limiter)
         .build()
         .unwrap();
     use tower::{Layer, ServiceExt};
@@ -121,42 +120,15 @@ async fn request(store: &RedisStore, user: &str, per_user: u64, global: u64) -> 
     let per_user = Algorithm::TokenBucket(TokenBucket::new(per_user, DAY));
     let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
     let batch = [
-        Charge {
-            rule: RuleName::new("per-user"),
-            algorithm: &per_user,
-            key: user.as_bytes(),
-            cost: 1,
-            mode: Mode::Charge,
-            penalty: None,
-            lease: None,
-            overrides: None,
-        },
-        Charge {
-            rule: RuleName::new("global"),
-            algorithm: &global,
-            key: b"",
-            cost: 1,
-            mode: Mode::Charge,
-            penalty: None,
-            lease: None,
-            overrides: None,
-        },
+        Charge::new(RuleName::new("per-user"), &per_user, user.as_bytes(), 1),
+        Charge::new(RuleName::new("global"), &global, b"", 1),
     ];
     store.apply(&batch).await.expect("the cluster answers")
 }
 
 async fn global_left(store: &RedisStore, global: u64) -> u64 {
     let global = Algorithm::TokenBucket(TokenBucket::new(global, DAY));
-    let peek = [Charge {
-        rule: RuleName::new("global"),
-        algorithm: &global,
-        key: b"",
-        cost: 0,
-        mode: Mode::Check,
-        penalty: None,
-        lease: None,
-        overrides: None,
-    }];
+    let peek = [Charge::new(RuleName::new("global"), &global, b"", 0).with_mode(Mode::Check)];
     store.apply(&peek).await.unwrap()[0].remaining
 }
 

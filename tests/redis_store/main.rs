@@ -7,8 +7,10 @@
 // The same test files are loaded once per engine, on purpose.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "../support/mod.rs"]
-mod support;
+use tollgate_test_support as support;
+
+/// The differential tests' scenarios: the same requests on the memory store and on Redis.
+use tollgate_test_support::differential;
 
 /// The suite on `redis-server`.
 #[path = "."]

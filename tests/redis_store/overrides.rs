@@ -6,7 +6,7 @@
 
 #![cfg(feature = "redis")]
 
-use crate::support::differential::{self, Step};
+use crate::differential::{self, Step};
 use crate::support::oneshot::{app, keyed_request as request, send, summary};
 use crate::support::pages::every_page;
 

@@ -4,8 +4,8 @@
 
 #![cfg(feature = "redis")]
 
+use crate::differential;
 use crate::support::calendar;
-use crate::support::differential;
 use crate::support::hammer;
 #[allow(dead_code)]
 #[path = "../../examples/redis.rs"]
@@ -27,7 +27,8 @@ use tollgate::clock::ManualClock;
 use tollgate::config::Config;
 use tollgate::store::{Charge, RuleName, Store, StoreErrorKind};
 use tollgate::{
-    FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer, RedisStore, Rule,
+    FailurePolicy, Key, Limit, LimitError, Limiter, MemoryStore, Penalty, RateLimitLayer,
+    RedisStore, Rule,
 };
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -501,16 +502,7 @@ async fn hand_picked_edges_match() {
     ));
     for step in 0..40 {
         for (rule, algorithm, cost) in [("log", &log, 1), ("pool", &pool, 2)] {
-            let batch = [Charge {
-                rule: RuleName::new(rule),
-                algorithm,
-                key: b"k",
-                cost,
-                mode: Mode::Charge,
-                penalty: None,
-                lease: None,
-                overrides: None,
-            }];
+            let batch = [Charge::new(RuleName::new(rule), algorithm, b"k", cost)];
             let expected = memory.apply(&batch).await.unwrap();
             let got = redis.apply(&batch).await.unwrap();
             assert_eq!(got, expected, "step {step}, rule {rule}");
@@ -770,17 +762,17 @@ async fn the_deny_cache_answers_empty_keys_without_redis_until_they_refill() {
         let local = limiter.charge("hourly", "k", 1).await.unwrap();
         assert_eq!(
             local,
-            tollgate::algorithm::Outcome {
-                verdict: Verdict::Denied {
+            tollgate::algorithm::Outcome::new(
+                Verdict::Denied {
                     retry_after: Duration::from_secs(1200)
                 },
-                limit: 2,
-                remaining: 0,
-                balance: 0,
-                next_unit_in: Duration::from_secs(1200),
-                full_in: Duration::from_secs(3000),
-                offence: false,
-            }
+                2,
+                0,
+            )
+            .with_balance(0)
+            .with_next_unit_in(Duration::from_secs(1200))
+            .with_full_in(Duration::from_secs(3000))
+            .with_offence(false)
         );
     }
     assert_eq!(
@@ -1050,7 +1042,7 @@ async fn every_script_is_sent_again_after_noscript() {
                 .rule(Rule::new("fixed", Limit::fixed_window(10, DAY)))
                 .rule(Rule::new("sliding", Limit::sliding_window(10, DAY)))
                 .rule(Rule::new("log", Limit::sliding_log(10, DAY)))
-                .rule(Rule::new("guarded", Limit::per_day(10)).block_for(DAY))
+                .rule(Rule::new("guarded", Limit::per_day(10)).block(Penalty::fixed(DAY)))
                 .store(builder.build().await.unwrap())
                 .build()
                 .unwrap()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use std::hash::BuildHasher;
-use tollgate::algorithm::{Algorithm, Mode, TokenBucket};
+use tollgate::algorithm::{Algorithm, TokenBucket};
 use tollgate::store::{Charge, RuleName, Store};
 use tollgate::MemoryStore;
 
@@ -47,16 +47,7 @@ impl<S: ?Sized> Tollgate<S> {
     /// One unit for `key`'s eight bytes under the bench's rule.
     #[inline]
     fn charge<'a>(&'a self, bytes: &'a [u8; 8]) -> Charge<'a> {
-        Charge {
-            rule: self.rule,
-            algorithm: &self.algorithm,
-            key: bytes,
-            cost: 1,
-            mode: Mode::Charge,
-            penalty: None,
-            lease: None,
-            overrides: None,
-        }
+        Charge::new(self.rule, &self.algorithm, bytes, 1)
     }
 }
 

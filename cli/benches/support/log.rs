@@ -6,17 +6,17 @@
 use std::io::{self, Write};
 
 /// The bench's one rule: a token bucket per client address.
-pub const CONFIG: &str = r#"
+pub(crate) const CONFIG: &str = r#"
 [[rules]]
 name = "per-ip"
 rate = 10
 period = "1s"
-burst = 20
+capacity = 20
 key = "peer_ip"
 "#;
 
 /// Writes the first `lines` lines of the log to `out`.
-pub fn write_log(lines: usize, out: &mut impl Write) -> io::Result<()> {
+pub(crate) fn write_log(lines: usize, out: &mut impl Write) -> io::Result<()> {
     let mut rng = fastrand::Rng::with_seed(7);
     // 22:00:00 on the 14th, in seconds since the 1st of November 00:00.
     const START: usize = 13 * 86_400 + 22 * 3600;
@@ -38,7 +38,7 @@ pub fn write_log(lines: usize, out: &mut impl Write) -> io::Result<()> {
 
 /// The first `lines` lines of the log, in memory.
 #[allow(dead_code)] // The example writes to a file instead.
-pub fn log_text(lines: usize) -> Vec<u8> {
+pub(crate) fn log_text(lines: usize) -> Vec<u8> {
     let mut text = Vec::with_capacity(lines * 160);
     write_log(lines, &mut text).expect("writing to memory");
     text

@@ -54,7 +54,7 @@ impl<R: BufRead> Source for Reader<R> {
 /// allocation of their own per line: each is a counted reference to its chunk, freed with the
 /// last line that points into it.
 #[derive(Default)]
-pub struct Recent {
+pub(crate) struct Recent {
     stamp: Option<([u8; CLF_LEN], Stamp)>,
     values: [Option<HeaderValue>; 2],
     arena: BytesMut,
@@ -68,7 +68,7 @@ const ARENA: usize = 64 * 1024;
 
 impl Recent {
     /// One line, as [`parse_combined`], reusing what it shares with earlier lines.
-    pub fn parse(&mut self, line: &[u8]) -> Result<Entry, Skip> {
+    pub(crate) fn parse(&mut self, line: &[u8]) -> Result<Entry, Skip> {
         let mut entry = Entry::default();
         parse(line, self, &mut entry).map(|()| entry)
     }

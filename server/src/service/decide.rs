@@ -31,7 +31,7 @@ use tonic::Status;
 use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
 use super::Answering;
 use crate::load::StoreFailure;
-use crate::plan::{Charge, Descriptor, PerDescriptor, Plan};
+use crate::plan::{Charge, Descriptor, PerDescriptor, RequestCharges};
 use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec, Reached};
 use crate::unit::Unit;
 
@@ -186,7 +186,7 @@ pub(crate) async fn decide<'t>(
 ) -> Result<Answer<'t>, Refusal> {
     let (domain_name, descriptors) = validate(request)?;
     let domain = domains.get(domain_name);
-    let plan = Plan::new(domain, &descriptors, answering.quota_mode);
+    let plan = RequestCharges::new(domain, &descriptors, answering.quota_mode);
     let mut judged: Vec<Judged<'t>> = descriptors
         .iter()
         .zip(&plan.matched)
@@ -342,7 +342,7 @@ async fn look(
 /// that a quota limit without room denied is taken again without it.
 async fn charge(
     limiter: &Limiter,
-    plan: &Plan<'_>,
+    plan: &RequestCharges<'_>,
     charges: &[Charge<'_>],
 ) -> Result<PerDescriptor<Option<Outcome>>, LimitError> {
     let mut outcomes: PerDescriptor<Option<Outcome>> = smallvec::smallvec![None; charges.len()];

@@ -6,20 +6,17 @@
 #![allow(unreachable_pub)]
 
 mod bad_input;
-#[path = "../../../tests/support/certificates.rs"]
-mod certificates;
+use tollgate_test_support::certificates;
 mod environment;
 mod later_fields;
 mod numbers;
 mod operations;
 mod postgres;
-#[path = "../../../tests/support/postgres_server.rs"]
-mod postgres_server;
+use tollgate_test_support::postgres_server;
 mod prometheus;
 mod readme;
 mod redis;
-#[path = "../../../tests/support/redis_server.rs"]
-mod redis_server;
+use tollgate_test_support::redis_server;
 mod reload;
 mod statsd;
 mod support;

@@ -80,7 +80,7 @@ const TEST_GRACE_MS: u64 = 60_000;
 /// request's other rules; see [`lease`](RedisStoreBuilder::lease) for how leases are renewed and
 /// what happens when an instance dies. A concurrency rule cannot be sharded.
 ///
-/// Rules with a penalty ([`Rule::block_for`](crate::Rule::block_for)) keep their blocks beside
+/// Rules with a penalty ([`Rule::block`](crate::Rule::block)) keep their blocks beside
 /// the counters, in `<prefix>:block:{<key value>}:<rule>` (same slot), read and written in the
 /// same script call; a sharded rule cannot have one. [`Limiter::blocks`](crate::Limiter::blocks)
 /// lists them with `SCAN <cursor> MATCH <prefix>:block:{*}:<rule> COUNT 100` (on a cluster, on

@@ -4,8 +4,6 @@
 //! A missing server binary is a failure with a message naming the Debian package, never a
 //! skipped test. (`scripts/test.sh` installs both engines.)
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -19,7 +17,9 @@ const STARTUP: Duration = Duration::from_secs(10);
 /// (same protocol, same scripting). A test suite runs once per engine (`redis::…`, `valkey::…`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
+    /// `redis-server`.
     Redis,
+    /// `valkey-server`.
     Valkey,
 }
 
@@ -76,6 +76,7 @@ impl Engine {
 
 /// One sentinel process, stopped on drop.
 pub struct SentinelProcess {
+    /// The loopback port it listens on.
     pub port: u16,
     child: Child,
     dir: PathBuf,
@@ -135,6 +136,7 @@ impl Drop for SentinelProcess {
 
 /// One server process.
 pub struct RedisServer {
+    /// The loopback port it listens on.
     pub port: u16,
     engine: Engine,
     child: Option<Child>,
@@ -272,6 +274,7 @@ impl RedisServer {
         );
     }
 
+    /// The server's `redis://` URL.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -355,6 +358,7 @@ impl Drop for RedisServer {
 
 /// A Redis Cluster of three masters (no replicas) on free loopback ports.
 pub struct RedisCluster {
+    /// The masters, one server each.
     pub nodes: Vec<RedisServer>,
 }
 
@@ -409,6 +413,7 @@ impl RedisCluster {
         cluster
     }
 
+    /// Every master's `redis://` URL.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }

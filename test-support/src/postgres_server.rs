@@ -7,8 +7,6 @@
 //! package), else `nobody`. A missing binary is a failure naming the package, never a skipped
 //! test. (`scripts/test.sh` installs it.)
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -20,6 +18,7 @@ const STARTUP: Duration = Duration::from_secs(30);
 
 /// One Postgres server, with its data directory.
 pub struct PgServer {
+    /// The loopback port it listens on.
     pub port: u16,
     dir: PathBuf,
     bin: PathBuf,

@@ -5,11 +5,19 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 /// A certificate authority: its certificate (PEM) and what signs with it.
 pub struct Authority {
+    /// The authority's own certificate, PEM-encoded (what a client or server is told to trust).
     pub pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
+impl Default for Authority {
+    fn default() -> Self {
+        Authority::new()
+    }
+}
+
 impl Authority {
+    /// A new authority with a fresh key, named "tollgate test CA".
     pub fn new() -> Authority {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -1,7 +1,5 @@
 //! Sending one request through a layered service and reading the whole response.
 
-#![allow(dead_code)]
-
 use std::convert::Infallible;
 
 use bytes::Bytes;
@@ -12,7 +10,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 /// What `RateLimitLayer` makes of a service answering with `B` bodies: the services these tests
 /// send requests through.
-pub(crate) trait Limited<B>:
+pub trait Limited<B>:
     Service<
         Request<B>,
         Response = Response<tollgate::middleware::ResponseBody<B>>,
@@ -31,7 +29,7 @@ impl<B, S> Limited<B> for S where
 }
 
 /// The response to `request`, with its body collected.
-pub(crate) async fn send<S: Limited<Full<Bytes>>>(
+pub async fn send<S: Limited<Full<Bytes>>>(
     service: &S,
     request: Request<Full<Bytes>>,
 ) -> Response<Bytes> {
@@ -41,15 +39,15 @@ pub(crate) async fn send<S: Limited<Full<Bytes>>>(
 }
 
 /// `limiter`'s layer around a service answering 200 with an empty body.
-pub(crate) fn app(limiter: Limiter) -> impl Limited<Full<Bytes>> {
-    let layer = RateLimitLayer::builder().limiter(limiter).build().unwrap();
+pub fn app(limiter: Limiter) -> impl Limited<Full<Bytes>> {
+    let layer = RateLimitLayer::from_limiter(limiter).build().unwrap();
     layer.layer(service_fn(|_: Request<Full<Bytes>>| async {
         Ok::<_, Infallible>(Response::new(Full::default()))
     }))
 }
 
 /// A `GET /` carrying `key` in `x-api-key`.
-pub(crate) fn keyed_request(key: &str) -> Request<Full<Bytes>> {
+pub fn keyed_request(key: &str) -> Request<Full<Bytes>> {
     Request::get("/")
         .header("x-api-key", key)
         .body(Full::default())
@@ -57,7 +55,7 @@ pub(crate) fn keyed_request(key: &str) -> Request<Full<Bytes>> {
 }
 
 /// A response as `status | RateLimit-Policy | RateLimit` (a missing field reads as empty).
-pub(crate) fn summary(response: &Response<Bytes>) -> String {
+pub fn summary(response: &Response<Bytes>) -> String {
     let field = |name: &str| {
         response
             .headers()

@@ -1,21 +1,19 @@
 //! DESIGN §2's fixed-window reservation example, with its exact waits, for any store: the same
 //! scenario runs on the memory store (tests/queue.rs) and on Redis (tests/redis.rs).
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
 use tollgate::{Limit, LimitError, Limiter, Queue, Rule};
 
 /// A whole minute: aligned one-minute windows start here.
-pub(crate) const W: Duration = Duration::from_secs(1_750_000_020);
+pub const W: Duration = Duration::from_secs(1_750_000_020);
 
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The rules the scenario needs: 10 per minute, queued (at most 11 units owed) and plain, and a
 /// sliding window, which cannot reserve.
-pub(crate) fn rules() -> Vec<Rule> {
+pub fn rules() -> Vec<Rule> {
     vec![
         Rule::new("queued", Limit::fixed_window(10, MINUTE).aligned()).queue(Queue::burst(11)),
         Rule::new("plain", Limit::fixed_window(10, MINUTE).aligned()),
@@ -25,7 +23,7 @@ pub(crate) fn rules() -> Vec<Rule> {
 }
 
 /// Runs the example on `limiter` (built with [`rules`], its store on `clock`, which reads `W`).
-pub(crate) async fn example(limiter: &Limiter, clock: &ManualClock) {
+pub async fn example(limiter: &Limiter, clock: &ManualClock) {
     // 10 per minute, full at window start W: reserve 16 → v' = −6, wait until W + 60 s.
     let first = limiter.reserve("queued", "k", 16).await.unwrap();
     assert!(first.is_granted());
@@ -87,7 +85,7 @@ pub(crate) async fn example(limiter: &Limiter, clock: &ManualClock) {
 
 /// Several rules at once, all or nothing, through the limiter handle (at W + 120 s, after
 /// [`example`]).
-pub(crate) async fn several_rules(limiter: &Limiter) {
+pub async fn several_rules(limiter: &Limiter) {
     let both = limiter
         .charge_all([("plain", "x", 8), ("bucket", "x", 8)])
         .await

@@ -1,7 +1,5 @@
 //! The layer's log lines, captured in memory: for the tests that count what it logs.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,6 @@
 //! store: the same scenario runs on the memory store (tests/queue.rs) and on Redis
 //! (tests/redis.rs).
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
@@ -12,14 +10,14 @@ use tollgate::{Limit, Limiter, Rule};
 const DAY: u64 = 86_400;
 
 /// 2024-02-10T00:00:00Z, a Saturday in a leap year's February.
-pub(crate) const START: Duration = Duration::from_secs(1_707_523_200);
+pub const START: Duration = Duration::from_secs(1_707_523_200);
 
 fn days(n: u64) -> Duration {
     Duration::from_secs(n * DAY)
 }
 
 /// The rules the scenario needs.
-pub(crate) fn rules() -> Vec<Rule> {
+pub fn rules() -> Vec<Rule> {
     vec![
         Rule::new("monthly", Limit::calendar_month(3, 0)),
         Rule::new("monthly-utc+2", Limit::calendar_month(3, 2 * 3600)),
@@ -29,7 +27,7 @@ pub(crate) fn rules() -> Vec<Rule> {
 
 /// Runs the scenario on `limiter` (built with [`rules`], its store on `clock`, which reads
 /// [`START`]).
-pub(crate) async fn scenario(limiter: &Limiter, clock: &ManualClock) {
+pub async fn scenario(limiter: &Limiter, clock: &ManualClock) {
     // February 2024 has 29 days: from the 10th, the quota comes back on 1 March, 20 days on.
     assert!(limiter
         .charge("monthly", "k", 3)

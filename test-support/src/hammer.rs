@@ -1,7 +1,5 @@
 //! Many tasks charging one rule at once, through one or several limiters (app instances).
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -9,7 +7,7 @@ use tollgate::Limiter;
 
 /// Spawns `tasks` tasks per limiter, each charging `rule` (key "", cost 1) `attempts` times, and
 /// returns how many charges were admitted.
-pub(crate) async fn hammer(
+pub async fn hammer(
     limiters: &[Limiter],
     rule: &'static str,
     tasks: usize,

@@ -1,8 +1,6 @@
 //! An app whose every response streams until the test ends it: what concurrency tests need to
 //! hold slots open and give them back at a chosen moment.
 
-#![allow(dead_code)]
-
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
@@ -15,17 +13,20 @@ use tollgate::middleware::ResponseBody;
 use tollgate::RateLimitLayer;
 use tower::{service_fn, Layer, Service};
 
-pub(crate) type Frames = mpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>;
-pub(crate) type Streaming = StreamBody<Frames>;
-pub(crate) type Sender = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
+/// The frames of one streamed body, as its body reads them.
+pub type Frames = mpsc::UnboundedReceiver<Result<Frame<Bytes>, Infallible>>;
+/// A response body streamed frame by frame, as the test sends them.
+pub type Streaming = StreamBody<Frames>;
+/// Where a test sends a streamed body's frames (dropping it ends the body).
+pub type Sender = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
 
 /// The bodies the inner service is streaming, by request id (its `x-id` header, 0 without one):
 /// dropping a sender ends its body.
-pub(crate) type Open = Arc<Mutex<Vec<(u32, Sender)>>>;
+pub type Open = Arc<Mutex<Vec<(u32, Sender)>>>;
 
 /// `layer` around a service that answers every request with a body streamed until the test
 /// ends it; the senders of the bodies, in the order the service was called.
-pub(crate) fn streaming(
+pub fn streaming(
     layer: &RateLimitLayer,
 ) -> (
     Open,
@@ -53,11 +54,11 @@ pub(crate) fn streaming(
 }
 
 /// The ids of the requests whose bodies are still streaming.
-pub(crate) fn called(open: &Open) -> Vec<u32> {
+pub fn called(open: &Open) -> Vec<u32> {
     open.lock().unwrap().iter().map(|(id, _)| *id).collect()
 }
 
 /// Ends the streamed body of request `id`.
-pub(crate) fn end(open: &Open, id: u32) {
+pub fn end(open: &Open, id: u32) {
     open.lock().unwrap().retain(|(i, _)| *i != id);
 }

@@ -2,8 +2,6 @@
 //! overrides and times — against the memory store and the Redis store, comparing every field of
 //! every outcome and the override each charge was decided under.
 
-#![allow(dead_code, unreachable_pub)]
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -27,8 +25,11 @@ pub enum Step {
     /// A request whose limits come from the request (DESIGN §13): (rule, key, cost, mode, limit)
     /// per charge, rules distinct, each charged under the limit it brings instead of its rule's.
     ApplyUnder(Vec<(usize, usize, u64, Mode, Algorithm)>),
+    /// `Store::refund`: (rule, key, units).
     Refund(usize, usize, u64),
+    /// `Store::reset`: (rule, key).
     Reset(usize, usize),
+    /// The clock moves on by so many µs.
     Advance(u64),
     /// `Limiter::block` (µs) or `unblock` (`None`), for a rule with a penalty.
     Block(usize, usize, Option<u64>),
@@ -96,6 +97,7 @@ fn start() -> impl Strategy<Value = WindowStart> {
     ]
 }
 
+/// Any algorithm, with small limits and periods (so scenarios reach every edge).
 pub fn algorithm() -> impl Strategy<Value = Algorithm> {
     prop_oneof![
         3 => bucket().prop_map(Algorithm::TokenBucket),
@@ -333,9 +335,10 @@ async fn both(
             .iter()
             .zip(slots)
             .zip(overridable)
-            .map(|((charge, slot), &o)| Charge {
-                overrides: o.then_some(slot),
-                ..*charge
+            .map(|((charge, slot), &o)| {
+                let mut charge = *charge;
+                charge.overrides = o.then_some(slot);
+                charge
             })
             .collect()
     }
@@ -418,15 +421,12 @@ pub async fn run_against(
             Step::Apply(charges) => {
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
-                    .map(|&(rule, key, cost, mode)| Charge {
-                        rule: RuleName::new(&names[rule]),
-                        algorithm: &rules[rule],
-                        key: KEYS[key],
-                        cost,
-                        mode: mode_of(mode, overridable[rule]),
-                        penalty: penalties[rule].as_ref(),
-                        lease: None,
-                        overrides: None,
+                    .map(|&(rule, key, cost, mode)| {
+                        let mut charge =
+                            Charge::new(RuleName::new(&names[rule]), &rules[rule], KEYS[key], cost)
+                                .with_mode(mode_of(mode, overridable[rule]));
+                        charge.penalty = penalties[rule].as_ref();
+                        charge
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
@@ -436,15 +436,12 @@ pub async fn run_against(
             Step::ApplyUnder(charges) => {
                 let batch: Vec<Charge<'_>> = charges
                     .iter()
-                    .map(|(rule, key, cost, mode, limit)| Charge {
-                        rule: RuleName::new(&names[*rule]),
-                        algorithm: limit,
-                        key: KEYS[*key],
-                        cost: *cost,
-                        mode: mode_of(*mode, overridable[*rule]),
-                        penalty: penalties[*rule].as_ref(),
-                        lease: None,
-                        overrides: None,
+                    .map(|(rule, key, cost, mode, limit)| {
+                        let mut charge =
+                            Charge::new(RuleName::new(&names[*rule]), limit, KEYS[*key], *cost)
+                                .with_mode(mode_of(*mode, overridable[*rule]));
+                        charge.penalty = penalties[*rule].as_ref();
+                        charge
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
@@ -452,16 +449,13 @@ pub async fn run_against(
                 answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::Refund(rule, key, units) => {
-                let charge = Charge {
-                    rule: RuleName::new(&names[*rule]),
-                    algorithm: &rules[*rule],
-                    key: KEYS[*key],
-                    cost: *units,
-                    mode: Mode::Charge,
-                    penalty: penalties[*rule].as_ref(),
-                    lease: None,
-                    overrides: None,
-                };
+                let mut charge = Charge::new(
+                    RuleName::new(&names[*rule]),
+                    &rules[*rule],
+                    KEYS[*key],
+                    *units,
+                );
+                charge.penalty = penalties[*rule].as_ref();
                 memory.refund(&charge).await.unwrap();
                 redis.refund(&charge).await.unwrap();
             }
@@ -477,16 +471,13 @@ pub async fn run_against(
             }
             Step::Advance(us) => clock.advance(Duration::from_micros(*us)),
             Step::Owe(rule, key, units) if rules[*rule].reserves() => {
-                let charge = Charge {
-                    rule: RuleName::new(&names[*rule]),
-                    algorithm: &rules[*rule],
-                    key: KEYS[*key],
-                    cost: *units,
-                    mode: Mode::Reserve(ReserveBound::default()),
-                    penalty: None,
-                    lease: None,
-                    overrides: None,
-                };
+                let charge = Charge::new(
+                    RuleName::new(&names[*rule]),
+                    &rules[*rule],
+                    KEYS[*key],
+                    *units,
+                )
+                .with_mode(Mode::Reserve(ReserveBound::default()));
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;
                 assert_eq!(

@@ -1,14 +1,12 @@
 //! Test stores standing in for networked ones: one that always fails, one that answers late.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use tollgate::store::Store;
 
 /// A store that fails every call: stands in for an unreachable backend.
 #[derive(Debug)]
-pub(crate) struct Broken;
+pub struct Broken;
 
 impl Store for Broken {
     fn apply(
@@ -30,7 +28,8 @@ impl Store for Broken {
     }
 }
 
-pub(crate) fn down() -> tollgate::store::StoreError {
+/// The error [`Broken`] answers: the store is unreachable.
+pub fn down() -> tollgate::store::StoreError {
     tollgate::store::StoreError::new(
         tollgate::store::StoreErrorKind::Unavailable,
         "connection refused",
@@ -39,7 +38,7 @@ pub(crate) fn down() -> tollgate::store::StoreError {
 
 /// A store that answers after a delay, like a networked one: exercises the layer's async path.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Slow(pub(crate) tollgate::MemoryStore);
+pub struct Slow(pub tollgate::MemoryStore);
 
 impl Store for Slow {
     fn apply(

@@ -3,7 +3,7 @@
 use metrics_util::debugging::{DebugValue, Snapshotter};
 
 /// The value of metric `name` labelled with `rule`, if it was recorded.
-pub(crate) fn of_rule(snapshotter: &Snapshotter, name: &str, rule: &str) -> Option<DebugValue> {
+pub fn of_rule(snapshotter: &Snapshotter, name: &str, rule: &str) -> Option<DebugValue> {
     snapshotter
         .snapshot()
         .into_vec()
