@@ -392,7 +392,7 @@ const TICKS_PER_SECOND: u64 = 10;
 /// the `CALLERS` callers calls once a `TICK`, round-robin over keys of its own, as many as make
 /// each key's rate, on windows of one second. (64 × 10 calls a second: few enough for a server
 /// under callgrind to keep up with.) The name, the script, calls per key per second.
-const PACED: [(&str, Paced, u64); 4] = [
+const PACED: [(&str, Paced, u64); 6] = [
     (
         "sliding window, the store's script, one call per key per second",
         Paced::Store,
@@ -413,14 +413,28 @@ const PACED: [(&str, Paced, u64); 4] = [
         Paced::Upstash,
         10,
     ),
+    (
+        "the same after the server's TIME, one call per key per second",
+        Paced::UpstashTime,
+        1,
+    ),
+    (
+        "the same after the server's TIME, ten calls per key per second",
+        Paced::UpstashTime,
+        10,
+    ),
 ];
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Paced {
     /// The store's sliding window (`lua::SLIDING`), on the server's time.
     Store,
     /// [`UPSTASH_SLIDING`].
     Upstash,
+    /// [`UPSTASH_SLIDING`] after reading the server's clock (`TIME`, converted to µs, then
+    /// unused): what its windows would cost on the server's time, as the fixed window's row
+    /// "in place: TIME + INCRBY + PEXPIRE" is for the fixed counter.
+    UpstashTime,
 }
 
 /// How long a paced row runs before it is measured (`--drive`), so that each of its keys was
@@ -434,9 +448,12 @@ async fn paced(server: &Target, index: usize, duration: Duration) -> Run {
     let cpu = server_cpu(server);
     let client = ::redis::Client::open(server.url()).unwrap();
     let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
-    let script = ::redis::Script::new(match kind {
-        Paced::Store => lua::SLIDING,
-        Paced::Upstash => UPSTASH_SLIDING,
+    let script = ::redis::Script::new(&match kind {
+        Paced::Store => lua::SLIDING.to_owned(),
+        Paced::Upstash => UPSTASH_SLIDING.to_owned(),
+        Paced::UpstashTime => format!(
+            "local t = redis.call('TIME') local micros = t[1] * 1000000 + t[2] {UPSTASH_SLIDING}"
+        ),
     });
     let keys = TICKS_PER_SECOND / rate;
     let calls = Arc::new(AtomicU64::new(0));
@@ -463,9 +480,9 @@ async fn paced(server: &Target, index: usize, duration: Duration) -> Run {
                                 invocation.arg(arg);
                             }
                         }
-                        Paced::Upstash => {
+                        Paced::Upstash | Paced::UpstashTime => {
                             let (names, args) =
-                                upstash_sliding_call(format!("paced-upstash-{rate}-{key}"));
+                                upstash_sliding_call(format!("paced-{kind:?}-{rate}-{key}"));
                             for name in names {
                                 invocation.key(name);
                             }
