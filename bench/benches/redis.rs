@@ -6,6 +6,11 @@
 //! and counters grown in place without the design's guarantees (the usual Redis rate-limit
 //! scripts' way).
 //!
+//! Two peers' scripts run beside them, written for this bench from their documentation:
+//! Upstash's sliding window and redis_rate's GCRA. The sliding windows (the store's and
+//! Upstash's) also run paced, each key called once and ten times a second (see `PACED`): how
+//! often a key is called decides how often a window's first call, its roll-over, comes.
+//!
 //! It also runs `redis-benchmark` with `EVALSHA` of a trivial script at the same concurrency.
 //! That compares clients (64 unpipelined sockets against one multiplexed connection), not the
 //! script, and the output says so.
@@ -64,16 +69,50 @@ const IN_PLACE_FIXED_SERVER_TIME: &str = "local t = redis.call('TIME') \
     local now = t[1] * 1000000 + t[2] \
     if n > tonumber(ARGV[3]) then return -1 end return n";
 
-/// A sliding window counter the same way (two counters in keys named by the client's window:
-/// this one and the previous one, weighted by the client's clock; in place, counted when
-/// admitted). ARGV: the cost, the window (ms), the limit, the elapsed part of the window (ms).
-const IN_PLACE_SLIDING: &str = "local window, limit = tonumber(ARGV[2]), tonumber(ARGV[3]) \
-    local cur = tonumber(redis.call('GET', KEYS[1]) or '0') \
-    local prev = tonumber(redis.call('GET', KEYS[2]) or '0') \
-    local cost = tonumber(ARGV[1]) \
-    if prev * (window - tonumber(ARGV[4])) / window + cur + cost > limit then return -1 end \
+/// Upstash's sliding window, written for this bench from its documentation (two fixed-window
+/// counters in keys named by the client's window, this one and the previous one; the previous
+/// one weighted by the part of the sliding period it still covers, from the client's clock; the
+/// current one grown in place when admitted, its expiry set by the window's first unit). KEYS:
+/// the current window's key, the previous window's. ARGV: the limit, the client's time (ms), the
+/// window (ms), the cost.
+const UPSTASH_SLIDING: &str = "local limit, now = tonumber(ARGV[1]), tonumber(ARGV[2]) \
+    local window, cost = tonumber(ARGV[3]), tonumber(ARGV[4]) \
+    local cur = redis.call('GET', KEYS[1]) \
+    if cur == false then cur = 0 end \
+    local prev = redis.call('GET', KEYS[2]) \
+    if prev == false then prev = 0 end \
+    local weight = 1 - (now % window) / window \
+    if tonumber(prev) * weight + tonumber(cur) + cost > limit then return -1 end \
     local n = redis.call('INCRBY', KEYS[1], cost) \
-    if n == cost then redis.call('PEXPIRE', KEYS[1], window * 2) end return n";
+    if n == cost then redis.call('PEXPIRE', KEYS[1], window * 2 + 1000) end \
+    return limit - (n + tonumber(prev) * weight)";
+
+/// redis_rate's GCRA, written for this bench from its documentation: the theoretical arrival
+/// time (`tat`, seconds since 2017 as a float) in a string key, the server's clock (`TIME`),
+/// the key written back with `SET … EX` for as long as the bucket takes to fill, and an answer
+/// of four items (admitted units, units left, retry after, reset after). ARGV: the burst, the
+/// rate, the period (s), the cost.
+const REDIS_RATE_GCRA: &str = "redis.replicate_commands() \
+    local burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2]) \
+    local period, cost = tonumber(ARGV[3]), tonumber(ARGV[4]) \
+    local interval = period / rate \
+    local increment = interval * cost \
+    local burst_offset = interval * burst \
+    local t = redis.call('TIME') \
+    local now = (t[1] - 1483228800) + t[2] / 1000000 \
+    local tat = redis.call('GET', KEYS[1]) \
+    if tat then tat = math.max(tonumber(tat), now) else tat = now end \
+    local new_tat = tat + increment \
+    local diff = now - (new_tat - burst_offset) \
+    local remaining = diff / interval \
+    if remaining < 0 then \
+      return {0, 0, tostring(-diff), tostring(tat - now)} \
+    end \
+    local reset_after = new_tat - now \
+    if reset_after > 0 then \
+      redis.call('SET', KEYS[1], new_tat, 'EX', math.ceil(reset_after)) \
+    end \
+    return {cost, remaining, tostring(-1), tostring(reset_after)}";
 
 /// A fast path's script with one line replaced (`from` must occur once): the same call without
 /// one of its guarantees.
@@ -82,14 +121,19 @@ fn without(script: &str, from: &str, to: &str) -> String {
     script.replace(from, to)
 }
 
-/// A window's fast path's numbers as the store sends them (see `src/store/redis/fast.rs`): the
-/// server's time (-1), no grace, then the algorithm's.
+/// A window's fast path's arguments as the store sends them (see `src/store/redis/fast.rs`): the
+/// server's time (-1), no grace, then the algorithm's numbers, the last of them the cost; then
+/// the cost in decimal.
 fn fast_args(numbers: &[f64]) -> Vec<Vec<u8>> {
-    vec![[-1.0, 0.0]
-        .iter()
-        .chain(numbers)
-        .flat_map(|n| n.to_le_bytes())
-        .collect()]
+    let cost = numbers.last().expect("the cost");
+    vec![
+        [-1.0, 0.0]
+            .iter()
+            .chain(numbers)
+            .flat_map(|n| n.to_le_bytes())
+            .collect(),
+        (*cost as u64).to_string().into_bytes(),
+    ]
 }
 
 /// The token bucket's fast path on the server's time: the algorithm's numbers alone.
@@ -321,6 +365,144 @@ fn redis_benchmark(server: &Target, requests: u64) -> f64 {
         .unwrap_or_else(|| panic!("cannot read redis-benchmark's output: {text:?}"))
 }
 
+/// One call of [`UPSTASH_SLIDING`] for the key `name`: a limit of 10^9 a second, one unit.
+fn upstash_sliding_call(name: String) -> (Vec<String>, Vec<String>) {
+    let now = unix_millis();
+    let window = now / 1_000;
+    (
+        vec![format!("{name}:{window}"), format!("{name}:{}", window - 1)],
+        vec![
+            "1000000000".to_owned(),
+            now.to_string(),
+            "1000".to_owned(),
+            "1".to_owned(),
+        ],
+    )
+}
+
+/// How often each caller of a paced row calls.
+const TICK: Duration = Duration::from_millis(100);
+/// Calls a caller of a paced row makes in a second.
+const TICKS_PER_SECOND: u64 = 10;
+
+/// The rows that call every key at a steady rate, after the rows of `NAMES` (their numbers
+/// follow them): how often a key is called decides how often a window's first call (its
+/// roll-over, which writes the key whole) comes, as real traffic at that rate brings it. Each of
+/// the `CALLERS` callers calls once a `TICK`, round-robin over keys of its own, as many as make
+/// each key's rate, on windows of one second. (64 × 10 calls a second: few enough for a server
+/// under callgrind to keep up with.) The name, the script, calls per key per second.
+const PACED: [(&str, Paced, u64); 6] = [
+    (
+        "sliding window, the store's script, one call per key per second",
+        Paced::Store,
+        1,
+    ),
+    (
+        "sliding window, the store's script, ten calls per key per second",
+        Paced::Store,
+        10,
+    ),
+    (
+        "Upstash's sliding window (as documented), one call per key per second",
+        Paced::Upstash,
+        1,
+    ),
+    (
+        "Upstash's sliding window (as documented), ten calls per key per second",
+        Paced::Upstash,
+        10,
+    ),
+    (
+        "the same after the server's TIME, one call per key per second",
+        Paced::UpstashTime,
+        1,
+    ),
+    (
+        "the same after the server's TIME, ten calls per key per second",
+        Paced::UpstashTime,
+        10,
+    ),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Paced {
+    /// The store's sliding window (`lua::SLIDING`), on the server's time.
+    Store,
+    /// [`UPSTASH_SLIDING`].
+    Upstash,
+    /// [`UPSTASH_SLIDING`] after reading the server's clock (`TIME`, converted to µs, then
+    /// unused): what its windows would cost on the server's time, as the fixed window's row
+    /// "in place: TIME + INCRBY + PEXPIRE" is for the fixed counter.
+    UpstashTime,
+}
+
+/// How long a paced row runs before it is measured (`--drive`), so that each of its keys was
+/// called within the last window, as under steady traffic.
+const LEAD: Duration = Duration::from_millis(1_200);
+
+/// The paced row `PACED[index]` for `duration`.
+async fn paced(server: &Target, index: usize, duration: Duration) -> Run {
+    let (_, kind, rate) = PACED[index];
+    server.run("CONFIG RESETSTAT");
+    let cpu = server_cpu(server);
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let conn = ::redis::aio::ConnectionManager::new(client).await.unwrap();
+    let script = ::redis::Script::new(&match kind {
+        Paced::Store => lua::SLIDING.to_owned(),
+        Paced::Upstash => UPSTASH_SLIDING.to_owned(),
+        Paced::UpstashTime => format!(
+            "local t = redis.call('TIME') local micros = t[1] * 1000000 + t[2] {UPSTASH_SLIDING}"
+        ),
+    });
+    let keys = TICKS_PER_SECOND / rate;
+    let calls = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let (mut conn, script, calls) = (conn.clone(), script.clone(), calls.clone());
+            tokio::spawn(async move {
+                // The callers spread over a tick: a steady stream, not bursts of 64.
+                tokio::time::sleep(TICK * caller as u32 / CALLERS as u32).await;
+                let mut ticks = tokio::time::interval(TICK);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut made = 0;
+                while started.elapsed() < duration {
+                    ticks.tick().await;
+                    let key = caller as u64 * keys + made % keys;
+                    made += 1;
+                    let mut invocation = script.prepare_invoke();
+                    match kind {
+                        Paced::Store => {
+                            let offset = (key as f64 * 7919.0) % 1e6;
+                            invocation.key(format!("paced-sliding-{rate}-{key}"));
+                            for arg in fast_args(&[1e9, 1e6, offset, 1.0]) {
+                                invocation.arg(arg);
+                            }
+                        }
+                        Paced::Upstash | Paced::UpstashTime => {
+                            let (names, args) =
+                                upstash_sliding_call(format!("paced-{kind:?}-{rate}-{key}"));
+                            for name in names {
+                                invocation.key(name);
+                            }
+                            for arg in args {
+                                invocation.arg(arg);
+                            }
+                        }
+                    }
+                    let _: ::redis::Value = invocation.invoke_async(&mut conn).await.unwrap();
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let calls = calls.load(Ordering::Relaxed);
+    Run::finished(server, calls, calls, started, cpu)
+}
+
 fn unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -360,7 +542,7 @@ impl Target {
 }
 
 /// The rows of the per-algorithm table, in order; `Rows::run` runs one. Row 3 is the floor.
-const NAMES: [&str; 17] = [
+const NAMES: [&str; 18] = [
     "RedisStore, token bucket",
     "RedisStore, fixed window",
     "RedisStore, sliding window",
@@ -371,13 +553,14 @@ const NAMES: [&str; 17] = [
     "RedisStore, sliding window, the client's time",
     "fixed, in place, no guarantees: INCRBY + PEXPIRE, client's window",
     "fixed, in place: TIME + INCRBY + PEXPIRE",
-    "sliding, in place, no guarantees: 2 GET + INCRBY + PEXPIRE, client's window",
+    "Upstash's sliding window (as documented): 2 GET + INCRBY + PEXPIRE, client's windows",
     "token bucket, the store's script (redis crate alone)",
     "token bucket, no expiry (SET without PX)",
     "fixed window, the store's script (redis crate alone)",
     "fixed window, answering a count instead of the state",
     "sliding window, the store's script (redis crate alone)",
     "sliding window, answering a count instead of the state",
+    "redis_rate's GCRA (as documented): TIME + GET + SET … EX",
 ];
 
 /// Index of the floor's row in `NAMES`.
@@ -486,21 +669,8 @@ impl Rows {
                 .await
             }
             10 => {
-                client_strings(server, IN_PLACE_SLIDING, phase, |caller| {
-                    let now = unix_millis();
-                    let window = now / 1_000;
-                    (
-                        vec![
-                            format!("in-place-sliding-{caller}:{window}"),
-                            format!("in-place-sliding-{caller}:{}", window - 1),
-                        ],
-                        vec![
-                            "1".to_owned(),
-                            "1000".to_owned(),
-                            "1000000000".to_owned(),
-                            (now % 1_000).to_string(),
-                        ],
-                    )
+                client_strings(server, UPSTASH_SLIDING, phase, |caller| {
+                    upstash_sliding_call(format!("upstash-sliding-{caller}"))
                 })
                 .await
             }
@@ -510,6 +680,16 @@ impl Rows {
             14 => client_calls(server, &self.fixed_count, phase, fixed_call).await,
             15 => client_calls(server, lua::SLIDING, phase, sliding_call).await,
             16 => client_calls(server, &self.sliding_count, phase, sliding_call).await,
+            17 => {
+                client_strings(server, REDIS_RATE_GCRA, phase, |caller| {
+                    // The store's bucket (row 11): one a second, 10^8 of burst, one unit a call.
+                    (
+                        vec![format!("redis-rate-{caller}")],
+                        ["100000000", "1", "1", "1"].map(str::to_owned).to_vec(),
+                    )
+                })
+                .await
+            }
             _ => unreachable!("one arm per row"),
         }
     }
@@ -682,6 +862,23 @@ fn main() {
                 median(cpu_above),
             );
         }
+        // The paced rows, each without a break (a break would let their keys expire).
+        println!("| paced row | calls | calls per key per second | usec_per_call |");
+        println!("|---|---:|---:|---:|");
+        for (index, (name, _, rate)) in PACED.iter().enumerate() {
+            if full {
+                paced(&server, index, LEAD).await;
+            }
+            let run = paced(&server, index, duration).await;
+            println!(
+                "| {name} | {} | {:.2} | {:.2} µs |",
+                run.evalsha,
+                run.evalsha as f64
+                    / (CALLERS as u64 * (TICKS_PER_SECOND / rate)) as f64
+                    / run.elapsed.as_secs_f64(),
+                run.server_micros_per_call()
+            );
+        }
         let bucket = &rounds[ROUNDS / 2][0];
         println!(
             "token bucket (middle round): {} decisions in {:.2?}, Redis busy in the script {:.0}% \
@@ -768,12 +965,22 @@ fn drive(server: &Target) {
         for row in 0..NAMES.len() {
             rows.run(server, row, DRIVE / 4).await;
         }
+        for index in 0..PACED.len() {
+            paced(server, index, DRIVE / 4).await;
+        }
         for (row, name) in NAMES.iter().enumerate() {
             step(format!("ready {row}"));
             let run = rows.run(server, row, DRIVE).await;
             if row < 3 {
                 assert_eq!(run.evalsha, run.decisions, "one call per decision");
             }
+            step(format!("done {row} {} {name}", run.evalsha));
+        }
+        for (index, (name, _, _)) in PACED.iter().enumerate() {
+            paced(server, index, LEAD).await;
+            let row = NAMES.len() + index;
+            step(format!("ready {row}"));
+            let run = paced(server, index, DRIVE).await;
             step(format!("done {row} {} {name}", run.evalsha));
         }
     });

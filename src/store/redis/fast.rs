@@ -116,6 +116,16 @@ impl Fast {
         packed
     }
 
+    /// The cost a window's script adds with `HINCRBY`, sent as a second argument in decimal:
+    /// Redis formats a Lua number passed to a command with `%.17g`, at more than a tenth of a
+    /// window's whole call. (A token bucket's script passes no number to a command.)
+    pub(super) fn units(&self) -> Option<u64> {
+        match self.kind {
+            Kind::Bucket(_) => None,
+            Kind::Sliding(_) | Kind::Fixed(_) => Some(params::units_arg(self.cost)),
+        }
+    }
+
     /// The outcome from the script's answer, and whether the key held no state before the call.
     pub(super) fn outcome(&self, reply: &Value) -> Result<(Outcome, bool), StoreError> {
         let (flags, outcome) = match (&self.kind, reply) {

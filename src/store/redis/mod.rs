@@ -1192,6 +1192,10 @@ impl Inner {
         let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
         cmd.arg("EVALSHA").arg(script.hash()).arg(1);
         cmd.arg(&fast.name).arg(packed.0.as_slice());
+        // A window's script counts in place with the cost as text (see `lua/fast_sliding.lua`).
+        if let Some(units) = fast.units() {
+            cmd.arg(units);
+        }
         (script, cmd)
     }
 

@@ -6,6 +6,7 @@
 -- place (`HINCRBY`): the key keeps the expiry its
 -- window's first charge gave it (the end of the window, when a key of a window's units is
 -- a new key's again), so a charge inside a window writes nothing else.
+-- ARGV[2]: the cost in decimal, for `HINCRBY` (see fast_sliding.lua).
 -- Reply: 2 when denied + 1 when the key was missing, now − window start (negative for a later
 -- window a reservation holds), the units left in that window before the charge.
 local now, grace, rate, period, cap, offset, cost = struct.unpack('<ddddddd', packed)
@@ -19,7 +20,7 @@ local ws = now - (now + period - offset) % period
 if ws < 0 then ws = 0 end
 local field = struct.pack('<Bd', 87, ws)
 -- An error (a value of another algorithm or format) reads as a new key.
-local used = redis.pcall('HINCRBY', key, field, cost)
+local used = redis.pcall('HINCRBY', key, field, ARGV[2])
 local counted = type(used) == 'number'
 if counted and used ~= cost then
   if used > cap then

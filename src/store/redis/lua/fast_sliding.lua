@@ -3,6 +3,8 @@
 -- previous window's under 'p'. The count grows in place (`HINCRBY`), the key keeping the
 -- expiry the window's first charge gave it (two periods after the window's start, when both
 -- counts have left the sliding period).
+-- ARGV[2]: the cost in decimal, for `HINCRBY` (a Lua number passed to Redis is formatted with
+-- `%.17g`, which costs more than the rest of a charge's arithmetic).
 -- Reply: 2 when denied + 1 when the key was missing, now − window start, the two counts
 -- before the charge.
 local now, grace, limit, period, offset, cost = struct.unpack('<dddddd', packed)
@@ -16,7 +18,7 @@ local ws = now - (now + period - offset) % period
 if ws < 0 then ws = 0 end
 local field = struct.pack('<Bd', 83, ws)
 -- An error (a value of another algorithm or format) reads as a new key.
-local cur = redis.pcall('HINCRBY', key, field, cost)
+local cur = redis.pcall('HINCRBY', key, field, ARGV[2])
 local counted = type(cur) == 'number'
 if counted and cur ~= cost then
   -- The key holds one window's count at a time (the newest): this window's, counted in place.
@@ -48,25 +50,30 @@ end
 -- what the key held before this call (its newest window, rolled over to now: `sw_roll`), and
 -- the key is written whole, as the general scripts do.
 local flags, sws, prev, other = 0, ws, 0, false
+-- The stored window's field and count (as its text), 'p' as stored, and how many fields the
+-- key holds (this call's among them): what a roll-over needs to write only what changed.
+local ofield, otext, oprev, fields
 cur = 0
 if counted then
   local all = redis.call('HGETALL', key)
+  fields = #all
   local stored = false
-  for i = 1, #all, 2 do
+  for i = 1, fields, 2 do
     local f = all[i]
     if f == 'p' then
       prev, stored = all[i + 1] + 0, true
+      oprev = prev
     elseif f ~= field and #f == 9 then
       local tag, ows = struct.unpack('<Bd', f)
       if tag == 83 and (not other or ows > sws) then
-        sws, cur, other = ows, all[i + 1] + 0, true
+        sws, cur, other, ofield, otext = ows, all[i + 1] + 0, true, f, all[i + 1]
       end
     end
   end
   if not stored then
     -- Nothing this rule wrote: a new key (missing when this call created it).
     sws, cur, prev, other = ws, 0, 0, false
-    if #all == 2 and all[2] + 0 == cost then flags = 1 end
+    if fields == 2 and all[2] + 0 == cost then flags = 1 end
   elseif not other then
     -- This window's count was stored (at zero) before this call.
     cur = 0
@@ -110,7 +117,29 @@ end
 local px = expires - now + 999
 px = (px - px % 1000) / 1000
 if px < 1 then px = 1 end
-redis.call('DEL', key)
-redis.call('HSET', key, struct.pack('<Bd', 83, sws), cur + cost, 'p', prev)
+if sws == ws and cur == 0 and (flags == 1 or other and fields == 6) then
+  -- This call's window, on a key this call created (its field alone) or rolled over from one
+  -- holding 'p' and one other window (what this path and the general scripts write): this
+  -- call's field already holds cur + cost (cur is 0), so the key is the one written whole below
+  -- once the other window is gone and 'p' holds prev. Written in place, it is at most one `HDEL`
+  -- and one `HSET` instead of a key deleted and made again; 'p' is left alone when the count it
+  -- holds stays (a key called at a steady rate), and written as text when it can be (a number
+  -- is formatted by Redis, see ARGV[2]). The same bytes either way: counts are integers below
+  -- 2^53, which `%.17g` writes as their decimal digits.
+  if ofield then redis.call('HDEL', key, ofield) end
+  if prev ~= oprev then
+    local text = prev
+    if prev == 0 then
+      text = '0'
+    elseif otext and prev == otext + 0 then
+      text = otext
+    end
+    redis.call('HSET', key, 'p', text)
+  end
+else
+  redis.call('DEL', key)
+  if sws ~= ws then field = struct.pack('<Bd', 83, sws) end
+  redis.call('HSET', key, field, cur + cost, 'p', prev)
+end
 redis.call('PEXPIRE', key, string.format('%d', px + grace))
 return struct.pack('<dddd', flags, into, cur, prev)

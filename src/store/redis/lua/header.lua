@@ -12,6 +12,8 @@
 -- ARGV[1]  every number of the call as little-endian doubles (exact for integers below 2^53): one
 --          string is cheaper for Redis to pass than many arguments, and one `struct.unpack` reads
 --          it for less than one `tonumber` costs. Each script says which numbers it reads.
+-- ARGV[2]  (the windows' fast paths) the cost in decimal: a number a script passes to a Redis
+--          command is formatted by Redis with `%.17g`, which costs more than sending its text.
 --
 -- Redis runs the whole script from the top on every call, and every function, table or string
 -- it creates there costs time. The common case (the fast paths: one charge of one key) is
