@@ -19,10 +19,11 @@
 # per second, p50 and p99 latency (h2load's per-request log), and the server's user and system
 # CPU time per call (from /proc: what the kernel does for each answer shows in the system time),
 # then the medians over the rounds. With INSTRUCTIONS=1, first the user-space instructions per
-# call under callgrind (20,000 calls after 2,000), which the machine's load cannot move.
+# call under callgrind (20,000 calls after 2,000), which the machine's load cannot move; with
+# SYSCALLS=1, the system calls and context switches per call (perf stat).
 #
 # Installs h2load (nghttp2-client), curl, protoc (protobuf-compiler: limitador's build needs it),
-# libssl-dev and valgrind from Debian's packages when they are missing.
+# libssl-dev, valgrind and perf (linux-perf) from Debian's packages when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 calls="${1:-200000}"
@@ -37,7 +38,7 @@ fi
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-for tool in h2load:nghttp2-client protoc:protobuf-compiler valgrind:valgrind curl:curl; do
+for tool in h2load:nghttp2-client protoc:protobuf-compiler valgrind:valgrind curl:curl perf:linux-perf; do
     if ! command -v "${tool%%:*}" >/dev/null; then
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${tool##*:}" >/dev/null
     fi
@@ -187,6 +188,34 @@ if [ "${INSTRUCTIONS:-0}" = 1 ]; then
             printf '  %-16s %-8s %8d\n' "$name" "$case" $((total / 20000))
             rm -f "$work"/cg.out*
         done
+    done
+    echo
+fi
+
+if [ "${SYSCALLS:-0}" = 1 ]; then
+    # What the kernel is asked per call: system calls and context switches of each server over
+    # 40,000 allowed calls (perf's syscall tracepoints; perf from Debian's linux-perf).
+    events=syscalls:sys_enter_writev,syscalls:sys_enter_recvfrom,syscalls:sys_enter_futex
+    events="$events,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield,context-switches"
+    echo "per 1,000 calls (perf stat over 40,000 allowed calls)"
+    printf '  %-16s %8s %9s %7s %11s %12s %17s\n' server writev recvfrom futex epoll_wait \
+        sched_yield context-switches
+    for name in tollgate-server limitador-server; do
+        start "$name" allowed 18251
+        load 18251 4000
+        perf stat -x, -e "$events" -p "$server" -o "$work/perf.csv" &
+        perf=$!
+        sleep 0.5
+        load 18251 40000
+        kill -INT "$perf"
+        wait "$perf" 2>/dev/null || true
+        stop
+        awk -F, -v s="$name" '$3 != "" { v[$3] = $1 } END {
+            printf "  %-16s %8.0f %9.0f %7.0f %11.0f %12.0f %17.0f\n", s,
+                v["syscalls:sys_enter_writev"] / 40, v["syscalls:sys_enter_recvfrom"] / 40,
+                v["syscalls:sys_enter_futex"] / 40, v["syscalls:sys_enter_epoll_wait"] / 40,
+                v["syscalls:sys_enter_sched_yield"] / 40, v["context-switches"] / 40 }' \
+            "$work/perf.csv"
     done
     echo
 fi
