@@ -61,7 +61,7 @@ fi
 if [ -z "${LIMITADOR_BIN:-}" ]; then
     cargo build --release -q --manifest-path "$copy/limitador-server/Cargo.toml"
 fi
-cargo build --release -q -p tollgate-server --bin tollgate-server
+cargo build --release -q -p tollgate-server --bin tollgate-server --example constant_answer
 
 work="$(mktemp -d)"
 pids=()
@@ -100,6 +100,9 @@ start() { # server case port
         "$limitador" --rls-ip 127.0.0.1 --rls-port "$3" --http-ip 127.0.0.1 \
             --http-port "$(($3 + 1))" "$work/$2-limitador.yaml" memory 2>"$work/server.log" \
             >/dev/null &
+        ;;
+    floor)
+        target/release/examples/constant_answer "127.0.0.1:$3" 2>"$work/server.log" &
         ;;
     esac
     server=$!
@@ -193,14 +196,15 @@ if [ "${INSTRUCTIONS:-0}" = 1 ]; then
 fi
 
 if [ "${SYSCALLS:-0}" = 1 ]; then
-    # What the kernel is asked per call: system calls and context switches of each server over
-    # 40,000 allowed calls (perf's syscall tracepoints; perf from Debian's linux-perf).
+    # What the kernel is asked per call: system calls and context switches of each server, and
+    # of the protocol's floor (server/examples/constant_answer.rs: tonic's defaults), over 40,000
+    # allowed calls (perf's syscall tracepoints; perf from Debian's linux-perf).
     events=syscalls:sys_enter_writev,syscalls:sys_enter_recvfrom,syscalls:sys_enter_futex
     events="$events,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield,context-switches"
     echo "per 1,000 calls (perf stat over 40,000 allowed calls)"
     printf '  %-16s %8s %9s %7s %11s %12s %17s\n' server writev recvfrom futex epoll_wait \
         sched_yield context-switches
-    for name in tollgate-server limitador-server; do
+    for name in floor tollgate-server limitador-server; do
         start "$name" allowed 18251
         load 18251 4000
         perf stat -x, -e "$events" -p "$server" -o "$work/perf.csv" &

@@ -134,7 +134,7 @@ callgrind_annotate --inclusive=yes --threshold=100 "$work/server.out.1" 2>/dev/n
             show("  the engine: the outcomes read into a decision", "tollgate::engine::decision::Decision::answer")
             show("  the engine: the rule found", "tollgate::rules::set::RuleSet::find")
             show("  the request checked", "tollgate_server::service::decide::validate")
-            show("  descriptors matched, charges planned", "tollgate_server::plan::Plan::new")
+            show("  descriptors matched, charges planned", "tollgate_server::plan::RequestCharges::new")
             show("  the answer: statuses, fields, statistics", "tollgate_server::service::grpc::respond")
             show("    the RateLimit fields", "tollgate_server::service::headers::response_headers")
             show("    the statistics", "tollgate_server::stats::Stats::record")
