@@ -7,7 +7,8 @@
 #
 #   LIMITADOR_SRC=path/to/limitador ./scripts/limitador_bench.sh [CALLS] [ROUNDS]
 #       (default 200000 calls per round, 4 rounds; BUSY=N runs N busy loops beside the servers,
-#       for the "machine busy" rows; LIMITADOR_BIN=path uses a limitador-server built already)
+#       for the "machine busy" rows; STORE=redis keeps both servers' counts in one redis-server
+#       started here; LIMITADOR_BIN=path uses a limitador-server built already)
 #
 # LIMITADOR_SRC is a local copy (a clone) of github.com/Kuadrant/limitador. It is copied into
 # target/limitador, bench/limitador-redis-only.patch is applied (what it changes and why is at the
@@ -88,18 +89,58 @@ YAML
 limitador_limits 1000000000 1 >"$work/allowed-limitador.yaml"
 limitador_limits 10 3600 >"$work/denied-limitador.yaml"
 
+# STORE=redis: both servers keep their counts in one redis-server started here (emptied before
+# each server starts), tollgate-server from a tollgate file with the same limits.
+store="${STORE:-memory}"
+limitador_storage=(memory)
+if [ "$store" = redis ]; then
+    redis_port=18379
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize no >"$work/redis.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do
+        if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then break; fi
+        sleep 0.1
+    done
+    limitador_storage=(redis "redis://127.0.0.1:$redis_port")
+    tollgate_file() { # limit period
+        cat <<TOML
+domain = "bench"
+
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:$redis_port"
+
+[[rules]]
+name = "bench.remote_address"
+algorithm = "fixed_window"
+limit = $1
+period = "$2"
+aligned = true
+descriptors = [{ key = "remote_address" }]
+TOML
+    }
+    tollgate_file 1000000000 1s >"$work/bench.toml"
+    tollgate_file 10 1h >"$work/denied.toml"
+fi
+
 start() { # server case port
     case "$1" in
     tollgate-server)
         local file="$work/bench.yaml"
         if [ "$2" = denied ]; then file="$work/denied.yaml"; fi
+        if [ "$store" = redis ]; then
+            redis-cli -p "$redis_port" FLUSHALL >/dev/null
+            file="${file%.yaml}.toml"
+        fi
         target/release/tollgate-server --config "$file" --grpc-addr "127.0.0.1:$3" \
             --http-addr "127.0.0.1:$(($3 + 1))" 2>"$work/server.log" &
         ;;
     limitador-server)
+        if [ "$store" = redis ]; then redis-cli -p "$redis_port" FLUSHALL >/dev/null; fi
         "$limitador" --rls-ip 127.0.0.1 --rls-port "$3" --http-ip 127.0.0.1 \
-            --http-port "$(($3 + 1))" "$work/$2-limitador.yaml" memory 2>"$work/server.log" \
-            >/dev/null &
+            --http-port "$(($3 + 1))" "$work/$2-limitador.yaml" "${limitador_storage[@]}" \
+            2>"$work/server.log" >/dev/null &
         ;;
     floor)
         target/release/examples/constant_answer "127.0.0.1:$3" 2>"$work/server.log" &
@@ -226,7 +267,8 @@ fi
 
 tick="$(getconf CLK_TCK)"
 cpu() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
-echo "h2load -n $calls -c 4 -m 16 (64 concurrent streams), $rounds rounds, busy loops: $busy," \
+echo "h2load -n $calls -c 4 -m 16 (64 concurrent streams), $rounds rounds, store: $store," \
+    "busy loops: $busy," \
     "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-5s %-16s %-8s %12s %9s %9s %12s %12s\n' round server case "calls/s" "p50 us" \
     "p99 us" "user us/call" "sys us/call"
