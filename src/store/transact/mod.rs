@@ -151,7 +151,7 @@ impl Write {
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::Mutex;
-/// use tollgate::algorithm::Micros;
+/// use tollgate::algorithm::state::Micros;
 /// use tollgate::store::{Row, RowKey, Snapshot, StoreError, TransactionalBackend, Write};
 ///
 /// #[derive(Debug, Default)]
