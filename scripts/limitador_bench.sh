@@ -265,6 +265,7 @@ if [ "${SYSCALLS:-0}" = 1 ]; then
     echo
 fi
 
+if [ "$rounds" = 0 ]; then exit 0; fi
 tick="$(getconf CLK_TCK)"
 cpu() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 echo "h2load -n $calls -c 4 -m 16 (64 concurrent streams), $rounds rounds, store: $store," \
