@@ -28,6 +28,30 @@ impl Cursor {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A cursor that goes on after `key`: `tag` and the key's bytes in hex (the stores that list
+    /// by key order write theirs this way).
+    pub(crate) fn after_key(tag: char, key: &[u8]) -> Self {
+        let mut text = String::with_capacity(1 + 2 * key.len());
+        text.push(tag);
+        for byte in key {
+            text.push_str(&format!("{byte:02x}"));
+        }
+        Cursor::new(text)
+    }
+
+    /// The key an [`after_key`](Self::after_key) cursor of `tag` goes on after; `None` for
+    /// another text.
+    pub(crate) fn key_after(&self, tag: char) -> Option<Vec<u8>> {
+        let hex = self.0.strip_prefix(tag)?;
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect()
+    }
 }
 
 impl fmt::Display for Cursor {

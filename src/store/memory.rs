@@ -358,7 +358,7 @@ impl Store for MemoryStore {
             return StoreFuture::ready(Ok(page));
         };
         // The cursor is the last key of the previous page, `o` and its bytes in hex.
-        let after = match cursor.map(|cursor| override_cursor_key(cursor.as_str())) {
+        let after = match cursor.map(|cursor| cursor.key_after('o')) {
             Some(Some(key)) => Some(key),
             Some(None) => {
                 return StoreFuture::ready(Err(crate::store::StoreError::new(
@@ -387,7 +387,7 @@ impl Store for MemoryStore {
             page.next = page
                 .items
                 .last()
-                .map(|last| override_cursor(last.key.as_bytes()));
+                .map(|last| Cursor::after_key('o', last.key.as_bytes()));
         }
         StoreFuture::ready(Ok(page))
     }
@@ -1220,21 +1220,3 @@ impl<S: Expiring> ShardMap<S> {
 
 #[cfg(test)]
 mod tests;
-
-/// The cursor of an override listing's page that ends with `key`: `o` and the key's bytes in hex.
-fn override_cursor(key: &[u8]) -> Cursor {
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    Cursor::new(format!("o{hex}"))
-}
-
-/// The key an override listing's cursor (`o` and the key's bytes in hex) goes on after.
-fn override_cursor_key(text: &str) -> Option<Vec<u8>> {
-    let hex = text.strip_prefix('o')?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}

@@ -654,7 +654,7 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
 
     fn blocks(&self, rule: &str, cursor: Option<&Cursor>) -> StoreFuture<Page<BlockedKey>> {
         let rule = rule.to_owned();
-        let after = match cursor.map(|c| read_cursor(c.as_str())) {
+        let after = match cursor.map(|c| c.key_after('k')) {
             Some(Some(after)) => Some(after),
             Some(None) => return StoreFuture::ready(Err(bad_cursor())),
             None => None,
@@ -759,7 +759,7 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
         count: usize,
     ) -> StoreFuture<Page<OverrideEntry>> {
         let rule = rule.to_owned();
-        let after = match cursor.map(|c| read_cursor(c.as_str())) {
+        let after = match cursor.map(|c| c.key_after('k')) {
             Some(Some(after)) => Some(after),
             Some(None) => return StoreFuture::ready(Err(bad_cursor())),
             None => None,
@@ -852,20 +852,7 @@ fn next_cursor(found: &[(Vec<u8>, Row)], asked: usize) -> Option<Cursor> {
         return None;
     }
     let (last, _) = found.last()?;
-    let hex: String = last.iter().map(|b| format!("{b:02x}")).collect();
-    Some(Cursor::new(format!("k{hex}")))
-}
-
-/// The key a cursor goes on after: `k` and the key's bytes in hex.
-fn read_cursor(text: &str) -> Option<Vec<u8>> {
-    let hex = text.strip_prefix('k')?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
+    Some(Cursor::after_key('k', last))
 }
 
 fn bad_cursor() -> StoreError {
@@ -983,10 +970,10 @@ mod tests {
         };
         let found = vec![(vec![0, 0xab, 0xff], row)];
         let cursor = next_cursor(&found, 1).unwrap();
-        assert_eq!(read_cursor(cursor.as_str()).unwrap(), [0, 0xab, 0xff]);
+        assert_eq!(cursor.key_after('k').unwrap(), [0, 0xab, 0xff]);
         assert!(next_cursor(&found, 2).is_none());
         for bad in ["", "k0", "kzz", "o00"] {
-            assert!(read_cursor(bad).is_none(), "{bad}");
+            assert!(Cursor::new(bad).key_after('k').is_none(), "{bad}");
         }
     }
 }
