@@ -27,13 +27,7 @@ fi
 
 cargo build --release -q -p tollgate-server --bin tollgate-server --example constant_answer \
     --example evalsha_floor
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib/scratch.sh
 
 # The limit and the request (bench.yaml, body.bin), shared with the other server bench.
 . scripts/server_request.sh

@@ -64,13 +64,7 @@ if [ -z "${LIMITADOR_BIN:-}" ]; then
 fi
 cargo build --release -q -p tollgate-server --bin tollgate-server --example constant_answer
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib/scratch.sh
 
 # The request, and tollgate-server's limit (bench.yaml); the denied case and limitador's limits
 # are the same limits written for each.
