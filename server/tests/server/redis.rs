@@ -4,45 +4,25 @@ use tollgate_server::service::protocol::code;
 
 use crate::numbers::REFERENCE;
 use crate::redis_server;
-use crate::support::{ConfigDir, Server};
+use crate::support::{admitted_alternating, shared_store_file, ConfigDir, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_servers_on_one_redis_admit_exactly_the_limit() {
     let mut redis = redis_server::RedisServer::start();
     let dir = ConfigDir::new();
     dir.write("edge.yaml", REFERENCE);
-    // A generous timeout: on a busy machine a call may take longer than the store's default
-    // 100 ms, and a timeout here would be answered by the failure policy, not counted.
     let config = |name: &str, on_failure: &str| {
         dir.write(
             name,
-            &format!(
-                "domain = \"shared\"\nreference = [\"edge.yaml\"]\n\n[store]\nkind = \"redis\"\nurl = \"{}\"\non_failure = \"{on_failure}\"\ntimeout = \"10s\"\n\n[[rules]]\nname = \"shared\"\nalgorithm = \"sliding_log\"\nlimit = 10\nperiod = \"24h\"\ndescriptors = [{{ key = \"tenant\" }}]\n",
-                redis.url()
-            ),
+            &shared_store_file("redis", &redis.url(), "", on_failure),
         )
     };
     let closed = config("closed.toml", "closed");
     let (server_a, server_b) = (Server::start(&closed), Server::start(&closed));
     let open = Server::start(&config("open.toml", "open"));
     let (a, b) = (server_a.client().await, server_b.client().await);
-    let calls: Vec<_> = (0..40)
-        .map(|i| {
-            let client = if i % 2 == 0 { a.clone() } else { b.clone() };
-            tokio::spawn(async move {
-                // One descriptor of each form: a sliding log of tollgate's file and the
-                // reference's fixed window (3 a year), charged together.
-                let tenant = [("tenant", "acme")];
-                client.ask("shared", &[&tenant]).await.overall_code
-            })
-        })
-        .collect();
-    let mut admitted = 0;
-    for call in calls {
-        if call.await.unwrap() == code::OK {
-            admitted += 1;
-        }
-    }
+    // Charged through both servers at once: a sliding log of tollgate's file.
+    let admitted = admitted_alternating(&a, &b, 40).await;
     assert_eq!(admitted, 10);
     // The reference form's limits are shared too.
     let mut reference = Vec::new();

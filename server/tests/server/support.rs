@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
 use tollgate_server::service::protocol::{
-    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, UInt64Value, SHOULD_RATE_LIMIT,
+    code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, UInt64Value,
+    SHOULD_RATE_LIMIT,
 };
 use tonic::transport::Channel;
 use tonic_prost::ProstCodec;
@@ -387,4 +388,39 @@ impl ConfigDir {
         std::fs::rename(&partial, &path).unwrap();
         path
     }
+}
+
+/// A tollgate file for domain `shared` that reads `edge.yaml` (the reference form) and keeps its
+/// counts in the store `kind` at `url` (with `store_lines` added to its `[store]`, failures
+/// answered by `on_failure`, a generous timeout: on a busy machine a call may take longer than a
+/// store's default, and a timeout would be answered by the failure policy, not counted); one
+/// rule, `shared`: 10 a day per `tenant`, as a sliding log.
+pub fn shared_store_file(kind: &str, url: &str, store_lines: &str, on_failure: &str) -> String {
+    format!(
+        "domain = \"shared\"\nreference = [\"edge.yaml\"]\n\n[store]\nkind = \"{kind}\"\n\
+         url = \"{url}\"\n{store_lines}on_failure = \"{on_failure}\"\ntimeout = \"10s\"\n\n\
+         [[rules]]\nname = \"shared\"\nalgorithm = \"sliding_log\"\nlimit = 10\n\
+         period = \"24h\"\ndescriptors = [{{ key = \"tenant\" }}]\n"
+    )
+}
+
+/// `calls` calls at once of `tenant = acme` in domain `shared`, alternating between `a` and `b`:
+/// how many were admitted.
+pub async fn admitted_alternating(a: &Client, b: &Client, calls: usize) -> usize {
+    let calls: Vec<_> = (0..calls)
+        .map(|i| {
+            let client = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let tenant = [("tenant", "acme")];
+                client.ask("shared", &[&tenant]).await.overall_code
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        if call.await.expect("the call's task ends") == code::OK {
+            admitted += 1;
+        }
+    }
+    admitted
 }
