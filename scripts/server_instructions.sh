@@ -13,7 +13,9 @@
 # Two more rows of tollgate-server in the same run: every call denied (the same descriptor under
 # 10 per hour), and TLS on the gRPC port (started as a deployment starts the reference: its
 # environment, GRPC_SERVER_USE_TLS with a certificate made here by openssl; h2load speaks h2 over
-# TLS). Installs valgrind, h2load (nghttp2-client) and openssl from Debian's packages when
+# TLS). And the floor once more behind what tollgate-server puts around its method (its health
+# service beside, a timeout per call: `constant_answer --server-stack`), so that the two differ
+# by the method alone. Installs valgrind, h2load (nghttp2-client) and openssl from Debian's packages when
 # they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +79,9 @@ measure() { # name port command...
 measure floor 18191 target/release/examples/constant_answer 127.0.0.1:18191
 measure server 18181 target/release/tollgate-server --config "$work/bench.yaml" \
     --grpc-addr 127.0.0.1:18181 --http-addr 127.0.0.1:18180
+# The floor behind what tollgate-server puts around its method too (the health service, a
+# timeout per call): where the rest of the difference is the decision's.
+measure floor_stack 18192 target/release/examples/constant_answer 127.0.0.1:18192 --server-stack
 
 # Every call denied: the same descriptor under 10 per hour (the first 10 of the unmeasured calls
 # pass).
@@ -103,18 +108,22 @@ server_env=()
 total() { callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'; }
 floor=$(total "$work/floor.out.1")
 tollgate=$(total "$work/server.out.1")
+floor_stack=$(total "$work/floor_stack.out.1")
 denied=$(total "$work/denied.out.1")
 tls=$(total "$work/tls.out.1")
 echo "h2load -n $calls -c 4 -m 16 (64 concurrent streams), one pre-encoded ShouldRateLimit"
 printf '| server | instructions per call | vs floor |\n|---|---:|---:|\n'
 printf '| floor (constant answer) | %d | 100 %% |\n' $((floor / calls))
+printf '| floor behind the server'"'"'s stack (health service, timeout per call) | %d | %d %% |\n' \
+    $((floor_stack / calls)) $((100 * floor_stack / floor))
 printf '| tollgate-server, memory store | %d | %d %% |\n' $((tollgate / calls)) \
     $((100 * tollgate / floor))
 printf '| tollgate-server, every call denied | %d | %d %% |\n' $((denied / calls)) \
     $((100 * denied / floor))
 printf '| tollgate-server, TLS on the gRPC port (the floor without) | %d | %d %% |\n' \
     $((tls / calls)) $((100 * tls / floor))
-printf 'calls per CPU-second, tollgate-server against the floor: %d %%\n' $((100 * floor / tollgate))
+printf 'calls per CPU-second, tollgate-server against the floor: %d %%; against the floor behind its stack: %d %%\n' \
+    $((100 * floor / tollgate)) $((100 * floor_stack / tollgate))
 
 # Inclusive instructions per call of the named functions (callgrind attributes an inlined
 # function to its caller: these are the functions left standing in the release build).

@@ -5,7 +5,7 @@
 //! tollgate-server's calls per second are measured against this one's on the same machine, in
 //! the same run.
 //!
-//! `cargo run --release -p tollgate-server --example constant_answer -- 127.0.0.1:8091`
+//! `cargo run --release -p tollgate-server --example constant_answer -- 127.0.0.1:8091 [--server-stack]`
 
 use tollgate_server::service::protocol::{
     code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse,
@@ -13,6 +13,8 @@ use tollgate_server::service::protocol::{
 };
 use tonic::server::UnaryService;
 use tonic::Status;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
 
 /// The constant answer, behind the same route as tollgate-server's decision
 /// ([`RateLimitServer`]): the two servers differ by the method alone.
@@ -64,11 +66,27 @@ impl UnaryService<RateLimitRequest> for Constant {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let addr = args
+        .next()
         .unwrap_or_else(|| "127.0.0.1:8091".to_owned())
         .parse()?;
-    tonic::transport::Server::builder()
+    // `--server-stack`: behind what tollgate-server puts around its method too (the health
+    // service beside it, a timeout per call), so that the two differ by the method alone.
+    let server_stack = args.any(|arg| arg == "--server-stack");
+    let mut server = tonic::transport::Server::builder();
+    let health = if server_stack {
+        server = server.timeout(std::time::Duration::from_secs(30));
+        let reporter = HealthReporter::new();
+        reporter.set_serving::<RateLimitServer<Constant>>().await;
+        Some(HealthServer::new(HealthService::from_health_reporter(
+            reporter,
+        )))
+    } else {
+        None
+    };
+    server
+        .add_optional_service(health)
         .add_service(RateLimitServer(Constant))
         .serve(addr)
         .await?;
