@@ -92,8 +92,9 @@ struct Inner {
     overridden: AtomicUsize,
 }
 
-/// Overrides by rule name, then key: the limit and when it ends.
-type Overrides = BTreeMap<String, BTreeMap<Vec<u8>, (Limit, Micros)>>;
+/// Overrides by rule name, then key: the limit (shared, so that an outcome decided under it
+/// carries it without allocating) and when it ends.
+type Overrides = BTreeMap<String, BTreeMap<Vec<u8>, (Arc<Limit>, Micros)>>;
 
 /// Builds a [`MemoryStore`].
 #[derive(Debug)]
@@ -331,7 +332,7 @@ impl Store for MemoryStore {
                 table
                     .entry(rule.to_owned())
                     .or_default()
-                    .insert(key.to_vec(), (limit.clone(), until));
+                    .insert(key.to_vec(), (Arc::new(limit.clone()), until));
             }
             None => {
                 if let Some(keys) = table.get_mut(rule) {
@@ -379,7 +380,7 @@ impl Store for MemoryStore {
         for (key, (limit, until)) in live.by_ref().take(count) {
             page.items.push(OverrideEntry {
                 key: crate::key::KeyValue::new(key),
-                limit: limit.clone(),
+                limit: Limit::clone(limit),
                 expires_in: duration(until - now),
             });
         }
@@ -401,7 +402,7 @@ impl Store for MemoryStore {
             .filter(|(_, until)| *until > now)
             .map(|(limit, until)| OverrideEntry {
                 key: crate::key::KeyValue::new(key),
-                limit: limit.clone(),
+                limit: Limit::clone(limit),
                 expires_in: duration(until - now),
             });
         StoreFuture::ready(Ok(entry))
@@ -452,7 +453,7 @@ impl MemoryStore {
     fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
         match batch {
             [charge] => smallvec::smallvec![self.decide_one(charge)],
-            _ if batch.iter().any(|c| c.overrides.is_some()) => self.overridden(batch),
+            _ if batch.iter().any(|c| c.read_overrides) => self.overridden(batch),
             _ => self.apply_batch(batch),
         }
     }
@@ -460,7 +461,7 @@ impl MemoryStore {
     /// A charge with a penalty or whose rule has overrides.
     #[cold]
     fn special_one(&self, charge: &Charge<'_>) -> Outcome {
-        if charge.overrides.is_some() {
+        if charge.read_overrides {
             let outcomes = self.overridden(std::slice::from_ref(charge));
             return outcomes.into_iter().next().expect("one outcome per charge");
         }
@@ -469,9 +470,9 @@ impl MemoryStore {
 
     /// A batch with charges of overridable rules: each such key's override in force replaces
     /// its charge's limit (unless the cost could never pass under it: then the rule's own
-    /// decides, as for a per-request limit), and is reported in the charge's slot.
+    /// decides, as for a per-request limit), and comes back with the charge's outcome.
     fn overridden(&self, batch: &[Charge<'_>]) -> Outcomes {
-        let found: SmallVec<[Option<Limit>; 2]> =
+        let found: SmallVec<[Option<Arc<Limit>>; 2]> =
             if self.inner.overridden.load(Ordering::Acquire) == 0 {
                 batch.iter().map(|_| None).collect()
             } else {
@@ -480,7 +481,9 @@ impl MemoryStore {
                 batch
                     .iter()
                     .map(|c| {
-                        c.overrides?;
+                        if !c.read_overrides {
+                            return None;
+                        }
                         let (limit, until) = table.get(c.rule.as_str())?.get(c.key)?;
                         let fits = c.cost <= limit.algorithm().max_cost(c.mode);
                         (*until > now && fits).then(|| limit.clone())
@@ -491,17 +494,15 @@ impl MemoryStore {
             .iter()
             .zip(&found)
             .map(|(c, limit)| Charge {
-                algorithm: limit.as_ref().map_or(c.algorithm, Limit::algorithm),
-                overrides: None,
+                algorithm: limit.as_deref().map_or(c.algorithm, Limit::algorithm),
+                read_overrides: false,
                 ..*c
             })
             .collect();
-        let outcomes = self.apply_now(&charges);
+        let mut outcomes = self.apply_now(&charges);
         drop(charges);
-        for (charge, limit) in batch.iter().zip(found) {
-            if let (Some(slot), Some(limit)) = (charge.overrides, limit) {
-                let _ = slot.set(limit);
-            }
+        for (outcome, limit) in outcomes.iter_mut().zip(found) {
+            outcome.overridden = limit;
         }
         outcomes
     }
@@ -561,7 +562,7 @@ impl MemoryStore {
                         locked
                             .blocks(cell.hash)
                             .set_block(cell.hash, rule, key, block, expires, now);
-                        *outcome = Penalty::punish(*outcome, block.until, now);
+                        *outcome = Penalty::punish(outcome.clone(), block.until, now);
                     }
                 }
             }
@@ -573,7 +574,7 @@ impl MemoryStore {
     /// decision, without collecting cells, sorting shards or searching the held guards.
     #[inline]
     fn decide_one(&self, charge: &Charge<'_>) -> Outcome {
-        if charge.penalty.is_some() || charge.overrides.is_some() {
+        if charge.penalty.is_some() || charge.read_overrides {
             return self.special_one(charge);
         }
         let now = self.now();
@@ -977,6 +978,7 @@ fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
         next_unit_in: algorithm.window(),
         full_in: algorithm.window(),
         offence: false,
+        overridden: None,
     }
 }
 

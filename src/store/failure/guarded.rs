@@ -300,7 +300,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         guarded
             .apply(&[charge])
@@ -379,7 +379,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         // One slot taken in the shared store, then the store goes down and the breaker opens.
         assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());

@@ -42,7 +42,7 @@ impl Fast {
         // A rule with overrides reads its key's override in the general script.
         if sharded
             || charge.penalty.is_some()
-            || charge.overrides.is_some()
+            || charge.read_overrides
             || charge.mode != Mode::Charge
         {
             return None;

@@ -16,7 +16,7 @@ mod shard;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::{Cmd, Value};
@@ -470,7 +470,7 @@ impl RedisStore {
             if let Some(lease) = charge.lease {
                 if charge.mode == Mode::Charge
                     && charge.cost > 0
-                    && charge.overrides.is_none()
+                    && !charge.read_overrides
                     && !inner.shards.contains_key(charge.rule.as_str())
                 {
                     return quota::charge(self, lease, charge, finish);
@@ -503,7 +503,7 @@ impl RedisStore {
                     // An override set through another instance applies on the next decision.
                     cacheable: !inner.shards.contains_key(charge.rule.as_str())
                         && !charge.algorithm.is_concurrency()
-                        && charge.overrides.is_none()
+                        && !charge.read_overrides
                         && (charge.penalty.is_none()
                             || (charge.mode == Mode::Charge && charge.cost > 0)),
                     penalised: charge.penalty.is_some(),
@@ -539,16 +539,12 @@ impl RedisStore {
             }
         }
         let records: Vec<Record> = batch.iter().map(|c| inner.record(c, false)).collect();
-        // Where each overridable charge's override goes (`Charge::overrides`).
-        let slots: SmallVec<[Option<Arc<OnceLock<Limit>>>; 2]> =
-            batch.iter().map(|c| c.overrides.cloned()).collect();
         let inner = self.inner.clone();
         StoreFuture::pending(async move {
-            let (outcomes, missing, applied) = inner.timed(inner.decide(now, &records)).await?;
-            for (slot, limit) in slots.iter().zip(applied) {
-                if let (Some(slot), Some(limit)) = (slot, limit) {
-                    let _ = slot.set(limit);
-                }
+            let (mut outcomes, missing, applied) = inner.timed(inner.decide(now, &records)).await?;
+            // Only a charge that reads overrides has one applied (`Charge::read_overrides`).
+            for (outcome, limit) in outcomes.iter_mut().zip(applied) {
+                outcome.overridden = limit.map(Arc::new);
             }
             if outcomes.iter().all(|o| o.verdict.is_admitted()) {
                 // The batch was charged: this instance now holds its leases, and renews them.
@@ -1023,7 +1019,7 @@ impl Inner {
                     params::penalty(penalty),
                 )
             }),
-            overrides: charge.overrides.map(|_| Overridable {
+            overrides: charge.read_overrides.then(|| Overridable {
                 name: keys::override_name(&self.prefix, &charge.rule, charge.key),
                 rule: charge.rule.as_str().into(),
                 key: charge.key.into(),
@@ -1180,6 +1176,7 @@ impl Inner {
                     next_unit_in: Duration::ZERO,
                     full_in: Duration::ZERO,
                     offence: false,
+                    overridden: None,
                 })
             })
             .collect();
@@ -1229,7 +1226,7 @@ impl Inner {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let mut fast =
             Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
@@ -1434,6 +1431,7 @@ fn decode(
                 next_unit_in: duration(number(values[4])?),
                 full_in: duration(number(values[8])?),
                 offence: values[0] == 3.0,
+                overridden: None,
             };
             if let Some(sharding) = &item.record.sharding {
                 sharding.saw(candidates[index].shard, outcome.remaining);
