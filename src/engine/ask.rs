@@ -44,7 +44,7 @@ impl Future for Pending {
         match self.get_mut() {
             Pending::One(one) => Pin::new(one)
                 .poll(cx)
-                .map(|answer| answer.map(|outcome| smallvec::smallvec![outcome])),
+                .map(|answer| answer.map(Outcomes::from)),
             Pending::Batch(batch) => Pin::new(batch).poll(cx),
         }
     }

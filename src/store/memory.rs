@@ -452,7 +452,7 @@ impl MemoryStore {
     /// Decides a batch against the current time; see [`Store::apply`].
     fn apply_now(&self, batch: &[Charge<'_>]) -> Outcomes {
         match batch {
-            [charge] => smallvec::smallvec![self.decide_one(charge)],
+            [charge] => Outcomes::from(self.decide_one(charge)),
             _ if batch.iter().any(|c| c.read_overrides) => self.overridden(batch),
             _ => self.apply_batch(batch),
         }

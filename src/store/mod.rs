@@ -9,6 +9,7 @@
 pub(crate) mod failure;
 mod listing;
 pub(crate) mod memory;
+mod outcomes;
 mod overrides;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -21,8 +22,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use smallvec::SmallVec;
-
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Lease, Limit, Mode, Outcome, Penalty};
 use crate::key::namespace;
@@ -34,6 +33,7 @@ pub(crate) use failure::{FailurePolicy, Guarded};
 pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
+pub use outcomes::{Outcomes, OutcomesIntoIter};
 pub use overrides::OverrideEntry;
 pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 #[cfg(feature = "postgres")]
@@ -173,9 +173,6 @@ impl fmt::Display for RuleName<'_> {
     }
 }
 
-/// The outcomes of a batch, in the order of its charges.
-pub type Outcomes = SmallVec<[Outcome; 2]>;
-
 /// The state store behind a limiter.
 ///
 /// # Contract
@@ -194,15 +191,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Decides a single charge: [`apply`](Store::apply) with a batch of one, the usual case (a
     /// request under one rule). Stores may answer it without the batch's bookkeeping.
     fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
-        let first = |outcomes: Outcomes| {
-            outcomes
-                .into_iter()
-                .next()
-                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
-        };
         match self.apply(std::slice::from_ref(charge)).into_ready() {
-            Ok(result) => StoreFuture::ready(result.and_then(first)),
-            Err(pending) => StoreFuture::pending(async move { first(pending.await?) }),
+            Ok(result) => StoreFuture::ready(result.and_then(Outcomes::into_first)),
+            Err(pending) => StoreFuture::pending(async move { pending.await?.into_first() }),
         }
     }
 

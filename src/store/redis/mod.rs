@@ -530,7 +530,7 @@ impl RedisStore {
                 let inner = self.inner.clone();
                 return StoreFuture::pending(async move {
                     let (outcome, missing) = inner.timed(inner.fast(&fast, now, packed)).await?;
-                    let outcomes: Outcomes = smallvec::smallvec![outcome];
+                    let outcomes = Outcomes::from(outcome);
                     if let Some(cache) = &inner.cache {
                         cache.learn(&views, &outcomes, &[missing], inner.local.now());
                     }
@@ -570,12 +570,7 @@ impl Store for RedisStore {
     }
 
     fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
-        self.decide(std::slice::from_ref(charge), |outcomes| {
-            outcomes
-                .into_iter()
-                .next()
-                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
-        })
+        self.decide(std::slice::from_ref(charge), Outcomes::into_first)
     }
 
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {

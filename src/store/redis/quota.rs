@@ -28,7 +28,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use smallvec::smallvec;
 use tokio::sync::Semaphore;
 
 use super::{Inner, Item, Op, Record, RedisStore, Taken};
@@ -288,7 +287,7 @@ pub(super) fn charge<T>(
     let record = || inner.record(charge, true);
     let (first, give_back) = inner.quotas.take(hash, limit_id, charge.cost, now, record);
     if let (Lookup::Admitted(outcome), None) = (&first, &give_back) {
-        return StoreFuture::ready(finish(smallvec![outcome.clone()]));
+        return StoreFuture::ready(finish(Outcomes::from(outcome.clone())));
     }
     let owned = Owned {
         rule: charge.rule.as_str().into(),
@@ -300,7 +299,7 @@ pub(super) fn charge<T>(
     let (store, lease) = (store.clone(), *lease);
     StoreFuture::pending(async move {
         let outcome = decide(&store, owned, lease, first, give_back, hash, limit_id).await?;
-        finish(smallvec![outcome])
+        finish(Outcomes::from(outcome))
     })
 }
 
@@ -321,8 +320,10 @@ async fn decide(
         give_back_units(inner, injected, &record, units).await?;
     }
     let exactly = || async {
-        let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(owned.cost)), Ok);
-        Ok::<_, StoreError>(exact.await?.swap_remove(0))
+        let charge = owned.charge(owned.cost);
+        store
+            .decide_exactly(std::slice::from_ref(&charge), Outcomes::into_first)
+            .await
     };
     let mut next = first;
     loop {
@@ -419,8 +420,11 @@ async fn ask_for_slice(
         .max(own)
         .min(owned.algorithm.capacity().max(own))
         .min(MOST_PERMITS);
-    let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(size)), Ok);
-    let granted = exact.await?.swap_remove(0);
+    let exact = store.decide_exactly(
+        std::slice::from_ref(&owned.charge(size)),
+        Outcomes::into_first,
+    );
+    let granted = exact.await?;
     if !granted.verdict.is_admitted() {
         inner.quotas.end(hash, queue, false);
         return Ok(None);
