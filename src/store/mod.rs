@@ -251,8 +251,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Gives `key` under `rule` the limit `limit` for `ttl` from now (replacing any override it
     /// has), or, with `None`, removes its override. Only charges whose
-    /// [`read_overrides`](Charge::read_overrides) is set read overrides. The caller has checked the limit
-    /// and the TTL. The default answers that the store keeps no overrides.
+    /// [`read_overrides`](Charge::read_overrides) is set read overrides. The caller has checked
+    /// the limit and the TTL. The default answers that the store keeps no overrides.
     fn set_override(
         &self,
         rule: &str,

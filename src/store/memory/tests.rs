@@ -2,7 +2,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, WindowStart};
+use crate::algorithm::{
+    FixedWindow, Mode, SlidingLog, SlidingWindow, TokenBucket, Verdict, WindowStart,
+};
 use crate::clock::ManualClock;
 
 const SECOND: Duration = Duration::from_secs(1);
