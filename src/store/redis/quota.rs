@@ -30,7 +30,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Semaphore;
 
-use super::{Inner, Item, Op, Record, RedisStore, Taken};
+use super::record::{Item, Op, Record, Taken};
+use super::{Inner, RedisStore};
 use crate::algorithm::{duration, micros, Algorithm, Lease, Micros, Mode, Outcome, Verdict};
 use crate::store::{Charge, Outcomes, RuleName, StoreError, StoreErrorKind, StoreFuture};
 
