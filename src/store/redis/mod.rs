@@ -38,6 +38,8 @@ use self::cache::DenyCache;
 use self::conn::{Conn, Target};
 use self::leases::Leases;
 use self::lua::Scripts;
+#[cfg(feature = "bench")]
+pub(crate) use self::lua::{BUCKET_NOW, FIXED, SLIDING};
 use self::params::{push_now, Packed};
 use self::quota::Quotas;
 use self::record::{Item, Op};
