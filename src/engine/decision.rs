@@ -36,16 +36,7 @@ pub struct Decision {
 pub(crate) type Plan = Decision;
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
-const PENDING: Outcome = Outcome {
-    verdict: Verdict::Allowed,
-    limit: 0,
-    remaining: 0,
-    balance: 0,
-    next_unit_in: Duration::ZERO,
-    full_in: Duration::ZERO,
-    offence: false,
-    overridden: None,
-};
+const PENDING: Outcome = Outcome::new(Verdict::Allowed, 0, 0);
 
 /// One rule's part of a [`Decision`].
 // Non-exhaustive: the middleware builds these; a field handlers read later is an addition.

@@ -2,7 +2,6 @@
 //! on its own; a denial takes the earlier groups' charges back and checks the later ones.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::record::{Item, Missing, Op, Record, Taken};
 use super::reply::Applied;
@@ -97,16 +96,7 @@ impl Inner {
             .zip(records)
             .map(|(outcome, record)| {
                 // Only when a follow-up call failed: the request is denied anyway.
-                outcome.unwrap_or(Outcome {
-                    verdict: Verdict::Allowed,
-                    limit: record.limit,
-                    remaining: 0,
-                    balance: 0,
-                    next_unit_in: Duration::ZERO,
-                    full_in: Duration::ZERO,
-                    offence: false,
-                    overridden: None,
-                })
+                outcome.unwrap_or_else(|| Outcome::new(Verdict::Allowed, record.limit, 0))
             })
             .collect();
         Ok((outcomes, missing, applied))
