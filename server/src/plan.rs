@@ -138,23 +138,26 @@ impl<'t> RequestCharges<'t> {
                 }
             }
         }
-        let n = matched.len();
-        let quota = matched
-            .iter()
-            .map(|m| match m {
-                Some(m) if m.limit.kind == LimitKind::Unlimited => false,
-                Some(m) => quota_mode || m.limit.quota,
-                None => quota_mode,
-            })
-            .collect();
+        // Filled by pushes in one pass: a request has a handful of descriptors, and a collect
+        // per column cost more than the values themselves.
         let mut plan = RequestCharges {
-            slots: smallvec::smallvec![None; n],
-            over_regardless: smallvec::smallvec![false; n],
-            negative: descriptors.iter().map(|d| d.negative).collect(),
-            quota,
+            slots: SmallVec::new(),
+            over_regardless: SmallVec::new(),
+            negative: SmallVec::new(),
+            quota: SmallVec::new(),
             charges: SmallVec::new(),
             matched,
         };
+        for (m, d) in plan.matched.iter().zip(descriptors) {
+            plan.quota.push(match m {
+                Some(m) if m.limit.kind == LimitKind::Unlimited => false,
+                Some(m) => quota_mode || m.limit.quota,
+                None => quota_mode,
+            });
+            plan.negative.push(d.negative);
+            plan.slots.push(None);
+            plan.over_regardless.push(false);
+        }
         for (i, descriptor) in descriptors.iter().enumerate() {
             let Some(m) = &plan.matched[i] else { continue };
             let limit: &LimitSpec = &m.limit;

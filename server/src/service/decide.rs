@@ -209,7 +209,8 @@ pub(crate) async fn decide<'t>(
     // Costs given back first, each on its own: what a key then has left is what the charges
     // after it see.
     let mut store_failed = false;
-    let mut answered_open: PerDescriptor<bool> = smallvec::smallvec![false; judged.len()];
+    // The failure policy "open" answered the enforced charges: their descriptors get no limit.
+    let mut answered_open = false;
     for (i, rule, key, limit) in plan.refunds() {
         let j = &mut judged[i];
         let refunded = match limiter.refund(rule, key, j.cost).await {
@@ -247,9 +248,7 @@ pub(crate) async fn decide<'t>(
                 tracing::debug!(%error, policy = ?on_store_failure, "store failed");
                 store_failed = true;
                 match on_store_failure {
-                    StoreFailure::Open => {
-                        answered_open = plan.slots.iter().map(Option::is_some).collect()
-                    }
+                    StoreFailure::Open => answered_open = true,
                     StoreFailure::Closed => {
                         for (j, slot) in judged.iter_mut().zip(&plan.slots) {
                             j.over |= slot.is_some();
@@ -283,14 +282,14 @@ pub(crate) async fn decide<'t>(
         }
     }
     drop(charges);
-    for (((j, m), d), open) in judged
+    for (((j, m), d), slot) in judged
         .iter_mut()
         .zip(plan.matched)
         .zip(&descriptors)
-        .zip(&answered_open)
+        .zip(&plan.slots)
     {
         // The failure policy "open" answers with no limit.
-        let Some(m) = m.filter(|_| !open) else {
+        let Some(m) = m.filter(|_| !(answered_open && slot.is_some())) else {
             continue;
         };
         j.stat_key = match (&m.limit, m.stat_key) {
