@@ -23,6 +23,22 @@ mod response;
 pub mod rules;
 pub mod store;
 
+/// The Redis store's fast-path scripts, for the workspace's Redis bench alone (feature `bench`):
+/// it sends them to Redis directly, as they are and with one line changed, to measure what each
+/// guarantee costs. The text comes from here rather than from the bench compiling the store's
+/// script module itself, so that the library's files are compiled by the library only and the
+/// bench still measures exactly the scripts the store sends. Not part of the API.
+#[cfg(feature = "bench")]
+#[doc(hidden)]
+pub mod __bench {
+    /// A token bucket's charge of one key on the server's time.
+    pub const BUCKET_NOW: &str = crate::store::redis::BUCKET_NOW;
+    /// A fixed window's charge of one key.
+    pub const FIXED: &str = crate::store::redis::FIXED;
+    /// A sliding window's charge of one key.
+    pub const SLIDING: &str = crate::store::redis::SLIDING;
+}
+
 pub use algorithm::error::ConfigError;
 pub use algorithm::limit::Limit;
 pub use algorithm::penalty::Penalty;

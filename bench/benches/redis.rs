@@ -27,10 +27,9 @@
 
 use tollgate_test_support::redis_server;
 
-/// The store's scripts, as `RedisStore` puts them together (the rows below use the fast paths').
-#[path = "../../src/store/redis/lua/mod.rs"]
-#[allow(dead_code)]
-mod lua;
+/// The store's fast-path scripts, as `RedisStore` puts them together (through the library's
+/// `bench` feature: the bench compiles no file of the library's).
+use tollgate::__bench as lua;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -134,6 +134,7 @@ impl BurstPool {
                     .max(self.pool.debt(left.pool, now)),
             ),
             offence: false,
+            overridden: None,
         }
     }
 

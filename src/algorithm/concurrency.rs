@@ -49,6 +49,7 @@ impl Concurrency {
             next_unit_in: Duration::ZERO,
             full_in: Duration::ZERO,
             offence: false,
+            overridden: None,
         }
     }
 

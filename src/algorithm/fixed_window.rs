@@ -377,6 +377,7 @@ impl FixedWindow {
             next_unit_in: reset,
             full_in: duration(self.wait_for(left, now, self.capacity)),
             offence: false,
+            overridden: None,
         }
     }
 

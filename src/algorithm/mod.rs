@@ -36,6 +36,7 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use burst_pool::BurstPool;
@@ -140,8 +141,11 @@ impl Verdict {
 ///
 /// A custom [`Store`](crate::store::Store) builds one with [`Outcome::new`] and the `with_`
 /// setters; the fields stay readable.
+///
+/// Not `Copy`: it may carry the key's override ([`override_limit`](Self::override_limit)), shared
+/// rather than copied.
 // Non-exhaustive: a field the headers need later is an addition, not a break.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Outcome {
     /// Allowed, reserved or denied.
@@ -163,6 +167,10 @@ pub struct Outcome {
     /// Whether this denial was an offence that blocked the key under the rule's penalty
     /// ([`Penalty`]); false for every other outcome, denials during a block included.
     pub offence: bool,
+    /// The key's override the store charged under, if any (see
+    /// [`override_limit`](Self::override_limit)). Shared: a store keeping its overrides as
+    /// `Arc`s hands one out without allocating.
+    pub(crate) overridden: Option<Arc<Limit>>,
 }
 
 impl Outcome {
@@ -182,6 +190,7 @@ impl Outcome {
             next_unit_in: Duration::ZERO,
             full_in: Duration::ZERO,
             offence: false,
+            overridden: None,
         }
     }
 
@@ -207,6 +216,21 @@ impl Outcome {
     pub const fn with_offence(mut self, offence: bool) -> Self {
         self.offence = offence;
         self
+    }
+
+    /// The same outcome, decided under `limit`, the key's override
+    /// ([`Rule::overridable`](crate::Rule::overridable)), which the store read for a charge whose
+    /// [`read_overrides`](crate::store::Charge::read_overrides) is set and charged under in place
+    /// of the rule's limit. Pass an `Arc` a store keeps to hand it out without allocating.
+    pub fn with_override(mut self, limit: impl Into<Arc<Limit>>) -> Self {
+        self.overridden = Some(limit.into());
+        self
+    }
+
+    /// The key's override this outcome was decided under, if any (see
+    /// [`with_override`](Self::with_override)): the limit the `RateLimit-Policy` field states.
+    pub fn override_limit(&self) -> Option<&Limit> {
+        self.overridden.as_deref()
     }
 
     /// `true` unless the request was denied.

@@ -127,6 +127,7 @@ impl Penalty {
             next_unit_in: left,
             full_in: left,
             offence: false,
+            overridden: None,
         }
     }
 

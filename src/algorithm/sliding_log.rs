@@ -126,6 +126,7 @@ impl SlidingLog {
             next_unit_in: reset,
             full_in: duration(self.wait_for(state, now, charged, self.limit)),
             offence: false,
+            overridden: None,
         }
     }
 

@@ -171,6 +171,7 @@ impl SlidingWindow {
             next_unit_in: reset,
             full_in: duration(self.wait_for(left, now, self.limit)),
             offence: false,
+            overridden: None,
         }
     }
 

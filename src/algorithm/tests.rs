@@ -270,7 +270,7 @@ impl Limiter for BurstPool {
 }
 
 /// One request of a run and the answer it got.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Step {
     at: Micros,
     cost: u64,
@@ -324,7 +324,7 @@ impl<'a, L: Limiter> Run<'a, L> {
             at,
             cost,
             mode,
-            out,
+            out: out.clone(),
         });
         out
     }
@@ -342,7 +342,7 @@ impl<'a, L: Limiter> Run<'a, L> {
     ) -> Result<Outcome, TestCaseError> {
         let before = self.state.clone();
         self.step(at, cost, mode);
-        let step = *self.steps.last().unwrap();
+        let step = self.steps.last().unwrap().clone();
         check_outcome(self.limiter, &before, &self.state, &step)?;
         Ok(step.out)
     }
@@ -376,15 +376,15 @@ fn check_outcome<L: Limiter>(
         cost,
         mode,
         out,
-    } = *step;
+    } = step.clone();
     prop_assert_eq!(out.limit, limiter.quota());
     prop_assert!(out.remaining <= out.limit, "{:?}", out);
 
     // The state the outcome describes: what a charge would leave for a check.
     let left = if mode == Mode::Check {
         prop_assert_eq!(
-            out,
-            limiter.eval(before, at, cost, Mode::Charge),
+            &out,
+            &limiter.eval(before, at, cost, Mode::Charge),
             "check vs charge"
         );
         let mut left = before.clone();

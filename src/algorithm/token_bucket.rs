@@ -251,6 +251,7 @@ impl TokenBucket {
                     next_unit_in,
                     full_in: duration(debt),
                     offence: false,
+                    overridden: None,
                 }
             }
         }
@@ -270,6 +271,7 @@ impl TokenBucket {
             next_unit_in: self.reset(left, remaining),
             full_in: duration(left),
             offence: false,
+            overridden: None,
         }
     }
 

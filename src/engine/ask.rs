@@ -44,7 +44,7 @@ impl Future for Pending {
         match self.get_mut() {
             Pending::One(one) => Pin::new(one)
                 .poll(cx)
-                .map(|answer| answer.map(|outcome| smallvec::smallvec![outcome])),
+                .map(|answer| answer.map(Outcomes::from)),
             Pending::Batch(batch) => Pin::new(batch).poll(cx),
         }
     }
@@ -71,9 +71,6 @@ impl RuleSet {
     /// plan of one charge (the usual case) takes the store's single-charge path.
     pub(crate) fn ask(self: &Arc<Self>, ledger: &Ledger, plan: &mut Plan) -> Answer {
         let store = ledger.store_ref();
-        if self.overridable {
-            plan.expect_overrides(|index| self.rules[index].overridable);
-        }
         if plan.has_applied() {
             if let Some(later) = self.per_request(ledger, plan) {
                 return Answer::Later(Pending::Batch(later));
@@ -171,7 +168,7 @@ impl RuleSet {
         let rule = &self.rules[entry.index];
         Charge {
             algorithm: algorithm_of(&entry.applied, rule.algorithm()),
-            overrides: entry.overridden.as_ref(),
+            read_overrides: rule.overridable,
             ..self.charge(entry.index, &entry.key, entry.cost)
         }
     }
@@ -186,7 +183,7 @@ impl RuleSet {
             mode: rule.mode,
             penalty: rule.penalty.as_ref(),
             lease: rule.lease.as_ref(),
-            overrides: None,
+            read_overrides: false,
         }
     }
 }

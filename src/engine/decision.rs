@@ -1,6 +1,6 @@
 //! `Decision`: what the limiter decided for one request, for headers and for handlers.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -36,15 +36,7 @@ pub struct Decision {
 pub(crate) type Plan = Decision;
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
-const PENDING: Outcome = Outcome {
-    verdict: Verdict::Allowed,
-    limit: 0,
-    remaining: 0,
-    balance: 0,
-    next_unit_in: Duration::ZERO,
-    full_in: Duration::ZERO,
-    offence: false,
-};
+const PENDING: Outcome = Outcome::new(Verdict::Allowed, 0, 0);
 
 /// One rule's part of a [`Decision`].
 // Non-exhaustive: the middleware builds these; a field handlers read later is an addition.
@@ -61,9 +53,6 @@ pub struct RuleDecision {
     pub(crate) index: usize,
     /// The limit this request was charged under, when the rule takes it from the request.
     pub(crate) applied: Option<Applied>,
-    /// For a rule with overrides: where the store puts the key's override, if it charged under
-    /// one.
-    pub(crate) overridden: Option<Arc<OnceLock<Limit>>>,
 }
 
 impl RuleDecision {
@@ -93,18 +82,7 @@ impl Decision {
             cost,
             index,
             applied,
-            overridden: None,
         });
-    }
-
-    /// Gives each charge of a rule with overrides a place for the override the store finds.
-    #[cold]
-    pub(crate) fn expect_overrides(&mut self, overridable: impl Fn(usize) -> bool) {
-        for entry in &mut self.rules {
-            if overridable(entry.index) {
-                entry.overridden = Some(Arc::default());
-            }
-        }
     }
 
     /// The planned charges, mutably (to replace a per-request limit that cannot work).
@@ -223,7 +201,7 @@ impl RuleDecision {
     }
 
     fn override_limit(&self) -> Option<&Limit> {
-        self.overridden.as_ref()?.get()
+        self.outcome.override_limit()
     }
 }
 

@@ -68,7 +68,7 @@ impl AwaitSlot {
         {
             let no_slot = c.evaluate(c.max(), 1);
             for entry in self.plan.rules_mut() {
-                entry.outcome = no_slot;
+                entry.outcome = no_slot.clone();
             }
             if let Some(metrics) = in_force.meters.rules.get(index) {
                 metrics.record(&no_slot, key);

@@ -332,6 +332,7 @@ mod tests {
                 next_unit_in,
                 full_in: next_unit_in,
                 offence: false,
+                overridden: None,
             });
             let one = ratelimit_value(&items, &decision).unwrap();
             assert_eq!(one, expected);
@@ -354,6 +355,7 @@ mod tests {
             next_unit_in: Duration::ZERO,
             full_in: Duration::ZERO,
             offence: false,
+            overridden: None,
         });
         let items = [item];
         let one = ratelimit_value(&items, &decision).unwrap();

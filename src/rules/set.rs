@@ -29,9 +29,6 @@ pub(crate) struct RuleSet {
     /// Whether any rule is a concurrency limit, whose slots are held until the response ends
     /// (the others pay nothing for them).
     pub(crate) slots: bool,
-    /// Whether any rule has overrides, which the store reads with its charges (the others pay
-    /// nothing for them).
-    pub(crate) overridable: bool,
     allow: Vec<AccessList>,
     deny: Vec<AccessList>,
 }
@@ -128,13 +125,11 @@ impl RuleSet {
         let slots = compiled
             .iter()
             .any(|rule| rule.algorithm().is_concurrency());
-        let overridable = compiled.iter().any(|rule| rule.overridable);
         Ok(RuleSet {
             rules: compiled.into_boxed_slice(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
             settles,
             slots,
-            overridable,
             allow,
             deny,
         })

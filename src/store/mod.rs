@@ -9,6 +9,7 @@
 pub(crate) mod failure;
 mod listing;
 pub(crate) mod memory;
+mod outcomes;
 mod overrides;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
@@ -19,10 +20,7 @@ pub(crate) mod transact;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-
-use smallvec::SmallVec;
 
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Lease, Limit, Mode, Outcome, Penalty};
@@ -35,6 +33,7 @@ pub(crate) use failure::{FailurePolicy, Guarded};
 pub use listing::{BlockedKey, Cursor, Page};
 pub(crate) use memory::MemoryStore;
 pub use memory::MemoryStoreBuilder;
+pub use outcomes::{Outcomes, OutcomesIntoIter};
 pub use overrides::OverrideEntry;
 pub(crate) use overrides::MAX_OVERRIDE_PAGE;
 #[cfg(feature = "postgres")]
@@ -70,10 +69,10 @@ pub struct Charge<'a> {
     pub lease: Option<&'a Lease>,
     /// For a rule with overrides ([`Rule::overridable`](crate::Rule::overridable)): the store
     /// reads the key's override in the same atomic step, charges under it in place of
-    /// `algorithm` when there is one, and puts it here (for the `RateLimit-Policy` field).
-    /// `None` for every other rule: the store reads no override. (Shared, so that a store
-    /// answering later, from a future of its own, can fill it in.)
-    pub overrides: Option<&'a Arc<OnceLock<Limit>>>,
+    /// `algorithm` when there is one, and returns it with the outcome
+    /// ([`Outcome::with_override`], for the `RateLimit-Policy` field). `false` for every other
+    /// rule: the store reads no override.
+    pub read_overrides: bool,
 }
 
 impl<'a> Charge<'a> {
@@ -93,7 +92,7 @@ impl<'a> Charge<'a> {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         }
     }
 
@@ -115,10 +114,10 @@ impl<'a> Charge<'a> {
         self
     }
 
-    /// The same charge reading the key's override, put in `cell` when there is one (see
-    /// [`overrides`](Charge::overrides)).
-    pub const fn with_overrides(mut self, cell: &'a Arc<OnceLock<Limit>>) -> Self {
-        self.overrides = Some(cell);
+    /// The same charge reading the key's override (see
+    /// [`read_overrides`](Charge::read_overrides)).
+    pub const fn with_overrides(mut self) -> Self {
+        self.read_overrides = true;
         self
     }
 }
@@ -174,9 +173,6 @@ impl fmt::Display for RuleName<'_> {
     }
 }
 
-/// The outcomes of a batch, in the order of its charges.
-pub type Outcomes = SmallVec<[Outcome; 2]>;
-
 /// The state store behind a limiter.
 ///
 /// # Contract
@@ -195,15 +191,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Decides a single charge: [`apply`](Store::apply) with a batch of one, the usual case (a
     /// request under one rule). Stores may answer it without the batch's bookkeeping.
     fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
-        let first = |outcomes: Outcomes| {
-            outcomes
-                .into_iter()
-                .next()
-                .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
-        };
         match self.apply(std::slice::from_ref(charge)).into_ready() {
-            Ok(result) => StoreFuture::ready(result.and_then(first)),
-            Err(pending) => StoreFuture::pending(async move { first(pending.await?) }),
+            Ok(result) => StoreFuture::ready(result.and_then(Outcomes::into_first)),
+            Err(pending) => StoreFuture::pending(async move { pending.await?.into_first() }),
         }
     }
 
@@ -261,8 +251,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Gives `key` under `rule` the limit `limit` for `ttl` from now (replacing any override it
     /// has), or, with `None`, removes its override. Only charges whose
-    /// [`overrides`](Charge::overrides) is set read overrides. The caller has checked the limit
-    /// and the TTL. The default answers that the store keeps no overrides.
+    /// [`read_overrides`](Charge::read_overrides) is set read overrides. The caller has checked
+    /// the limit and the TTL. The default answers that the store keeps no overrides.
     fn set_override(
         &self,
         rule: &str,
@@ -488,25 +478,22 @@ mod tests {
         let algorithm = Algorithm::TokenBucket(TokenBucket::new(5, Duration::from_secs(1)));
         let penalty = Penalty::fixed(Duration::from_secs(60));
         let lease = Lease::new(2, Duration::from_secs(1));
-        let cell = Arc::new(OnceLock::new());
         let plain = Charge::new(RuleName::new("api"), &algorithm, b"alice", 3);
         assert_eq!(
             (plain.rule.as_str(), plain.key, plain.cost, plain.mode),
             ("api", &b"alice"[..], 3, Mode::Charge)
         );
-        assert!(plain.penalty.is_none() && plain.lease.is_none() && plain.overrides.is_none());
+        assert!(plain.penalty.is_none() && plain.lease.is_none() && !plain.read_overrides);
         let reserve = Mode::Reserve(ReserveBound::default());
         let full = plain
             .with_mode(reserve)
             .with_penalty(&penalty)
             .with_lease(&lease)
-            .with_overrides(&cell);
+            .with_overrides();
         assert_eq!(full.mode, reserve);
         assert_eq!(full.penalty, Some(&penalty));
         assert_eq!(full.lease, Some(&lease));
-        assert!(full
-            .overrides
-            .is_some_and(|given| Arc::ptr_eq(given, &cell)));
+        assert!(full.read_overrides);
         assert_eq!(
             (full.rule, full.key, full.cost),
             (plain.rule, plain.key, plain.cost)

@@ -2,7 +2,6 @@
 //! overrides and times — against the memory store and the Redis store, comparing every field of
 //! every outcome and the override each charge was decided under.
 
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -314,8 +313,8 @@ fn mode_of(mode: Mode, overridable: bool) -> Mode {
     }
 }
 
-/// Applies `batch` to both stores, each charge of an overridable rule with a place for its
-/// override, and checks that they answer alike; the outcomes.
+/// Applies `batch` to both stores, each charge of an overridable rule reading its override,
+/// and checks that they answer alike; the outcomes.
 async fn both(
     memory: &dyn Store,
     redis: &dyn Store,
@@ -323,34 +322,23 @@ async fn both(
     overridable: &[bool],
     what: &dyn Fn() -> String,
 ) -> Outcomes {
-    let slots =
-        || -> Vec<Arc<OnceLock<Limit>>> { overridable.iter().map(|_| Arc::default()).collect() };
-    let (on_memory, on_redis) = (slots(), slots());
-    fn with<'a>(
-        batch: &[Charge<'a>],
-        slots: &'a [Arc<OnceLock<Limit>>],
-        overridable: &[bool],
-    ) -> Vec<Charge<'a>> {
-        batch
-            .iter()
-            .zip(slots)
-            .zip(overridable)
-            .map(|((charge, slot), &o)| {
-                let mut charge = *charge;
-                charge.overrides = o.then_some(slot);
-                charge
-            })
-            .collect()
-    }
-    let expected = apply(memory, &with(batch, &on_memory, overridable)).await;
-    let got = apply(redis, &with(batch, &on_redis, overridable)).await;
+    let batch: Vec<Charge<'_>> = batch
+        .iter()
+        .zip(overridable)
+        .map(|(charge, &o)| if o { charge.with_overrides() } else { *charge })
+        .collect();
+    let expected = apply(memory, &batch).await;
+    let got = apply(redis, &batch).await;
     assert_eq!(got, expected, "{} (left: Redis, right: memory)", what());
-    let applied = |slots: &[Arc<OnceLock<Limit>>]| -> Vec<Option<Limit>> {
-        slots.iter().map(|slot| slot.get().cloned()).collect()
+    let applied = |outcomes: &Outcomes| -> Vec<Option<Limit>> {
+        outcomes
+            .iter()
+            .map(|outcome| outcome.override_limit().cloned())
+            .collect()
     };
     assert_eq!(
-        applied(&on_redis),
-        applied(&on_memory),
+        applied(&got),
+        applied(&expected),
         "{}: overrides applied (left: Redis, right: memory)",
         what()
     );

@@ -234,7 +234,7 @@ pub(crate) async fn decide<'t>(
         match charge(limiter, &plan, &charges).await {
             Ok(outcomes) => {
                 for (j, slot) in judged.iter_mut().zip(&plan.slots) {
-                    let Some(outcome) = slot.and_then(|slot| outcomes[slot]) else {
+                    let Some(outcome) = slot.and_then(|slot| outcomes[slot].clone()) else {
                         continue;
                     };
                     j.over |= !outcome.is_allowed();
@@ -271,7 +271,7 @@ pub(crate) async fn decide<'t>(
         };
         match result {
             Ok(decision) => {
-                let outcome = decision.rules()[0].outcome;
+                let outcome = decision.rules()[0].outcome.clone();
                 j.over |= !outcome.is_allowed();
                 j.outcome = Some(outcome);
             }
@@ -330,7 +330,7 @@ async fn look(
     limit: Option<tollgate::Limit>,
 ) -> Result<Outcome, LimitError> {
     let decision = limiter.check_all_under([(rule, key, 0, limit)]).await?;
-    Ok(decision.rules()[0].outcome)
+    Ok(decision.rules()[0].outcome.clone())
 }
 
 /// Decides `charges` (the plan's, in order): the outcome of each charge that was asked about.
@@ -366,7 +366,7 @@ async fn charge(
         picked: &[usize],
     ) -> bool {
         for (&c, rule) in picked.iter().zip(decision.rules()) {
-            outcomes[c] = Some(rule.outcome);
+            outcomes[c] = Some(rule.outcome.clone());
         }
         decision.is_allowed()
     }

@@ -195,7 +195,9 @@ impl Limiter {
                 .zip(&modes)
                 .map(|(r, &mode)| Charge {
                     mode,
-                    // Under the limit given with the charge, if any.
+                    // The batch calls read no overrides: each charge is decided under the limit
+                    // given with it, if any, or its rule's own.
+                    read_overrides: false,
                     ..rules.charge_of(r)
                 })
                 .collect();

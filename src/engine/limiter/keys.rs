@@ -1,7 +1,6 @@
 //! The key API: check, charge, reserve, refund or reset one key of one rule, hold a concurrency
 //! slot, and the `Reservation` a reserve answers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::{unknown, LimitError, Limiter};
@@ -201,8 +200,6 @@ impl Limiter {
         mode: Option<Mode>,
     ) -> Result<Outcome, LimitError> {
         let key = KeyValue::new(key);
-        // Where the store puts the key's override, for a rule with overrides.
-        let slot = Arc::new(std::sync::OnceLock::new());
         let pending = {
             let rules = self.rules();
             let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
@@ -216,7 +213,7 @@ impl Limiter {
                 })?;
             let charge = Charge {
                 mode,
-                overrides: compiled.overridable.then_some(&slot),
+                read_overrides: compiled.overridable,
                 ..rules.charge(index, &key, cost)
             };
             self.store_ref().apply_one(&charge)

@@ -61,6 +61,7 @@ impl Local {
                     next_unit_in: Duration::from_secs(1),
                     full_in: Duration::from_secs(1),
                     offence: false,
+                    overridden: None,
                 })
                 .collect(),
         }
@@ -130,7 +131,7 @@ impl OwnedCharge {
             penalty: self.penalty.as_ref(),
             // The fallback is the memory store: exact, it takes no leases.
             lease: None,
-            overrides: None,
+            read_overrides: false,
         }
     }
 }

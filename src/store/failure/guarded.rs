@@ -14,9 +14,7 @@ use super::fallback::Local;
 use super::policy::FailurePolicy;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Outcome, Penalty};
-use crate::store::{
-    BlockedKey, Charge, Cursor, Outcomes, Page, Store, StoreError, StoreErrorKind, StoreFuture,
-};
+use crate::store::{BlockedKey, Charge, Cursor, Outcomes, Page, Store, StoreError, StoreFuture};
 
 /// A remote store behind the circuit breaker, with the local fallback of
 /// [`FailurePolicy::Local`].
@@ -99,14 +97,6 @@ impl Guarded {
     }
 }
 
-/// The one outcome of a batch of one.
-fn first(outcomes: Outcomes) -> Result<Outcome, StoreError> {
-    outcomes
-        .into_iter()
-        .next()
-        .ok_or_else(|| StoreError::new(StoreErrorKind::Protocol, "no outcome for a charge"))
-}
-
 impl Store for Guarded {
     fn apply(&self, batch: &[Charge<'_>]) -> StoreFuture<Outcomes> {
         if self.breaker.is_open() {
@@ -120,9 +110,9 @@ impl Store for Guarded {
     fn apply_one(&self, charge: &Charge<'_>) -> StoreFuture<Outcome> {
         let batch = std::slice::from_ref(charge);
         if self.breaker.is_open() {
-            return self.fallback(batch, self.breaker.refused(), first);
+            return self.fallback(batch, self.breaker.refused(), Outcomes::into_first);
         }
-        self.guard(batch, self.store.apply_one(charge), first)
+        self.guard(batch, self.store.apply_one(charge), Outcomes::into_first)
     }
 
     fn refund(&self, charge: &Charge<'_>) -> StoreFuture<()> {
@@ -300,7 +290,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         guarded
             .apply(&[charge])
@@ -379,7 +369,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         // One slot taken in the shared store, then the store goes down and the breaker opens.
         assert!(apply(&guarded, &slots).unwrap()[0].is_allowed());

@@ -2,7 +2,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::algorithm::{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, WindowStart};
+use crate::algorithm::{
+    FixedWindow, Mode, SlidingLog, SlidingWindow, TokenBucket, Verdict, WindowStart,
+};
 use crate::clock::ManualClock;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -24,7 +26,7 @@ fn charge<'a>(rule: &'a str, algorithm: &'a Algorithm, key: &'a [u8], cost: u64)
         mode: Mode::Charge,
         penalty: None,
         lease: None,
-        overrides: None,
+        read_overrides: false,
     }
 }
 
@@ -462,7 +464,7 @@ mod single_charge_fast_path {
                 let mode = mode(pick);
                 let cost = cost.min(algorithm.max_cost(mode));
                 let key = [b'k', key];
-                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode, penalty: None, lease: None, overrides: None };
+                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode, penalty: None, lease: None, read_overrides: false };
                 let one = apply(&fast, std::slice::from_ref(&charge));
                 let all = general.apply_batch(std::slice::from_ref(&charge));
                 prop_assert_eq!(one, all);
@@ -516,7 +518,7 @@ mod a_clock_stepping_back {
                 let algorithm = &algorithms[algorithm];
                 let cost = cost.min(algorithm.max_cost(Mode::Charge));
                 let key = [b'k', key];
-                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode: Mode::Charge, penalty: None, lease: None, overrides: None };
+                let charge = Charge { rule: RuleName::new("r"), algorithm, key: &key, cost, mode: Mode::Charge, penalty: None, lease: None, read_overrides: false };
                 prop_assert_eq!(
                     apply(&back, std::slice::from_ref(&charge)),
                     apply(&still, std::slice::from_ref(&charge))

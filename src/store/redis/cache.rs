@@ -97,6 +97,7 @@ impl Entry {
             next_unit_in: self.next_unit_at.map_or(Duration::ZERO, left),
             full_in: left(self.full_at),
             offence: false,
+            overridden: None,
         }
     }
 }
@@ -150,7 +151,7 @@ impl DenyCache {
     ) -> Option<Outcomes> {
         // An override set through another instance applies on the key's next decision: a batch
         // with a rule that has overrides goes to Redis.
-        if self.is_empty() || batch.iter().any(|c| c.overrides.is_some()) {
+        if self.is_empty() || batch.iter().any(|c| c.read_overrides) {
             return None;
         }
         let mut denied = false;
@@ -290,6 +291,7 @@ mod tests {
             next_unit_in: reset,
             full_in: reset,
             offence: false,
+            overridden: None,
         }
     }
 
@@ -302,6 +304,7 @@ mod tests {
             next_unit_in: SECOND,
             full_in: SECOND,
             offence: false,
+            overridden: None,
         }
     }
 
@@ -333,7 +336,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let batch = [charge("tight", 5), charge("roomy", 1)];
         let views = [
@@ -405,7 +408,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let under_own = [view(&cache, "r", 1, Mode::Charge)];
         let under_other = [CacheView {
@@ -429,7 +432,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let v = [view(&cache, "r", 5, Mode::Charge)];
         cache.learn(&v, &[denied(SECOND, 2, Duration::from_millis(300))], &[], 0);
@@ -525,7 +528,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: Some(&penalty),
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let views = [CacheView {
             penalised: true,

@@ -9,15 +9,18 @@
 //! charges of 0, calendar months, roll-over, other algorithms) goes through the general scripts
 //! (the charge's, `lua/charge.lua`).
 
-use ::redis::Value;
+use std::time::Duration;
+
+use ::redis::{Cmd, Value};
 
 use super::lua::{Lua, Scripts};
-use super::{keys, params, push_now, Packed};
+use super::params::{push_now, Packed};
+use super::{conn, keys, params, Inner};
 use crate::algorithm::{
     Algorithm, FixedWindow, FixedWindowState, Micros, Mode, Outcome, SlidingWindow,
     SlidingWindowState, TokenBucket,
 };
-use crate::store::{Charge, StoreError, StoreErrorKind};
+use crate::store::{Charge, RuleName, StoreError, StoreErrorKind};
 
 /// The window start the outcome is computed against: the script answers times relative to the
 /// window's start (the windows' math depends on nothing else), and this keeps them positive.
@@ -42,7 +45,7 @@ impl Fast {
         // A rule with overrides reads its key's override in the general script.
         if sharded
             || charge.penalty.is_some()
-            || charge.overrides.is_some()
+            || charge.read_overrides
             || charge.mode != Mode::Charge
         {
             return None;
@@ -202,4 +205,62 @@ fn at(into: i64) -> Result<Micros, StoreError> {
 
 fn protocol(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+impl Inner {
+    /// The `EVALSHA` of a fast path's call, with its script.
+    fn fast_command(&self, fast: &Fast, now: Option<Micros>, packed: Packed) -> (&Lua, Cmd) {
+        let script = fast.script(&self.scripts, now);
+        let mut cmd = Cmd::with_capacity(5, 64 + fast.name.len() + packed.0.len());
+        cmd.arg("EVALSHA").arg(script.hash()).arg(1);
+        cmd.arg(&fast.name).arg(packed.0.as_slice());
+        // A window's script counts in place with the cost as text (see `lua/fast_sliding.lua`).
+        if let Some(units) = fast.units() {
+            cmd.arg(units);
+        }
+        (script, cmd)
+    }
+
+    /// One call of a fast path (see `fast`): the outcome, and whether the key held no state
+    /// before the call.
+    pub(super) async fn fast(
+        &self,
+        fast: &Fast,
+        now: Option<Micros>,
+        packed: Packed,
+    ) -> Result<(Outcome, bool), StoreError> {
+        let (script, cmd) = self.fast_command(fast, now, packed);
+        let mut conn = self.conn.clone();
+        let reply: Value = conn.eval(script, &cmd).await.map_err(conn::error)?;
+        fast.outcome(&reply)
+    }
+
+    /// The circuit breaker's probe: what a request does, so that it fails when requests fail.
+    /// One unit of a bucket refilling a million a second (never denied, so always written, and
+    /// full again within a millisecond) on the probe key, through the script's fast path: the
+    /// script must be there (or is sent again), and Redis must take a write (a `PING` still
+    /// answers when Redis is out of memory and refuses every charge). On a stale connection
+    /// failure it tries again on the new connection (see `Conn::eval_afresh`).
+    pub(super) async fn probe(&self) -> Result<(), StoreError> {
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(1_000_000, Duration::from_secs(1)));
+        let charge = Charge {
+            rule: RuleName::new("probe"),
+            algorithm: &bucket,
+            key: b"probe",
+            cost: 1,
+            mode: Mode::Charge,
+            penalty: None,
+            lease: None,
+            read_overrides: false,
+        };
+        let mut fast =
+            Fast::new(&self.prefix, &charge, false).expect("a bucket's charge of 1 is a fast path");
+        fast.name = keys::probe_name(&self.prefix);
+        let now = self.injected_now()?;
+        let (script, cmd) = self.fast_command(&fast, now, fast.packed(&charge, now));
+        let mut conn = self.conn.clone();
+        let reply: Value = conn.eval_afresh(script, &cmd).await.map_err(conn::error)?;
+        fast.outcome(&reply)?;
+        Ok(())
+    }
 }

@@ -133,7 +133,7 @@ async fn renew_key(inner: &Inner, name: &[u8], ids: &[u64]) -> Result<(), StoreE
         None => "-1".to_owned(),
     };
     let grace = if inner.clock.is_some() {
-        super::TEST_GRACE_MS
+        super::params::TEST_GRACE_MS
     } else {
         0
     };

@@ -26,7 +26,8 @@ use std::time::Duration;
 use ::redis::{Cmd, Value};
 
 use super::listing::At;
-use super::{conn, keys, params, push_now, Inner, Packed};
+use super::params::{push_now, Packed};
+use super::{conn, keys, params, Inner};
 use crate::algorithm::{duration, micros, Algorithm, Limit, Micros, Mode, ReserveBound};
 use crate::key::KeyValue;
 use crate::store::{Cursor, OverrideEntry, Page, StoreError, StoreErrorKind};

@@ -22,6 +22,9 @@ pub(super) const MAX_UNITS: u64 = 1 << 50;
 pub(super) const EXACT: u64 = 1 << 53;
 /// The latest `now` the script accepts (the year 2112).
 pub(super) const MAX_NOW: u64 = 1 << 52;
+/// Extra lifetime of keys written with an injected clock (see "Tests" on
+/// [`RedisStore`](super::RedisStore)).
+pub(super) const TEST_GRACE_MS: u64 = 60_000;
 /// How far a reservation may reach ahead: twice [`MAX_SPAN`] (71 years).
 const MAX_AFTER: u64 = 1 << 51;
 
@@ -274,6 +277,31 @@ pub(super) fn check_now(now: Micros) -> Result<Micros, String> {
         Err(format!(
             "time {now} µs is past the Redis store's range (2^52 µs)"
         ))
+    }
+}
+
+/// The time for the script, and the milliseconds its expiries get on top: an injected time, or
+/// the server's.
+pub(super) fn push_now(packed: &mut Packed, now: Option<Micros>) {
+    match now {
+        Some(now) => packed.push(now),
+        None => packed.0.extend_from_slice(&(-1f64).to_le_bytes()),
+    }
+    packed.push(if now.is_some() { TEST_GRACE_MS } else { 0 });
+}
+
+/// Numbers for the script, as it reads them: little-endian doubles.
+pub(super) struct Packed(pub(super) Vec<u8>);
+
+impl Packed {
+    /// Integers below 2^53 convert exactly; the rules are validated to stay there.
+    pub(super) fn push(&mut self, value: u64) {
+        self.0.extend_from_slice(&(value as f64).to_le_bytes());
+    }
+
+    /// Like `push`, for a number that may be negative.
+    pub(super) fn push_signed(&mut self, value: i64) {
+        self.0.extend_from_slice(&(value as f64).to_le_bytes());
     }
 }
 

@@ -28,10 +28,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use smallvec::smallvec;
 use tokio::sync::Semaphore;
 
-use super::{Inner, Item, Op, Record, RedisStore, Taken};
+use super::record::{Item, Op, Record, Taken};
+use super::{Inner, RedisStore};
 use crate::algorithm::{duration, micros, Algorithm, Lease, Micros, Mode, Outcome, Verdict};
 use crate::store::{Charge, Outcomes, RuleName, StoreError, StoreErrorKind, StoreFuture};
 
@@ -79,7 +79,11 @@ struct Queue {
 impl Queue {
     /// The outcome of a charge admitted from these units at `now`.
     fn outcome(&self, now: Micros) -> Option<Outcome> {
-        let (granted, at) = (*self.granted.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let (granted, at) = self
+            .granted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
         let held = self.permits.available_permits() as u64;
         Some(with_held(granted, held, duration(now.saturating_sub(at))))
     }
@@ -265,7 +269,7 @@ impl Owned {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         }
     }
 }
@@ -284,7 +288,7 @@ pub(super) fn charge<T>(
     let record = || inner.record(charge, true);
     let (first, give_back) = inner.quotas.take(hash, limit_id, charge.cost, now, record);
     if let (Lookup::Admitted(outcome), None) = (&first, &give_back) {
-        return StoreFuture::ready(finish(smallvec![*outcome]));
+        return StoreFuture::ready(finish(Outcomes::from(outcome.clone())));
     }
     let owned = Owned {
         rule: charge.rule.as_str().into(),
@@ -296,7 +300,7 @@ pub(super) fn charge<T>(
     let (store, lease) = (store.clone(), *lease);
     StoreFuture::pending(async move {
         let outcome = decide(&store, owned, lease, first, give_back, hash, limit_id).await?;
-        finish(smallvec![outcome])
+        finish(Outcomes::from(outcome))
     })
 }
 
@@ -317,8 +321,10 @@ async fn decide(
         give_back_units(inner, injected, &record, units).await?;
     }
     let exactly = || async {
-        let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(owned.cost)), Ok);
-        Ok::<_, StoreError>(exact.await?[0])
+        let charge = owned.charge(owned.cost);
+        store
+            .decide_exactly(std::slice::from_ref(&charge), Outcomes::into_first)
+            .await
     };
     let mut next = first;
     loop {
@@ -364,6 +370,7 @@ async fn decide(
                     next_unit_in: std::time::Duration::ZERO,
                     full_in: std::time::Duration::ZERO,
                     offence: false,
+                    overridden: None,
                 }));
             }
             Err(_) if queue.failed.load(Ordering::Relaxed) => {
@@ -414,8 +421,11 @@ async fn ask_for_slice(
         .max(own)
         .min(owned.algorithm.capacity().max(own))
         .min(MOST_PERMITS);
-    let exact = store.decide_exactly(std::slice::from_ref(&owned.charge(size)), Ok);
-    let granted = exact.await?[0];
+    let exact = store.decide_exactly(
+        std::slice::from_ref(&owned.charge(size)),
+        Outcomes::into_first,
+    );
+    let granted = exact.await?;
     if !granted.verdict.is_admitted() {
         inner.quotas.end(hash, queue, false);
         return Ok(None);
@@ -439,7 +449,7 @@ async fn ask_for_slice(
     let ends = (until, returnable_until);
     let more = inner
         .quotas
-        .granted(hash, queue, handed, granted, ends, granted_at);
+        .granted(hash, queue, handed, granted.clone(), ends, granted_at);
     Ok(Some((
         with_held(granted, handed, std::time::Duration::ZERO),
         more,

@@ -3,6 +3,8 @@
 //! written in place of a charge), with the algorithms' own functions doing every count. The
 //! rows changed come back as conditional writes.
 
+use std::sync::Arc;
+
 use crate::algorithm::{Algorithm, Block, Limit, Micros, Mode, Outcome, Penalty, Verdict};
 use crate::key::KeyValue;
 use crate::store::{Outcomes, StoreError, StoreErrorKind};
@@ -70,11 +72,10 @@ impl Plan {
     }
 }
 
-/// What a batch comes to: its outcomes, the limit each charge was decided under when an
-/// override applied, and the rows to write.
+/// What a batch comes to: its outcomes (each with the override it was decided under, if one
+/// applied), and the rows to write.
 pub(super) struct Decided {
     pub(super) outcomes: Outcomes,
-    pub(super) applied: Vec<Option<Limit>>,
     pub(super) writes: Vec<Write>,
 }
 
@@ -196,16 +197,15 @@ pub(super) fn batch(
                         rows::encode_block(&block),
                         penalty.forgotten_at(&block),
                     ));
-                    *outcome = Penalty::punish(*outcome, block.until, now);
+                    *outcome = Penalty::punish(outcome.clone(), block.until, now);
                 }
             }
         }
     }
-    Ok(Decided {
-        outcomes,
-        applied,
-        writes,
-    })
+    for (outcome, limit) in outcomes.iter_mut().zip(applied) {
+        outcome.overridden = limit.map(Arc::new);
+    }
+    Ok(Decided { outcomes, writes })
 }
 
 /// The state a charge reads: the row's, or a fresh key's when there is none or it holds another
@@ -278,6 +278,7 @@ fn evaluate(algorithm: &Algorithm, state: &State, now: Micros, cost: u64, mode: 
             next_unit_in: algorithm.window(),
             full_in: algorithm.window(),
             offence: false,
+            overridden: None,
         },
     }
 }

@@ -532,7 +532,7 @@ fn own(charge: &Charge<'_>) -> Owned {
         cost: charge.cost,
         mode: charge.mode,
         penalty: charge.penalty.cloned(),
-        overridable: charge.overrides.is_some(),
+        overridable: charge.read_overrides,
     }
 }
 
@@ -542,7 +542,6 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
             return StoreFuture::ready(Err(decide::no_concurrency()));
         }
         let charges: Vec<Owned> = batch.iter().map(own).collect();
-        let slots: Vec<_> = batch.iter().map(|c| c.overrides.cloned()).collect();
         let shared = self.shared.clone();
         StoreFuture::pending(async move {
             let plan = Plan::new(&charges);
@@ -553,11 +552,6 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
                     Ok((decided, writes))
                 })
                 .await?;
-            for (slot, limit) in slots.iter().zip(decided.applied) {
-                if let (Some(slot), Some(limit)) = (slot, limit) {
-                    let _ = slot.set(limit);
-                }
-            }
             Ok(decided.outcomes)
         })
     }
@@ -818,7 +812,7 @@ impl<B: TransactionalBackend> Store for TransactionalStore<B> {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         };
         let answer = self.apply(std::slice::from_ref(&charge));
         StoreFuture::pending(async move { answer.await.map(drop) })
@@ -931,7 +925,7 @@ mod tests {
             mode: Mode::Charge,
             penalty: None,
             lease: None,
-            overrides: None,
+            read_overrides: false,
         }
     }
 

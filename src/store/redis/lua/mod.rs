@@ -52,7 +52,7 @@ macro_rules! algorithms {
 }
 
 /// A token bucket's charge of one key on the server's time.
-pub(super) const BUCKET_NOW: &str = concat!(
+pub(crate) const BUCKET_NOW: &str = concat!(
     include_str!("header.lua"),
     include_str!("fast.lua"),
     include_str!("fast_bucket_now.lua"),
@@ -68,14 +68,14 @@ pub(super) const BUCKET_AT: &str = concat!(
 );
 
 /// A sliding window's charge of one key.
-pub(super) const SLIDING: &str = concat!(
+pub(crate) const SLIDING: &str = concat!(
     include_str!("header.lua"),
     include_str!("fast.lua"),
     include_str!("fast_sliding.lua"),
 );
 
 /// A fixed window's charge of one key.
-pub(super) const FIXED: &str = concat!(
+pub(crate) const FIXED: &str = concat!(
     include_str!("header.lua"),
     include_str!("fast.lua"),
     include_str!("fast_fixed.lua"),
