@@ -173,3 +173,32 @@ fn a_rule_with_overrides_cannot_queue() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn batch_charges_read_a_key_s_override_unless_they_bring_a_limit() {
+    let store = MemoryStore::new();
+    let limiter = limiter(&store);
+    limiter
+        .set_override("api", "acme", Limit::per_minute(10), DAY)
+        .await
+        .unwrap();
+    // As the key API and the layer: the override's limit decides the charge.
+    let batch = limiter.charge_all([("api", "acme", 2)]).await.unwrap();
+    let charged = &batch.rules()[0];
+    assert_eq!(charged.limit(), Some(&Limit::per_minute(10)));
+    assert_eq!(charged.outcome.remaining, 8);
+    // A look too: what a charge of 1 would leave under the override, nothing charged.
+    let looked = limiter.check_all([("api", "acme", 1)]).await.unwrap();
+    assert_eq!(looked.rules()[0].limit(), Some(&Limit::per_minute(10)));
+    assert_eq!(looked.rules()[0].outcome.remaining, 7);
+    // A limit given with the charge is the one the caller asked for: the override is not read.
+    let under = limiter
+        .charge_all_under([("api", "acme", 1, Some(Limit::per_minute(20)))])
+        .await
+        .unwrap();
+    assert_eq!(under.rules()[0].limit(), Some(&Limit::per_minute(20)));
+    // Another key keeps the rule's own limit.
+    let other = limiter.charge_all([("api", "other", 1)]).await.unwrap();
+    assert_eq!(other.rules()[0].limit(), None);
+    assert_eq!(other.rules()[0].outcome.remaining, 1);
+}

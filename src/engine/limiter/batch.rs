@@ -193,12 +193,16 @@ impl Limiter {
                 .rules()
                 .iter()
                 .zip(&modes)
-                .map(|(r, &mode)| Charge {
-                    mode,
-                    // The batch calls read no overrides: each charge is decided under the limit
-                    // given with it, if any, or its rule's own.
-                    read_overrides: false,
-                    ..rules.charge_of(r)
+                .map(|(r, &mode)| {
+                    let charge = rules.charge_of(r);
+                    Charge {
+                        mode,
+                        // A key's override applies as in the key API and the layer, unless the
+                        // charge came with a limit of its own (the `_under` forms): the caller's
+                        // limit is the one it asked for.
+                        read_overrides: charge.read_overrides && r.applied.is_none(),
+                        ..charge
+                    }
                 })
                 .collect();
             self.store().apply(&batch)
