@@ -189,6 +189,11 @@ impl Limiter {
             if decision.rules().is_empty() {
                 return Err(LimitError::EmptyBatch);
             }
+            // An override set through any instance holds for batches too (tollgate-server
+            // charges every call so); a set without overridable rules pays nothing here.
+            if rules.overridable {
+                decision.expect_overrides(|index| rules.rules[index].overridable);
+            }
             let batch: SmallVec<[Charge<'_>; 2]> = decision
                 .rules()
                 .iter()
