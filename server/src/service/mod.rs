@@ -229,17 +229,15 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
     let http_addr = http_listener.local_addr().unwrap_or(settings.http_addr);
     if let Some((listener, _, path)) = &prometheus {
-        let addr = listener.local_addr().ok();
         tracing::info!(
-            prometheus = %addr.map_or_else(|| "?".into(), |addr| addr.to_string()),
+            prometheus = %bound(listener),
             path = %path,
             "prometheus: the reference's series are served there"
         );
     }
     if let Some((listener, _)) = &admin {
-        let addr = listener.local_addr().ok();
         tracing::info!(
-            admin = %addr.map_or_else(|| "?".into(), |addr| addr.to_string()),
+            admin = %bound(listener),
             "admin API: blocks and overrides served there (Authorization: Bearer)"
         );
     }
@@ -348,6 +346,13 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, S
     tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| StartError(format!("cannot listen for {what} on {addr}: {e}")))
+}
+
+/// The address `listener` is bound to, as the log says it (`?` if the system cannot tell).
+fn bound(listener: &tokio::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".into(), |addr| addr.to_string())
 }
 
 /// Returns on SIGTERM or SIGINT.
