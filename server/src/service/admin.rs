@@ -207,11 +207,8 @@ async fn get_block(
     if let Some(refused) = too_long(&key) {
         return refused;
     }
-    match in_force().blocked(&rule, &key).await {
-        Ok(Some(blocked)) => Json(blocked_json(&blocked)).into_response(),
-        Ok(None) => failure(StatusCode::NOT_FOUND, "the key is not blocked"),
-        Err(error) => limit_failure(error),
-    }
+    let read = in_force().blocked(&rule, &key).await;
+    one(read, blocked_json, "the key is not blocked")
 }
 
 async fn delete_block(
@@ -221,13 +218,8 @@ async fn delete_block(
     if let Some(refused) = too_long(&key) {
         return refused;
     }
-    match in_force().unblock(&rule, &key).await {
-        Ok(()) => {
-            tracing::info!(%rule, %key, "admin API: block lifted");
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(error) => limit_failure(error),
-    }
+    let lifted = in_force().unblock(&rule, &key).await;
+    written(lifted, "block lifted", &rule, &key)
 }
 
 async fn list_overrides(
@@ -248,11 +240,8 @@ async fn get_override(
     if let Some(refused) = too_long(&key) {
         return refused;
     }
-    match in_force().override_of(&rule, &key).await {
-        Ok(Some(entry)) => Json(override_json(&entry)).into_response(),
-        Ok(None) => failure(StatusCode::NOT_FOUND, "the key has no override"),
-        Err(error) => limit_failure(error),
-    }
+    let read = in_force().override_of(&rule, &key).await;
+    one(read, override_json, "the key has no override")
 }
 
 /// The body of `PUT /_tollgate/overrides/{rule}/{key}`: the limit, in the configuration's words
@@ -282,13 +271,8 @@ async fn put_override(
         Err(message) => return failure(StatusCode::BAD_REQUEST, &message),
     };
     let ttl = Duration::from_secs(body.ttl_seconds);
-    match in_force().set_override(&rule, &key, limit, ttl).await {
-        Ok(()) => {
-            tracing::info!(%rule, %key, ttl_seconds = body.ttl_seconds, "admin API: override set");
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(error) => limit_failure(error),
-    }
+    let set = in_force().set_override(&rule, &key, limit, ttl).await;
+    written(set, "override set", &rule, &key)
 }
 
 async fn delete_override(
@@ -298,13 +282,8 @@ async fn delete_override(
     if let Some(refused) = too_long(&key) {
         return refused;
     }
-    match in_force().clear_override(&rule, &key).await {
-        Ok(()) => {
-            tracing::info!(%rule, %key, "admin API: override removed");
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(error) => limit_failure(error),
-    }
+    let removed = in_force().clear_override(&rule, &key).await;
+    written(removed, "override removed", &rule, &key)
 }
 
 /// A limit written with the configuration's fields, read by the configuration's own parser (so
@@ -373,6 +352,27 @@ fn too_long(key: &str) -> Option<Response> {
             ),
         )
     })
+}
+
+/// The answer to a read of one key: its entry as JSON, or `404` saying `missing`.
+fn one<T>(read: Result<Option<T>, LimitError>, entry: fn(&T) -> Value, missing: &str) -> Response {
+    match read {
+        Ok(Some(found)) => Json(entry(&found)).into_response(),
+        Ok(None) => failure(StatusCode::NOT_FOUND, missing),
+        Err(error) => limit_failure(error),
+    }
+}
+
+/// The answer to a write: `204`, and a log line saying what was `done` (operators' changes are
+/// kept in the log).
+fn written(result: Result<(), LimitError>, done: &str, rule: &str, key: &str) -> Response {
+    match result {
+        Ok(()) => {
+            tracing::info!(%rule, %key, "admin API: {done}");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(error) => limit_failure(error),
+    }
 }
 
 fn limit_failure(error: LimitError) -> Response {
