@@ -41,54 +41,29 @@
 //! A parameter that cannot be read (a status outside 100–999, an unknown unit) is answered with
 //! `400` and says why.
 //!
-//! ## Admin API (off by default)
+//! ## Blocks and overrides
 //!
-//! With `TOLLGATE_ADMIN_ADDR` set (e.g. `127.0.0.1:3001`), a second listener serves the blocks of
-//! the rules with a penalty and the per-key overrides of the rules with `overrides = true`, for
-//! operators. It refuses to start without `TOLLGATE_ADMIN_TOKEN`
-//! (at least 16 characters), and every request without `Authorization: Bearer <that token>` is
-//! answered `401` with `WWW-Authenticate: Bearer`. Keys in paths are percent-decoded; answers are
-//! JSON, errors `{"error": "..."}` (an unknown rule is `404`, a key over 128 bytes `400`).
-//!
-//! | request | answer |
-//! |---|---|
-//! | `GET /_tollgate/blocks/{rule}` (`?cursor=` for the next page) | `{"rule", "blocks": [{"key", "remaining_ms", "offences"}], "next"}`; `next` is `null` on the last page |
-//! | `GET /_tollgate/blocks/{rule}/{key}` | the key's block, or `404` when it is not blocked |
-//! | `DELETE /_tollgate/blocks/{rule}/{key}` | lifts the block and forgets the offences: `204` |
-//! | `GET /_tollgate/overrides/{rule}` (`?cursor=`) | `{"rule", "overrides": [{"key", "quota", "window_ms", "expires_in_ms"}], "next"}` |
-//! | `GET /_tollgate/overrides/{rule}/{key}` | the key's override, or `404` when it has none |
-//! | `PUT /_tollgate/overrides/{rule}/{key}` with `{"limit": {"rate": 600, "period": "1m"}, "ttl_seconds": 86400}` | sets it (the limit in the configuration's fields: `algorithm`, `rate`/`limit`, `period`, `capacity`…): `204`; a bad limit or TTL is `400` naming the field, nothing written |
-//! | `DELETE /_tollgate/overrides/{rule}/{key}` | removes it: `204`; the key's count carries over |
-//!
-//! ```text
-//! TOLLGATE_ADMIN_ADDR=127.0.0.1:3001 TOLLGATE_ADMIN_TOKEN=$(openssl rand -hex 16) \
-//!   cargo run --example server --features config -- --config examples/configs/login_protection.yaml
-//! curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:3001/_tollgate/blocks/login-per-ip
-//! curl -X DELETE -H "Authorization: Bearer $TOKEN" http://127.0.0.1:3001/_tollgate/blocks/login-per-ip/127.0.0.1
-//! ```
-//!
-//! With a Redis store every instance sees the same blocks: list or lift them through any one.
+//! An operator's admin API (list, read and lift blocks; set, read and remove per-key overrides,
+//! behind a bearer token) is `tollgate-server`'s: `--admin-addr` with `TOLLGATE_ADMIN_TOKEN`,
+//! on the same configuration's rules (with a `domain` and `descriptors`). See the guide's
+//! chapter on `tollgate-server`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::extract::{Path as PathParams, Query, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::extract::Request;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use tollgate::config::{Config, ConfigFileError, ConfigFormat, ConfigWatch};
+use tollgate::config::{Config, ConfigFileError, ConfigWatch};
 use tollgate::engine::Ruling;
-use tollgate::key::MAX_KEY_LEN;
 use tollgate::rules::RuleSummary;
-use tollgate::store::{BlockedKey, Cursor, OverrideEntry, StoreErrorKind};
-use tollgate::{Decision, Limit, LimitError, Limiter, MemoryStore, RateLimitLayer};
+use tollgate::{Decision, MemoryStore, RateLimitLayer};
 
 /// The limited app: any path, any method; plus `/metrics` and `/_tollgate/top`, outside the
 /// limits.
@@ -219,324 +194,6 @@ fn delay(text: &str) -> Result<Duration, String> {
         return Err(bad());
     }
     Ok(d)
-}
-
-/// The admin API's settings: where it listens and the token it asks for.
-#[derive(Debug)]
-pub(crate) struct Admin {
-    pub(crate) addr: String,
-    pub(crate) token: String,
-}
-
-/// The shortest token the admin API accepts.
-const MIN_TOKEN_LEN: usize = 16;
-
-impl Admin {
-    /// The admin API's settings from `TOLLGATE_ADMIN_ADDR` and `TOLLGATE_ADMIN_TOKEN`: `None`
-    /// (off) without an address; an error for an address without a usable token.
-    pub(crate) fn from_env(
-        addr: Option<String>,
-        token: Option<String>,
-    ) -> Result<Option<Admin>, String> {
-        let Some(addr) = addr.filter(|a| !a.is_empty()) else {
-            return Ok(None);
-        };
-        match token {
-            Some(token) if token.len() >= MIN_TOKEN_LEN => Ok(Some(Admin { addr, token })),
-            Some(_) => Err(format!(
-                "TOLLGATE_ADMIN_TOKEN must be at least {MIN_TOKEN_LEN} characters long"
-            )),
-            None => Err(
-                "TOLLGATE_ADMIN_ADDR is set but TOLLGATE_ADMIN_TOKEN is not: the admin API does \
-                 not start without a token (at least 16 characters)"
-                    .to_owned(),
-            ),
-        }
-    }
-}
-
-/// The admin API on `limiter`: its rules' blocks and overrides, every request refused without
-/// `token`.
-pub(crate) fn admin(limiter: Limiter, token: &str) -> Router {
-    let blocks = Router::new()
-        .route("/_tollgate/blocks/{rule}", get(list_blocks))
-        .route(
-            "/_tollgate/blocks/{rule}/{key}",
-            get(get_block).delete(delete_block),
-        );
-    let overrides = Router::new()
-        .route("/_tollgate/overrides/{rule}", get(list_overrides))
-        .route(
-            "/_tollgate/overrides/{rule}/{key}",
-            get(get_override).put(put_override).delete(delete_override),
-        );
-    blocks
-        .merge(overrides)
-        .fallback(|| async { failure(StatusCode::NOT_FOUND, "no such admin resource") })
-        .with_state(limiter)
-        .layer(middleware::from_fn_with_state(
-            Sha256::digest(token.as_bytes()).into(),
-            bearer,
-        ))
-}
-
-/// Lets a request through only with the bearer token whose SHA-256 is `expected`. The digests
-/// are compared in constant time, so the time taken says nothing about the token.
-async fn bearer(State(expected): State<[u8; 32]>, request: Request, next: Next) -> Response {
-    let given = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
-    let matches = given.is_some_and(|given| {
-        given
-            .iter()
-            .zip(expected.iter())
-            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
-            == 0
-    });
-    if matches {
-        return next.run(request).await;
-    }
-    let mut refused = failure(StatusCode::UNAUTHORIZED, "a bearer token is required");
-    refused.headers_mut().insert(
-        WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
-    );
-    refused
-}
-
-#[derive(serde::Deserialize)]
-struct PageQuery {
-    cursor: Option<String>,
-}
-
-async fn list_blocks(
-    State(limiter): State<Limiter>,
-    PathParams(rule): PathParams<String>,
-    Query(page): Query<PageQuery>,
-) -> Response {
-    let cursor = page.cursor.filter(|c| !c.is_empty()).map(Cursor::new);
-    match limiter.blocks(&rule, cursor).await {
-        Ok(page) => Json(json!({
-            "rule": rule,
-            "blocks": page.items.iter().map(blocked_json).collect::<Vec<_>>(),
-            "next": page.next.as_ref().map(Cursor::as_str),
-        }))
-        .into_response(),
-        Err(error) => limit_failure(error),
-    }
-}
-
-async fn get_block(
-    State(limiter): State<Limiter>,
-    PathParams((rule, key)): PathParams<(String, String)>,
-) -> Response {
-    if let Some(refused) = too_long(&key) {
-        return refused;
-    }
-    match limiter.blocked(&rule, &key).await {
-        Ok(Some(blocked)) => Json(blocked_json(&blocked)).into_response(),
-        Ok(None) => failure(StatusCode::NOT_FOUND, "the key is not blocked"),
-        Err(error) => limit_failure(error),
-    }
-}
-
-async fn delete_block(
-    State(limiter): State<Limiter>,
-    PathParams((rule, key)): PathParams<(String, String)>,
-) -> Response {
-    if let Some(refused) = too_long(&key) {
-        return refused;
-    }
-    match limiter.unblock(&rule, &key).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => limit_failure(error),
-    }
-}
-
-async fn list_overrides(
-    State(limiter): State<Limiter>,
-    PathParams(rule): PathParams<String>,
-    Query(page): Query<PageQuery>,
-) -> Response {
-    let cursor = page.cursor.filter(|c| !c.is_empty()).map(Cursor::new);
-    match limiter.overrides(&rule, cursor).await {
-        Ok(page) => Json(json!({
-            "rule": rule,
-            "overrides": page.items.iter().map(override_json).collect::<Vec<_>>(),
-            "next": page.next.as_ref().map(Cursor::as_str),
-        }))
-        .into_response(),
-        Err(error) => limit_failure(error),
-    }
-}
-
-async fn get_override(
-    State(limiter): State<Limiter>,
-    PathParams((rule, key)): PathParams<(String, String)>,
-) -> Response {
-    if let Some(refused) = too_long(&key) {
-        return refused;
-    }
-    match limiter.override_of(&rule, &key).await {
-        Ok(Some(entry)) => Json(override_json(&entry)).into_response(),
-        Ok(None) => failure(StatusCode::NOT_FOUND, "the key has no override"),
-        Err(error) => limit_failure(error),
-    }
-}
-
-/// The body of `PUT /_tollgate/overrides/{rule}/{key}`: the limit, in the configuration's words
-/// (`{"rate": 600, "period": "1m"}`, `{"algorithm": "fixed_window", "limit": 1000, "period":
-/// "1d"}`), and how long it holds.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OverrideBody {
-    limit: serde_json::Map<String, serde_json::Value>,
-    ttl_seconds: u64,
-}
-
-/// The fields of a rule that make its limit: all an override's `limit` may hold.
-const LIMIT_FIELDS: [&str; 11] = [
-    "algorithm",
-    "rate",
-    "limit",
-    "period",
-    "capacity",
-    "initial",
-    "pool",
-    "aligned",
-    "aligned_at",
-    "calendar",
-    "utc_offset",
-];
-
-async fn put_override(
-    State(limiter): State<Limiter>,
-    PathParams((rule, key)): PathParams<(String, String)>,
-    body: Result<Json<OverrideBody>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    if let Some(refused) = too_long(&key) {
-        return refused;
-    }
-    let Json(body) = match body {
-        Ok(body) => body,
-        Err(rejection) => return failure(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    };
-    let limit = match limit_of(body.limit) {
-        Ok(limit) => limit,
-        Err(message) => return failure(StatusCode::BAD_REQUEST, &message),
-    };
-    let ttl = Duration::from_secs(body.ttl_seconds);
-    match limiter.set_override(&rule, &key, limit, ttl).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => limit_failure(error),
-    }
-}
-
-async fn delete_override(
-    State(limiter): State<Limiter>,
-    PathParams((rule, key)): PathParams<(String, String)>,
-) -> Response {
-    if let Some(refused) = too_long(&key) {
-        return refused;
-    }
-    match limiter.clear_override(&rule, &key).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => limit_failure(error),
-    }
-}
-
-/// A limit written with the configuration's fields, read by the configuration's own parser (so
-/// its errors are the file's: `limit.rate: ...`).
-fn limit_of(fields: serde_json::Map<String, serde_json::Value>) -> Result<Limit, String> {
-    if let Some(field) = fields.keys().find(|f| !LIMIT_FIELDS.contains(&f.as_str())) {
-        return Err(format!(
-            "limit.{field}: not a field of a limit (one of {})",
-            LIMIT_FIELDS.join(", ")
-        ));
-    }
-    let mut rule = fields;
-    rule.insert("name".into(), json!("override"));
-    // JSON is YAML: the document is read as a file of one rule would be.
-    let document = json!({ "rules": [rule] }).to_string();
-    let layer = Config::parse(ConfigFormat::Yaml, &document)
-        .and_then(|config| config.layer())
-        .map_err(|error| {
-            let message = error.to_string();
-            match message.split_once("rules[0].") {
-                Some((_, rest)) => {
-                    format!("limit.{}", rest.replacen(" (rule \"override\")", "", 1))
-                }
-                None => message,
-            }
-        })?;
-    let summary = layer.limiter().rules_in_force().remove(0);
-    Ok(Limit::from(summary.algorithm))
-}
-
-/// An override as JSON: the key, the limit as `RateLimit-Policy` states it (`quota` units per
-/// `window_ms`), and the time it has left.
-fn override_json(entry: &OverrideEntry) -> serde_json::Value {
-    let algorithm = entry.limit.algorithm();
-    let mut json = key_json(entry.key.as_bytes());
-    json["quota"] = json!(algorithm.capacity());
-    json["window_ms"] = json!(algorithm.window().as_millis());
-    json["expires_in_ms"] = json!(entry.expires_in.as_micros().div_ceil(1000));
-    json
-}
-
-/// `{"key": ...}`, or `{"key_hex": ...}` for a key that is not UTF-8.
-fn key_json(key: &[u8]) -> serde_json::Value {
-    match std::str::from_utf8(key) {
-        Ok(key) => json!({ "key": key }),
-        Err(_) => json!({ "key_hex": to_hex(key) }),
-    }
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The refusal of a key longer than the layer keeps (it would stand for its digest, not for
-/// itself), if it is.
-fn too_long(key: &str) -> Option<Response> {
-    (key.len() > MAX_KEY_LEN).then(|| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "the key is {} bytes long, over the bound of {MAX_KEY_LEN}: the layer counts such \
-                 a key by its digest, listed as sha256:<hex>",
-                key.len()
-            ),
-        )
-    })
-}
-
-fn blocked_json(blocked: &BlockedKey) -> serde_json::Value {
-    let mut entry = key_json(&blocked.key);
-    entry["remaining_ms"] = json!(blocked.remaining.as_micros().div_ceil(1000));
-    entry["offences"] = json!(blocked.offences);
-    entry
-}
-
-fn limit_failure(error: LimitError) -> Response {
-    let status = match &error {
-        LimitError::UnknownRule(_) | LimitError::NoPenalty(_) | LimitError::NotOverridable(_) => {
-            StatusCode::NOT_FOUND
-        }
-        LimitError::BadOverride { .. } => StatusCode::BAD_REQUEST,
-        LimitError::Store(e) if e.kind() == StoreErrorKind::BadCursor => StatusCode::BAD_REQUEST,
-        LimitError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    failure(status, &error.to_string())
-}
-
-fn failure(status: StatusCode, message: &str) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
 }
 
 /// The layer the file describes, watched for changes. `Config::connect` builds it with any store:
@@ -716,10 +373,6 @@ fn usage() -> String {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let path = config_path()?;
-    let admin_settings = Admin::from_env(
-        std::env::var("TOLLGATE_ADMIN_ADDR").ok(),
-        std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
-    )?;
     tracing_subscriber::fmt().with_target(false).init();
     let probes = probes(&Config::read(&path)?).await?;
     // The recorder comes next: the layer registers its counters when it is built.
@@ -743,16 +396,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("listening on http://{addr}; try, with this file's rules:");
     print!("{}", try_lines(addr, &probes));
-    if let Some(settings) = admin_settings {
-        let admin_listener = tokio::net::TcpListener::bind(&settings.addr).await?;
-        println!(
-            "admin API on http://{} (Authorization: Bearer $TOLLGATE_ADMIN_TOKEN):",
-            admin_listener.local_addr()?
-        );
-        println!("  GET /_tollgate/blocks/RULE, GET and DELETE /_tollgate/blocks/RULE/KEY");
-        let router = admin(limits.limiter().clone(), &settings.token);
-        tokio::spawn(serve(admin_listener, router, CLIENT_HEADER_TIMEOUT));
-    }
     serve(listener, app(limits, metrics), CLIENT_HEADER_TIMEOUT).await;
     Ok(())
 }

@@ -140,7 +140,7 @@ callgrind_annotate --inclusive=yes --threshold=100 "$work/server.out.1" 2>/dev/n
         END {
             show("the call (decision, statistics, answer)", "ShouldRateLimit as tonic::server::service::UnaryService.*call::\\{\\{closure")
             show("  the engine: the memory store deciding the batch", "MemoryStore as tollgate::store::Store>::apply")
-            show("  the engine: the outcomes read into a decision", "tollgate::engine::decision::Decision::answer")
+            show("  the engine: the outcomes read into a decision", "tollgate::engine::decision::Plan::answer")
             show("  the engine: the rule found", "tollgate::rules::set::RuleSet::find")
             show("  the request checked", "tollgate_server::service::decide::validate")
             show("  descriptors matched, charges planned", "tollgate_server::plan::RequestCharges::new")

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tollgate_server::service::admin::{self, AdminSettings};
 use tollgate_server::service::{
     default_grpc_workers, Answering, Limits, ReferenceHeaders, Settings,
 };
@@ -92,6 +93,11 @@ struct Args {
     /// [default: none, or PROMETHEUS_ADDR with USE_PROMETHEUS=true].
     #[arg(long, value_name = "ADDR", value_parser = prometheus_addr)]
     prometheus_addr: Option<SocketAddr>,
+    /// Serve the admin API (list, read and lift blocks; list, read, set and remove overrides)
+    /// at this address, every request asked for the bearer token TOLLGATE_ADMIN_TOKEN
+    /// [default: off, or TOLLGATE_ADMIN_ADDR].
+    #[arg(long, value_name = "ADDR")]
+    admin_addr: Option<SocketAddr>,
 }
 
 /// `:PORT` or `IP:PORT`, as the reference's PROMETHEUS_ADDR.
@@ -116,6 +122,19 @@ fn environment_help() -> String {
          does with it):\n",
     );
     for (name, meaning) in settings::READ {
+        help.push_str(&format!("  {name:<36} {meaning}\n"));
+    }
+    help.push_str("\nRead whether --config is given or not (tollgate-server's own):\n");
+    for (name, meaning) in [
+        (
+            admin::ADDR_VARIABLE,
+            "(none): IP:PORT of the admin API; off without it",
+        ),
+        (
+            admin::TOKEN_VARIABLE,
+            "the admin API's bearer token, at least 16 characters: required with an address",
+        ),
+    ] {
         help.push_str(&format!("  {name:<36} {meaning}\n"));
     }
     help
@@ -146,6 +165,13 @@ fn tag(text: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let admin = match AdminSettings::read(args.admin_addr, |name| std::env::var(name).ok()) {
+        Ok(admin) => admin,
+        Err(error) => {
+            eprintln!("tollgate-server: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let from_env = match args.config {
         Some(_) => None,
         None => match settings::read(std::env::vars()) {
@@ -178,6 +204,7 @@ fn main() -> ExitCode {
             answering: Answering::default(),
             statsd: None,
             prometheus: None,
+            admin,
             grpc_addr: args.grpc_addr.unwrap_or(([0, 0, 0, 0], 8081).into()),
             http_addr: args.http_addr.unwrap_or(([0, 0, 0, 0], 8080).into()),
             reload_interval: Duration::ZERO,
@@ -201,6 +228,7 @@ fn main() -> ExitCode {
                 answering: env.answering,
                 statsd: env.statsd,
                 prometheus: env.prometheus,
+                admin,
                 grpc_addr: args.grpc_addr.unwrap_or(env.grpc_addr),
                 http_addr: args.http_addr.unwrap_or(env.http_addr),
                 reload_interval: Duration::ZERO,

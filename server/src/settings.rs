@@ -145,17 +145,15 @@ impl std::fmt::Display for SettingsError {
 
 impl std::error::Error for SettingsError {}
 
+/// What the reference's debug port serves is elsewhere here.
+const NO_DEBUG_LISTENER: &str = "there is no debug listener; /metrics and /healthcheck are on \
+     HOST:PORT, blocks and overrides on the admin API (TOLLGATE_ADMIN_ADDR)";
+
 /// What tollgate-server does with each variable the reference defines but does not act on here.
 /// (The ones it reads are handled by [`read`].)
 const NOT_ACTED_ON: &[(&str, &str)] = &[
-    (
-        "DEBUG_HOST",
-        "there is no debug listener; /metrics and /healthcheck are on HOST:PORT",
-    ),
-    (
-        "DEBUG_PORT",
-        "there is no debug listener; /metrics and /healthcheck are on HOST:PORT",
-    ),
+    ("DEBUG_HOST", NO_DEBUG_LISTENER),
+    ("DEBUG_PORT", NO_DEBUG_LISTENER),
     (
         "GRPC_UDS",
         "not supported: gRPC is served on GRPC_HOST:GRPC_PORT",

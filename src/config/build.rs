@@ -590,8 +590,9 @@ fn plan_condition(source: &PlanSource, plan: &str, default: &str, listed: usize)
     format!("plan {plan:?}{default} ({requests})")
 }
 
-/// The fields of a limit over time (a rule's algorithm and its numbers).
-const LIMIT_FIELDS: [&str; 11] = [
+/// The fields of a rule that make its limit over time (its algorithm and its numbers): what a
+/// tool that takes a limit in a file's words (an override's, say) may accept, and no more.
+pub const LIMIT_FIELDS: &[&str] = &[
     "algorithm",
     "rate",
     "limit",

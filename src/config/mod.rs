@@ -16,6 +16,7 @@ use crate::middleware::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::rules::rule::Rule;
 use crate::store::Store;
 
+pub use build::LIMIT_FIELDS;
 pub use error::ConfigFileError;
 pub use watch::ConfigWatch;
 

@@ -25,7 +25,7 @@ use crate::store::{Charge, Outcomes, RuleName, Store, StoreError, StoreFuture};
 pub(crate) enum Answer {
     /// Decided at once (the memory store): the outcomes are in the decision.
     Now(Result<(), StoreError>),
-    /// Deciding needs I/O; [`Plan::answer`](super::decision::Decision::answer) takes the outcomes.
+    /// Deciding needs I/O; [`Plan::answer`](super::decision::Plan::answer) takes the outcomes.
     Later(Pending),
 }
 

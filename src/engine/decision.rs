@@ -18,8 +18,19 @@ use crate::store::{Outcomes, StoreError, StoreErrorKind};
 /// The middleware puts it in an allowed request's extensions, so a handler can read it (with axum,
 /// take `Decision` as an extractor, or `Extension<Decision>`), unless the layer was built with
 /// [`decision_in_extensions(false)`](crate::RateLimitLayerBuilder::decision_in_extensions).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Decision {
+    /// The plan the engine charged, answered: the answer is the plan itself, wrapped, so the
+    /// middleware fills a decision's plan where the decision lies and moves it once, into the
+    /// request's extensions (no entry is copied or converted on the way).
+    pub(crate) plan: Plan,
+}
+
+/// A request's charges as its rules planned them: what the engine asks the store for
+/// (`RuleSet::ask`), and where the store's outcomes are filled in. Only the engine writes it; a
+/// handler reads it answered, as a [`Decision`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Plan {
     // One entry inline: most requests meet one rule, and the decision is copied into the request's
     // extensions on every request, so each inline entry costs every request its 176 bytes.
     rules: SmallVec<[RuleDecision; 1]>,
@@ -27,13 +38,22 @@ pub struct Decision {
     grpc_method: Option<Arc<str>>,
 }
 
-/// A request's charges as its rules planned them, before the store answers: what the engine asks
-/// the store for (`RuleSet::ask`). A name for the [`Decision`] at that stage rather than a type
-/// of its own: the store's outcomes are filled in place, the middleware then moves the value
-/// once, into the request's extensions, and a request that waits for a concurrency slot asks
-/// again with it, so a type of its own would copy or convert the entries at each step of the
-/// request path. Handlers only ever see a `Decision`, answered.
-pub(crate) type Plan = Decision;
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // As it read before the plan had a type of its own: the rules and the method.
+        f.debug_struct("Decision")
+            .field("rules", &self.plan.rules)
+            .field("grpc_method", &self.plan.grpc_method)
+            .finish()
+    }
+}
+
+impl From<Plan> for Decision {
+    #[inline]
+    fn from(plan: Plan) -> Self {
+        Decision { plan }
+    }
+}
 
 /// A planned charge's outcome until the store answers; never seen outside the crate.
 const PENDING: Outcome = Outcome::new(Verdict::Allowed, 0, 0);
@@ -62,8 +82,8 @@ impl RuleDecision {
     }
 }
 
-impl Decision {
-    /// Adds a rule's charge; its outcome is filled in by [`Decision::answer`]. (The middleware
+impl Plan {
+    /// Adds a rule's charge; its outcome is filled in by [`Plan::answer`]. (The middleware
     /// builds the decision in place as the request goes through — rules, then the store — so it
     /// is moved once, into the request's extensions.)
     #[inline]
@@ -103,6 +123,18 @@ impl Decision {
             .any(|r| r.applied.is_some() || r.override_limit().is_some())
     }
 
+    /// Every planned charge, in the layer's order.
+    #[inline]
+    pub(crate) fn rules(&self) -> &[RuleDecision] {
+        &self.rules
+    }
+
+    /// The gRPC method the request calls, for gRPC requests.
+    #[inline]
+    pub(crate) fn grpc_method(&self) -> Option<&str> {
+        self.grpc_method.as_deref()
+    }
+
     /// Fills in the store's outcomes, one per planned charge, in order.
     pub(crate) fn answer(&mut self, outcomes: Outcomes) -> Result<(), StoreError> {
         if outcomes.len() != self.rules.len() {
@@ -129,37 +161,39 @@ impl Decision {
     pub(crate) fn set_grpc_method(&mut self, method: Arc<str>) {
         self.grpc_method = Some(method);
     }
+}
 
+impl Decision {
     /// For a gRPC (or gRPC-Web) request, the method it calls: its path,
     /// `/package.Service/Method`.
     #[inline]
     pub fn grpc_method(&self) -> Option<&str> {
-        self.grpc_method.as_deref()
+        self.plan.grpc_method()
     }
 
     /// Every rule that applied, in the layer's order.
     #[inline]
     pub fn rules(&self) -> &[RuleDecision] {
-        &self.rules
+        self.plan.rules()
     }
 
     /// The entry of the rule named `name`, if it applied.
     ///
     /// (See [`RuleDecision::limit`] for the limit a per-request rule applied.)
     pub fn rule(&self, name: &str) -> Option<&RuleDecision> {
-        self.rules.iter().find(|r| &*r.rule == name)
+        self.rules().iter().find(|r| &*r.rule == name)
     }
 
     /// Whether the request passes (now or after a queue-mode wait).
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.rules.iter().all(|r| r.outcome.verdict.is_admitted())
+        self.rules().iter().all(|r| r.outcome.verdict.is_admitted())
     }
 
     /// For a denied request: when the request could pass, the longest wait over the rules that
     /// denied it.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.rules
+        self.rules()
             .iter()
             .filter_map(|r| match r.outcome.verdict {
                 Verdict::Denied { retry_after } => Some(retry_after),
@@ -171,7 +205,7 @@ impl Decision {
     /// For a request admitted in queue mode: how long it waits for its slot (zero otherwise).
     #[inline]
     pub fn wait(&self) -> Duration {
-        self.rules
+        self.rules()
             .iter()
             .filter_map(|r| match r.outcome.verdict {
                 Verdict::Reserved { wait } => Some(wait),
@@ -183,7 +217,7 @@ impl Decision {
 
     /// The fewest units left over the rules (`None` when no rule applied).
     pub fn remaining(&self) -> Option<u64> {
-        self.rules.iter().map(|r| r.outcome.remaining).min()
+        self.rules().iter().map(|r| r.outcome.remaining).min()
     }
 }
 
@@ -303,7 +337,7 @@ impl From<Refusal> for Ruling {
     }
 }
 
-impl Charges for Decision {
+impl Charges for Plan {
     #[inline]
     fn push(
         &mut self,
@@ -322,6 +356,6 @@ impl Charges for Decision {
     }
 
     fn set_grpc_method(&mut self, method: Arc<str>) {
-        Decision::set_grpc_method(self, method);
+        Plan::set_grpc_method(self, method);
     }
 }

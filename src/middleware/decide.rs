@@ -74,9 +74,10 @@ impl AwaitSlot {
                 metrics.record(&no_slot, key);
             }
         }
+        let decision = Decision::from(self.plan);
         self.shared
             .responder
-            .denied(&in_force.policies, &self.plan, protocol)
+            .denied(&in_force.policies, &decision, protocol)
     }
 }
 
@@ -118,7 +119,7 @@ pub(crate) fn decide<B>(
             // Queue mode on a concurrency rule: the request waits in line for a slot (nothing
             // was charged) and asks again; it is counted once it is decided.
             return Next::AwaitSlot(Box::new(AwaitSlot {
-                plan: std::mem::take(decision),
+                plan: std::mem::take(&mut decision.plan),
                 in_force: in_force.clone(),
                 shared: shared.clone(),
                 line,

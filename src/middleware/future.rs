@@ -15,7 +15,7 @@ use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::{InForce, Shared};
 use crate::engine::ask::{Answer, Pending};
-use crate::engine::decision::Plan;
+use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
@@ -92,7 +92,8 @@ pub(crate) struct InLine<S, B> {
 pub(crate) struct Deciding<S, B> {
     inner: S,
     request: Request<B>,
-    plan: Plan,
+    /// The decision whose plan the store is answering (filled where it lies, then handed on).
+    decision: Decision,
     in_force: Arc<InForce>,
     shared: Arc<Shared>,
     started: tokio::time::Instant,
@@ -108,7 +109,7 @@ where
         store: Pending,
         inner: S,
         request: Request<B>,
-        plan: Plan,
+        decision: Decision,
         in_force: Arc<InForce>,
         shared: Arc<Shared>,
         ticket: Option<Ticket>,
@@ -118,7 +119,7 @@ where
             deciding: Some(Box::new(Deciding {
                 inner,
                 request,
-                plan,
+                decision,
                 in_force,
                 shared,
                 started: tokio::time::Instant::now(),
@@ -216,7 +217,7 @@ where
                     let Deciding {
                         mut inner,
                         mut request,
-                        mut plan,
+                        mut decision,
                         in_force,
                         shared,
                         started,
@@ -224,8 +225,8 @@ where
                     } = *deciding;
                     let latency = started.elapsed().as_secs_f64();
                     in_force.meters.store_latency.record(latency);
-                    let result = result.and_then(|outcomes| plan.answer(outcomes));
-                    decide(&shared, &in_force, &mut request, &mut plan, result)
+                    let result = result.and_then(|outcomes| decision.plan.answer(outcomes));
+                    decide(&shared, &in_force, &mut request, &mut decision, result)
                         .into_state(&mut inner, request, ticket)
                 }
                 StateProj::AwaitingSlot { ticket, waiting } => {
@@ -245,22 +246,30 @@ where
                         Woken::TimedOut => State::respond(waiting.denied(Protocol::of(&request))),
                         Woken::Retry => {
                             let AwaitSlot {
-                                mut plan,
+                                plan,
                                 in_force,
                                 shared,
                                 line: _,
                             } = waiting;
-                            match in_force.rules.ask(shared.limiter.ledger(), &mut plan) {
+                            // Asked again, and answered where it lies.
+                            let mut decision = Decision::from(plan);
+                            let ledger = shared.limiter.ledger();
+                            match in_force.rules.ask(ledger, &mut decision.plan) {
                                 Answer::Now(result) => {
-                                    let next =
-                                        decide(&shared, &in_force, &mut request, &mut plan, result);
+                                    let next = decide(
+                                        &shared,
+                                        &in_force,
+                                        &mut request,
+                                        &mut decision,
+                                        result,
+                                    );
                                     next.into_state(&mut inner, request, Some(ticket))
                                 }
                                 Answer::Later(store) => State::checking(
                                     store,
                                     inner,
                                     request,
-                                    plan,
+                                    decision,
                                     in_force,
                                     shared,
                                     Some(ticket),

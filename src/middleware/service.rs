@@ -90,9 +90,10 @@ where
         let shared = &self.shared;
         let in_force = shared.in_force.load();
         let rules = &in_force.rules;
-        // The shadow plan is made only if a shadow rule applies.
+        // The enforced rules' plan is made in the decision that answers it; the shadow plan only
+        // if a shadow rule applies.
         let (mut enforced, mut shadow) = (Decision::default(), None);
-        match rules.route(&request, shared.shadow_all, &mut enforced, &mut shadow) {
+        match rules.route(&request, shared.shadow_all, &mut enforced.plan, &mut shadow) {
             Ok(Route::Planned) => {}
             Ok(Route::Allowed) => {
                 return ResponseFuture::new(State::calling(
@@ -116,20 +117,20 @@ where
         if let Some(shadow) = shadow {
             record_shadow(shared, &in_force, shadow);
         }
-        if enforced.rules().is_empty() {
+        if enforced.plan.rules().is_empty() {
             return ResponseFuture::new(State::calling(self.inner.call(request), None, None, None));
         }
-        if let Some(line) = Ticket::behind(shared.limiter.ledger(), rules, &enforced) {
+        if let Some(line) = Ticket::behind(shared.limiter.ledger(), rules, &enforced.plan) {
             // Others already wait for a slot of this key: queue behind them.
             let next = Next::AwaitSlot(Box::new(AwaitSlot {
-                plan: enforced,
+                plan: enforced.plan,
                 in_force: arc_swap::Guard::into_inner(in_force),
                 shared: shared.clone(),
                 line,
             }));
             return ResponseFuture::new(next.into_state(&mut self.inner, request, None));
         }
-        match rules.ask(shared.limiter.ledger(), &mut enforced) {
+        match rules.ask(shared.limiter.ledger(), &mut enforced.plan) {
             Answer::Now(result) => {
                 match decide(shared, &in_force, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
@@ -195,22 +196,17 @@ fn report_no_route(shared: &Shared, rule: &str, key: &str) {
 fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Plan) {
     let record = |shared: &Shared,
                   in_force: &InForce,
-                  decision: &Decision,
+                  plan: &Plan,
                   result: Result<(), StoreError>| match result {
         Ok(()) => {
-            for entry in decision.rules() {
+            for entry in plan.rules() {
                 let metrics = &in_force.meters.rules[entry.index];
                 metrics.record_shadow(entry.outcome.verdict, &entry.key);
-                observe::event(
-                    entry,
-                    decision.grpc_method(),
-                    true,
-                    shared.redact_keys.as_ref(),
-                );
+                observe::event(entry, plan.grpc_method(), true, shared.redact_keys.as_ref());
             }
         }
         Err(error) => {
-            for entry in decision.rules() {
+            for entry in plan.rules() {
                 in_force.meters.rules[entry.index].store_error();
             }
             // The store's circuit breaker logs failures, one line per interval with a count.

@@ -317,14 +317,14 @@ mod tests {
         ];
         for (remaining, next_unit_in, expected) in cases {
             let mut decision = Decision::default();
-            decision.add_charge(
+            decision.plan.add_charge(
                 0,
                 "per \"ip\"".into(),
                 crate::key::KeyValue::new(b"k"),
                 1,
                 None,
             );
-            decision.answer_one(Outcome {
+            decision.plan.answer_one(Outcome {
                 verdict: crate::algorithm::Verdict::Allowed,
                 limit: 60,
                 remaining,
@@ -346,8 +346,10 @@ mod tests {
         let item = PolicyItem::new("llm", &slots);
         assert_eq!(item.policy, "\"llm\";q=8;qu=\"concurrent-requests\"");
         let mut decision = Decision::default();
-        decision.add_charge(0, "llm".into(), crate::key::KeyValue::new(b"k"), 1, None);
-        decision.answer_one(Outcome {
+        decision
+            .plan
+            .add_charge(0, "llm".into(), crate::key::KeyValue::new(b"k"), 1, None);
+        decision.plan.answer_one(Outcome {
             verdict: crate::algorithm::Verdict::Allowed,
             limit: 8,
             remaining: 3,

@@ -188,7 +188,7 @@ impl Responder {
     }
 
     fn policy(policies: &Policies, decision: &Decision) -> Option<HeaderValue> {
-        if decision.has_applied() {
+        if decision.plan.has_applied() {
             return per_request_policy(policies, decision);
         }
         if decision.rules().len() == policies.items.len() {
@@ -276,7 +276,7 @@ impl Responder {
             return response;
         }
         // (A per-request limit's policy is not in the fingerprint: such refusals are built.)
-        if protocol == Protocol::Http && !self.legacy && !decision.has_applied() {
+        if protocol == Protocol::Http && !self.legacy && !decision.plan.has_applied() {
             let retry_seconds = headers::whole_seconds(wait).max(1);
             return policies
                 .prepared

@@ -15,7 +15,6 @@ fn rule_names(limiter: &tollgate::Limiter) -> Vec<String> {
         .collect()
 }
 
-mod admin;
 mod axum;
 mod concurrency;
 mod config;

@@ -90,6 +90,29 @@ async fn an_override_ends_with_its_ttl() {
         .is_empty());
 }
 
+/// The batch calls (tollgate-server charges every call with one) decide under an override too.
+#[tokio::test]
+async fn the_batch_calls_decide_under_an_override() {
+    let limiter = limiter(&MemoryStore::new());
+    limiter
+        .set_override("api", "acme", Limit::per_minute(60), DAY)
+        .await
+        .unwrap();
+    let both = limiter
+        .charge_all([("api", "acme", 1), ("plain", "", 1)])
+        .await
+        .unwrap();
+    let limits: Vec<u64> = both.rules().iter().map(|r| r.outcome.limit).collect();
+    assert_eq!(limits, [60, 2]);
+    let under = limiter
+        .check_all_under([("api", "acme", 1, None)])
+        .await
+        .unwrap();
+    assert_eq!(under.rules()[0].outcome.limit, 60);
+    // One unit charged above, one more looked at.
+    assert_eq!(under.rules()[0].outcome.remaining, 58);
+}
+
 #[tokio::test]
 async fn overrides_are_listed_a_page_at_a_time() {
     let store = MemoryStore::new();

@@ -5,20 +5,11 @@
 
 #![cfg(feature = "redis")]
 
-#[allow(dead_code)]
-#[path = "../../examples/server.rs"]
-mod server;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
-use tower::ServiceExt;
-
 use tollgate::algorithm::Verdict;
 use tollgate::clock::ManualClock;
-use tollgate::config::Config;
 use tollgate::store::BlockedKey;
 use tollgate::{Limit, Limiter, Penalty, RedisStore, Rule};
 
@@ -238,133 +229,4 @@ async fn a_walk_on_a_cluster_visits_every_master() {
     }
     let (left, _) = walk(&a, "login").await;
     assert_eq!(left.len(), 60 - keys.iter().step_by(7).count());
-}
-
-const TOKEN: &str = "fleet-admin-token-0123";
-
-/// `(status, body)` of `method path` sent to `router`, as `headers` say.
-async fn send(
-    router: &axum::Router,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, String) {
-    let mut request = Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let mut request = request.body(axum::body::Body::empty()).unwrap();
-    request
-        .extensions_mut()
-        .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from((
-            [192, 0, 2, 7],
-            5000,
-        ))));
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// Two copies of the `server` example on one server, each from the same file: a key blocked by
-/// the first one's penalty is listed, read and lifted through the second one's admin API, and the
-/// second one's app then admits it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_api_of_one_instance_sees_and_lifts_blocks_made_by_another() {
-    let server = ENGINE.server();
-    let text = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\
-         [[rules]]\nname = \"login\"\nrate = 1\nperiod = \"1h\"\n\
-         key = {{ header = \"x-user\" }}\nblock = \"10m\"",
-        server.url()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("limits.toml");
-    std::fs::write(&path, text).unwrap();
-    assert!(Config::read(&path).is_ok());
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let (first, _watch) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
-    let (second, _watch2) = server::load(&path).await.unwrap_or_else(|e| panic!("{e}"));
-    let app_a_limiter = first.limiter().clone();
-    let app_a = server::app(first, recorder.handle());
-    let app_b = server::app(second.clone(), recorder.handle());
-    let admin_b = server::admin(second.limiter().clone(), TOKEN);
-    let bearer = format!("Bearer {TOKEN}");
-    let auth = [("authorization", bearer.as_str())];
-
-    let mallory = [("x-user", "mallory")];
-    assert_eq!(
-        send(&app_a, Method::GET, "/", &mallory).await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        send(&app_a, Method::GET, "/", &mallory).await.0,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    let refused = send(&admin_b, Method::GET, "/_tollgate/blocks/login", &[]).await;
-    assert_eq!(refused.0, StatusCode::UNAUTHORIZED);
-
-    let (status, body) = send(&admin_b, Method::GET, "/_tollgate/blocks/login", &auth).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let blocks = listed["blocks"].as_array().unwrap();
-    assert_eq!(blocks.len(), 1, "{body}");
-    assert_eq!(blocks[0]["key"], "mallory");
-    assert_eq!(blocks[0]["offences"], 1);
-    let left = blocks[0]["remaining_ms"].as_u64().unwrap();
-    assert!((540_000..=600_000).contains(&left), "{body}");
-    assert!(listed["next"].is_null(), "{body}");
-
-    // B's app sees the block on its first decision about the key.
-    assert_eq!(
-        send(&app_b, Method::GET, "/", &mallory).await.0,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    let one = "/_tollgate/blocks/login/mallory";
-    assert_eq!(
-        send(&admin_b, Method::GET, one, &auth).await.0,
-        StatusCode::OK
-    );
-    assert_eq!(
-        send(&admin_b, Method::DELETE, one, &auth).await.0,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        send(&admin_b, Method::GET, one, &auth).await.0,
-        StatusCode::NOT_FOUND
-    );
-    // Lifted: nothing is listed. (Mallory's hour still holds no unit, and the offences were
-    // forgotten with the block: the next request is denied by the counter, a first offence.)
-    let (status, body) = send(&admin_b, Method::GET, "/_tollgate/blocks/login", &auth).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&body).unwrap()["blocks"],
-        serde_json::json!([])
-    );
-
-    // A key blocked by hand through A, with its unit unspent: B's app denies it at once, and
-    // admits it once B's admin API has lifted the block.
-    let eve = [("x-user", "eve")];
-    app_a_limiter
-        .block("login", "eve", Duration::from_secs(600))
-        .await
-        .unwrap();
-    assert_eq!(
-        send(&app_b, Method::GET, "/", &eve).await.0,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    let (status, body) = send(&admin_b, Method::GET, "/_tollgate/blocks/login/eve", &auth).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(
-        send(
-            &admin_b,
-            Method::DELETE,
-            "/_tollgate/blocks/login/eve",
-            &auth
-        )
-        .await
-        .0,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(send(&app_b, Method::GET, "/", &eve).await.0, StatusCode::OK);
 }

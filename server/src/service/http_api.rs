@@ -73,7 +73,7 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves `app` on `listener`'s admitted connections until `stop` turns true, then lets the
 /// requests in flight finish.
-async fn serve_app(
+pub(super) async fn serve_app(
     listener: tokio::net::TcpListener,
     gate: Gate,
     app: Router,

@@ -1,7 +1,9 @@
 //! The running service: gRPC (`RateLimitService`, `grpc.health.v1.Health`) on one port, HTTP
 //! (`/healthcheck`, `/metrics`) on another, the reference's Prometheus listener on a third when
-//! asked, the configuration reloaded when its files change, and a drain on `SIGTERM`.
+//! asked, the admin API (blocks and overrides, [`admin`]) on a fourth when asked, the
+//! configuration reloaded when its files change, and a drain on `SIGTERM`.
 
+pub mod admin;
 mod connections;
 pub(crate) mod decide;
 mod grpc;
@@ -22,6 +24,7 @@ use tollgate::Limiter;
 
 pub use crate::settings::{Answering, ReferenceHeaders};
 pub use crate::stats::{Stats, MAX_SERIES};
+pub use admin::AdminSettings;
 pub use connections::Limits;
 pub use decide::{MAX_DESCRIPTORS, MAX_ENTRIES};
 
@@ -63,6 +66,8 @@ pub struct Settings {
     /// statsd-exporter mapping, as the reference's `USE_PROMETHEUS` serves them (none: only
     /// `/metrics` on the HTTP port).
     pub prometheus: Option<PrometheusSettings>,
+    /// Where the admin API is served, and its token (none: off, the default).
+    pub admin: Option<AdminSettings>,
 }
 
 /// One gRPC worker per core the process may use (one when that cannot be told).
@@ -199,6 +204,10 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
         )),
         _ => None,
     };
+    let admin = match &settings.admin {
+        Some(admin) => Some((bind(admin.addr, "the admin API").await?, admin.token())),
+        None => None,
+    };
     let state = Arc::new(State {
         current: ArcSwap::from_pointee(Current {
             domains: loaded.domains,
@@ -220,11 +229,16 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
     let http_addr = http_listener.local_addr().unwrap_or(settings.http_addr);
     if let Some((listener, _, path)) = &prometheus {
-        let addr = listener.local_addr().ok();
         tracing::info!(
-            prometheus = %addr.map_or_else(|| "?".into(), |addr| addr.to_string()),
+            prometheus = %bound(listener),
             path = %path,
             "prometheus: the reference's series are served there"
+        );
+    }
+    if let Some((listener, _)) = &admin {
+        tracing::info!(
+            admin = %bound(listener),
+            "admin API: blocks and overrides served there (Authorization: Bearer)"
         );
     }
     tracing::info!(
@@ -278,6 +292,17 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
             http_stopping.clone(),
         ))
     });
+    let admin = admin.map(|(listener, token)| {
+        let shared = state.clone();
+        let in_force = move || shared.current.load().limiter.clone();
+        tokio::spawn(http_api::serve_app(
+            listener,
+            gate(),
+            admin::router(in_force, token),
+            state.clone(),
+            http_stopping.clone(),
+        ))
+    });
     let grpc = tokio::spawn(grpc::serve(
         grpc_listener,
         gate(),
@@ -294,8 +319,8 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     let _ = grpc.await;
     let _ = stop_http.send(true);
     let _ = http.await;
-    if let Some(prometheus) = prometheus {
-        let _ = prometheus.await;
+    for listener in [prometheus, admin].into_iter().flatten() {
+        let _ = listener.await;
     }
     reload.abort();
     if let Some(client) = xds_client {
@@ -321,6 +346,13 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<tokio::net::TcpListener, S
     tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| StartError(format!("cannot listen for {what} on {addr}: {e}")))
+}
+
+/// The address `listener` is bound to, as the log says it (`?` if the system cannot tell).
+fn bound(listener: &tokio::net::TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".into(), |addr| addr.to_string())
 }
 
 /// Returns on SIGTERM or SIGINT.

@@ -5,6 +5,7 @@
 // Items shared between the modules are `pub`, as in the repository's other test support.
 #![allow(unreachable_pub)]
 
+mod admin;
 mod bad_input;
 use tollgate_test_support::certificates;
 mod environment;

@@ -2,6 +2,7 @@
 
 use tollgate_server::service::protocol::code;
 
+use crate::admin::{json, send, start_with_admin, TOKEN};
 use crate::numbers::REFERENCE;
 use crate::redis_server;
 use crate::support::{admitted_alternating, shared_store_file, ConfigDir, Server};
@@ -95,4 +96,80 @@ async fn sigterm_waits_for_a_call_in_flight() {
     assert_eq!(answer.overall_code, code::OK);
     assert_eq!(answer.statuses[0].limit_remaining, 1);
     assert!(server.wait_exit().success());
+}
+
+/// Two servers on one Redis, each from the same file: a key blocked by the first one's penalty
+/// is listed, read and lifted through the second one's admin API, and the second one's calls
+/// are then admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_of_one_server_sees_and_lifts_blocks_made_by_another() {
+    let redis = redis_server::RedisServer::start();
+    let dir = ConfigDir::new();
+    let config = dir.write(
+        "login.toml",
+        &format!(
+            "domain = \"login\"\n[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\
+             [[rules]]\nname = \"login\"\nrate = 1\nperiod = \"1h\"\nblock = \"10m\"\n\
+             descriptors = [{{ key = \"user\" }}]\n",
+            redis.url()
+        ),
+    );
+    let server_a = Server::start(&config);
+    let (server_b, admin_b) = start_with_admin(&config);
+    let (a, b) = (server_a.client().await, server_b.client().await);
+    let bearer = format!("Bearer {TOKEN}");
+    let as_admin = |method: &str, path: &str| send(admin_b, method, path, Some(&bearer), "");
+
+    let mallory = [("user", "mallory")];
+    assert_eq!(a.ask("login", &[&mallory]).await.overall_code, code::OK);
+    assert_eq!(
+        a.ask("login", &[&mallory]).await.overall_code,
+        code::OVER_LIMIT
+    );
+    let refused = send(admin_b, "GET", "/_tollgate/blocks/login", None, "");
+    assert_eq!(refused.status, 401);
+
+    let listed = as_admin("GET", "/_tollgate/blocks/login");
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let listed = json(&listed);
+    let blocks = listed["blocks"].as_array().unwrap();
+    assert_eq!(blocks.len(), 1, "{listed}");
+    assert_eq!(blocks[0]["key"], "mallory");
+    assert_eq!(blocks[0]["offences"], 1);
+    let left = blocks[0]["remaining_ms"].as_u64().unwrap();
+    assert!((540_000..=600_000).contains(&left), "{listed}");
+    assert!(listed["next"].is_null(), "{listed}");
+
+    // B's calls see the block on its first decision about the key.
+    assert_eq!(
+        b.ask("login", &[&mallory]).await.overall_code,
+        code::OVER_LIMIT
+    );
+    let one = "/_tollgate/blocks/login/mallory";
+    assert_eq!(as_admin("GET", one).status, 200);
+    assert_eq!(as_admin("DELETE", one).status, 204);
+    assert_eq!(as_admin("GET", one).status, 404);
+    // Lifted: nothing is listed. (Mallory's hour still holds no unit, and the offences were
+    // forgotten with the block: the next call is denied by the counter, a first offence.)
+    let listed = as_admin("GET", "/_tollgate/blocks/login");
+    assert_eq!(listed.status, 200);
+    assert_eq!(json(&listed)["blocks"], serde_json::json!([]));
+
+    // A key blocked by hand on the same store (a limiter of the same file), with its unit
+    // unspent: B denies it at once, and admits it once B's admin API has lifted the block.
+    let loaded = tollgate_server::load::load(&config).unwrap();
+    let by_hand = loaded.connect(&config).await.unwrap();
+    by_hand
+        .block("login", "eve", std::time::Duration::from_secs(600))
+        .await
+        .unwrap();
+    let eve = [("user", "eve")];
+    assert_eq!(b.ask("login", &[&eve]).await.overall_code, code::OVER_LIMIT);
+    let read = as_admin("GET", "/_tollgate/blocks/login/eve");
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert_eq!(
+        as_admin("DELETE", "/_tollgate/blocks/login/eve").status,
+        204
+    );
+    assert_eq!(b.ask("login", &[&eve]).await.overall_code, code::OK);
 }

@@ -40,6 +40,11 @@ impl Server {
     }
 
     pub fn start_with(config: &Path, extra: &[&str]) -> Server {
+        Server::spawn(Server::command(config, extra))
+    }
+
+    /// The command [`Server::start_with`] runs, for a test to add to (an environment variable).
+    pub fn command(config: &Path, extra: &[&str]) -> Command {
         let mut command = Command::new(BINARY);
         command
             .arg("--config")
@@ -47,7 +52,7 @@ impl Server {
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--reload-interval-ms", "50"])
             .args(extra);
-        Server::spawn(command)
+        command
     }
 
     /// Starts a server with no flags but the reload interval, configured by `env` alone (the
@@ -226,7 +231,7 @@ pub fn run_to_exit_env(env: &[(&str, &str)]) -> (ExitStatus, String) {
 
 /// Runs `command` until it exits (bounded: one still running after [`DEADLINE`] is killed and the
 /// test fails): its status and stderr.
-fn run_command_to_exit(mut command: Command) -> (ExitStatus, String) {
+pub fn run_command_to_exit(mut command: Command) -> (ExitStatus, String) {
     let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -258,25 +263,62 @@ fn run_command_to_exit(mut command: Command) -> (ExitStatus, String) {
 
 /// `GET path` on `addr`: the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let answer = http_request(addr, "GET", path, &[], "");
+    (answer.status, answer.body)
+}
+
+/// An HTTP answer: the status code, the header fields (names in lower case) and the body.
+pub struct HttpAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpAnswer {
+    /// The value of the header field `name` (lower case), if any.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// `method path` on `addr` with `headers` and `body`, over one HTTP/1.1 connection.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> HttpAnswer {
     let mut stream = TcpStream::connect(addr).expect("connect to the HTTP port");
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request += &format!("{name}: {value}\r\n");
+    }
+    request += &format!("Content-Length: {}\r\n\r\n{body}", body.len());
+    stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .expect("a status line");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    HttpAnswer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
 }
 
 /// A gRPC client of `RateLimitService`.

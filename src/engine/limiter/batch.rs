@@ -142,7 +142,9 @@ impl Limiter {
         R: AsRef<str>,
         K: AsRef<[u8]>,
     {
+        // The plan is filled where the answer lies: the decision returned is the plan, answered.
         let mut decision = Decision::default();
+        let plan = &mut decision.plan;
         let mut modes: SmallVec<[Mode; 2]> = SmallVec::new();
         let pending = {
             let rules = self.rules();
@@ -175,7 +177,7 @@ impl Limiter {
                 let key = KeyValue::new(key.as_ref());
                 // One key charged twice in one atomic step would be judged twice against the
                 // same balance.
-                if decision
+                if plan
                     .rules()
                     .iter()
                     .any(|r| r.index == index && r.key == key)
@@ -183,13 +185,18 @@ impl Limiter {
                     return Err(LimitError::Repeated(rule.to_owned()));
                 }
                 let applied = limit.map(|limit| Arc::new(std::sync::OnceLock::from(Some(limit))));
-                decision.add_charge(index, compiled.name.clone(), key, cost, applied);
+                plan.add_charge(index, compiled.name.clone(), key, cost, applied);
                 modes.push(mode);
             }
-            if decision.rules().is_empty() {
+            if plan.rules().is_empty() {
                 return Err(LimitError::EmptyBatch);
             }
-            let batch: SmallVec<[Charge<'_>; 2]> = decision
+            // An override set through any instance holds for batches too (tollgate-server
+            // charges every call so); a set without overridable rules pays nothing here.
+            if rules.overridable {
+                plan.expect_overrides(|index| rules.rules[index].overridable);
+            }
+            let batch: SmallVec<[Charge<'_>; 2]> = plan
                 .rules()
                 .iter()
                 .zip(&modes)
@@ -207,7 +214,7 @@ impl Limiter {
                 .collect();
             self.store().apply(&batch)
         };
-        decision.answer(pending.await?)?;
+        plan.answer(pending.await?)?;
         Ok(decision)
     }
 }

@@ -172,13 +172,13 @@ impl Limiter {
         let (for_enforced, for_shadow) = {
             let rules = self.rules();
             let mut shadow_plan = None;
-            match rules.route(request, false, enforced, &mut shadow_plan) {
+            match rules.route(request, false, &mut enforced.plan, &mut shadow_plan) {
                 Ok(Route::Planned) => {}
                 Ok(Route::Allowed) => return Ok(Ruling::Allowed),
                 Err(refusal) => return Ok(refusal.into()),
             }
             if let Some(plan) = shadow_plan {
-                *shadow = plan;
+                shadow.plan = plan;
             }
             let ask = |plan: &mut Plan| {
                 if plan.rules().is_empty() {
@@ -187,15 +187,15 @@ impl Limiter {
                     rules.ask(self.ledger(), plan)
                 }
             };
-            (ask(enforced), ask(shadow))
+            (ask(&mut enforced.plan), ask(&mut shadow.plan))
         };
         match for_enforced {
             Answer::Now(result) => result?,
-            Answer::Later(pending) => enforced.answer(pending.await?)?,
+            Answer::Later(pending) => enforced.plan.answer(pending.await?)?,
         }
         match for_shadow {
             Answer::Now(result) => result?,
-            Answer::Later(pending) => shadow.answer(pending.await?)?,
+            Answer::Later(pending) => shadow.plan.answer(pending.await?)?,
         }
         if enforced.is_allowed() {
             // No response holds a concurrency slot here: it is given back at once.
