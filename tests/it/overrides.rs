@@ -198,7 +198,7 @@ fn a_rule_with_overrides_cannot_queue() {
 }
 
 #[tokio::test]
-async fn batch_charges_read_a_key_s_override_unless_they_bring_a_limit() {
+async fn batch_charges_read_a_key_s_override_over_a_limit_given_with_them() {
     let store = MemoryStore::new();
     let limiter = limiter(&store);
     limiter
@@ -214,12 +214,13 @@ async fn batch_charges_read_a_key_s_override_unless_they_bring_a_limit() {
     let looked = limiter.check_all([("api", "acme", 1)]).await.unwrap();
     assert_eq!(looked.rules()[0].limit(), Some(&Limit::per_minute(10)));
     assert_eq!(looked.rules()[0].outcome.remaining, 7);
-    // A limit given with the charge is the one the caller asked for: the override is not read.
+    // Over a limit given with the charge too, as over a request's own limit.
     let under = limiter
         .charge_all_under([("api", "acme", 1, Some(Limit::per_minute(20)))])
         .await
         .unwrap();
-    assert_eq!(under.rules()[0].limit(), Some(&Limit::per_minute(20)));
+    assert_eq!(under.rules()[0].limit(), Some(&Limit::per_minute(10)));
+    assert_eq!(under.rules()[0].outcome.remaining, 7);
     // Another key keeps the rule's own limit.
     let other = limiter.charge_all([("api", "other", 1)]).await.unwrap();
     assert_eq!(other.rules()[0].limit(), None);

@@ -191,25 +191,16 @@ impl Limiter {
             if plan.rules().is_empty() {
                 return Err(LimitError::EmptyBatch);
             }
-            // An override set through any instance holds for batches too (tollgate-server
-            // charges every call so); a set without overridable rules pays nothing here.
-            if rules.overridable {
-                plan.expect_overrides(|index| rules.rules[index].overridable);
-            }
             let batch: SmallVec<[Charge<'_>; 2]> = plan
                 .rules()
                 .iter()
                 .zip(&modes)
-                .map(|(r, &mode)| {
-                    let charge = rules.charge_of(r);
-                    Charge {
-                        mode,
-                        // A key's override applies as in the key API and the layer, unless the
-                        // charge came with a limit of its own (the `_under` forms): the caller's
-                        // limit is the one it asked for.
-                        read_overrides: charge.read_overrides && r.applied.is_none(),
-                        ..charge
-                    }
+                // A key's override holds here as in the key API and the layer (tollgate-server
+                // charges every call so), over a limit given with the charge too, as over a
+                // request's (`RuleDecision::limit`).
+                .map(|(r, &mode)| Charge {
+                    mode,
+                    ..rules.charge_of(r)
                 })
                 .collect();
             self.store().apply(&batch)
