@@ -13,10 +13,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use tollgate_server::service::admin::{ADDR_VARIABLE, TOKEN_VARIABLE};
-use tollgate_server::service::protocol::code;
+use tollgate_server::service::protocol::{code, UInt64Value};
 
 use crate::support::{
-    field, http_request, run_command_to_exit, Client, ConfigDir, HttpAnswer, Server,
+    field, http_request, request, run_command_to_exit, Client, ConfigDir, HttpAnswer, Server,
 };
 
 pub const TOKEN: &str = "0123456789abcdef-admin";
@@ -92,6 +92,14 @@ pub fn json(answer: &HttpAnswer) -> Value {
 /// Asks `domain` once for `descriptor` (one entry): the overall code.
 async fn ask(client: &Client, domain: &str, descriptor: (&str, &str)) -> i32 {
     client.ask(domain, &[&[descriptor]]).await.overall_code
+}
+
+/// A look at `user` under `login`, nothing charged (`hits_addend` 0): refused only by a block.
+async fn look(client: &Client, user: &str) -> i32 {
+    let mut request = request("admin", &[&[("user", user)]]);
+    request.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let answer = client.call(request).await.expect("ShouldRateLimit answers");
+    answer.overall_code
 }
 
 /// Blocks `user` under `login` by the rule's penalty: one call within the limit, one over it.
@@ -237,9 +245,10 @@ async fn blocks_are_listed_read_and_lifted_through_the_admin_api() {
     let gone = as_admin(admin, "GET", "/_tollgate/blocks/login/alice");
     assert_eq!(gone.status, 404);
     assert_eq!(json(&gone)["error"], "the key is not blocked");
-    // The next call admits alice once a unit has come back (one a second).
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
-    assert_eq!(ask(&client, "admin", ("user", "alice")).await, code::OK);
+    // The next look at alice passes: a look charges nothing, so it fits her empty bucket, and
+    // only a block refused it (as it still refuses the other blocked key).
+    assert_eq!(look(&client, "alice").await, code::OK);
+    assert_eq!(look(&client, "a b/c").await, code::OVER_LIMIT);
 
     // Bad requests: clear errors, nothing written.
     let unknown = as_admin(admin, "GET", "/_tollgate/blocks/nope");
@@ -404,8 +413,18 @@ async fn overrides_are_set_read_listed_and_removed_through_the_admin_api() {
     let removed = as_admin(admin, "DELETE", path);
     assert_eq!(removed.status, 204, "{}", removed.body);
     assert_eq!(as_admin(admin, "GET", path).status, 404);
-    // Back to the rule's 100 a minute, the key's count carried over (DESIGN §13): the bucket
-    // the override emptied gains a unit every 0.6 s.
-    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
-    assert_eq!(ask(&client, "admin", ("customer", "acme")).await, code::OK);
+    // Back to the rule's 100 a minute at once, the key's count carried over: the bucket the
+    // override emptied gains a unit every 0.6 s (under the override's 2 a minute, every 30 s).
+    // So the next call passes, or, sooner than 0.6 s after the override's last charge, is told
+    // to come back in a second, not in thirty.
+    let next = client.ask("admin", &[&[("customer", "acme")]]).await;
+    let retry = next
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("retry-after"))
+        .map(|h| h.value.clone());
+    match next.overall_code {
+        code::OK => assert_eq!(retry, None),
+        _ => assert_eq!(retry.as_deref(), Some("1"), "{next:?}"),
+    }
 }

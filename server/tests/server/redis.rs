@@ -4,7 +4,7 @@ use tollgate_server::service::protocol::code;
 
 use crate::admin::{json, send, start_with_admin, TOKEN};
 use crate::numbers::REFERENCE;
-use crate::redis_server;
+use crate::redis_server::{self, Engine};
 use crate::support::{admitted_alternating, shared_store_file, ConfigDir, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -98,12 +98,21 @@ async fn sigterm_waits_for_a_call_in_flight() {
     assert!(server.wait_exit().success());
 }
 
-/// Two servers on one Redis, each from the same file: a key blocked by the first one's penalty
-/// is listed, read and lifted through the second one's admin API, and the second one's calls
-/// are then admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_api_of_one_server_sees_and_lifts_blocks_made_by_another() {
-    let redis = redis_server::RedisServer::start();
+async fn the_admin_api_of_one_server_sees_and_lifts_blocks_made_by_another_on_redis() {
+    blocks_across_servers(Engine::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_of_one_server_sees_and_lifts_blocks_made_by_another_on_valkey() {
+    blocks_across_servers(Engine::Valkey).await;
+}
+
+/// Two servers on one server of `engine`, each from the same file: a key blocked by the first
+/// one's penalty is listed, read and lifted through the second one's admin API, and the second
+/// one's calls are then admitted.
+async fn blocks_across_servers(engine: Engine) {
+    let redis = redis_server::RedisServer::start_on(engine, &[]);
     let dir = ConfigDir::new();
     let config = dir.write(
         "login.toml",
