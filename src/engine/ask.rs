@@ -3,7 +3,8 @@
 //! up is looked up first, and the outcomes come back into the decision, at once (the memory
 //! store) or through a future (a store that needs I/O).
 //!
-//! These are methods of the rule set, written here: the rules know nothing of stores.
+//! Functions of the rule set, written here rather than as its methods: the rules know nothing
+//! of stores.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,14 +13,14 @@ use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
+use super::charge;
 use super::decision::{Plan, RuleDecision};
 use super::ledger::Ledger;
 use crate::algorithm::error::ConfigError;
 use crate::algorithm::{Algorithm, Limit, Mode, Outcome};
-use crate::key::KeyValue;
-use crate::rules::per_request::{algorithm_of, LimitResolver, LimitSource};
+use crate::rules::per_request::{LimitResolver, LimitSource};
 use crate::rules::set::RuleSet;
-use crate::store::{Charge, Outcomes, RuleName, Store, StoreError, StoreFuture};
+use crate::store::{Charge, Outcomes, Store, StoreError, StoreFuture};
 
 /// A store's answer to a planned decision.
 pub(crate) enum Answer {
@@ -50,142 +51,111 @@ impl Future for Pending {
     }
 }
 
-impl RuleSet {
-    /// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
-    /// arithmetic).
-    pub(crate) fn check_store(&self, store: &dyn Store) -> Result<(), ConfigError> {
-        self.rules.iter().try_for_each(|rule| {
-            store.validate(&rule.name, rule.algorithm())?;
-            if rule.overridable {
-                store.validate_overrides(&rule.name)?;
-            }
-            match &rule.penalty {
-                Some(penalty) => store.validate_penalty(&rule.name, penalty),
-                None => Ok(()),
-            }
-        })
-    }
+/// Lets the store refuse rules it cannot decide exactly (e.g. numbers too large for its
+/// arithmetic).
+pub(crate) fn check_store(rules: &RuleSet, store: &dyn Store) -> Result<(), ConfigError> {
+    rules.rules.iter().try_for_each(|rule| {
+        store.validate(&rule.name, rule.algorithm())?;
+        if rule.overridable {
+            store.validate_overrides(&rule.name)?;
+        }
+        match &rule.penalty {
+            Some(penalty) => store.validate_penalty(&rule.name, penalty),
+            None => Ok(()),
+        }
+    })
+}
 
-    /// Asks the store for the outcomes of a planned decision: filled in now, or the
-    /// future of a store that needs I/O (or of a per-request limit still being looked up). A
-    /// plan of one charge (the usual case) takes the store's single-charge path.
-    pub(crate) fn ask(self: &Arc<Self>, ledger: &Ledger, plan: &mut Plan) -> Answer {
-        let store = ledger.store_ref();
-        if plan.has_applied() {
-            if let Some(later) = self.per_request(ledger, plan) {
-                return Answer::Later(Pending::Batch(later));
-            }
-        }
-        if let [one] = plan.rules() {
-            return match store.decide_one(&self.charge_of(one)) {
-                Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
-                Err(pending) => Answer::Later(Pending::One(pending)),
-            };
-        }
-        let answer = store.as_dyn().apply(&self.charges(plan));
-        match answer.into_ready() {
-            Ok(result) => Answer::Now(result.and_then(|outcomes| plan.answer(outcomes))),
-            Err(pending) => Answer::Later(Pending::Batch(pending)),
+/// Asks the store for the outcomes of a planned decision: filled in now, or the
+/// future of a store that needs I/O (or of a per-request limit still being looked up). A
+/// plan of one charge (the usual case) takes the store's single-charge path.
+pub(crate) fn ask_store(rules: &Arc<RuleSet>, ledger: &Ledger, plan: &mut Plan) -> Answer {
+    let store = ledger.store_ref();
+    if plan.has_applied() {
+        if let Some(later) = per_request(rules, ledger, plan) {
+            return Answer::Later(Pending::Batch(later));
         }
     }
+    if let [one] = plan.rules() {
+        return match store.decide_one(&charge::charge_of(rules, one)) {
+            Ok(result) => Answer::Now(result.map(|outcome| plan.answer_one(outcome))),
+            Err(pending) => Answer::Later(Pending::One(pending)),
+        };
+    }
+    let answer = store.as_dyn().apply(&charge::charges(rules, plan));
+    match answer.into_ready() {
+        Ok(result) => Answer::Now(result.and_then(|outcomes| plan.answer(outcomes))),
+        Err(pending) => Answer::Later(Pending::Batch(pending)),
+    }
+}
 
-    /// Per-request limits: a limit the request brought that cannot work is replaced by the
-    /// rule's own; limits still to be looked up give the future that looks them up, then asks
-    /// the store.
-    #[cold]
-    fn per_request(
-        self: &Arc<Self>,
-        ledger: &Ledger,
-        plan: &mut Plan,
-    ) -> Option<StoreFuture<Outcomes>> {
-        let mut waiting = false;
-        for entry in plan.rules_mut() {
-            let rule = &self.rules[entry.index];
-            let cost = Some((entry.cost, rule.mode));
-            match entry.applied.as_ref().map(|cell| cell.get()) {
-                Some(Some(Some(limit))) => {
-                    if let Err(why) =
-                        usable(&rule.name, rule.algorithm(), limit, cost, ledger.store())
-                    {
-                        LimitResolver::unusable(&rule.name, &why);
-                        entry.applied = None;
-                    }
+/// Per-request limits: a limit the request brought that cannot work is replaced by the
+/// rule's own; limits still to be looked up give the future that looks them up, then asks
+/// the store.
+#[cold]
+fn per_request(
+    rules: &Arc<RuleSet>,
+    ledger: &Ledger,
+    plan: &mut Plan,
+) -> Option<StoreFuture<Outcomes>> {
+    let mut waiting = false;
+    for entry in plan.rules_mut() {
+        let rule = &rules.rules[entry.index];
+        let cost = Some((entry.cost, rule.mode));
+        match entry.applied.as_ref().map(|cell| cell.get()) {
+            Some(Some(Some(limit))) => {
+                if let Err(why) = usable(&rule.name, rule.algorithm(), limit, cost, ledger.store())
+                {
+                    LimitResolver::unusable(&rule.name, &why);
+                    entry.applied = None;
                 }
-                Some(None) => waiting = true,
-                Some(Some(None)) | None => {}
             }
-        }
-        if !waiting {
-            return None;
-        }
-        // The charges, owned by the future (their cells are shared with the plan).
-        let owned: SmallVec<[RuleDecision; 2]> = plan.rules().iter().cloned().collect();
-        let (rules, ledger) = (self.clone(), ledger.clone());
-        Some(StoreFuture::pending(async move {
-            for entry in &owned {
-                let Some(cell) = entry.applied.as_ref().filter(|cell| cell.get().is_none()) else {
-                    continue;
-                };
-                let rule = &rules.rules[entry.index];
-                let Some(LimitSource::Resolver(resolver)) = &rule.source else {
-                    continue;
-                };
-                let store = ledger.store();
-                let resolved = resolver
-                    .resolve(&rule.name, &entry.key, |limit| {
-                        usable(&rule.name, rule.algorithm(), limit, None, store)
-                    })
-                    .await;
-                // A cost the key's limit cannot take falls back too (the rule's own limit takes
-                // every cost that reached the store).
-                let limit = resolved.filter(|limit| {
-                    usable(
-                        &rule.name,
-                        rule.algorithm(),
-                        limit,
-                        Some((entry.cost, rule.mode)),
-                        store,
-                    )
-                    .map_err(|why| LimitResolver::unusable(&rule.name, &why))
-                    .is_ok()
-                });
-                let _ = cell.set(limit);
-            }
-            let charges: SmallVec<[Charge<'_>; 2]> =
-                owned.iter().map(|entry| rules.charge_of(entry)).collect();
-            ledger.store().apply(&charges).await
-        }))
-    }
-
-    /// The store's view of a planned decision.
-    pub(crate) fn charges<'a>(&'a self, plan: &'a Plan) -> SmallVec<[Charge<'a>; 2]> {
-        plan.rules().iter().map(|p| self.charge_of(p)).collect()
-    }
-
-    /// The store's view of one planned charge, under the limit that applies to it.
-    #[inline]
-    pub(crate) fn charge_of<'a>(&'a self, entry: &'a RuleDecision) -> Charge<'a> {
-        let rule = &self.rules[entry.index];
-        Charge {
-            algorithm: algorithm_of(&entry.applied, rule.algorithm()),
-            read_overrides: rule.overridable,
-            ..self.charge(entry.index, &entry.key, entry.cost)
+            Some(None) => waiting = true,
+            Some(Some(None)) | None => {}
         }
     }
-
-    pub(crate) fn charge<'a>(&'a self, index: usize, key: &'a KeyValue, cost: u64) -> Charge<'a> {
-        let rule = &self.rules[index];
-        Charge {
-            rule: RuleName::known(&rule.name, rule.digest),
-            algorithm: rule.algorithm(),
-            key: key.as_bytes(),
-            cost,
-            mode: rule.mode,
-            penalty: rule.penalty.as_ref(),
-            lease: rule.lease.as_ref(),
-            read_overrides: false,
-        }
+    if !waiting {
+        return None;
     }
+    // The charges, owned by the future (their cells are shared with the plan).
+    let owned: SmallVec<[RuleDecision; 2]> = plan.rules().iter().cloned().collect();
+    let (rules, ledger) = (rules.clone(), ledger.clone());
+    Some(StoreFuture::pending(async move {
+        for entry in &owned {
+            let Some(cell) = entry.applied.as_ref().filter(|cell| cell.get().is_none()) else {
+                continue;
+            };
+            let rule = &rules.rules[entry.index];
+            let Some(LimitSource::Resolver(resolver)) = &rule.source else {
+                continue;
+            };
+            let store = ledger.store();
+            let resolved = resolver
+                .resolve(&rule.name, &entry.key, |limit| {
+                    usable(&rule.name, rule.algorithm(), limit, None, store)
+                })
+                .await;
+            // A cost the key's limit cannot take falls back too (the rule's own limit takes
+            // every cost that reached the store).
+            let limit = resolved.filter(|limit| {
+                usable(
+                    &rule.name,
+                    rule.algorithm(),
+                    limit,
+                    Some((entry.cost, rule.mode)),
+                    store,
+                )
+                .map_err(|why| LimitResolver::unusable(&rule.name, &why))
+                .is_ok()
+            });
+            let _ = cell.set(limit);
+        }
+        let charges: SmallVec<[Charge<'_>; 2]> = owned
+            .iter()
+            .map(|entry| charge::charge_of(&rules, entry))
+            .collect();
+        ledger.store().apply(&charges).await
+    }))
 }
 
 /// Whether `limit` can decide, in place of the rule's `own` algorithm, a request of `cost` in

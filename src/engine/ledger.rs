@@ -5,6 +5,7 @@
 //! warning when there is none). Holds, settlements and slots talk to this, never to the
 //! [`Limiter`](super::limiter::Limiter) handle.
 
+use crate::engine::charge;
 use std::sync::Arc;
 
 use super::decision::RuleDecision;
@@ -105,7 +106,7 @@ impl Ledger {
     pub(crate) fn refund_now(&self, rules: &RuleSet, charged: &[(usize, KeyValue, u64)]) {
         for (index, key, cost) in charged {
             if *index < rules.rules.len() {
-                self.refund_charge_now(&rules.charge(*index, key, *cost));
+                self.refund_charge_now(&charge::charge(rules, *index, key, *cost));
             }
         }
     }
@@ -115,7 +116,7 @@ impl Ledger {
     pub(crate) fn refund_decided_now(&self, rules: &RuleSet, charged: &[RuleDecision]) {
         for entry in charged {
             if entry.index < rules.rules.len() {
-                self.refund_charge_now(&rules.charge_of(entry));
+                self.refund_charge_now(&charge::charge_of(rules, entry));
             }
         }
     }
@@ -135,7 +136,7 @@ impl Ledger {
         let charge = Charge {
             mode: Mode::Reserve(ReserveBound::default()),
             penalty: None,
-            ..rules.charge(index, key, units)
+            ..charge::charge(rules, index, key, units)
         };
         if let Err(pending) = self.store_ref().apply_one(&charge).into_ready() {
             spawn_or_warn(pending, "charging a settlement", || {});
@@ -151,7 +152,7 @@ impl Ledger {
         };
         let charge = Charge {
             mode: Mode::Charge,
-            ..rules.charge(index, key, 1)
+            ..charge::charge(rules, index, key, 1)
         };
         match self.store().refund(&charge).into_ready() {
             Ok(result) => {

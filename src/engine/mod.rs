@@ -11,6 +11,7 @@
 //! builder and the parts of its answers.
 
 pub(crate) mod ask;
+pub(crate) mod charge;
 pub(crate) mod decision;
 pub(crate) mod ledger;
 pub(crate) mod limiter;

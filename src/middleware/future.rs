@@ -1,5 +1,6 @@
 //! `ResponseFuture`: waits for the store when it needs I/O, then for the inner service.
 
+use crate::engine::ask;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,12 +15,12 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Hold, Next};
 use super::shared::{InForce, Shared};
-use crate::engine::ask::{Answer, Pending};
 use crate::engine::decision::Decision;
 use crate::engine::settlement::Settlement;
 use crate::engine::slot::{Slots, Ticket, Woken};
 use crate::key::protocol::Protocol;
 use crate::response::AllowedHeaders;
+use ask::{Answer, Pending};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::middleware::RateLimit).
@@ -254,7 +255,7 @@ where
                             // Asked again, and answered where it lies.
                             let mut decision = Decision::from(plan);
                             let ledger = shared.limiter.ledger();
-                            match in_force.rules.ask(ledger, &mut decision.plan) {
+                            match ask::ask_store(&in_force.rules, ledger, &mut decision.plan) {
                                 Answer::Now(result) => {
                                     let next = decide(
                                         &shared,

@@ -1,5 +1,6 @@
 //! `RateLimit<S>`: the middleware service.
 
+use crate::engine::ask;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,7 +12,6 @@ use super::body::ResponseBody;
 use super::decide::{decide, AwaitSlot, Next};
 use super::future::{ResponseFuture, State};
 use super::shared::{InForce, Shared};
-use crate::engine::ask::Answer;
 use crate::engine::decision::{Decision, Plan};
 use crate::engine::limiter::Limiter;
 use crate::engine::slot::Ticket;
@@ -19,6 +19,7 @@ use crate::key::protocol::Protocol;
 use crate::observe;
 use crate::rules::set::{Refusal, Route};
 use crate::store::StoreError;
+use ask::Answer;
 
 /// Rate-limits requests to the inner service `S`; built by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -130,7 +131,7 @@ where
             }));
             return ResponseFuture::new(next.into_state(&mut self.inner, request, None));
         }
-        match rules.ask(shared.limiter.ledger(), &mut enforced.plan) {
+        match ask::ask_store(rules, shared.limiter.ledger(), &mut enforced.plan) {
             Answer::Now(result) => {
                 match decide(shared, &in_force, &mut request, &mut enforced, result) {
                     // The usual path, spelled out: built here, the inner future goes straight
@@ -213,7 +214,7 @@ fn record_shadow(shared: &Arc<Shared>, in_force: &Arc<InForce>, mut plan: Plan) 
             tracing::debug!(%error, "rate limit: store failed deciding shadow rules");
         }
     };
-    match in_force.rules.ask(shared.limiter.ledger(), &mut plan) {
+    match ask::ask_store(&in_force.rules, shared.limiter.ledger(), &mut plan) {
         Answer::Now(result) => record(shared, in_force, &plan, result),
         Answer::Later(pending) => {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {

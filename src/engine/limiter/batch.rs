@@ -1,5 +1,7 @@
 //! The batch API: one key under each of several rules, charged or checked all or nothing.
 
+use crate::engine::ask;
+use crate::engine::charge;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -153,17 +155,12 @@ impl Limiter {
                 let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
                 let mode = mode.unwrap_or(compiled.mode);
                 if let Some(limit) = &limit {
-                    crate::engine::ask::usable(
-                        rule,
-                        compiled.algorithm(),
-                        limit,
-                        None,
-                        self.store(),
-                    )
-                    .map_err(|reason| LimitError::BadLimit {
-                        rule: rule.to_owned(),
-                        reason,
-                    })?;
+                    ask::usable(rule, compiled.algorithm(), limit, None, self.store()).map_err(
+                        |reason| LimitError::BadLimit {
+                            rule: rule.to_owned(),
+                            reason,
+                        },
+                    )?;
                 }
                 let algorithm = limit
                     .as_ref()
@@ -200,7 +197,7 @@ impl Limiter {
                 // request's (`RuleDecision::limit`).
                 .map(|(r, &mode)| Charge {
                     mode,
-                    ..rules.charge_of(r)
+                    ..charge::charge_of(&rules, r)
                 })
                 .collect();
             self.store().apply(&batch)

@@ -1,5 +1,6 @@
 //! `LimiterBuilder`: the rules, lists and store a limiter is built from.
 
+use crate::engine::ask;
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
@@ -93,7 +94,7 @@ impl LimiterBuilder {
                 (Arc::new(memory.clone()) as Arc<dyn Store>, Some(memory))
             }
         };
-        rules.check_store(&*store)?;
+        ask::check_store(&rules, &*store)?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: ArcSwap::from_pointee(rules),

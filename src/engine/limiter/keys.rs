@@ -1,6 +1,7 @@
 //! The key API: check, charge, reserve, refund or reset one key of one rule, hold a concurrency
 //! slot, and the `Reservation` a reserve answers.
 
+use crate::engine::charge;
 use std::time::Duration;
 
 use super::{unknown, LimitError, Limiter};
@@ -111,7 +112,7 @@ impl Limiter {
             let (index, compiled) = rules.find(rule).ok_or_else(|| unknown(rule))?;
             let charge = Charge {
                 mode: Mode::Charge,
-                ..rules.charge(index, &key, units)
+                ..charge::charge(&rules, index, &key, units)
             };
             let slots = compiled.algorithm().is_concurrency();
             (
@@ -183,7 +184,7 @@ impl Limiter {
         };
         let pending = self.store().apply_one(&Charge {
             mode: Mode::Charge,
-            ..rules.charge(index, &key, 1)
+            ..charge::charge(&rules, index, &key, 1)
         });
         let outcome = pending.await?;
         Ok(outcome
@@ -214,7 +215,7 @@ impl Limiter {
             let charge = Charge {
                 mode,
                 read_overrides: compiled.overridable,
-                ..rules.charge(index, &key, cost)
+                ..charge::charge(&rules, index, &key, cost)
             };
             self.store_ref().apply_one(&charge)
         };

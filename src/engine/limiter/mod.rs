@@ -10,6 +10,7 @@ mod error;
 mod keys;
 mod reload;
 
+use crate::engine::ask;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -184,7 +185,7 @@ impl Limiter {
                 if plan.rules().is_empty() {
                     Answer::Now(Ok(()))
                 } else {
-                    rules.ask(self.ledger(), plan)
+                    ask::ask_store(&rules, self.ledger(), plan)
                 }
             };
             (ask(&mut enforced.plan), ask(&mut shadow.plan))

@@ -1,5 +1,6 @@
 //! Replacing the rules while requests flow, and the layers that follow each replacement.
 
+use crate::engine::ask;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
@@ -27,7 +28,7 @@ impl Limiter {
     /// each rule's name, so rules that keep their name keep their counts.
     /// The store may still refuse a rule it cannot decide exactly; then nothing changes.
     pub(super) fn replace(&self, rules: RuleSet) -> Result<(), ConfigError> {
-        rules.check_store(self.store())?;
+        ask::check_store(&rules, self.store())?;
         let rules = Arc::new(rules);
         {
             // Under the followers' lock: two reloads at once reach every follower in the order
@@ -96,7 +97,7 @@ impl Limiter {
                 current.deny().to_vec(),
             )?
         };
-        next.check_store(self.store())?;
+        ask::check_store(&next, self.store())?;
         Ok(Limiter {
             inner: Arc::new(Inner {
                 rules: ArcSwap::from_pointee(next),
