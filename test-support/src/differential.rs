@@ -21,7 +21,7 @@ use tollgate::{Limit, Penalty};
 pub enum Step {
     /// A request: (rule, key, cost, mode) per charge, rules distinct.
     Apply(Vec<(usize, usize, u64, Mode)>),
-    /// A request whose limits come from the request (DESIGN §13): (rule, key, cost, mode, limit)
+    /// A request whose limits come from the request (a tier's, say): (rule, key, cost, mode, limit)
     /// per charge, rules distinct, each charged under the limit it brings instead of its rule's.
     ApplyUnder(Vec<(usize, usize, u64, Mode, Algorithm)>),
     /// `Store::refund`: (rule, key, units).
@@ -196,7 +196,7 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
         }
         // Windows of the same length and starts whose limit and roll-over change: a capacity
         // equal to the limit takes the Redis fast path for a lone charge, one above it the
-        // general script (DESIGN §13: the window's count compared with the limit in force).
+        // general script (the window's count compared with the limit in force).
         Algorithm::FixedWindow(fw) => {
             let own = fw.clone();
             Some(
@@ -246,7 +246,7 @@ fn step(rules: Vec<Algorithm>, overrides: bool) -> BoxedStrategy<Step> {
     let n = rules.len();
     let limited = rules.clone();
     let overridden = rules.clone();
-    // Overrides of the rule's own algorithm (DESIGN §13: the state carries over), or none.
+    // Overrides of the rule's own algorithm (the state carries over), or none.
     let set_override = (0..n, 0..KEYS.len())
         .prop_flat_map(move |(r, k)| {
             let own = overridden[r].clone();

@@ -1,5 +1,5 @@
-//! DESIGN §2's fixed-window reservation example, with its exact waits, for any store: the same
-//! scenario runs on the memory store (tests/queue.rs) and on Redis (tests/redis.rs).
+//! The fixed-window reservation example (10 a minute, reservations queued across windows), with
+//! its exact waits, for any store: the same scenario runs on the memory store and on Redis.
 
 use std::time::Duration;
 

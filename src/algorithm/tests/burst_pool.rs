@@ -126,7 +126,7 @@ fn expires_when_both_buckets_are_full() {
 
 #[test]
 fn a_smaller_pool_keeps_what_fits() {
-    // 70 left in the pool of 100; then a pool of 20 (DESIGN §13): 20 at once, not 0 for 50 s.
+    // 70 left in the pool of 100; then a pool of 20 (a smaller capacity): 20 at once, not 0 for 50 s.
     let bp = ten_plus_pool();
     let mut run = Run::fresh(&bp, T0);
     assert_eq!(run.charge(T0, 40), allowed(110, 70, ms(100)));

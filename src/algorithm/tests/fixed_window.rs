@@ -103,7 +103,7 @@ fn spent(fw: &FixedWindow, at: Micros, cost: u64) -> FixedWindowState {
 
 #[test]
 fn a_larger_limit_compares_the_windows_count_with_it() {
-    // DESIGN §13: 60 of 100 used, moved to 80, leaves 20 (not the 40 the old limit left).
+    // A limit that changes: 60 of 100 used, moved to 80, leaves 20 (not the 40 the old limit left).
     let (hundred, eighty) = (aligned(100, secs(60)), aligned(80, secs(60)));
     let state = spent(&hundred, T0 + 10 * SEC, 60);
     let t = T0 + 20 * SEC;
@@ -123,7 +123,7 @@ fn a_larger_limit_compares_the_windows_count_with_it() {
 
 #[test]
 fn a_count_above_a_lowered_limit_is_forgiven_when_its_window_ends() {
-    // Issue 39 (DESIGN §13): 100 an hour, 60 used, moved to 20: denied for the rest of this
+    // Issue 39 (a window's count under a lowered limit): 100 an hour, 60 used, moved to 20: denied for the rest of this
     // hour, 20 fresh the next hour, not two more hours of nothing.
     let hour = secs(3_600);
     let h = 1_699_999_200 * SEC; // a whole UTC hour
@@ -362,7 +362,7 @@ fn window() -> impl Strategy<Value = (FixedWindow, Micros)> {
 
 #[test]
 fn reservations_wait_for_the_window_that_pays_them_back() {
-    // DESIGN §2: 10 per minute, full at window start W.
+    // The reservation example: 10 per minute, full at window start W.
     let fw = aligned(10, secs(60));
     let unbounded = Mode::Reserve(ReserveBound::default());
     let mut run = Run::new(&fw, fw.fresh(T0, 0));

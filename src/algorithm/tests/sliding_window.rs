@@ -78,7 +78,7 @@ fn a_full_window_slides_into_the_next() {
 
 #[test]
 fn a_count_above_a_lowered_limit_weighs_as_a_full_window_once_its_window_ends() {
-    // Issue 39 (DESIGN §13): 100 an hour, 60 used, moved to 20: denied for the rest of the
+    // Issue 39 (a window's count under a lowered limit): 100 an hour, 60 used, moved to 20: denied for the rest of the
     // hour; the next hour the 60 weigh as a full window of 20 would, not as 60 (which would
     // refuse everything until 41 minutes into it).
     let hour = secs(3_600);

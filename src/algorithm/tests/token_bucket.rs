@@ -328,7 +328,7 @@ fn spent_60_of_100(tb: &TokenBucket) -> i64 {
 
 #[test]
 fn a_smaller_capacity_leaves_what_fits_at_once_never_a_lockout() {
-    // DESIGN §13: 40 of 100 left, then a capacity of 20 (a downgrade, same rate): 20 at once.
+    // A capacity that changes: 40 of 100 left, then a capacity of 20 (a downgrade, same rate): 20 at once.
     let (plan, downgraded) = (ten_a_minute(100), ten_a_minute(20));
     let state = spent_60_of_100(&plan);
     assert_eq!(
@@ -387,7 +387,7 @@ fn a_larger_capacity_keeps_the_balance_and_an_idle_key_is_full_under_a_smaller_o
 
 #[test]
 fn a_new_rate_reads_the_time_accrued_since_the_bucket_was_empty() {
-    // DESIGN §13: 40 of 100 a minute, moving to 20 a minute with a capacity of 20 (rate and
+    // Rate and capacity that change: 40 of 100 a minute, moving to 20 a minute with a capacity of 20 (rate and
     // capacity together, Bucket4j's PROPORTIONALLY): the 24 s accrued are 8 units at 3 s a unit.
     let plan = TokenBucket::new(100, secs(60));
     let state = plan.commit(plan.fresh(T0), T0, 60);
@@ -578,7 +578,7 @@ proptest! {
         events in events(),
         later in 0u64..3 * SEC,
     ) {
-        // DESIGN §13 (Bucket4j's AS_IS): whatever a key went through, another capacity leaves it
+        // A capacity that changes (Bucket4j's AS_IS): whatever a key went through, another capacity leaves it
         // what it has, at most the new capacity; one in credit stays in credit.
         let other = TokenBucket::new(tb.rate(), tb.period()).with_capacity(capacity);
         let run = drive(&tb, start, 0, &events, |e| {

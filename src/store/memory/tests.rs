@@ -349,7 +349,7 @@ fn idle_keys_are_swept_by_the_refill_time_of_the_limit_that_wrote_them() {
 
 #[test]
 fn a_smaller_capacity_leaves_what_fits_through_the_store() {
-    // DESIGN §13: 10 a minute, 40 of 100 left, then a capacity of 20: 20 at once, on the
+    // A capacity that changes: 10 a minute, 40 of 100 left, then a capacity of 20: 20 at once, on the
     // single-charge path and in a batch.
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let store = store_at(&clock);

@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn a_denial_under_one_limit_never_answers_a_request_under_another() {
-        // A limit chosen per request (DESIGN §13): denied under 10 a second, then asked under a
+        // A limit chosen per request (a tier's, say): denied under 10 a second, then asked under a
         // capacity of 20, whose answer Redis gives.
         let cache = DenyCache::new(100);
         let (own, other) = (

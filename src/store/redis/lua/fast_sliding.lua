@@ -27,7 +27,7 @@ if counted and cur ~= cost then
     cur = cur - cost
     prev = prev + 0
     -- A count above the limit (a request brought a lower one since): the current one is kept
-    -- and compared with the limit in force (DESIGN §13), as the Rust keeps it, and only past
+    -- and compared with the limit in force (a limit that changes keeps the key's count), as the Rust keeps it, and only past
     -- 2^53 / period (a count made under a shorter period) is it held there, so that the products
     -- below stay exact; the previous window's is forgiven above the limit (`sw_roll`).
     if prev > limit then prev = limit end

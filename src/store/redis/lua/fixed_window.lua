@@ -1,6 +1,6 @@
 -- Fixed window (src/algorithm/fixed_window.rs): { ws = window start, rem = units left under this
 -- call's capacity }. The key keeps the units spent (`FixedWindowState::spent`), read as
--- `rem = cap − spent` under whatever limit the call brings (DESIGN §13: a window's count compared
+-- `rem = cap − spent` under whatever limit the call brings (a limit that changes keeps the count: a window's count compared
 -- with the limit in force; a count above a lowered capacity is forgiven when its window ends). A
 -- reservation that reaches into later windows moves `ws` to the window paying its last unit: the
 -- windows before it are held. `p.owed` and `p.max_wait` bound a reservation (see `params::push`).

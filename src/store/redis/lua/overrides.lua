@@ -2,7 +2,7 @@
 -- overridable rule (deciding, its head's fifth number is 1) has one more key after its candidate
 -- and block keys, its override key. While that key holds an override whose `until` is ahead and
 -- whose limit can take the record's cost (a reservation, always), the override's numbers replace
--- the candidate's: the counters stay the same key, read under the new numbers (DESIGN §13). The
+-- the candidate's: the counters stay the same key, read under the new numbers (as when a request brings another limit). The
 -- reply ends with one entry per such record, in order: the length of the value applied (0: none)
 -- as a double, then the value.
 

@@ -103,7 +103,7 @@ local function make_sliding()
     end
     if s == nil or prev == nil then return nil end
     -- A current count above the limit (a request brought a lower one since) is kept and
-    -- compared with the limit in force (DESIGN §13), as the Rust keeps it; only past 2^53 /
+    -- compared with the limit in force (a limit that changes keeps the key's count), as the Rust keeps it; only past 2^53 /
     -- period (a count made under a shorter period) is it held there, so that the products stay
     -- exact. (A previous count weighs at most the limit: `sw_roll`.)
     local most = p.limit
