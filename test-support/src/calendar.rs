@@ -1,6 +1,6 @@
 //! Calendar windows with exact numbers across month lengths, leap years and UTC offsets, for any
-//! store: the same scenario runs on the memory store (tests/queue.rs) and on Redis
-//! (tests/redis.rs).
+//! store: the same scenario runs on the memory store (tests/it/queue.rs) and on Redis
+//! (tests/redis_store/single.rs).
 
 use std::time::Duration;
 

@@ -1147,7 +1147,7 @@ async fn on_clock(server: &RedisServer, clock: &ManualClock, rules: Vec<Rule>) -
 }
 
 /// DESIGN §2's fixed-window reservations with their exact waits, on Redis (the same scenario as
-/// tests/queue.rs runs on the memory store).
+/// tests/it/queue.rs runs on the memory store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
     let server = ENGINE.server();
@@ -1158,7 +1158,7 @@ async fn fixed_window_reservations_have_the_exact_waits_of_the_design() {
 }
 
 /// Calendar months and weeks across month lengths, leap years and offsets, on Redis (the same
-/// scenario as tests/queue.rs runs on the memory store).
+/// scenario as tests/it/queue.rs runs on the memory store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calendar_windows_follow_the_calendar() {
     let server = ENGINE.server();
