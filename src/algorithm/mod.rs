@@ -174,6 +174,21 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The answer where a store's invariant says none is needed (a state of another algorithm
+    /// than the charge's, which the store's own `fresh` never makes): denied for a window,
+    /// nothing left, so that even a broken invariant stays on the safe side instead of panicking.
+    pub(crate) fn unreachable(algorithm: &Algorithm) -> Outcome {
+        Outcome::new(
+            Verdict::Denied {
+                retry_after: algorithm.window(),
+            },
+            algorithm.capacity(),
+            0,
+        )
+        .with_next_unit_in(algorithm.window())
+        .with_full_in(algorithm.window())
+    }
+
     /// An outcome of `verdict` under a limit of `limit` units with `remaining` left: the balance
     /// is `remaining`, nothing is owed, the quota is full again at once (`next_unit_in` and
     /// `full_in` zero), and it is no offence. The `with_` setters change the rest.

@@ -6,7 +6,6 @@ use smallvec::SmallVec;
 
 use super::cell::Cell;
 use super::locked::Locked;
-use super::slots::unreachable_outcome;
 use super::spans::BucketEntry;
 use super::table::{table_of, Which};
 use super::MemoryStore;
@@ -172,7 +171,7 @@ fn penalised_one(store: &MemoryStore, charge: &Charge<'_>) -> Outcome {
     store
         .apply_batch(std::slice::from_ref(charge))
         .pop()
-        .unwrap_or_else(|| unreachable_outcome(charge.algorithm))
+        .unwrap_or_else(|| Outcome::unreachable(charge.algorithm))
 }
 
 /// Whether a denial of this charge is an offence: a real charge, not a look.

@@ -6,7 +6,7 @@ use super::table::Expiring;
 use super::PINNED;
 use crate::algorithm::{
     Algorithm, BurstPoolState, FixedWindowState, Micros, Mode, Outcome, SlidingLogState,
-    SlidingWindowState, Verdict,
+    SlidingWindowState,
 };
 
 /// A state of any algorithm but the token bucket, with the moment it becomes idle.
@@ -51,7 +51,7 @@ pub(super) fn evaluate_slot(
         (Algorithm::BurstPool(a), Slot::Pool(s)) => a.evaluate(*s, now, cost),
         (Algorithm::SlidingLog(a), Slot::Log(s)) => a.evaluate(s, now, cost),
         (Algorithm::Concurrency(a), Slot::InFlight(n)) => a.evaluate(*n, cost),
-        _ => unreachable_outcome(algorithm),
+        _ => Outcome::unreachable(algorithm),
     }
 }
 
@@ -118,21 +118,4 @@ pub(super) fn slot_matches(slot: &Slot, algorithm: &Algorithm) -> bool {
             | (Algorithm::SlidingLog(_), Slot::Log(_))
             | (Algorithm::Concurrency(_), Slot::InFlight(_))
     )
-}
-
-/// `fresh` always builds the variant `slot_matches` accepts, so this is never reached; answering
-/// "denied" keeps even a broken invariant on the safe side instead of panicking.
-pub(super) fn unreachable_outcome(algorithm: &Algorithm) -> Outcome {
-    Outcome {
-        verdict: Verdict::Denied {
-            retry_after: algorithm.window(),
-        },
-        limit: algorithm.capacity(),
-        remaining: 0,
-        balance: 0,
-        next_unit_in: algorithm.window(),
-        full_in: algorithm.window(),
-        offence: false,
-        overridden: None,
-    }
 }

@@ -267,19 +267,8 @@ fn evaluate(algorithm: &Algorithm, state: &State, now: Micros, cost: u64, mode: 
         (Algorithm::SlidingWindow(a), State::Sliding(s)) => a.evaluate(*s, now, cost),
         (Algorithm::BurstPool(a), State::Pool(s)) => a.evaluate(*s, now, cost),
         (Algorithm::SlidingLog(a), State::Log(s)) => a.evaluate(s, now, cost),
-        // `fresh` makes a state that fits; denying keeps a broken invariant on the safe side.
-        _ => Outcome {
-            verdict: Verdict::Denied {
-                retry_after: algorithm.window(),
-            },
-            limit: algorithm.capacity(),
-            remaining: 0,
-            balance: 0,
-            next_unit_in: algorithm.window(),
-            full_in: algorithm.window(),
-            offence: false,
-            overridden: None,
-        },
+        // `fresh` makes a state that fits.
+        _ => Outcome::unreachable(algorithm),
     }
 }
 
