@@ -85,21 +85,7 @@ redis_port=18379
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
     --daemonize no >"$work/redis.log" 2>&1 &
 pids+=($!)
-cat > "$work/redis.toml" <<TOML
-domain = "bench"
-
-[store]
-kind = "redis"
-url = "redis://127.0.0.1:$redis_port"
-
-[[rules]]
-name = "bench.remote_address"
-algorithm = "fixed_window"
-limit = 1000000000
-period = "1s"
-aligned = true
-descriptors = [{ key = "remote_address" }]
-TOML
+redis_limit_file "$redis_port" 1000000000 1s >"$work/redis.toml"
 for _ in $(seq 100); do
     if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then break; fi
     sleep 0.1

@@ -97,25 +97,8 @@ if [ "$store" = redis ]; then
         sleep 0.1
     done
     limitador_storage=(redis "redis://127.0.0.1:$redis_port")
-    tollgate_file() { # limit period
-        cat <<TOML
-domain = "bench"
-
-[store]
-kind = "redis"
-url = "redis://127.0.0.1:$redis_port"
-
-[[rules]]
-name = "bench.remote_address"
-algorithm = "fixed_window"
-limit = $1
-period = "$2"
-aligned = true
-descriptors = [{ key = "remote_address" }]
-TOML
-    }
-    tollgate_file 1000000000 1s >"$work/bench.toml"
-    tollgate_file 10 1h >"$work/denied.toml"
+    redis_limit_file "$redis_port" 1000000000 1s >"$work/bench.toml"
+    redis_limit_file "$redis_port" 10 1h >"$work/denied.toml"
 fi
 
 start() { # server case port
