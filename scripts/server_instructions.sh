@@ -138,7 +138,7 @@ callgrind_annotate --inclusive=yes --threshold=100 "$work/server.out.1" 2>/dev/n
             c = $1; gsub(",", "", c); n++; cost[n] = c; name[n] = $0
         }
         END {
-            show("the call (decision, statistics, answer)", "ShouldRateLimit as tonic::server::service::UnaryService.*call::\\{\\{closure")
+            show("the call (decision, statistics, answer)", "tollgate_server::service::grpc::should_rate_limit::\\{\\{closure")
             show("  the engine: the memory store deciding the batch", "MemoryStore as tollgate::store::Store>::apply")
             show("  the engine: the outcomes read into a decision", "tollgate::engine::decision::Plan::answer")
             show("  the engine: the rule found", "tollgate::rules::set::RuleSet::find")

@@ -202,21 +202,37 @@ impl<'t> RequestCharges<'t> {
         plan
     }
 
-    /// The enforced charges, quota ones included (marked), for one atomic step.
+    /// The enforced charges, quota ones included (marked), for one atomic step; the charge of
+    /// [`RequestCharges::slots`]' index `c` is the `c`-th.
     pub fn charges(&self) -> impl Iterator<Item = Charge<'_>> + use<'_, 't> {
-        self.charges.iter().filter_map(|(first, cost)| {
-            let m = self.matched[*first].as_ref()?;
-            let LimitKind::Rule(rule) = &m.limit.kind else {
-                return None;
-            };
-            Some(Charge {
-                rule,
-                key: &m.key,
-                cost: *cost,
-                quota: self.quota[*first],
-                spec: &m.limit,
-            })
+        (0..self.charges.len()).filter_map(|c| self.charge(c))
+    }
+
+    /// The number of enforced charges.
+    pub fn charge_count(&self) -> usize {
+        self.charges.len()
+    }
+
+    /// The enforced charge of index `c`: `None` past the last, or once its first descriptor's
+    /// limit was taken out of [`RequestCharges::matched`].
+    pub fn charge(&self, c: usize) -> Option<Charge<'_>> {
+        let &(first, cost) = self.charges.get(c)?;
+        let m = self.matched[first].as_ref()?;
+        let LimitKind::Rule(rule) = &m.limit.kind else {
+            return None;
+        };
+        Some(Charge {
+            rule,
+            key: &m.key,
+            cost,
+            quota: self.quota[first],
+            spec: &m.limit,
         })
+    }
+
+    /// The first descriptor of charge `c`, the one whose answer holds the charge's outcome.
+    pub fn first_of(&self, c: usize) -> usize {
+        self.charges[c].0
     }
 
     /// Whether an enforced limit that is not a quota limit is over whatever the store counts:

@@ -29,10 +29,10 @@ use tollgate::{LimitError, Limiter};
 use tonic::Status;
 
 use super::protocol::{self, code, DescriptorStatus, RateLimit, RateLimitRequest};
-use super::Answering;
+use super::{Answering, Current};
 use crate::load::StoreFailure;
-use crate::plan::{Charge, Descriptor, PerDescriptor, RequestCharges};
-use crate::tree::{Domains, Entry, Headers, LimitKind, LimitSpec, Reached};
+use crate::plan::{Descriptor, PerDescriptor, RequestCharges};
+use crate::tree::{Entry, Headers, LimitKind, LimitSpec, Reached};
 use crate::unit::Unit;
 
 /// The most descriptors one request may carry (Envoy sends a handful; each costs a key).
@@ -176,41 +176,133 @@ fn validate(request: &RateLimitRequest) -> Result<(&str, PerDescriptor<Descripto
     Ok((domain, descriptors))
 }
 
-/// Decides `request` under `domains`, charging `limiter`.
+/// Decides `request` under the configuration in force, `current`: its domains' trees, its
+/// limiter.
 pub(crate) async fn decide<'t>(
-    domains: &'t Domains,
-    limiter: &Limiter,
-    on_store_failure: StoreFailure,
+    current: &'t Current,
     answering: &Answering,
     request: &'t RateLimitRequest,
 ) -> Result<Answer<'t>, Refusal> {
-    let (domain_name, descriptors) = validate(request)?;
-    let domain = domains.get(domain_name);
-    let plan = RequestCharges::new(domain, &descriptors, answering.quota_mode);
-    let mut judged: Vec<Judged<'t>> = descriptors
-        .iter()
-        .zip(&plan.matched)
-        .enumerate()
-        .map(|(i, (d, m))| Judged {
-            limit: None,
-            stat_key: Cow::Borrowed(""),
-            cost: d.cost,
-            over: plan.over_regardless[i],
-            unfit: plan.over_regardless[i]
-                && m.as_ref()
-                    .is_some_and(|m| matches!(m.limit.kind, LimitKind::Rule(_))),
-            near: false,
-            outcome: None,
-            quota: plan.quota[i],
-            negative: d.negative,
-        })
-        .collect();
+    let limiter = &current.limiter;
+    // The request read, matched and planned in a scope of its own, the plan on the heap: the
+    // descriptors are not kept across the store's awaits, and the call's future, allocated on
+    // every call, stays within the sizes the allocator keeps at hand per thread (glibc's: up
+    // to 1 KiB; a larger block costs hundreds of instructions per call, measured in
+    // BENCHMARKS).
+    let (domain_name, domain, plan, mut judged) = {
+        let (domain_name, descriptors) = validate(request)?;
+        let domain = current.domains.get(domain_name);
+        let mut plan = Box::new(RequestCharges::new(
+            domain,
+            &descriptors,
+            answering.quota_mode,
+        ));
+        let judged: Vec<Judged<'t>> = descriptors
+            .iter()
+            .zip(&mut plan.matched)
+            .enumerate()
+            .map(|(i, (d, m))| Judged {
+                limit: None,
+                stat_key: m.as_mut().map_or(Cow::Borrowed(""), |m| {
+                    match (&m.limit, m.stat_key.take()) {
+                        (_, Some(values)) => Cow::Owned(values),
+                        (Reached::Configured(limit), None) => stat_key(limit, d),
+                        (Reached::FromRequest(limit), None) => Cow::Owned(limit.stat_key.clone()),
+                    }
+                }),
+                cost: d.cost,
+                over: plan.over_regardless[i],
+                unfit: plan.over_regardless[i]
+                    && m.as_ref()
+                        .is_some_and(|m| matches!(m.limit.kind, LimitKind::Rule(_))),
+                near: false,
+                outcome: None,
+                quota: plan.quota[i],
+                negative: d.negative,
+            })
+            .collect();
+        (domain_name, domain, plan, judged)
+    };
 
     // Costs given back first, each on its own: what a key then has left is what the charges
-    // after it see.
+    // after it see. This step and the shadow limits' are rare, and their futures larger than
+    // the usual request's: boxed only when taken, they leave the call's future (allocated on
+    // every call) small.
     let mut store_failed = false;
+    if plan.refunds().next().is_some() {
+        store_failed |= Box::pin(refund(limiter, &plan, &mut judged)).await?;
+    }
     // The failure policy "open" answered the enforced charges: their descriptors get no limit.
     let mut answered_open = false;
+    // The enforced limits and the quota limits with room, all in one atomic step; a request
+    // that cannot pass is only looked at, nothing charged.
+    if plan.charge_count() > 0 {
+        match charge(limiter, &plan, &mut judged).await {
+            Ok(()) => {
+                for i in 0..judged.len() {
+                    let Some(c) = plan.slots[i] else { continue };
+                    let first = plan.first_of(c);
+                    if i != first {
+                        judged[i].outcome = judged[first].outcome.clone();
+                    }
+                    let j = &mut judged[i];
+                    if let Some(outcome) = &j.outcome {
+                        j.over |= !outcome.is_allowed();
+                    }
+                }
+            }
+            Err(LimitError::Store(error)) => {
+                // Counted per call (`tollgate_server_store_errors_total`); told by the store's
+                // own bounded warnings (a line per 10 s with a count, the breaker's opening and
+                // closing), never a line per call.
+                tracing::debug!(%error, policy = ?current.on_store_failure, "store failed");
+                store_failed = true;
+                match current.on_store_failure {
+                    StoreFailure::Open => answered_open = true,
+                    StoreFailure::Closed => {
+                        for (j, slot) in judged.iter_mut().zip(&plan.slots) {
+                            j.over |= slot.is_some();
+                        }
+                    }
+                }
+            }
+            Err(error) => return Err(Refusal::Internal(error)),
+        }
+    }
+
+    if plan.shadow().next().is_some() {
+        store_failed |= Box::pin(shadow(limiter, &plan, &mut judged)).await;
+    }
+    for ((j, m), slot) in judged.iter_mut().zip(plan.matched).zip(&plan.slots) {
+        match m {
+            // The failure policy "open" answers with no limit.
+            Some(_) if answered_open && slot.is_some() => j.stat_key = Cow::Borrowed(""),
+            Some(m) => j.limit = Some(m.limit),
+            None => {}
+        }
+    }
+    for j in &mut judged {
+        if let Some(outcome) = &j.outcome {
+            j.near = !j.over && !j.negative && near(outcome, answering.near_limit_ratio);
+        }
+    }
+    Ok(Answer {
+        domain: domain_name,
+        unknown_domain: domain.is_none(),
+        headers: domain.map(|domain| domain.headers).unwrap_or_default(),
+        judged,
+        store_failed,
+    })
+}
+
+/// Gives back the costs of the descriptors with `is_negative_hits`, each on its own, and reads
+/// what their keys then have left; whether the store failed.
+async fn refund(
+    limiter: &Limiter,
+    plan: &RequestCharges<'_>,
+    judged: &mut [Judged<'_>],
+) -> Result<bool, Refusal> {
+    let mut store_failed = false;
     for (i, rule, key, limit) in plan.refunds() {
         let j = &mut judged[i];
         let refunded = match limiter.refund(rule, key, j.cost).await {
@@ -226,41 +318,13 @@ pub(crate) async fn decide<'t>(
             Err(error) => return Err(Refusal::Internal(error)),
         }
     }
+    Ok(store_failed)
+}
 
-    // The enforced limits and the quota limits with room, all in one atomic step; a request
-    // that cannot pass is only looked at, nothing charged.
-    let charges: PerDescriptor<Charge<'_>> = plan.charges().collect();
-    if !charges.is_empty() {
-        match charge(limiter, &plan, &charges).await {
-            Ok(outcomes) => {
-                for (j, slot) in judged.iter_mut().zip(&plan.slots) {
-                    let Some(outcome) = slot.and_then(|slot| outcomes[slot].clone()) else {
-                        continue;
-                    };
-                    j.over |= !outcome.is_allowed();
-                    j.outcome = Some(outcome);
-                }
-            }
-            Err(LimitError::Store(error)) => {
-                // Counted per call (`tollgate_server_store_errors_total`); told by the store's
-                // own bounded warnings (a line per 10 s with a count, the breaker's opening and
-                // closing), never a line per call.
-                tracing::debug!(%error, policy = ?on_store_failure, "store failed");
-                store_failed = true;
-                match on_store_failure {
-                    StoreFailure::Open => answered_open = true,
-                    StoreFailure::Closed => {
-                        for (j, slot) in judged.iter_mut().zip(&plan.slots) {
-                            j.over |= slot.is_some();
-                        }
-                    }
-                }
-            }
-            Err(error) => return Err(Refusal::Internal(error)),
-        }
-    }
-
-    // Shadow limits: charged each on its own, never blocking anything.
+/// Charges the shadow limits, each on its own, never blocking anything (a descriptor already
+/// over is only looked at); whether the store failed.
+async fn shadow(limiter: &Limiter, plan: &RequestCharges<'_>, judged: &mut [Judged<'_>]) -> bool {
+    let mut store_failed = false;
     for (i, rule, key, limit) in plan.shadow() {
         let j = &mut judged[i];
         let cost = if j.over { 0 } else { j.cost };
@@ -281,36 +345,7 @@ pub(crate) async fn decide<'t>(
             }
         }
     }
-    drop(charges);
-    for (((j, m), d), slot) in judged
-        .iter_mut()
-        .zip(plan.matched)
-        .zip(&descriptors)
-        .zip(&plan.slots)
-    {
-        // The failure policy "open" answers with no limit.
-        let Some(m) = m.filter(|_| !(answered_open && slot.is_some())) else {
-            continue;
-        };
-        j.stat_key = match (&m.limit, m.stat_key) {
-            (_, Some(values)) => Cow::Owned(values),
-            (Reached::Configured(limit), None) => stat_key(limit, d),
-            (Reached::FromRequest(limit), None) => Cow::Owned(limit.stat_key.clone()),
-        };
-        j.limit = Some(m.limit);
-    }
-    for j in &mut judged {
-        if let Some(outcome) = &j.outcome {
-            j.near = !j.over && !j.negative && near(outcome, answering.near_limit_ratio);
-        }
-    }
-    Ok(Answer {
-        domain: domain_name,
-        unknown_domain: domain.is_none(),
-        headers: domain.map(|domain| domain.headers).unwrap_or_default(),
-        judged,
-        store_failed,
-    })
+    store_failed
 }
 
 /// The reference's near-limit test: more than `ratio` of the limit used after the call
@@ -333,7 +368,8 @@ async fn look(
     Ok(decision.rules()[0].outcome.clone())
 }
 
-/// Decides `charges` (the plan's, in order): the outcome of each charge that was asked about.
+/// Decides the plan's charges; each charge's outcome is kept in the answer of its first
+/// descriptor ([`RequestCharges::first_of`]), for the charges that were asked about.
 ///
 /// All or nothing for the limits that are not quota limits; of the quota limits, those with
 /// room are charged with them, and the request needs at least one (unless a quota descriptor
@@ -342,85 +378,104 @@ async fn look(
 async fn charge(
     limiter: &Limiter,
     plan: &RequestCharges<'_>,
-    charges: &[Charge<'_>],
-) -> Result<PerDescriptor<Option<Outcome>>, LimitError> {
-    let mut outcomes: PerDescriptor<Option<Outcome>> = smallvec::smallvec![None; charges.len()];
-    // Handed to the limiter as it reads them, not gathered first: a gathered batch is a few
-    // hundred bytes copied into each step's future.
-    fn batch<'a>(
-        charges: &'a [Charge<'a>],
-        picked: &'a [usize],
-        look: bool,
-    ) -> impl Iterator<Item = (&'a str, &'a [u8], u64, Option<tollgate::Limit>)> + 'a {
-        picked.iter().map(move |&c| {
-            let charge = &charges[c];
-            let cost = if look { 0 } else { charge.cost };
-            (charge.rule, charge.key, cost, charge.limit())
-        })
+    judged: &mut [Judged<'_>],
+) -> Result<(), LimitError> {
+    // Charge indices are below `MAX_DESCRIPTORS`: kept as `u16`, so that the lists the
+    // future holds stay small.
+    let count = u16::try_from(plan.charge_count()).unwrap_or(u16::MAX);
+    let quota = |c: u16| plan.quota[plan.first_of(c.into())];
+    // Without quota limits (the usual request), one step decides, all or nothing; a request
+    // that cannot pass is only looked at, nothing charged.
+    if !(0..count).any(quota) {
+        let look = plan.cannot_pass();
+        let decision = step(limiter, plan, 0..count, look).await?;
+        read(plan, judged, 0..count, &decision);
+        return Ok(());
     }
-    let all: SmallVec<[usize; 4]> = (0..charges.len()).collect();
-    // The outcomes of a step, kept per charge; whether it was allowed.
-    fn read(
-        outcomes: &mut [Option<Outcome>],
-        decision: &tollgate::Decision,
-        picked: &[usize],
-    ) -> bool {
-        for (&c, rule) in picked.iter().zip(decision.rules()) {
-            outcomes[c] = Some(rule.outcome.clone());
-        }
-        decision.is_allowed()
+    // Whether charge `c` was allowed, once asked about.
+    fn allowed(plan: &RequestCharges<'_>, judged: &[Judged<'_>], c: u16) -> Option<bool> {
+        judged[plan.first_of(c.into())]
+            .outcome
+            .as_ref()
+            .map(Outcome::is_allowed)
     }
-    // Without quota limits (the usual request), one step decides, all or nothing.
-    if !charges.iter().any(|c| c.quota) {
-        let decision = if plan.cannot_pass() {
-            limiter.check_all_under(batch(charges, &all, true)).await?
-        } else {
-            limiter
-                .charge_all_under(batch(charges, &all, false))
-                .await?
-        };
-        read(&mut outcomes, &decision, &all);
-        return Ok(outcomes);
-    }
-    let first_of = |c: usize| plan.slots.iter().position(|s| *s == Some(c));
-    let over_regardless = |c: usize| first_of(c).is_some_and(|i| plan.over_regardless[i]);
+    // Over whatever is counted: any descriptor of the charge is.
+    let over_regardless = |c: u16| {
+        plan.slots
+            .iter()
+            .position(|s| *s == Some(c.into()))
+            .is_some_and(|i| plan.over_regardless[i])
+    };
     // Quota descriptors that pass whatever is counted: no limit, a shadow limit, or one
     // refunded.
     let quota_free = (0..plan.matched.len())
         .any(|i| plan.quota[i] && plan.slots[i].is_none() && !plan.over_regardless[i]);
     let quota_needed = !quota_free;
-    let mut with_room: SmallVec<[usize; 4]> = (0..charges.len())
-        .filter(|&c| charges[c].quota && !over_regardless(c))
+    let mut with_room: SmallVec<[u16; 4]> = (0..count)
+        .filter(|&c| quota(c) && !over_regardless(c))
         .collect();
     if plan.cannot_pass() || (quota_needed && with_room.is_empty()) {
-        let decision = limiter.check_all_under(batch(charges, &all, true)).await?;
-        read(&mut outcomes, &decision, &all);
-        return Ok(outcomes);
+        let decision = step(limiter, plan, 0..count, true).await?;
+        read(plan, judged, 0..count, &decision);
+        return Ok(());
     }
-    let enforced: SmallVec<[usize; 4]> =
-        (0..charges.len()).filter(|&c| !charges[c].quota).collect();
     loop {
-        let picked: SmallVec<[usize; 4]> = enforced.iter().chain(&with_room).copied().collect();
+        let picked: SmallVec<[u16; 4]> = (0..count)
+            .filter(|&c| !quota(c))
+            .chain(with_room.iter().copied())
+            .collect();
         if picked.is_empty() {
-            return Ok(outcomes);
+            return Ok(());
         }
-        let decision = limiter
-            .charge_all_under(batch(charges, &picked, false))
-            .await?;
-        if read(&mut outcomes, &decision, &picked) {
-            return Ok(outcomes);
+        let decision = step(limiter, plan, picked.iter().copied(), false).await?;
+        read(plan, judged, picked.iter().copied(), &decision);
+        if decision.is_allowed() {
+            return Ok(());
         }
-        let enforced_over = enforced
-            .iter()
-            .any(|&c| outcomes[c].as_ref().is_some_and(|o| !o.is_allowed()));
+        let enforced_over = (0..count)
+            .filter(|&c| !quota(c))
+            .any(|c| allowed(plan, judged, c) == Some(false));
         if enforced_over {
-            return Ok(outcomes);
+            return Ok(());
         }
-        with_room.retain(|c| outcomes[*c].as_ref().is_some_and(Outcome::is_allowed));
+        with_room.retain(|c| allowed(plan, judged, *c) == Some(true));
         if quota_needed && with_room.is_empty() {
             // Every quota limit is over: the request is, and nothing was charged.
-            return Ok(outcomes);
+            return Ok(());
         }
+    }
+}
+
+/// Keeps the outcomes of a step over the charges `picked`, each in its first descriptor's answer.
+fn read(
+    plan: &RequestCharges<'_>,
+    judged: &mut [Judged<'_>],
+    picked: impl Iterator<Item = u16>,
+    decision: &tollgate::Decision,
+) {
+    for (c, rule) in picked.zip(decision.rules()) {
+        judged[plan.first_of(c.into())].outcome = Some(rule.outcome.clone());
+    }
+}
+
+/// One atomic step of the limiter over the plan's charges `picked`: charged, or only looked at.
+/// The charges are handed to the limiter as it reads them, not gathered first: a gathered batch
+/// is a few hundred bytes copied into the step's future.
+async fn step(
+    limiter: &Limiter,
+    plan: &RequestCharges<'_>,
+    picked: impl Iterator<Item = u16>,
+    look: bool,
+) -> Result<tollgate::Decision, LimitError> {
+    let batch = picked.filter_map(|c| {
+        let charge = plan.charge(c.into())?;
+        let cost = if look { 0 } else { charge.cost };
+        Some((charge.rule, charge.key, cost, charge.limit()))
+    });
+    if look {
+        limiter.check_all_under(batch).await
+    } else {
+        limiter.charge_all_under(batch).await
     }
 }
 

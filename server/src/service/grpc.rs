@@ -35,14 +35,13 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
         Pin<Box<dyn Future<Output = Result<tonic::Response<RateLimitResponse>, Status>> + Send>>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let state = self.0.clone();
-        Box::pin(async move { should_rate_limit(&state, request.into_inner()).await })
+        Box::pin(should_rate_limit(self.0.clone(), request.into_inner()))
     }
 }
 
 /// One call: decide, count, answer.
 async fn should_rate_limit(
-    state: &State,
+    state: Arc<State>,
     request: RateLimitRequest,
 ) -> Result<tonic::Response<RateLimitResponse>, Status> {
     // Timed from here by the library's clock (a cycle counter read, not a system call).
@@ -51,18 +50,10 @@ async fn should_rate_limit(
     // stay alive until it is written. (A guard, not a counted reference: no shared count
     // written on every call.)
     let current = state.current.load();
-    let answering = &state.answering;
-    let decided = decide(
-        &current.domains,
-        &current.limiter,
-        current.on_store_failure,
-        answering,
-        &request,
-    )
-    .await;
+    let decided = decide(&current, &state.answering, &request).await;
     match decided {
         Ok(answer) => {
-            let response = respond(state, &request, &answer);
+            let response = respond(&state, &request, &answer);
             state.stats.latency(call.elapsed());
             Ok(tonic::Response::new(response))
         }

@@ -147,8 +147,11 @@ impl Limiter {
         // The plan is filled where the answer lies: the decision returned is the plan, answered.
         let mut decision = Decision::default();
         let plan = &mut decision.plan;
-        let mut modes: SmallVec<[Mode; 2]> = SmallVec::new();
-        let pending = {
+        // The store's future is all that is held across the await (with the plan): what builds
+        // it lives in this block, out of the caller's future, and the future is awaited as the
+        // block's value (a named one would be held twice, as itself and as the awaited one).
+        let outcomes = {
+            let mut modes: SmallVec<[Mode; 2]> = SmallVec::new();
             let rules = self.rules();
             for (rule, key, cost, limit) in charges {
                 let rule = rule.as_ref();
@@ -201,8 +204,9 @@ impl Limiter {
                 })
                 .collect();
             self.store().apply(&batch)
-        };
-        plan.answer(pending.await?)?;
+        }
+        .await?;
+        plan.answer(outcomes)?;
         Ok(decision)
     }
 }
