@@ -104,10 +104,11 @@ pub struct RequestCharges<'t> {
 
 impl<'t> RequestCharges<'t> {
     /// The plan of `descriptors` in `domain` (`None`: an unknown domain, nothing applies), with
-    /// every limit a quota limit when `quota_mode` (the reference's global `QUOTA_MODE`).
+    /// every limit a quota limit when `quota_mode` (the reference's global `QUOTA_MODE`). The
+    /// plan may borrow the descriptors' values (a key that is one value).
     pub fn new(
         domain: Option<&'t Domain>,
-        descriptors: &[Descriptor<'_>],
+        descriptors: &[Descriptor<'t>],
         quota_mode: bool,
     ) -> RequestCharges<'t> {
         let mut matched: PerDescriptor<Option<Matched<'t>>> = descriptors
@@ -340,7 +341,7 @@ fn from_request<'t>(
     };
     Matched {
         limit: Reached::FromRequest(Box::new(limit)),
-        key,
+        key: key.into(),
         stat_key: None,
     }
 }
@@ -370,7 +371,7 @@ mod tests {
             pairs
                 .iter()
                 .map(|&(key, value)| Entry { key, value })
-                .collect::<SmallVec<[Entry<'static>; 2]>>()
+                .collect::<SmallVec<[Entry<'_>; 2]>>()
         };
         let with_limit = |pairs, n, unit| Descriptor {
             limit: Some((n, unit)),

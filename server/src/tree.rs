@@ -6,6 +6,7 @@
 //! applies is the one at the level of the descriptor's **last** entry: a shorter or longer
 //! descriptor, or a last level without a limit, has none (no fallback to a parent's limit).
 
+use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
@@ -185,8 +186,9 @@ pub struct Matched<'t> {
     /// The limit.
     pub limit: Reached<'t>,
     /// The counter's key in the store: the values that select it, joined by `/` (a wildcard
-    /// level with `share_threshold` contributes its pattern instead).
-    pub key: Vec<u8>,
+    /// level with `share_threshold` contributes its pattern instead). Borrowed from the request
+    /// or the tree when it is one value written as it is (the usual descriptor: no allocation).
+    pub key: Cow<'t, [u8]>,
     /// The statistics key when `value_to_metric` makes it differ from the limit's own: the
     /// request's values in place of the configured ones.
     pub stat_key: Option<String>,
@@ -260,18 +262,27 @@ impl Domain {
     }
 
     /// The limit `entries` reach in this domain, if any.
-    pub fn find<'t>(&'t self, entries: &[Entry<'_>]) -> Option<Matched<'t>> {
+    pub fn find<'t>(&'t self, entries: &[Entry<'t>]) -> Option<Matched<'t>> {
         let mut node = &self.root;
-        let length: usize = entries.iter().map(|e| e.value.len() + 1).sum();
-        let mut key = Vec::with_capacity(length);
+        // Most descriptors have one entry, whose value needs no escape: the key is that value,
+        // borrowed. (An empty `Vec` allocates nothing.)
+        let mut key: Cow<'t, [u8]> = Cow::Owned(Vec::new());
         // The reference's `value_to_metric` statistics key, built only where a level asks.
         let mut stat_key = self.value_to_metric.then(String::new);
         for (i, entry) in entries.iter().enumerate() {
             let (child, counted_as, via) = node.child(entry)?;
-            if i > 0 {
-                key.push(b'/');
+            let part = counted_as.as_bytes();
+            if entries.len() == 1 && !needs_escape(part) {
+                key = Cow::Borrowed(part);
+            } else {
+                let key = key.to_mut();
+                if i == 0 {
+                    key.reserve(entries.iter().map(|e| e.value.len() + 1).sum());
+                } else {
+                    key.push(b'/');
+                }
+                push_part(key, part);
             }
-            push_part(&mut key, counted_as.as_bytes());
             if let Some(stat_key) = &mut stat_key {
                 if i > 0 {
                     stat_key.push('.');
@@ -318,11 +329,16 @@ enum Via<'n> {
     AnyValue,
 }
 
+/// Whether a part of a key is written escaped (it holds `%` or `/`).
+fn needs_escape(part: &[u8]) -> bool {
+    part.iter().any(|&byte| byte == b'%' || byte == b'/')
+}
+
 /// Appends one part of a key: parts are joined by `/`, with `%` and `/` in a value
 /// percent-encoded, so `("a", "b/c")` and `("a/b", "c")` stay apart and a key reads as its values
 /// (`10.0.0.1`, `slowpath/10.0.0.1`) in logs and reports.
 fn push_part(key: &mut Vec<u8>, part: &[u8]) {
-    if !part.iter().any(|&byte| byte == b'%' || byte == b'/') {
+    if !needs_escape(part) {
         key.extend_from_slice(part);
         return;
     }
@@ -495,10 +511,19 @@ mod tests {
         domain.root.child_mut("a", None).child_mut("b", None).limit = Some(spec("x"));
         let key = |a: &str, b: &str| {
             let entries = [Entry { key: "a", value: a }, Entry { key: "b", value: b }];
-            domain.find(&entries).unwrap().key
+            domain.find(&entries).unwrap().key.into_owned()
         };
         assert_ne!(key("a", "b/c"), key("a/b", "c"));
         assert_eq!(key("10.0.0.1", "x%y"), b"10.0.0.1/x%25y");
+        // One value needing no escape is the key as it is; one that needs it is escaped.
+        let one = |value: &str| {
+            let mut domain = Domain::default();
+            domain.root.child_mut("a", None).limit = Some(spec("x"));
+            let entries = [Entry { key: "a", value }];
+            domain.find(&entries).unwrap().key.into_owned()
+        };
+        assert_eq!(one("10.0.0.1"), b"10.0.0.1");
+        assert_eq!(one("a/b%"), b"a%2Fb%25");
         assert_ne!(key("", "a"), key("a", ""));
     }
 }
