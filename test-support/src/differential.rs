@@ -281,6 +281,36 @@ fn step(rules: Vec<Algorithm>, overrides: bool) -> BoxedStrategy<Step> {
     .boxed()
 }
 
+/// The settings of a differential test of `cases` scenarios: in the test command, the same
+/// scenarios on every run (a fixed seed, or the one `PROPTEST_RNG_SEED` names), so that a
+/// difference found once is found again, and a run passes or fails whatever machine it is on;
+/// new scenarios are the soaks' (`soak_config`). A difference names its scenario in full.
+pub fn config(cases: u32) -> ProptestConfig {
+    let from_environment = ProptestConfig::default();
+    let rng_seed = match from_environment.rng_seed {
+        proptest::test_runner::RngSeed::Random => {
+            proptest::test_runner::RngSeed::Fixed(0x7011_6a7e)
+        }
+        seed => seed,
+    };
+    ProptestConfig {
+        cases,
+        rng_seed,
+        failure_persistence: None,
+        ..from_environment
+    }
+}
+
+/// The settings of a soak of `cases` scenarios: new ones on every run (a random seed, unless
+/// `PROPTEST_RNG_SEED` names one).
+pub fn soak_config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
 /// A scenario: a start time (near today's, so the script's numbers are as large as in
 /// production), rules, and steps.
 pub fn scenario() -> impl Strategy<Value = Scenario> {
@@ -388,6 +418,8 @@ pub async fn run_against(
     (start, rules, steps): &Scenario,
 ) -> Vec<Outcomes> {
     clock.set(Duration::from_micros(*start));
+    // A difference names the whole scenario, so that it can be replayed as a test of its own.
+    let scenario = move || format!("({start}, {rules:?}, {steps:?})");
     let penalties: Vec<Option<Penalty>> = rules.iter().map(|(_, p)| p.clone()).collect();
     let rules: Vec<Algorithm> = rules.iter().map(|(a, _)| a.clone()).collect();
     let rules = &rules;
@@ -418,7 +450,7 @@ pub async fn run_against(
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
-                let what = || format!("step {i} {step:?} differs");
+                let what = || format!("step {i} {step:?} differs in scenario {}", scenario());
                 answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::ApplyUnder(charges) => {
@@ -433,7 +465,7 @@ pub async fn run_against(
                     })
                     .collect();
                 let which: Vec<bool> = charges.iter().map(|c| overridable[c.0]).collect();
-                let what = || format!("step {i} {step:?} differs");
+                let what = || format!("step {i} {step:?} differs in scenario {}", scenario());
                 answers.push(both(memory, redis, &batch, &which, &what).await);
             }
             Step::Refund(rule, key, units) => {
@@ -469,8 +501,10 @@ pub async fn run_against(
                 let expected = apply(memory, &[charge]).await;
                 let got = apply(redis, &[charge]).await;
                 assert_eq!(
-                    got, expected,
-                    "step {i} {step:?} (left: Redis, right: memory)"
+                    got,
+                    expected,
+                    "step {i} {step:?} in scenario {} (left: Redis, right: memory)",
+                    scenario()
                 );
             }
             Step::Owe(..) => {}

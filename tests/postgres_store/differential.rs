@@ -21,7 +21,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn cases(mode: StepMode, cases: u32) {
+fn cases(mode: StepMode, config: ProptestConfig) {
     let rt = runtime();
     let server = rt.block_on(PgServer::start());
     let url = server.url();
@@ -34,11 +34,6 @@ fn cases(mode: StepMode, cases: u32) {
             .unwrap();
     });
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
     proptest!(config, |(scenario in differential::scenario())| {
         rt.block_on(async {
             let case = case.fetch_add(1, Ordering::Relaxed);
@@ -61,10 +56,10 @@ fn cases(mode: StepMode, cases: u32) {
 
 #[test]
 fn same_answers_as_the_memory_store_with_locks_512_scenarios() {
-    cases(StepMode::Locks, 512);
+    cases(StepMode::Locks, differential::config(512));
 }
 
 #[test]
 fn same_answers_as_the_memory_store_with_versions_128_scenarios() {
-    cases(StepMode::Versions, 128);
+    cases(StepMode::Versions, differential::config(128));
 }

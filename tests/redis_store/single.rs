@@ -72,20 +72,15 @@ async fn first_rule_answers(
         .collect()
 }
 
-/// Random scenarios against the memory store, each run with the store's defaults (deny cache on)
-/// and with the deny cache off.
-fn differential_cases(cases: u32) {
-    differential_cases_on(&ENGINE.server(), cases);
+/// Scenarios (`config`'s) against the memory store, each run with the store's defaults (deny
+/// cache on) and with the deny cache off.
+fn differential_cases(config: ProptestConfig) {
+    differential_cases_on(&ENGINE.server(), config);
 }
 
-fn differential_cases_on(server: &RedisServer, cases: u32) {
+fn differential_cases_on(server: &RedisServer, config: ProptestConfig) {
     let rt = runtime();
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
     proptest!(config, |(scenario in differential::scenario())| {
         rt.block_on(async {
             let case = case.fetch_add(1, Ordering::Relaxed);
@@ -98,7 +93,7 @@ fn differential_cases_on(server: &RedisServer, cases: u32) {
 
 #[test]
 fn same_answers_as_the_memory_store_1024_scenarios() {
-    differential_cases(1_024);
+    differential_cases(differential::config(1_024));
 }
 
 /// Built lazily while Redis is down, the store answers `Unavailable` at once (the failure policy's
@@ -173,7 +168,7 @@ fn with_script_config_client_and_function_refused_same_answers_by_evalsha_and_ev
         server.run("SCRIPT FLUSH").contains("unknown command"),
         "SCRIPT is refused"
     );
-    differential_cases_on(&server, 64);
+    differential_cases_on(&server, differential::config(64));
     assert!(
         server.command_calls("eval") > 0,
         "scripts were sent by source"
@@ -188,7 +183,7 @@ fn with_script_config_client_and_function_refused_same_answers_by_evalsha_and_ev
 #[test]
 #[ignore = "soak: 50 000 scenarios, several minutes"]
 fn same_answers_as_the_memory_store_soak() {
-    differential_cases(50_000);
+    differential_cases(differential::soak_config(50_000));
 }
 
 /// Found by the differential test with the deny cache on: a key Redis holds no state for is a
