@@ -15,8 +15,10 @@
 # top of that file: the Redis storage only, no RocksDB), and limitador-server is built with the
 # upstream release profile. The first build takes about ten minutes on two cores.
 #
-# Per round, the servers alternate (allowed, then denied; tollgate-server, then limitador-server),
-# each started fresh and warmed up with a tenth of the calls. Printed per server and case: calls
+# Per round, the servers alternate (allowed, then denied; which server goes first alternates
+# too), each started fresh and warmed up with a tenth of the calls. FLOOR=1 adds the protocol's
+# floor (server/examples/constant_answer.rs, a tonic server answering a constant) to the allowed
+# rounds, for its system time per call beside tollgate-server's. Printed per server and case: calls
 # per second, p50 and p99 latency (h2load's per-request log), and the server's user and system
 # CPU time per call (from /proc: what the kernel does for each answer shows in the system time),
 # then the medians over the rounds. With INSTRUCTIONS=1, first the user-space instructions per
@@ -259,6 +261,7 @@ order() { # round case
     else
         echo limitador-server tollgate-server
     fi
+    if [ "${FLOOR:-0}" = 1 ] && [ "$2" = 0 ]; then echo floor; fi
 }
 for round in $(seq "$rounds"); do
     for case in allowed denied; do
@@ -290,7 +293,11 @@ echo "medians over the rounds"
 printf '%-16s %-8s %12s %9s %9s %12s %12s\n' server case "calls/s" "p50 us" "p99 us" \
     "user us/call" "sys us/call"
 for case in allowed denied; do
-    for name in tollgate-server limitador-server; do
+    for name in tollgate-server limitador-server floor; do
+        if ! awk -v s="$name" -v c="$case" '$2 == s && $3 == c { found = 1 } END { exit !found }' \
+            "$work/rows"; then
+            continue
+        fi
         awk -v s="$name" -v c="$case" '$2 == s && $3 == c' "$work/rows" |
             awk -v s="$name" -v c="$case" '
                 { for (i = 4; i <= 8; i++) v[i, NR] = $i; n = NR }
