@@ -74,18 +74,9 @@ fn word(text: &str) -> Option<(&str, &str)> {
     Some((&text[..space], &text[space + 1..]))
 }
 
+/// The end of a quoted field (its opening quote consumed): the combined format's own reading.
 fn quoted_end(text: &str) -> Option<usize> {
-    let bytes = text.as_bytes();
-    let mut at = 0;
-    while let Some(found) = memchr(b'"', &bytes[at..]) {
-        let quote = at + found;
-        if quote > 0 && bytes[quote - 1] == b'\\' {
-            at = quote + 1;
-            continue;
-        }
-        return Some(quote);
-    }
-    None
+    super::quoted_end(text.as_bytes())
 }
 
 fn quoted_fields(mut text: &str) -> impl Iterator<Item = Result<&str, ()>> {
