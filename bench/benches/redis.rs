@@ -401,15 +401,25 @@ const TICKS_PER_SECOND: u64 = 10;
 /// the `CALLERS` callers calls once a `TICK`, round-robin over keys of its own, as many as make
 /// each key's rate, on windows of one second. (64 × 10 calls a second: few enough for a server
 /// under callgrind to keep up with.) The name, the script, calls per key per second.
-const PACED: [(&str, Paced, u64); 6] = [
+const PACED: [(&str, Paced, u64); 8] = [
     (
-        "sliding window, the store's script, one call per key per second",
-        Paced::Store,
+        "sliding window, the store's script (10^4 a second), one call per key per second",
+        Paced::Store(SLIDING_LIMIT),
         1,
     ),
     (
-        "sliding window, the store's script, ten calls per key per second",
-        Paced::Store,
+        "sliding window, the store's script (10^4 a second), ten calls per key per second",
+        Paced::Store(SLIDING_LIMIT),
+        10,
+    ),
+    (
+        "the same above 2^26 a window (10^9), one call per key per second",
+        Paced::Store(1e9),
+        1,
+    ),
+    (
+        "the same above 2^26 a window (10^9), ten calls per key per second",
+        Paced::Store(1e9),
         10,
     ),
     (
@@ -436,8 +446,9 @@ const PACED: [(&str, Paced, u64); 6] = [
 
 #[derive(Clone, Copy, Debug)]
 enum Paced {
-    /// The store's sliding window (`lua::SLIDING`), on the server's time.
-    Store,
+    /// The store's sliding window (`lua::SLIDING`), on the server's time, under this limit a
+    /// second.
+    Store(f64),
     /// [`UPSTASH_SLIDING`].
     Upstash,
     /// [`UPSTASH_SLIDING`] after reading the server's clock (`TIME`, converted to µs, then
@@ -458,7 +469,7 @@ async fn paced(server: &Target, index: usize, duration: Duration) -> Run {
     let client = ::redis::Client::open(server.url()).unwrap();
     let conn = connection(client).await;
     let script = ::redis::Script::new(&match kind {
-        Paced::Store => lua::SLIDING.to_owned(),
+        Paced::Store(_) => lua::SLIDING.to_owned(),
         Paced::Upstash => UPSTASH_SLIDING.to_owned(),
         Paced::UpstashTime => format!(
             "local t = redis.call('TIME') local micros = t[1] * 1000000 + t[2] {UPSTASH_SLIDING}"
@@ -482,10 +493,10 @@ async fn paced(server: &Target, index: usize, duration: Duration) -> Run {
                     made += 1;
                     let mut invocation = script.prepare_invoke();
                     match kind {
-                        Paced::Store => {
+                        Paced::Store(limit) => {
                             let offset = (key as f64 * 7919.0) % 1e6;
-                            invocation.key(format!("paced-sliding-{rate}-{key}"));
-                            for arg in fast_args(&[1e9, 1e6, offset, 1.0]) {
+                            invocation.key(format!("paced-sliding-{limit}-{rate}-{key}"));
+                            for arg in fast_args(&[limit, 1e6, offset, 1.0]) {
                                 invocation.arg(arg);
                             }
                         }
@@ -611,13 +622,13 @@ impl Rows {
             bucket_no_expiry: without(lua::BUCKET_NOW, BUCKET_EXPIRY.0, BUCKET_EXPIRY.1),
             fixed_count: without(
                 lua::FIXED,
-                "  return struct.pack('<ddd', 0, now - ws, cap - used + cost)",
-                "  return used",
+                "  local n = left * period + into\n",
+                "  do return used end\n",
             ),
             sliding_count: without(
                 lua::SLIDING,
-                "    return struct.pack('<dddd', 0, into, cur, prev)",
-                "    return cur",
+                "    if cur <= limit and into < period then\n",
+                "    do return cur end\n    if cur <= limit and into < period then\n",
             ),
         }
     }
@@ -626,7 +637,7 @@ impl Rows {
     async fn run(&self, server: &Target, row: usize, phase: Duration) -> Run {
         // The store's rules (see `roomy`): a bucket of 10^8 refilled one a second (a fresh key
         // was empty 10^8 s ago: full; a unit's span 1 s; the capacity's span 10^8 s); windows of
-        // 10^9 per minute and per second.
+        // 10^6 per minute (fixed) and 10^4 per second (sliding): see `FIXED_LIMIT`.
         let bucket_call = |caller: usize| {
             (
                 vec![format!("direct-bucket-{caller}")],
@@ -637,14 +648,14 @@ impl Rows {
             let offset = (caller as f64 * 7919.0) % 60e6;
             (
                 vec![format!("direct-fixed-{caller}")],
-                fast_args(&[1e9, 60e6, 1e9, offset, 1.0]),
+                fast_args(&[FIXED_LIMIT, 60e6, FIXED_LIMIT, offset, 1.0]),
             )
         };
         let sliding_call = |caller: usize| {
             let offset = (caller as f64 * 7919.0) % 1e6;
             (
                 vec![format!("direct-sliding-{caller}")],
-                fast_args(&[1e9, 1e6, offset, 1.0]),
+                fast_args(&[SLIDING_LIMIT, 1e6, offset, 1.0]),
             )
         };
         let (server_time, client_time) = (&self.server_time, &self.client_time);
@@ -713,6 +724,18 @@ const BUCKET_EXPIRY: (&str, &str) = (
     "redis.call('SET', key, struct.pack('<Bd', 69, e + cost_span))",
 );
 
+/// The sliding windows' limit a second: far above what the run can use (each key is called a
+/// few thousand times a second at most), and a limit as people write them: below 2^26, so the
+/// store's key holds both counts in one field, and below about 47,000 a second, so a charge
+/// inside its window is answered as one integer (see `lua/fast_sliding.lua`). The paced rows of
+/// 10^9 measure the store above both.
+const SLIDING_LIMIT: f64 = 1e4;
+
+/// The fixed window's limit a minute: far above what the run can use, and below about
+/// 3.7 × 10^7, so that a charge inside its window is answered as one integer (see
+/// `lua/fast_fixed.lua`).
+const FIXED_LIMIT: f64 = 1e6;
+
 /// Allowed decisions: limits far above what the run can use. Each call reads a state: the
 /// windows' keys live for a period, and each charge of the bucket adds a second to its key's
 /// debt (and to its life), of the 10^8 s it has room for.
@@ -724,11 +747,11 @@ fn roomy(store: RedisStore) -> Limiter {
         ))
         .rule(Rule::new(
             "fixed",
-            Limit::fixed_window(1_000_000_000, Duration::from_secs(60)),
+            Limit::fixed_window(FIXED_LIMIT as u64, Duration::from_secs(60)),
         ))
         .rule(Rule::new(
             "sliding",
-            Limit::sliding_window(1_000_000_000, Duration::from_secs(1)),
+            Limit::sliding_window(SLIDING_LIMIT as u64, Duration::from_secs(1)),
         ))
         .store(store)
         .build()

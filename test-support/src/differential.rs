@@ -186,12 +186,22 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
         ),
         Algorithm::SlidingWindow(sw) => {
             let (period, start) = (sw.period(), sw.start());
+            // Beside small limits, limits about 2^26, where the Redis store's key changes its
+            // format (both counts packed in one field below, the previous count apart above),
+            // and about where its fast path's answer stops fitting one integer
+            // ((limit + 1)² × period below 2^51).
+            let packed = 1u64 << 26;
+            let answered = ((1u64 << 51) / (sw.period().as_micros() as u64).max(1)).isqrt();
             Some(
-                (1..=2 * sw.limit() + 2)
-                    .prop_map(move |l| {
-                        Algorithm::SlidingWindow(SlidingWindow::new(l, period).with_start(start))
-                    })
-                    .boxed(),
+                prop_oneof![
+                    4 => 1..=2 * sw.limit() + 2,
+                    1 => packed - 2..=packed + 1,
+                    1 => answered.saturating_sub(2).max(1)..=answered + 1,
+                ]
+                .prop_map(move |l| {
+                    Algorithm::SlidingWindow(SlidingWindow::new(l, period).with_start(start))
+                })
+                .boxed(),
             )
         }
         // Windows of the same length and starts whose limit and roll-over change: a capacity
@@ -199,8 +209,18 @@ fn other_limit(own: &Algorithm) -> Option<BoxedStrategy<Algorithm>> {
         // general script (the window's count compared with the limit in force).
         Algorithm::FixedWindow(fw) => {
             let own = fw.clone();
+            // Beside small limits, limits about where the Redis store's fast path's answer stops
+            // fitting one integer (units left × period below 2^51; calendar months have no fast
+            // path).
+            let answered = ((1u64 << 51) / (fw.period().as_micros() as u64).max(1)).min(1 << 48);
             Some(
-                (1..=2 * fw.capacity() + 2, 0u64..3)
+                (
+                    prop_oneof![
+                        4 => 1..=2 * fw.capacity() + 2,
+                        1 => answered - 1..=answered + 1,
+                    ],
+                    0u64..3,
+                )
                     .prop_map(move |(limit, extra)| {
                         let other = match own.months() {
                             Some(utc) => FixedWindow::calendar_months(limit, utc),

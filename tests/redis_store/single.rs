@@ -664,6 +664,61 @@ async fn values_of_another_format_or_type_are_new_keys() {
     }
 }
 
+/// A sliding window's key as the version before wrote it (the current count in a field of its
+/// own, the previous window's under `p`: what this version still writes for limits of 2^26 or
+/// more a window) is read as written, so an upgrade resets no sliding window; the next window's
+/// first charge keeps both counts in one field. The same charges on the memory store give the
+/// same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_stored_by_the_version_before_keeps_its_counts() {
+    let server = ENGINE.server();
+    // A minute's start (1_750_000_020 = 60 × 29_166_667), in µs.
+    let window = 1_750_000_020_000_000u64;
+    let clock = ManualClock::new(Duration::from_micros(window - 50_000_000));
+    let limit = Limit::sliding_window(10, Duration::from_secs(60)).aligned();
+    let redis = RedisStore::builder()
+        .url(server.url())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let on_redis = Limiter::builder()
+        .rule(Rule::new("sliding", limit.clone()))
+        .store(redis.clone())
+        .build()
+        .unwrap();
+    let in_memory = Limiter::builder()
+        .rule(Rule::new("sliding", limit))
+        .store(MemoryStore::builder().clock(clock.clone()).build())
+        .build()
+        .unwrap();
+    // In memory: 4 units in the window before, 2 in this one.
+    in_memory.charge("sliding", "k", 4).await.unwrap();
+    clock.advance(Duration::from_secs(55));
+    in_memory.charge("sliding", "k", 2).await.unwrap();
+    clock.advance(Duration::from_secs(25));
+    // In Redis, the same counts as the version before stored them.
+    let name = String::from_utf8(redis.key_names("sliding", b"k").remove(0)).unwrap();
+    let field: String = [b'S']
+        .into_iter()
+        .chain((window as f64).to_le_bytes())
+        .map(|b| format!("\\x{b:02x}"))
+        .collect();
+    server.run(&format!("HSET {name} \"{field}\" 2 p 4"));
+    server.run(&format!("PEXPIRE {name} 120000"));
+    // Half-way through the window: 2 + 4 × 1/2 used, 1 more.
+    let upgraded = on_redis.charge("sliding", "k", 1).await.unwrap();
+    assert_eq!(upgraded.remaining, 5, "{upgraded:?}");
+    assert_eq!(upgraded, in_memory.charge("sliding", "k", 1).await.unwrap());
+    // The next window: the 3 units of this one weigh on it, now from one field.
+    clock.advance(Duration::from_secs(40));
+    let next = on_redis.charge("sliding", "k", 1).await.unwrap();
+    assert_eq!(next, in_memory.charge("sliding", "k", 1).await.unwrap());
+    assert_eq!(server.run(&format!("HLEN {name}")).trim(), ":1");
+    let later = on_redis.check("sliding", "k", 6).await.unwrap();
+    assert_eq!(later, in_memory.check("sliding", "k", 6).await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_when_their_state_equals_a_new_keys() {
     let server = ENGINE.server();

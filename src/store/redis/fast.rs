@@ -137,8 +137,17 @@ impl Fast {
                 let debt = (v >> 2) as u64;
                 (v & 3, tb.evaluate_owing(debt, self.cost, Mode::Charge))
             }
-            (Kind::Sliding(w), Value::BulkString(bytes)) => {
-                let [flags, into, current, previous] = numbers(bytes)?;
+            (Kind::Sliding(w), reply) => {
+                let [flags, into, current, previous] = match reply {
+                    // A charge inside its window: one integer (see `lua/fast_sliding.lua`).
+                    &Value::Int(v) if v >= 0 => {
+                        let (flags, into, counts) = unpack(v, w.period_micros());
+                        let radix = w.limit() as i64 + 1;
+                        [flags, into, counts % radix, counts / radix]
+                    }
+                    Value::BulkString(bytes) => numbers(bytes)?,
+                    _ => return Err(protocol(format!("unexpected answer {reply:?}"))),
+                };
                 let state = SlidingWindowState {
                     window_start: BASE,
                     current: count(current)?,
@@ -146,8 +155,16 @@ impl Fast {
                 };
                 (flags, w.evaluate(state, at(into)?, self.cost))
             }
-            (Kind::Fixed(w), Value::BulkString(bytes)) => {
-                let [flags, into, balance] = numbers(bytes)?;
+            (Kind::Fixed(w), reply) => {
+                let [flags, into, balance] = match reply {
+                    // A charge inside its window: one integer (see `lua/fast_fixed.lua`).
+                    &Value::Int(v) if v >= 0 => {
+                        let (flags, into, left) = unpack(v, w.period_micros());
+                        [flags, into, left]
+                    }
+                    Value::BulkString(bytes) => numbers(bytes)?,
+                    _ => return Err(protocol(format!("unexpected answer {reply:?}"))),
+                };
                 // The script answers the units left under this call's capacity; the state
                 // keeps what was spent. A window a reservation holds starts after now
                 // (`into` negative): the state reads the windows before it as held.
@@ -169,6 +186,14 @@ impl Fast {
         }
         Ok((outcome, flags & 1 == 1))
     }
+}
+
+/// A window's answer as one integer, `(rest × period + into) × 4 + flags`: flags, into, rest.
+fn unpack(v: i64, period: u64) -> (i64, i64, i64) {
+    // A period is below 2^53 µs (`params::validate`), so it is an `i64`; `max` keeps 0 out.
+    let period = period.max(1) as i64;
+    let rest = v >> 2;
+    (v & 3, rest % period, rest / period)
 }
 
 /// The script's little-endian doubles, each an integer of at most 2^53 in magnitude.

@@ -8,7 +8,11 @@
 -- a new key's again), so a charge inside a window writes nothing else.
 -- ARGV[2]: the cost in decimal, for `HINCRBY` (see fast_sliding.lua).
 -- Reply: 2 when denied + 1 when the key was missing, now − window start (negative for a later
--- window a reservation holds), the units left in that window before the charge.
+-- window a reservation holds), the units left in that window before the charge. A charge inside
+-- its window answers them as one integer, ((left × period) + into) × 4 + flags, when it is
+-- exact (below 2^53: units left × period below 2^51, as for rules up to about 3.7 × 10^7 units
+-- a minute or 6 × 10^5 an hour): Redis turns a Lua number into an integer reply for far less
+-- than it makes and sends a string.
 local now, grace, rate, period, cap, offset, cost = struct.unpack('<ddddddd', packed)
 if now < 0 then
   local t = redis.call('TIME')
@@ -23,12 +27,15 @@ local field = struct.pack('<Bd', 87, ws)
 local used = redis.pcall('HINCRBY', key, field, ARGV[2])
 local counted = type(used) == 'number'
 if counted and used ~= cost then
+  local flags, into, left = 0, now - ws, cap - used + cost
   if used > cap then
     -- Denied: nothing charged. (A cost of 0 changed nothing; "-0" is not an integer to Redis.)
     if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
-    return struct.pack('<ddd', 2, now - ws, cap - used + cost)
+    flags = 2
   end
-  return struct.pack('<ddd', 0, now - ws, cap - used + cost)
+  local n = left * period + into
+  if left >= 0 and into < period and n < 2251799813685248 then return n * 4 + flags end
+  return struct.pack('<ddd', flags, into, left)
 end
 
 -- The window's first charge, a charge of 0, or a key this path cannot count in: the state is

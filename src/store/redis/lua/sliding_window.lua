@@ -83,7 +83,9 @@ local function make_sliding()
     return s.ws + windows * p.period
   end
 
-  -- The key is a hash (see fast_sliding.lua): its newest window's count, and 'p'.
+  -- The key is a hash (see fast_sliding.lua): its newest window, packed ('P': the current count
+  -- and the previous one times 2^27) or not ('S': the current count, and 'p').
+  local SHIFT = 134217728
   function sliding.load(p)
     local all = redis.pcall('HGETALL', p.key)
     if all.err then
@@ -91,29 +93,45 @@ local function make_sliding()
       return nil
     end
     p.missing = #all == 0
-    local s, prev
+    local ws, text, packed, prev
     for i = 1, #all, 2 do
       local f = all[i]
       if f == 'p' then
         prev = all[i + 1] + 0
       elseif #f == 9 then
-        local tag, ws = struct.unpack('<Bd', f)
-        if tag == 83 and (s == nil or ws > s.ws) then s = { ws = ws, cur = all[i + 1] + 0 } end
+        local tag, fws = struct.unpack('<Bd', f)
+        if (tag == 83 or tag == 80) and (ws == nil or fws > ws) then
+          ws, text, packed = fws, all[i + 1], tag == 80
+        end
       end
     end
-    if s == nil or prev == nil then return nil end
+    if ws == nil then return nil end
+    local cur = text + 0
+    if packed then
+      local n = cur
+      cur = n % SHIFT
+      prev = (n - cur) / SHIFT
+    elseif prev == nil then
+      return nil
+    end
     -- A current count above the limit (a request brought a lower one since) is kept and
-    -- compared with the limit in force (a limit that changes keeps the key's count), as the Rust keeps it; only past 2^53 /
-    -- period (a count made under a shorter period) is it held there, so that the products stay
-    -- exact. (A previous count weighs at most the limit: `sw_roll`.)
+    -- compared with the limit in force (a limit that changes keeps the key's count), as the
+    -- Rust keeps it; only past 2^53 / period (a count made under a shorter period) is it held
+    -- there, so that the products stay exact. (A previous count weighs at most the limit:
+    -- `sw_roll`.)
     local most = p.limit
-    if s.cur > most or prev > most then most = math.floor(9007199254740991 / p.period) end
-    return { ws = s.ws, cur = min(s.cur, most), prev = min(prev, most) }
+    if cur > most or prev > most then most = math.floor(9007199254740991 / p.period) end
+    return { ws = ws, cur = min(cur, most), prev = min(prev, most) }
   end
 
+  -- Packed when the fast path packs (a limit below 2^26) and both counts fit.
   function sliding.save(p, s, px)
     redis.call('DEL', p.key)
-    redis.call('HSET', p.key, struct.pack('<Bd', 83, s.ws), s.cur, 'p', s.prev)
+    if p.limit < 67108864 and s.cur < 67108864 and s.prev < 67108864 then
+      redis.call('HSET', p.key, struct.pack('<Bd', 80, s.ws), s.cur + s.prev * SHIFT)
+    else
+      redis.call('HSET', p.key, struct.pack('<Bd', 83, s.ws), s.cur, 'p', s.prev)
+    end
     redis.call('PEXPIRE', p.key, px)
   end
 
