@@ -627,8 +627,8 @@ impl Rows {
             ),
             sliding_count: without(
                 lua::SLIDING,
-                "    if cur <= limit and into < period then\n",
-                "    do return cur end\n    if cur <= limit and into < period then\n",
+                "    if packs and cur <= limit and into < period then\n",
+                "    do return cur end\n    if packs and cur <= limit and into < period then\n",
             ),
         }
     }

@@ -215,6 +215,35 @@ async fn a_denial_of_a_key_without_state_is_not_cached_as_shrinking_750_ms_stays
     );
 }
 
+/// Found by the differential soak: a window counting far more than a lowered capacity (37,529,998
+/// units counted under a limit brought by a request, then the rule's own one a minute) owes what
+/// is forgiven when the window ends, so a reservation of 0 units there waits for the next window
+/// on both stores. Redis used to deny it: it bounded the debt by what the windows of 71 years pay
+/// back (37,529,996 at one a minute) where the bound is on how far the reservation reaches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_of_nothing_on_an_over_counted_window_waits_for_the_next_window() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, FixedWindow, ReserveBound};
+    let server = ENGINE.server();
+    let minute = Duration::from_secs(60);
+    let own = Algorithm::FixedWindow(FixedWindow::new(1, minute));
+    let brought =
+        Algorithm::FixedWindow(FixedWindow::new(37_529_995, minute).with_capacity(75_059_990));
+    let unbounded = Mode::Reserve(ReserveBound::default());
+    let steps = vec![
+        Step::ApplyUnder(vec![(0, 1, 37_529_998, unbounded, brought)]),
+        Step::Apply(vec![(0, 1, 0, unbounded)]),
+    ];
+    let scenario = (1_708_162_835_317_705, vec![(own, None)], steps);
+    let redis = RedisStore::builder().url(server.url()).prefix("forgiven");
+    let answers = differential::run(redis, &scenario).await;
+    assert!(
+        matches!(answers[1][0].verdict, Verdict::Reserved { wait } if wait < minute),
+        "{:?}",
+        answers[1][0]
+    );
+}
+
 /// DESIGN §13 on both stores: a key keeps what it has when the request brings another limit, at
 /// most the new capacity (10 a minute: 40 of 100 left, then a capacity of 20, is 20 at once, not
 /// a lockout of four minutes), and the time accrued is read at a new rate (40 of 100 a minute,

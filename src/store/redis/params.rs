@@ -192,14 +192,18 @@ pub(super) fn push(
             let period = w.period_micros();
             let (owed, max_wait) = match mode {
                 Mode::Reserve(bound) => {
-                    // A debt the windows of MAX_AFTER µs cannot pay back is never within bounds:
-                    // the script's sums stay exact, and such a reservation is denied.
-                    let reach = (MAX_AFTER / period.max(1))
-                        .saturating_mul(w.limit())
-                        .min(MAX_UNITS);
+                    // A reservation reaches at most MAX_AFTER µs ahead and owes at most
+                    // MAX_UNITS, so the script's sums stay exact; one past either is denied.
+                    // The reach bounds the wait, not the debt: a window counting more than a
+                    // lowered capacity owes what is forgiven when it ends (a charge of 0 there
+                    // waits for the next window, whatever it counted).
                     (
-                        bound.max_units.map_or(reach, |units| units.min(reach)),
-                        bound.max_wait.map_or(EXACT, |wait| micros(wait).min(EXACT)),
+                        bound
+                            .max_units
+                            .map_or(MAX_UNITS, |units| units.min(MAX_UNITS)),
+                        bound
+                            .max_wait
+                            .map_or(MAX_AFTER, |wait| micros(wait).min(MAX_AFTER)),
                     )
                 }
                 _ => (0, 0),

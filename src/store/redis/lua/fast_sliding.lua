@@ -65,7 +65,8 @@ if counted and cur ~= cost then
       if cost > 0 then redis.call('HINCRBY', key, field, -cost) end
       flags = 2
     end
-    if cur <= limit and into < period then
+    -- (Unpacked, the limit is at least 2^26: the integer never fits.)
+    if packs and cur <= limit and into < period then
       local n = (prev * (limit + 1) + cur) * period + into
       if n < 2251799813685248 then return n * 4 + flags end
     end
