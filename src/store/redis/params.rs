@@ -25,7 +25,8 @@ pub(super) const MAX_NOW: u64 = 1 << 52;
 /// Extra lifetime of keys written with an injected clock (see "Tests" on
 /// [`RedisStore`](super::RedisStore)).
 pub(super) const TEST_GRACE_MS: u64 = 60_000;
-/// How far a reservation may reach ahead: twice [`MAX_SPAN`] (71 years).
+/// How far a reservation may reach ahead: twice [`MAX_SPAN`] (71 years). (The fixed window's
+/// script holds the same number: `fixed.eval`.)
 const MAX_AFTER: u64 = 1 << 51;
 
 /// Added to a calendar month's UTC offset (validated within 18 hours) for the script.
@@ -192,18 +193,17 @@ pub(super) fn push(
             let period = w.period_micros();
             let (owed, max_wait) = match mode {
                 Mode::Reserve(bound) => {
-                    // A reservation reaches at most MAX_AFTER µs ahead and owes at most
-                    // MAX_UNITS, so the script's sums stay exact; one past either is denied.
-                    // The reach bounds the wait, not the debt: a window counting more than a
-                    // lowered capacity owes what is forgiven when it ends (a charge of 0 there
-                    // waits for the next window, whatever it counted).
+                    // A reservation owes at most MAX_UNITS and reaches at most MAX_AFTER µs
+                    // ahead (the script checks its wait: `fixed.eval`), so the script's sums stay
+                    // exact; one past either is denied. The reach bounds the wait, not the debt:
+                    // a window counting more than a lowered capacity owes what is forgiven when
+                    // it ends (a charge of 0 there waits for the next window, whatever it
+                    // counted).
                     (
                         bound
                             .max_units
                             .map_or(MAX_UNITS, |units| units.min(MAX_UNITS)),
-                        bound
-                            .max_wait
-                            .map_or(MAX_AFTER, |wait| micros(wait).min(MAX_AFTER)),
+                        bound.max_wait.map_or(EXACT, |wait| micros(wait).min(EXACT)),
                     )
                 }
                 _ => (0, 0),

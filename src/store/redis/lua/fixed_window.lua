@@ -130,7 +130,10 @@ local function make_fixed()
       left = after
     elseif mode == 2 then
       wait = fw_wait_for(p, after, now, 0)
-      if fw_held(p, after) - p.cap <= p.owed and wait <= p.max_wait then
+      -- Within its bounds, and reaching at most 2^51 µs ahead (`params::MAX_AFTER`), so that
+      -- now + wait stays exact.
+      if fw_held(p, after) - p.cap <= p.owed and wait <= p.max_wait
+        and wait <= 2251799813685248 then
         kind, left = 1, after
       else
         kind, wait = 2, fw_wait_to_reserve(p, r, now, cost)
