@@ -244,6 +244,52 @@ async fn a_reservation_of_nothing_on_an_over_counted_window_waits_for_the_next_w
     );
 }
 
+/// A fixed window's charge inside its window is answered by Redis as one integer while the units
+/// left times the period stay below 2^51, as three doubles above: windows of a minute whose units
+/// left are 37,529,996 (2^51 / 60,000,000, rounded down: one integer), 37,529,997 and 37,529,998
+/// (three doubles) before a charge give the memory store's answers, allowed and denied, within a
+/// window and after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_answers_alike_on_both_sides_of_its_one_integer_answer() {
+    use differential::Step;
+    use tollgate::algorithm::{Algorithm, FixedWindow};
+    let server = ENGINE.server();
+    let minute = Duration::from_secs(60);
+    let rules = [37_529_997, 37_529_998, 37_529_999]
+        .map(|limit| {
+            (
+                Algorithm::FixedWindow(FixedWindow::new(limit, minute)),
+                None,
+            )
+        })
+        .to_vec();
+    let mut steps = Vec::new();
+    for rule in 0..rules.len() {
+        steps.extend([
+            // The first charge makes the key; the next ones count in place, with 37,529,996 +
+            // `rule` left before the second.
+            Step::Apply(vec![(rule, 0, 1, Mode::Charge)]),
+            Step::Apply(vec![(rule, 0, 1, Mode::Charge)]),
+            Step::Apply(vec![(rule, 0, 37_529_990, Mode::Charge)]),
+            Step::Apply(vec![(rule, 0, 37_529_990, Mode::Charge)]),
+            Step::Advance(30_000_000),
+            Step::Apply(vec![(rule, 0, 4, Mode::Charge)]),
+            Step::Advance(60_000_000),
+            Step::Apply(vec![(rule, 0, 3, Mode::Charge)]),
+            Step::Apply(vec![(rule, 0, 2, Mode::Charge)]),
+        ]);
+    }
+    let scenario = (1_750_000_000_000_000, rules, steps);
+    let redis = RedisStore::builder().url(server.url()).prefix("integer");
+    let answers = differential::run(redis, &scenario).await;
+    let admitted: Vec<bool> = answers
+        .iter()
+        .map(|outcomes| outcomes[0].verdict.is_admitted())
+        .collect();
+    let one_rule = [true, true, true, false, true, true, true];
+    assert_eq!(admitted, one_rule.repeat(3));
+}
+
 /// DESIGN §13 on both stores: a key keeps what it has when the request brings another limit, at
 /// most the new capacity (10 a minute: 40 of 100 left, then a capacity of 20, is 20 at once, not
 /// a lockout of four minutes), and the time accrued is read at a new rate (40 of 100 a minute,
